@@ -1,0 +1,59 @@
+"""Test helpers shared by tests and benchmarks (no pytest import here)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .format import NVFP4Tensor
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def count_bytes_differ(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Number of differing ELEMENTS compared by raw bits (so -0.0 != 0.0 and NaN == same NaN)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(f"cannot compare {a.dtype}{list(a.shape)} with {b.dtype}{list(b.shape)}")
+    width = a.element_size()
+    ra, rb = _raw(a).reshape(-1, width), _raw(b).reshape(-1, width)
+    return int((ra != rb).any(dim=1).sum())
+
+
+def assert_bitwise_equal(a: torch.Tensor, b: torch.Tensor, what: str = "tensors") -> None:
+    """Raise AssertionError reporting how many elements differ (and the first one)."""
+    n = count_bytes_differ(a, b)
+    if n:
+        fa, fb = a.detach().reshape(-1), b.detach().reshape(-1)
+        width = a.element_size()
+        diff = (_raw(a).reshape(-1, width) != _raw(b).reshape(-1, width)).any(dim=1)
+        i = int(diff.nonzero()[0])
+        raise AssertionError(
+            f"{what}: {n} of {a.numel()} elements differ bitwise; first at flat index {i}: "
+            f"{fa[i].item()!r} vs {fb[i].item()!r}"
+        )
+
+
+def assert_nvfp4_equal(a: NVFP4Tensor, b: NVFP4Tensor, what: str = "NVFP4 tensors") -> None:
+    """Bitwise equality of codes, block scales and global scales, each reported separately."""
+    if a.shape != b.shape or a.block != b.block:
+        raise AssertionError(f"{what}: metadata differ: {a} vs {b}")
+    assert_bitwise_equal(a.codes, b.codes, f"{what} codes")
+    assert_bitwise_equal(a.block_scales, b.block_scales, f"{what} block scales")
+    if a.global_decode.shape != b.global_decode.shape:
+        raise AssertionError(
+            f"{what}: global scale shapes {a.global_decode.shape} vs {b.global_decode.shape}"
+        )
+    assert_bitwise_equal(a.global_decode, b.global_decode, f"{what} global scales")
+
+
+def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio in dB (torchao's metric), computed in float64."""
+    ref = reference.detach().double()
+    noise = (ref - approx.detach().double()).pow(2).mean()
+    signal = ref.pow(2).mean()
+    if float(noise) == 0.0:
+        return math.inf
+    return float(10.0 * torch.log10(signal / noise))
