@@ -4,6 +4,7 @@ Public API so far: the recipe, the NVFP4 format and its reference numerics. Trit
 imported here (codegen imports it lazily).
 """
 
+from .compile_api import compile, explain
 from .format import NVFP4Tensor
 from .recipe import NVFP4Recipe, QuantSpec
 from .reference import dequantize, nvfp4_grouped_mm, nvfp4_mm, quantize, quantize_experts
@@ -15,7 +16,9 @@ __all__ = [
     "NVFP4Recipe",
     "NVFP4Tensor",
     "QuantSpec",
+    "compile",
     "dequantize",
+    "explain",
     "from_swizzled",
     "nvfp4_grouped_mm",
     "nvfp4_mm",

@@ -1,17 +1,140 @@
 """The `minite` torch.compile backend (entry point `torch_dynamo_backends: minite`).
 
-Not implemented yet: the pass pipeline (passes/) and the NVFP4 ops (codegen/) it lowers to are
-separate pieces of work. Until they land this backend refuses clearly instead of compiling
-something that is not NVFP4.
+Thin by design: parse the recipe, run the pass pipeline (fp4_compile.passes) on the Dynamo graph,
+hand the result to Inductor with the settings that would break batch invariance pinned for the
+duration of the compile. Inductor's aot_autograd then derives the backward from the lowered ops'
+registered autograd, so forward and backward come from the same lowering.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
 
-def minite_backend(gm, example_inputs, **kwargs):
-    raise NotImplementedError(
-        "torch.compile(backend='minite') is not implemented yet: it needs the pass pipeline "
-        "(fp4_compile.passes: select / lower linears / lower MoE / invariance / verify) and the "
-        "fp4_compile:: NVFP4 ops from fp4_compile.codegen. Use fp4_compile.quantize / nvfp4_mm "
-        "(the reference numerics) meanwhile."
+import torch
+
+from .recipe import NVFP4Recipe, as_recipe
+
+_KNOWN_OPTIONS = ("recipe", "report_sink")
+
+
+def parse_options(options) -> tuple[NVFP4Recipe, dict]:
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise TypeError(f"options must be a dict like {{'recipe': NVFP4Recipe.strict()}}, got {type(options).__name__}")
+    unknown = sorted(set(options) - set(_KNOWN_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown minite backend options {unknown}; known: {list(_KNOWN_OPTIONS)}")
+    return as_recipe(options.get("recipe")), options
+
+
+def _pass_sources_digest() -> str:
+    """Hash of the source of every pass and of the core numerics: part of the cache key."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    folders = [root, root.parent / "passes", root.parent / "codegen"]
+    try:
+        from . import passes as _passes
+
+        folders[1] = Path(_passes.__file__).resolve().parent
+        from . import codegen as _codegen
+
+        folders[2] = Path(_codegen.__file__).resolve().parent
+    except ImportError:  # pragma: no cover
+        pass
+    for folder in folders:
+        for path in sorted(folder.glob("*.py")):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _cache_key_pass(recipe: NVFP4Recipe):
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class MiniteCacheKey(CustomGraphPass):
+        """No-op post-grad pass whose uuid puts the recipe fingerprint and the pass sources into
+        Inductor's cache key."""
+
+        def __call__(self, graph) -> None:
+            return None
+
+        def uuid(self) -> bytes:
+            return f"minite:{recipe.fingerprint()}:{_pass_sources_digest()}".encode()
+
+    return MiniteCacheKey()
+
+
+INVARIANCE_INDUCTOR_CONFIG = {
+    "split_reductions": False,  # a split reduction's order depends on the reduction size
+    "max_autotune": False,  # no runtime autotuning / template selection
+    "max_autotune_gemm": False,
+    "max_autotune_pointwise": False,
+    "coordinate_descent_tuning": False,
+    "force_disable_caches": False,
+}
+
+
+def inductor_patches(recipe: NVFP4Recipe) -> dict:
+    patches = dict(INVARIANCE_INDUCTOR_CONFIG)
+    patches["post_grad_custom_post_pass"] = _cache_key_pass(recipe)
+    return patches
+
+
+@contextlib.contextmanager
+def pinned_matmul_precision() -> Iterator[None]:
+    """Pin the global matmul-precision flags (no TF32, no reduced-precision reductions) while
+    compiling; restore them afterwards."""
+    cuda_matmul = torch.backends.cuda.matmul
+    saved = (
+        cuda_matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        cuda_matmul.allow_bf16_reduced_precision_reduction,
+        cuda_matmul.allow_fp16_reduced_precision_reduction,
     )
+    try:
+        cuda_matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        cuda_matmul.allow_bf16_reduced_precision_reduction = False
+        cuda_matmul.allow_fp16_reduced_precision_reduction = False
+        yield
+    finally:
+        (
+            cuda_matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+            cuda_matmul.allow_bf16_reduced_precision_reduction,
+            cuda_matmul.allow_fp16_reduced_precision_reduction,
+        ) = saved
+
+
+def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **unused):
+    """torch.compile(model, backend="minite", options={"recipe": NVFP4Recipe.strict()})."""
+    from torch._inductor.compile_fx import compile_fx
+
+    from .passes import run_pipeline
+
+    recipe, opts = parse_options(options)
+    report = run_pipeline(gm, recipe)
+    sink = opts.get("report_sink")
+    if sink is not None:
+        sink.append(report)
+    with pinned_matmul_precision():
+        # config_patches also wrap the lazily compiled backward graph.
+        return compile_fx(gm, example_inputs, config_patches=inductor_patches(recipe))
+
+
+def lowering_only_backend(recipe: NVFP4Recipe, sink: list | None = None):
+    """A backend that runs the pass pipeline and then executes the lowered FX graph eagerly
+    (no Inductor): the reference path of the lowering, used by `explain` and the tests."""
+    from .passes import run_pipeline
+
+    def backend(gm, example_inputs, **unused):
+        report = run_pipeline(gm, recipe)
+        if sink is not None:
+            sink.append(report)
+        return gm.forward
+
+    return backend

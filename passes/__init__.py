@@ -1,7 +1,43 @@
 """FX graph passes of the `minite` backend, imported as `fp4_compile.passes`.
 
-The ordered pipeline is listed here once the passes exist (select, lower linears, lower MoE,
-invariance, verify). Import siblings relatively; never import `rl`.
+One pass per file; PIPELINE is the order. Each pass takes (graph module, recipe, report), edits
+the graph in place and keeps node.meta (including "val"/"example_value") on the nodes it
+creates. The same pipeline runs on Dynamo graphs (torch.compile) and on exported graphs.
+Import siblings relatively; never import `rl`.
 """
 
-PIPELINE: tuple = ()
+from __future__ import annotations
+
+import torch.fx as fx
+
+from ..recipe import NVFP4Recipe
+from .lower_attention import lower_attention
+from .lower_linears import lower_linears
+from .lower_moe import lower_moe
+from .lower_rms_norm import lower_rms_norm
+from .lower_routing import lower_routing
+from .report import GemmDecision, LoweringReport
+from .select_gemms import select_gemms
+from .verify import LoweringError, op_census, verify
+
+PIPELINE = (
+    select_gemms,  # decide NVFP4 vs BF16 per GEMM (recipe patterns, layers, shapes)
+    lower_linears,  # linear -> nvfp4_linear (weights quantized once, shared) | invariant BF16 linear
+    lower_moe,  # grouped experts -> nvfp4_grouped_mm | invariant BF16 grouped mm
+    lower_routing,  # softmax + top-k of the router -> invariant routing (deterministic ties)
+    lower_rms_norm,  # RMSNorm pattern -> invariant rms_norm
+    lower_attention,  # SDPA -> invariant attention (fixed key blocks from position 0)
+    verify,  # nothing eligible left, no stock reduction left (strict), op census
+)
+
+
+def run_pipeline(gm: fx.GraphModule, recipe: NVFP4Recipe) -> LoweringReport:
+    report = LoweringReport(recipe_fingerprint=recipe.fingerprint())
+    for graph_pass in PIPELINE:
+        graph_pass(gm, recipe, report)
+    gm.graph.lint()
+    gm.recompile()
+    return report
+
+
+__all__ = ["PIPELINE", "GemmDecision", "LoweringError", "LoweringReport", "op_census", "run_pipeline"]

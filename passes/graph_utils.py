@@ -1,0 +1,116 @@
+"""Small helpers shared by the passes: module paths from node metadata, node predicates."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.fx as fx
+
+_ROOT = re.compile(r"^L\['[^']*'\](\[\d+\])*\.?")
+_GETATTR = re.compile(r"getattr\(([^,]+), '([^']+)'\)")
+_MODULES = re.compile(r"\._modules\['([^']*)'\]")
+_ORIG = re.compile(r"(^|\.)_orig_mod(\.|$)")
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+
+
+def clean_module_path(raw: str) -> str:
+    """"L['self'].model.layers.0.self_attn.q_proj" -> "model.layers.0.self_attn.q_proj"."""
+    path = raw
+    while _GETATTR.search(path):
+        path = _GETATTR.sub(r"\1.\2", path)
+    path = _MODULES.sub(r".\1", path)
+    path = _ROOT.sub("", path)
+    path = _ORIG.sub(r"\1", path).strip(".")
+    return path
+
+
+def module_path(node: fx.Node) -> str:
+    """The innermost module a node was traced from, as a dotted name ('' at the root)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    raw = list(stack.values())[-1][0]
+    return clean_module_path(raw)
+
+
+def module_class(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    cls = list(stack.values())[-1][1]
+    return getattr(cls, "__name__", str(cls))
+
+
+def layer_index(path: str) -> int | None:
+    m = _LAYER.search(path)
+    return int(m.group(1)) if m else None
+
+
+def fake(node) -> torch.Tensor | None:
+    """The FakeTensor example value of a node (None for non-tensor nodes)."""
+    if not isinstance(node, fx.Node):
+        return None
+    val = node.meta.get("example_value", node.meta.get("val"))
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def is_call(node: fx.Node, *targets) -> bool:
+    return node.op == "call_function" and node.target in targets
+
+
+def is_method(node: fx.Node, *names: str) -> bool:
+    return node.op == "call_method" and node.target in names
+
+
+def arg(node: fx.Node, index: int, name: str, default=None):
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def op_name(node: fx.Node) -> str:
+    """A readable, stable name for a node's target (for reports and the op census)."""
+    t = node.target
+    if node.op == "call_method":
+        return f"Tensor.{t}"
+    if isinstance(t, torch._ops.OpOverload):
+        return str(t.name())
+    if isinstance(t, torch._ops.OpOverloadPacket):
+        return str(t._qualified_op_name)
+    mod = getattr(t, "__module__", None) or ""
+    name = getattr(t, "__name__", str(t))
+    if mod in ("torch._C._nn", "torch.nn.functional"):
+        return f"F.{name}"
+    if mod.startswith("torch"):
+        return f"torch.{name}"
+    return f"{mod}.{name}" if mod else name
+
+
+def erase_dead(graph: fx.Graph, candidates) -> None:
+    """Erase the candidate nodes (and, transitively, their now-unused inputs among the
+    candidates) that have no users. Never touches nodes outside `candidates`, so in-place and
+    side-effecting nodes elsewhere in the graph are safe."""
+    pending = set(candidates)
+    changed = True
+    while changed:
+        changed = False
+        for node in list(pending):
+            if node.op in ("placeholder", "output", "get_attr"):
+                pending.discard(node)
+            elif not node.users:
+                pending.discard(node)
+                graph.erase_node(node)
+                changed = True
+
+
+def ancestors_within(node: fx.Node, stop: set) -> set:
+    """Nodes reachable backwards from `node` without passing through `stop`."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        for inp in n.all_input_nodes:
+            if inp not in seen and inp not in stop:
+                seen.add(inp)
+                todo.append(inp)
+    return seen

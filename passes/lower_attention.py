@@ -1,0 +1,57 @@
+"""Pass, lower attention: `scaled_dot_product_attention` (what transformers' "sdpa" attention
+implementation calls, after repeat_kv or with enable_gqa) becomes the batch-invariant
+`fp4_compile` attention op: keys visited in fixed-size blocks from position 0, the same for the
+learner's full forward, the rollout's prefill and its decode steps.
+
+Supported: is_causal=True, or a boolean attn_mask (True = attend; what transformers builds under
+torch.compile: causal plus padding), or neither with Tq=1 (decode against the whole cache).
+Masked keys are exact no-ops of the online softmax (exp(-inf) = 0, the running max unchanged),
+so a masked full forward equals an unmasked decode bitwise. Dropout and additive float masks are
+refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ..recipe import NVFP4Recipe
+from .graph_utils import fake, module_path
+from .patterns import is_sdpa, scalar_arg
+from .report import LoweringReport
+from .targets import attention_target
+
+
+class UnsupportedAttention(ValueError):
+    pass
+
+
+def lower_attention(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if not is_sdpa(node):
+            continue
+        q, k, v = node.args[:3]
+        mask = scalar_arg(node, 3, "attn_mask")
+        dropout = scalar_arg(node, 4, "dropout_p", 0.0)
+        is_causal = scalar_arg(node, 5, "is_causal", False)
+        scale = node.kwargs.get("scale", node.args[6] if len(node.args) > 6 else None)
+        where = module_path(node) or "<root>"
+        mv = fake(mask)
+        if mask is not None and (mv is None or mv.dtype != torch.bool):
+            raise UnsupportedAttention(
+                f"attention at {where} has a non-boolean attn_mask ({getattr(mv, 'dtype', mask)}); "
+                "minite's invariant attention takes boolean masks (True = attend) or is_causal"
+            )
+        if dropout not in (0.0, 0):
+            raise UnsupportedAttention(f"attention at {where} uses dropout_p={dropout}; set the model to eval / dropout 0")
+        qv = fake(q)
+        if mask is None and not is_causal and qv is not None and isinstance(qv.shape[-2], int) and qv.shape[-2] > 1:
+            raise UnsupportedAttention(f"attention at {where} is non-causal with {qv.shape[-2]} queries; not supported")
+        with graph.inserting_before(node):
+            new = graph.call_function(attention_target(), (q, k, v, mask, bool(is_causal), scale))
+        new.meta.update(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        report.count("attention")
+    gm.recompile()

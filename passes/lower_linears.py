@@ -1,0 +1,49 @@
+"""Pass, lower linears: every `linear` the select pass marked NVFP4 becomes
+`fp4_compile` nvfp4_linear (bias folded into the epilogue), its weight quantized by ONE
+quantize-weight node shared by every use of that weight in the graph (once per forward, i.e.
+once per weight version within a step); every BF16-marked linear becomes the batch-invariant BF16
+linear. The master weight stays an input of the op so autograd returns its gradient
+(straight-through)."""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from ..recipe import NVFP4Recipe
+from .patterns import is_linear, scalar_arg
+from .report import LoweringReport
+from .targets import bf16_linear_target, nvfp4_linear_target, quantize_weight_target, recipe_arg
+
+
+def quantized_weight_node(graph: fx.Graph, weight: fx.Node, cache: dict, recipe: NVFP4Recipe, experts: bool = False):
+    """One quantize node per weight, inserted right after the weight is defined."""
+    key = (weight, experts)
+    if key not in cache:
+        with graph.inserting_after(weight):
+            cache[key] = graph.call_function(quantize_weight_target(experts), (weight, recipe_arg(recipe)))
+    return cache[key]
+
+
+def lower_linears(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
+    graph = gm.graph
+    cache = gm.meta.setdefault("minite_weight_q", {})
+    for node in list(graph.nodes):
+        decision = node.meta.get("minite_gemm")
+        if decision is None or decision.kind != "linear" or not is_linear(node):
+            continue
+        x, weight = node.args[0], node.args[1]
+        bias = scalar_arg(node, 2, "bias")
+        if decision.precision == "nvfp4":
+            wq = quantized_weight_node(graph, weight, cache, recipe)
+            with graph.inserting_before(node):
+                new = graph.call_function(nvfp4_linear_target(), (x, weight, wq, bias, recipe_arg(recipe)))
+            decision.lowered_to = "fp4_compile.nvfp4_linear"
+        else:
+            with graph.inserting_before(node):
+                new = graph.call_function(bf16_linear_target(), (x, weight, bias))
+            decision.lowered_to = "fp4_compile.linear (bf16, invariant)"
+        new.meta.update(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        report.count(decision.lowered_to)
+    gm.recompile()

@@ -1,0 +1,86 @@
+"""Node predicates that recognize the same op at Dynamo (torch) level and at ATen level, so one
+pass pipeline serves `torch.compile` graphs and `torch.export` graphs alike."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+
+def _is(node, functions=(), methods=(), overloads=()) -> bool:
+    if not isinstance(node, fx.Node):
+        return False
+    if node.op == "call_method":
+        return node.target in methods
+    if node.op == "call_function":
+        if node.target in functions:
+            return True
+        t = node.target
+        return isinstance(t, torch._ops.OpOverload) and t.overloadpacket in overloads
+    return False
+
+
+def is_linear(n) -> bool:
+    return _is(n, functions=(torch._C._nn.linear, torch.nn.functional.linear), overloads=(aten.linear,))
+
+
+def is_sdpa(n) -> bool:
+    return _is(
+        n,
+        functions=(torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention),
+        overloads=(aten.scaled_dot_product_attention,),
+    )
+
+
+def is_mean(n) -> bool:
+    return _is(n, functions=(torch.mean,), methods=("mean",), overloads=(aten.mean,))
+
+
+def is_pow(n) -> bool:
+    return _is(n, functions=(torch.pow,), methods=("pow",), overloads=(aten.pow,))
+
+
+def is_rsqrt(n) -> bool:
+    return _is(n, functions=(torch.rsqrt,), methods=("rsqrt",), overloads=(aten.rsqrt,))
+
+
+def is_add(n) -> bool:
+    import operator
+
+    return _is(n, functions=(operator.add, torch.add), methods=("add",), overloads=(aten.add,))
+
+
+def is_mul(n) -> bool:
+    import operator
+
+    return _is(n, functions=(operator.mul, torch.mul), methods=("mul",), overloads=(aten.mul,))
+
+
+def is_cast(n) -> bool:
+    """A dtype conversion (Tensor.to / .float() / aten._to_copy / prims convert)."""
+    return _is(
+        n,
+        methods=("to", "float", "type"),
+        overloads=(aten._to_copy, aten.to),
+    )
+
+
+def is_softmax(n) -> bool:
+    return _is(
+        n,
+        functions=(torch.softmax, torch.nn.functional.softmax),
+        methods=("softmax",),
+        overloads=(aten.softmax, aten._softmax),
+    )
+
+
+def is_topk(n) -> bool:
+    return _is(n, functions=(torch.topk,), methods=("topk",), overloads=(aten.topk,))
+
+
+def scalar_arg(node: fx.Node, index: int, name: str, default=None):
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)

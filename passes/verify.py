@@ -1,0 +1,126 @@
+"""Last pass, verify: nothing eligible left unlowered, no non-invariant reduction left (strict
+recipes), and the op census: the ordered list of compute ops of the graph, which the learner's
+and the exported rollout's graphs must share."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from ..recipe import NVFP4Recipe
+from .graph_utils import fake, module_path, op_name
+from .report import LoweringReport
+
+aten = torch.ops.aten
+
+# GEMM-like ops: left in a graph they run on stock kernels whose reduction order is not ours.
+_GEMM_FUNCTIONS = {torch._C._nn.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.einsum,
+                   operator.matmul, torch._C._nn.scaled_dot_product_attention}
+_GEMM_METHODS = {"matmul", "mm", "bmm", "__matmul__"}
+_GEMM_OVERLOADS = {aten.linear, aten.mm, aten.bmm, aten.addmm, aten.matmul, aten.baddbmm,
+                   aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention,
+                   aten._scaled_dot_product_efficient_attention, aten._grouped_mm}
+
+# Reductions: allowed only over a small static extent (<= TINY_REDUCTION elements, e.g. the
+# top-k combine of MoE), which Inductor reduces sequentially per row.
+_REDUCE_FUNCTIONS = {torch.sum, torch.mean, torch.softmax, torch.log_softmax, torch.nn.functional.softmax,
+                     torch.nn.functional.log_softmax, torch.logsumexp, torch.amax, torch.max, torch.var, torch.norm,
+                     torch.cumsum, torch.prod}
+_REDUCE_METHODS = {"sum", "mean", "softmax", "log_softmax", "logsumexp", "amax", "var", "norm", "prod"}
+_REDUCE_OVERLOADS = {aten.sum, aten.mean, aten._softmax, aten.softmax, aten._log_softmax, aten.log_softmax,
+                     aten.logsumexp, aten.amax, aten.var, aten.linalg_vector_norm, aten.prod}
+TINY_REDUCTION = 16
+
+
+def _kind(node: fx.Node) -> str | None:
+    if node.op == "call_method":
+        if node.target in _GEMM_METHODS:
+            return "gemm"
+        if node.target in _REDUCE_METHODS:
+            return "reduction"
+        return None
+    if node.op != "call_function":
+        return None
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        if t.namespace == "fp4_compile":
+            return "minite"
+        if t.overloadpacket in _GEMM_OVERLOADS:
+            return "gemm"
+        if t.overloadpacket in _REDUCE_OVERLOADS:
+            return "reduction"
+        if t.namespace == "transformers" and "grouped_mm" in t.name():
+            return "gemm"
+        return None
+    if t in _GEMM_FUNCTIONS or getattr(t, "__name__", "") == "_grouped_mm":
+        return "gemm"
+    if t in _REDUCE_FUNCTIONS:
+        return "reduction"
+    return None
+
+
+def _reduced_extent(node: fx.Node) -> int | None:
+    """Number of elements each output of a reduction node combines (None if unknown/dynamic)."""
+    src = fake(node.args[0]) if node.args else None
+    out = fake(node)
+    if src is None or out is None:
+        return None
+    try:
+        total, kept = int(src.numel()), int(out.numel())
+    except (TypeError, RuntimeError):  # symbolic sizes
+        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        if isinstance(dims, int):
+            dims = [dims]
+        if not dims:
+            return None
+        try:
+            extent = 1
+            for d in dims:
+                extent *= int(src.shape[d])
+            return extent
+        except (TypeError, RuntimeError):
+            return None
+    return total // max(kept, 1) if kept else None
+
+
+def _is_float_reduction(node: fx.Node) -> bool:
+    """Integer and boolean reductions are exact, so their order cannot matter."""
+    src = fake(node.args[0]) if node.args else None
+    return src is None or src.dtype.is_floating_point
+
+
+def op_census(gm: fx.GraphModule) -> list[str]:
+    """Ordered names of the compute ops (fp4_compile ops, leftover GEMMs and reductions)."""
+    return [op_name(n) for n in gm.graph.nodes if _kind(n) is not None]
+
+
+def verify(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
+    problems = []
+    for decision in report.gemms:
+        if not decision.lowered_to:
+            problems.append(f"GEMM at {decision.module or '<root>'} ({decision.kind} {decision.shape}) was not lowered")
+    for node in gm.graph.nodes:
+        kind = _kind(node)
+        where = module_path(node) or "<root>"
+        if kind == "gemm":
+            problems.append(f"{op_name(node)} at {where} is left on a stock kernel")
+        elif kind == "reduction" and recipe.batch_invariant and _is_float_reduction(node):
+            extent = _reduced_extent(node)
+            if extent is None or extent > TINY_REDUCTION:
+                problems.append(
+                    f"{op_name(node)} at {where} reduces {extent if extent else 'an unknown number of'} elements "
+                    f"on a stock kernel (only <= {TINY_REDUCTION} are allowed in a batch-invariant recipe)"
+                )
+    report.census = op_census(gm)
+    if problems:
+        raise LoweringError(
+            "minite could not lower this graph completely (nothing falls back silently):\n  - "
+            + "\n  - ".join(problems)
+            + "\n" + report.table()
+        )
+
+
+class LoweringError(RuntimeError):
+    """A graph that the recipe requires to be fully lowered still holds stock GEMMs/reductions."""

@@ -1,0 +1,151 @@
+"""The embedded rollout engine: batched, seeded generation with a static KV cache, through the
+same minite lowering as the learner, returning the processed (post-temperature) FP32 log-probs.
+
+Shape legend: B requests, L prompt length (padded), S_max cache slots, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+
+from ..recipe import NVFP4Recipe, as_recipe
+from .kv_cache import StaticKVCache, attention_mask_4d
+from .logprobs import token_logprobs
+from .sampling import RequestSampler, filter_logits, sample
+
+
+@dataclass
+class RolloutOutput:
+    tokens: list[list[int]]
+    """Generated token ids per request (prompt excluded)."""
+    logprobs: list[torch.Tensor]
+    """FP32 [len(tokens[i])] log-probs of the sampled tokens under logits / temperature."""
+    finish_reasons: list[str] = field(default_factory=list)
+    """"eos" or "length" per request."""
+
+
+def _text_config(model):
+    cfg = model.config
+    return getattr(cfg, "text_config", None) or cfg
+
+
+class RolloutEngine:
+    """engine = RolloutEngine(model, recipe=NVFP4Recipe.strict()); engine.generate(prompts, ...).
+
+    `source` is a transformers causal LM (the learner's module, not a compiled wrapper). The
+    engine compiles it with the `minite` backend and the SAME recipe as the learner, and runs
+    prefill and decode through that lowering with a per-sequence static KV cache.
+    """
+
+    def __init__(self, source, *, recipe: NVFP4Recipe | dict | None = None, device=None, max_batch: int = 64,
+                 max_seq_len: int = 512, compile: bool = True):
+        if isinstance(source, torch.nn.Module):
+            self.model = getattr(source, "_orig_mod", source)
+        else:
+            raise TypeError(f"RolloutEngine needs a torch.nn.Module (causal LM), got {type(source).__name__}")
+        self.recipe = as_recipe(recipe)
+        self.device = torch.device(device) if device is not None else next(self.model.parameters()).device
+        self.max_batch = max_batch
+        self.max_seq_len = max_seq_len
+        cfg = _text_config(self.model)
+        self.num_layers = cfg.num_hidden_layers
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.vocab_size = cfg.vocab_size
+        self.dtype = next(self.model.parameters()).dtype
+        # transformers renamed past_key_values -> cache (5.2x); use what this version takes.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        if compile:
+            self.forward = torch.compile(self.model, backend="minite", options={"recipe": self.recipe}, dynamic=True)
+        else:
+            self.forward = self.model
+
+    def update_weights(self, model) -> None:
+        """Take the learner's new weights in place (no re-export). The lowering quantizes the
+        weights inside the graph with the learner's quantizer, so the bytes are identical."""
+        src = getattr(model, "_orig_mod", model)
+        if src is self.model:
+            return
+        with torch.no_grad():
+            mine = dict(self.model.named_parameters())
+            for name, p in src.named_parameters():
+                if name not in mine or mine[name].shape != p.shape:
+                    raise ValueError(f"update_weights: parameter {name!r} does not match the engine's model")
+                mine[name].copy_(p)
+
+    def _step(self, ids_BT, positions_BT, kv_len_B, cache):
+        cache.set_write_positions(positions_BT)
+        mask = attention_mask_4d(positions_BT, kv_len_B, self.max_seq_len)
+        kwargs = {self._cache_kwarg: cache}
+        out = self.forward(input_ids=ids_BT, attention_mask=mask, position_ids=positions_BT, use_cache=True, **kwargs)
+        return out.logits
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int | list[int] = 0, eos_token_id: int | None = None) -> RolloutOutput:
+        """Generate for token-id prompts of different lengths. `seed` is one int (request i uses
+        seed + i) or one seed per request; a request's samples depend only on its own seed."""
+        num = len(prompts)
+        if num == 0 or any(len(p) == 0 for p in prompts):
+            raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
+        if num > self.max_batch:
+            raise ValueError(f"{num} prompts exceed max_batch={self.max_batch}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        if int(lengths.max()) + max_new_tokens > self.max_seq_len:
+            raise ValueError(
+                f"longest prompt ({int(lengths.max())}) + max_new_tokens ({max_new_tokens}) exceeds "
+                f"max_seq_len={self.max_seq_len}"
+            )
+        seeds = [seed + i for i in range(num)] if isinstance(seed, int) else list(seed)
+        if len(seeds) != num:
+            raise ValueError(f"seed list has {len(seeds)} entries for {num} prompts")
+        sampler = RequestSampler(seeds, self.vocab_size)
+        cache = StaticKVCache(num_layers=self.num_layers, batch=num, num_kv_heads=self.num_kv_heads,
+                              head_dim=self.head_dim, max_seq_len=self.max_seq_len, dtype=self.dtype,
+                              device=self.device)
+        width = int(lengths.max())
+        ids = torch.zeros((num, width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        positions = torch.arange(width).expand(num, width).contiguous()
+        logits = self._step(ids.to(self.device), positions.to(self.device), lengths.to(self.device), cache)
+        last = logits[torch.arange(num), (lengths - 1).to(self.device)]  # [B, V]
+
+        tokens: list[list[int]] = [[] for _ in range(num)]
+        logps: list[list[torch.Tensor]] = [[] for _ in range(num)]
+        done = [False] * num
+        reasons = ["length"] * num
+        cur = lengths.clone()
+        for step in range(max_new_tokens):
+            active = [i for i in range(num) if not done[i]]
+            scaled = last.float() / temperature
+            filtered = filter_logits(scaled[active], top_k=top_k, top_p=top_p)
+            picked = sample(filtered, sampler.gumbel(active))
+            chosen = torch.zeros(num, dtype=torch.long)
+            chosen[active] = picked
+            lp = token_logprobs(last, chosen.to(self.device), temperature)
+            for j, i in enumerate(active):
+                tok = int(picked[j])
+                tokens[i].append(tok)
+                logps[i].append(lp[i])
+                if eos_token_id is not None and tok == eos_token_id:
+                    done[i], reasons[i] = True, "eos"
+            if step == max_new_tokens - 1 or all(done):
+                break
+            pos = cur[:, None].clone()
+            logits = self._step(chosen[:, None].to(self.device), pos.to(self.device), (cur + 1).to(self.device), cache)
+            last = logits[:, 0]
+            cur += 1
+        return RolloutOutput(
+            tokens=tokens,
+            logprobs=[torch.stack(lp).float().cpu() if lp else torch.empty(0) for lp in logps],
+            finish_reasons=reasons,
+        )

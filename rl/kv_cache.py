@@ -1,0 +1,70 @@
+"""A static, per-sequence KV cache for the rollout engine (duck-types transformers' Cache).
+
+Shape legend: B sequences, H_kv key/value heads, S_max cache slots, D head dim, Tq new tokens.
+
+Every sequence stores its keys from slot 0 (never left-padded), so a query at position t sees
+its keys at the same absolute positions, in the same fixed-size blocks from position 0, as the
+learner's full-sequence forward: the alignment contract of the attention op. Slots beyond a
+sequence's length hold stale values and are masked (masked keys are exact no-ops).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class StaticKVCache:
+    """k/v tensors [B, H_kv, S_max, D] per layer, written at explicit per-sequence positions."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, *, num_layers: int, batch: int, num_kv_heads: int, head_dim: int, max_seq_len: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        shape = (batch, num_kv_heads, max_seq_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.max_seq_len = max_seq_len
+        self.write_positions: torch.Tensor | None = None  # [B, Tq] int64, set before each forward
+
+    def set_write_positions(self, positions_BT: torch.Tensor) -> None:
+        if positions_BT.dim() != 2 or int(positions_BT.max()) >= self.max_seq_len:
+            raise ValueError(
+                f"write positions must be [B, Tq] below max_seq_len={self.max_seq_len}, "
+                f"got shape {tuple(positions_BT.shape)} max {int(positions_BT.max())}"
+            )
+        self.write_positions = positions_BT
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Write [B, H_kv, Tq, D] at the sequences' positions; return the whole cache layer."""
+        pos = self.write_positions
+        assert pos is not None, "set_write_positions() before the forward"
+        b, h, t, d = key_states.shape
+        index = pos[:, None, :, None].expand(b, h, t, d)
+        self.keys[layer_idx].scatter_(2, index, key_states)
+        self.values[layer_idx].scatter_(2, index, value_states)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    # what transformers may ask of a cache
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        return self.max_seq_len
+
+    def get_mask_sizes(self, *args, **kwargs):
+        return self.max_seq_len, 0
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def attention_mask_4d(query_positions_BT: torch.Tensor, kv_len_B: torch.Tensor, max_seq_len: int) -> torch.Tensor:
+    """Boolean [B, 1, Tq, S_max]: key j is visible to the query at position p iff j <= p and
+    j < kv_len (its sequence's length after this step). Query rows past a sequence's end (padding)
+    see key 0 only, so they stay finite and never touch real rows."""
+    keys = torch.arange(max_seq_len, device=query_positions_BT.device)
+    visible = keys[None, None, :] <= query_positions_BT[:, :, None]
+    visible &= keys[None, None, :] < kv_len_B[:, None, None]
+    visible[..., 0] = True
+    return visible[:, None]
