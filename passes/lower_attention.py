@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import fake, module_path
+from .graph_utils import fake, insert_call, module_path
 from .patterns import is_sdpa, scalar_arg
 from .report import LoweringReport
 from .targets import attention_target
@@ -48,9 +48,7 @@ def lower_attention(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRep
         qv = fake(q)
         if mask is None and not is_causal and qv is not None and isinstance(qv.shape[-2], int) and qv.shape[-2] > 1:
             raise UnsupportedAttention(f"attention at {where} is non-causal with {qv.shape[-2]} queries; not supported")
-        with graph.inserting_before(node):
-            new = graph.call_function(attention_target(), (q, k, v, mask, bool(is_causal), scale))
-        new.meta.update(node.meta)
+        new = insert_call(graph, attention_target(), (q, k, v, mask, bool(is_causal), scale), before=node, like=node)
         node.replace_all_uses_with(new)
         graph.erase_node(node)
         report.count("attention")

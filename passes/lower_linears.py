@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
+from .graph_utils import insert_call
 from .patterns import is_linear, scalar_arg
 from .report import LoweringReport
 from .targets import bf16_linear_target, nvfp4_linear_target, quantize_weight_target, recipe_arg
@@ -19,8 +20,7 @@ def quantized_weight_node(graph: fx.Graph, weight: fx.Node, cache: dict, recipe:
     """One quantize node per weight, inserted right after the weight is defined."""
     key = (weight, experts)
     if key not in cache:
-        with graph.inserting_after(weight):
-            cache[key] = graph.call_function(quantize_weight_target(experts), (weight, recipe_arg(recipe)))
+        cache[key] = insert_call(graph, quantize_weight_target(experts), (weight, recipe_arg(recipe)), after=weight)
     return cache[key]
 
 
@@ -35,14 +35,11 @@ def lower_linears(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRepor
         bias = scalar_arg(node, 2, "bias")
         if decision.precision == "nvfp4":
             wq = quantized_weight_node(graph, weight, cache, recipe)
-            with graph.inserting_before(node):
-                new = graph.call_function(nvfp4_linear_target(), (x, weight, wq, bias, recipe_arg(recipe)))
+            new = insert_call(graph, nvfp4_linear_target(), (x, weight, wq, bias, recipe_arg(recipe)), before=node, like=node)
             decision.lowered_to = "fp4_compile.nvfp4_linear"
         else:
-            with graph.inserting_before(node):
-                new = graph.call_function(bf16_linear_target(), (x, weight, bias))
+            new = insert_call(graph, bf16_linear_target(), (x, weight, bias), before=node, like=node)
             decision.lowered_to = "fp4_compile.linear (bf16, invariant)"
-        new.meta.update(node.meta)
         node.replace_all_uses_with(new)
         graph.erase_node(node)
         report.count(decision.lowered_to)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import erase_dead, fake
+from .graph_utils import erase_dead, fake, insert_call
 from .lower_linears import quantized_weight_node
 from .patterns import is_cast, scalar_arg
 from .report import LoweringReport
@@ -57,14 +57,11 @@ def lower_moe(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -
             continue
         if decision.precision == "nvfp4":
             wq = quantized_weight_node(graph, weight, cache, recipe, experts=True)
-            with graph.inserting_before(node):
-                new = graph.call_function(nvfp4_grouped_target(), (x, weight, wq, offsets, recipe_arg(recipe)))
+            new = insert_call(graph, nvfp4_grouped_target(), (x, weight, wq, offsets, recipe_arg(recipe)), before=node, like=node)
             decision.lowered_to = "fp4_compile.nvfp4_grouped_mm"
         else:
-            with graph.inserting_before(node):
-                new = graph.call_function(bf16_grouped_target(), (x, weight, offsets))
+            new = insert_call(graph, bf16_grouped_target(), (x, weight, offsets), before=node, like=node)
             decision.lowered_to = "fp4_compile.grouped_mm (bf16, invariant)"
-        new.meta.update(node.meta)
         node.replace_all_uses_with(new)
         graph.erase_node(node)
         erase_dead(graph, chain)

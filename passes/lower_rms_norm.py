@@ -13,14 +13,18 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import ancestors_within, erase_dead, fake
+from .graph_utils import ancestors_within, erase_dead, fake, insert_call
 from .patterns import is_add, is_cast, is_mean, is_mul, is_pow, is_rsqrt, scalar_arg
 from .report import LoweringReport
 from .targets import rms_norm_target
 
 
+def _is_metadata_assert(node: fx.Node) -> bool:
+    return node.op == "call_function" and "assert_tensor_metadata" in str(node.target)
+
+
 def _single_user(node: fx.Node, pred) -> fx.Node | None:
-    users = list(node.users)
+    users = [u for u in node.users if not _is_metadata_assert(u)]
     if len(users) == 1 and pred(users[0]):
         return users[0]
     return None
@@ -79,9 +83,8 @@ def lower_rms_norm(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRepo
             continue
         x, weight, eps, out = match
         out_val = fake(out)
-        with graph.inserting_before(out):
-            new = graph.call_function(rms_norm_target(), (x, weight, eps, out_val.dtype if out_val is not None else None))
-        new.meta.update(out.meta)
+        dtype = out_val.dtype if out_val is not None else None
+        new = insert_call(graph, rms_norm_target(), (x, weight, eps, dtype), before=out, like=out)
         out.replace_all_uses_with(new)
         keep = {x} | ({weight} if weight is not None else set())
         erase_dead(graph, {out} | ancestors_within(out, keep))

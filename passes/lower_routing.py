@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import erase_dead
+from .graph_utils import erase_dead, insert_call
 from .patterns import is_softmax, is_topk, scalar_arg
 from .report import LoweringReport
 from .targets import routing_target
@@ -31,9 +31,7 @@ def lower_routing(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRepor
         if scalar_arg(topk, 3, "largest", True) is not True or not isinstance(k, int):
             continue
         logits = probs.args[0]
-        with graph.inserting_before(topk):
-            new = graph.call_function(routing_target(), (logits, k))
-        new.meta.update(topk.meta)
+        new = insert_call(graph, routing_target(), (logits, k), before=topk, like=topk)
         topk.replace_all_uses_with(new)
         graph.erase_node(topk)
         erase_dead(graph, [probs])

@@ -15,15 +15,14 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, is_call, layer_index, module_path
+from .patterns import is_linear
 from .report import GemmDecision, LoweringReport
-
-LINEAR_TARGETS = (torch._C._nn.linear,)
-
 
 def grouped_mm_targets() -> tuple:
     targets = []
     if hasattr(torch, "_grouped_mm"):
         targets.append(torch._grouped_mm)
+        targets.append(torch.ops.aten._grouped_mm.default)
     try:
         targets.append(torch.ops.transformers.grouped_mm_fallback.default)
         targets.append(torch.ops.transformers.grouped_mm_fallback)
@@ -59,7 +58,7 @@ def select_gemms(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport
     grouped = grouped_mm_targets()
     sites = []
     for node in gm.graph.nodes:
-        if is_call(node, *LINEAR_TARGETS):
+        if is_linear(node):
             w = fake(node.args[1])
             if w is None or w.dim() != 2:
                 continue

@@ -15,45 +15,42 @@ from ..recipe import NVFP4Recipe
 
 
 def recipe_arg(recipe: NVFP4Recipe) -> str:
-    return json.dumps(recipe.to_dict(), sort_keys=True)
+    from ..codegen.nvfp4_impl import recipe_to_json
+
+    return recipe_to_json(recipe)
 
 
 def _recipe(arg: str) -> NVFP4Recipe:
     return NVFP4Recipe.from_dict(json.loads(arg))
 
 
-def _quantize_weight(weight, recipe_json):
-    from .. import quantize, quantize_experts
+def _ops():
+    from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
 
-    w = weight.detach()
-    if w.dim() == 3:
-        q = quantize_experts(w)
-    else:
-        q = quantize(w, block="16x16", global_scale="per_tensor")
-    return q.codes, q.block_scales, q.global_decode
+    return torch.ops.fp4_compile
+
+
+def _quantize_weight(weight, recipe_json):
+    recipe = _recipe(recipe_json)
+    if recipe.weight.global_scale == "static":
+        raise NotImplementedError("static weight scales are not lowered by the pass pipeline yet")
+    mode = "per_expert" if weight.dim() == 3 else "per_tensor"
+    codes, scales, gd = _ops().quantize.default(torch.ops.aten.detach.default(weight), "16x16", mode, None, "rne", 0)
+    return codes, scales.view(torch.uint8), gd
 
 
 def _nvfp4_linear(x, weight, wq, bias, recipe_json):
-    from ..format import NVFP4Tensor
-    from ..reference import nvfp4_mm, quantize
-
-    recipe = _recipe(recipe_json)
     codes, scales, gd = wq
-    w_q = NVFP4Tensor(codes=codes, block_scales=scales, global_decode=gd, shape=tuple(weight.shape), block="16x16")
-    x2 = x.reshape(-1, x.shape[-1])
-    x_q = quantize(x2.detach(), global_scale=recipe.activation.global_scale, check_finite=False)
-    y = nvfp4_mm(x_q, w_q)
-    if bias is not None:
-        y = y + bias.float()
-    return y.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+    return _ops().nvfp4_linear.default(x, weight, codes, scales, gd, bias, None, recipe_json, None)
+
+
+def _nvfp4_grouped(x, weight, wq, offsets, recipe_json):
+    codes, scales, gd = wq
+    return _ops().nvfp4_grouped_mm.default(x, weight, codes, scales, gd, offsets, None, recipe_json, None)
 
 
 def _bf16_linear(x, weight, bias):
     return torch.nn.functional.linear(x, weight, bias)
-
-
-def _nvfp4_grouped(x, weight, wq, offsets, recipe_json):
-    raise NotImplementedError("nvfp4 grouped mm op not bound yet")
 
 
 def _bf16_grouped(x, weight, offsets):
@@ -105,3 +102,25 @@ def attention_target():
 
 def routing_target():
     return _routing
+
+
+def quantized_weight_inputs(program) -> list[tuple[str, bool]]:
+    """(state_dict name, is_experts) of every weight an exported, lowered program quantizes."""
+    to_param = dict(program.graph_signature.inputs_to_parameters)
+    out = []
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target is _quantize_weight:
+            src = node.args[0]
+            if src.op == "placeholder" and src.name in to_param:
+                out.append((to_param[src.name], fake_dim(src) == 3))
+    return out
+
+
+def fake_dim(node) -> int:
+    val = node.meta.get("val")
+    return val.dim() if isinstance(val, torch.Tensor) else -1
+
+
+def quantize_weight_bytes(weight: torch.Tensor, recipe: NVFP4Recipe, *, experts: bool):
+    """The exact bytes the graph's quantize-weight node produces for this weight."""
+    return _quantize_weight(weight, recipe_arg(recipe))

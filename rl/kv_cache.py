@@ -27,6 +27,15 @@ class StaticKVCache:
         self.max_seq_len = max_seq_len
         self.write_positions: torch.Tensor | None = None  # [B, Tq] int64, set before each forward
 
+    @classmethod
+    def from_tensors(cls, keys: list[torch.Tensor], values: list[torch.Tensor]) -> StaticKVCache:
+        """Wrap existing cache tensors (the exported step receives them as inputs)."""
+        cache = cls.__new__(cls)
+        cache.keys, cache.values = keys, values
+        cache.max_seq_len = keys[0].shape[2]
+        cache.write_positions = None
+        return cache
+
     def set_write_positions(self, positions_BT: torch.Tensor) -> None:
         if positions_BT.dim() != 2 or int(positions_BT.max()) >= self.max_seq_len:
             raise ValueError(
