@@ -13,15 +13,14 @@ from ..recipe import NVFP4Recipe
 from .graph_utils import insert_call
 from .patterns import is_linear, scalar_arg
 from .report import LoweringReport
-from .targets import bf16_linear_target, nvfp4_linear_target, quantize_weight_target, recipe_arg
+from .targets import bf16_linear_target, emit_nvfp4_linear, emit_quantize_weight
 
 
-def quantized_weight_node(graph: fx.Graph, weight: fx.Node, cache: dict, recipe: NVFP4Recipe, experts: bool = False):
-    """One quantize node per weight, inserted right after the weight is defined."""
-    key = (weight, experts)
-    if key not in cache:
-        cache[key] = insert_call(graph, quantize_weight_target(experts), (weight, recipe_arg(recipe)), after=weight)
-    return cache[key]
+def quantized_weight_node(graph: fx.Graph, weight: fx.Node, cache: dict, recipe: NVFP4Recipe):
+    """One set of quantize nodes per weight, inserted right after the weight is defined."""
+    if weight not in cache:
+        cache[weight] = emit_quantize_weight(graph, weight, recipe)
+    return cache[weight]
 
 
 def lower_linears(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
@@ -35,7 +34,7 @@ def lower_linears(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRepor
         bias = scalar_arg(node, 2, "bias")
         if decision.precision == "nvfp4":
             wq = quantized_weight_node(graph, weight, cache, recipe)
-            new = insert_call(graph, nvfp4_linear_target(), (x, weight, wq, bias, recipe_arg(recipe)), before=node, like=node)
+            new = emit_nvfp4_linear(graph, node, x, weight, wq, bias, recipe)
             decision.lowered_to = "fp4_compile.nvfp4_linear"
         else:
             new = insert_call(graph, bf16_linear_target(), (x, weight, bias), before=node, like=node)

@@ -14,7 +14,7 @@ from .graph_utils import erase_dead, fake, insert_call
 from .lower_linears import quantized_weight_node
 from .patterns import is_cast, scalar_arg
 from .report import LoweringReport
-from .targets import bf16_grouped_target, nvfp4_grouped_target, recipe_arg
+from .targets import bf16_grouped_target, emit_nvfp4_grouped
 
 
 def _is_last_two_transpose(node) -> bool:
@@ -56,8 +56,8 @@ def lower_moe(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -
             decision.reason = (decision.reason + "; " if decision.reason else "") + "weights not a transposed [E,N,K] parameter"
             continue
         if decision.precision == "nvfp4":
-            wq = quantized_weight_node(graph, weight, cache, recipe, experts=True)
-            new = insert_call(graph, nvfp4_grouped_target(), (x, weight, wq, offsets, recipe_arg(recipe)), before=node, like=node)
+            wq = quantized_weight_node(graph, weight, cache, recipe)
+            new = emit_nvfp4_grouped(graph, node, x, weight, wq, offsets, recipe)
             decision.lowered_to = "fp4_compile.nvfp4_grouped_mm"
         else:
             new = insert_call(graph, bf16_grouped_target(), (x, weight, offsets), before=node, like=node)

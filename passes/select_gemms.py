@@ -18,6 +18,7 @@ from .graph_utils import fake, is_call, layer_index, module_path
 from .patterns import is_linear
 from .report import GemmDecision, LoweringReport
 
+
 def grouped_mm_targets() -> tuple:
     targets = []
     if hasattr(torch, "_grouped_mm"):

@@ -7,11 +7,12 @@ overloads.
 
 from __future__ import annotations
 
-import json
+import operator
 
 import torch
 
 from ..recipe import NVFP4Recipe
+from .graph_utils import fake, insert_call
 
 
 def recipe_arg(recipe: NVFP4Recipe) -> str:
@@ -20,33 +21,42 @@ def recipe_arg(recipe: NVFP4Recipe) -> str:
     return recipe_to_json(recipe)
 
 
-def _recipe(arg: str) -> NVFP4Recipe:
-    return NVFP4Recipe.from_dict(json.loads(arg))
-
-
 def _ops():
     from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
 
     return torch.ops.fp4_compile
 
 
-def _quantize_weight(weight, recipe_json):
-    recipe = _recipe(recipe_json)
+def weight_quantize_mode(recipe: NVFP4Recipe, weight_dim: int) -> str:
     if recipe.weight.global_scale == "static":
         raise NotImplementedError("static weight scales are not lowered by the pass pipeline yet")
-    mode = "per_expert" if weight.dim() == 3 else "per_tensor"
-    codes, scales, gd = _ops().quantize.default(torch.ops.aten.detach.default(weight), "16x16", mode, None, "rne", 0)
-    return codes, scales.view(torch.uint8), gd
+    return "per_expert" if weight_dim == 3 else "per_tensor"
 
 
-def _nvfp4_linear(x, weight, wq, bias, recipe_json):
+def emit_quantize_weight(graph, weight, recipe: NVFP4Recipe):
+    """Nodes quantizing `weight` (16x16 tiles) right after its definition:
+    detach -> fp4_compile.quantize -> (codes, block-scale bytes, global decode)."""
+    dim = fake(weight).dim()
+    det = insert_call(graph, torch.ops.aten.detach.default, (weight,), after=weight, like=weight)
+    q = insert_call(graph, _ops().quantize.default, (det, "16x16", weight_quantize_mode(recipe, dim), None, "rne", 0),
+                    after=det, like=weight)
+    codes = insert_call(graph, operator.getitem, (q, 0), after=q, like=weight)
+    scales = insert_call(graph, operator.getitem, (q, 1), after=codes, like=weight)
+    gd = insert_call(graph, operator.getitem, (q, 2), after=scales, like=weight)
+    scales_u8 = insert_call(graph, torch.ops.aten.view.dtype, (scales, torch.uint8), after=gd, like=weight)
+    return codes, scales_u8, gd
+
+
+def emit_nvfp4_linear(graph, node, x, weight, wq, bias, recipe: NVFP4Recipe):
     codes, scales, gd = wq
-    return _ops().nvfp4_linear.default(x, weight, codes, scales, gd, bias, None, recipe_json, None)
+    args = (x, weight, codes, scales, gd, bias, None, recipe_arg(recipe), None)
+    return insert_call(graph, _ops().nvfp4_linear.default, args, before=node, like=node)
 
 
-def _nvfp4_grouped(x, weight, wq, offsets, recipe_json):
+def emit_nvfp4_grouped(graph, node, x, weight, wq, offsets, recipe: NVFP4Recipe):
     codes, scales, gd = wq
-    return _ops().nvfp4_grouped_mm.default(x, weight, codes, scales, gd, offsets, None, recipe_json, None)
+    args = (x, weight, codes, scales, gd, offsets, None, recipe_arg(recipe), None)
+    return insert_call(graph, _ops().nvfp4_grouped_mm.default, args, before=node, like=node)
 
 
 def _bf16_linear(x, weight, bias):
@@ -72,20 +82,8 @@ def _routing(logits, k):
     return torch.topk(probs, k, dim=-1)
 
 
-def quantize_weight_target(experts: bool = False):
-    return _quantize_weight
-
-
-def nvfp4_linear_target():
-    return _nvfp4_linear
-
-
 def bf16_linear_target():
     return _bf16_linear
-
-
-def nvfp4_grouped_target():
-    return _nvfp4_grouped
 
 
 def bf16_grouped_target():
@@ -107,20 +105,20 @@ def routing_target():
 def quantized_weight_inputs(program) -> list[tuple[str, bool]]:
     """(state_dict name, is_experts) of every weight an exported, lowered program quantizes."""
     to_param = dict(program.graph_signature.inputs_to_parameters)
+    quantize = _ops().quantize.default
     out = []
     for node in program.graph.nodes:
-        if node.op == "call_function" and node.target is _quantize_weight:
+        if node.op == "call_function" and node.target is quantize:
             src = node.args[0]
+            if src.op == "call_function" and src.target is torch.ops.aten.detach.default:
+                src = src.args[0]
             if src.op == "placeholder" and src.name in to_param:
-                out.append((to_param[src.name], fake_dim(src) == 3))
+                out.append((to_param[src.name], fake(src).dim() == 3))
     return out
 
 
-def fake_dim(node) -> int:
-    val = node.meta.get("val")
-    return val.dim() if isinstance(val, torch.Tensor) else -1
-
-
 def quantize_weight_bytes(weight: torch.Tensor, recipe: NVFP4Recipe, *, experts: bool):
-    """The exact bytes the graph's quantize-weight node produces for this weight."""
-    return _quantize_weight(weight, recipe_arg(recipe))
+    """The exact bytes the graph's quantize-weight nodes produce for this weight."""
+    mode = weight_quantize_mode(recipe, 3 if experts else 2)
+    codes, scales, gd = _ops().quantize.default(weight.detach(), "16x16", mode, None, "rne", 0)
+    return codes, scales, gd

@@ -1,0 +1,138 @@
+"""`minite diagnose`: how far apart are rollout and learner log-probs, for stock transformers and
+for minite (strict and te), on the same model and prompts? Prints one side-by-side table, writes
+JSON and a PNG histogram of |dlogp|.
+
+Stock transformers: `generate` (KV cache, incremental) vs one full forward of the sampled
+sequences, both BF16, log-probs from log_softmax(logits / T). minite: RolloutEngine vs
+sequence_logprobs through the same lowering.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..recipe import NVFP4Recipe
+from .diagnostics import METRIC_NAMES, mismatch_metrics, pack_ragged
+from .engine import RolloutEngine
+from .logprobs import sequence_logprobs
+
+SHOWN = (
+    "mismatch/frac_bitwise_equal",
+    "mismatch/max_abs_dlogp",
+    "rollout_corr/kl",
+    "rollout_corr/k3_kl",
+    "token_mult_prob_error",
+    "training/rollout_probs_diff_max",
+    "rollout_corr/rollout_is_eff_sample_size",
+)
+
+
+def build_model(spec: str, dtype=torch.float32):
+    from ..models import tiny_qwen3, tiny_qwen3_moe
+
+    if spec == "tiny-qwen3":
+        return tiny_qwen3(layers=2, dtype=dtype)
+    if spec == "tiny-qwen3-moe":
+        return tiny_qwen3_moe(layers=2, dtype=dtype)
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(f"model must be 'tiny-qwen3', 'tiny-qwen3-moe' or a transformers config.json path, got {spec!r}")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(str(path))
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg).to(dtype)
+
+
+def _prompts(num: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 16, (num,), generator=g).tolist()
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@torch.no_grad()
+def stock_transformers(model, prompts, *, new_tokens: int, temperature: float, seed: int):
+    """Stock HF: generate() per prompt (its own cache path) vs one full forward."""
+    model = model.to(torch.bfloat16).eval()
+    gen_lp, train_lp = [], []
+    for i, p in enumerate(prompts):
+        torch.manual_seed(seed + i)
+        ids = torch.tensor([p])
+        out = model.generate(ids, do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, output_logits=True, return_dict_in_generate=True,
+                             pad_token_id=0)
+        new = out.sequences[0, len(p):]
+        logits = torch.stack(out.logits, dim=1)[0].float() / temperature
+        gen_lp.append(torch.log_softmax(logits, -1).gather(-1, new[:, None])[:, 0])
+        full = model(input_ids=out.sequences, use_cache=False).logits[0, len(p) - 1 : -1].float() / temperature
+        train_lp.append(torch.log_softmax(full, -1).gather(-1, new[:, None])[:, 0])
+    return train_lp, gen_lp
+
+
+@torch.no_grad()
+def minite_pair(model, prompts, *, recipe: NVFP4Recipe, new_tokens: int, temperature: float, seed: int):
+    engine = RolloutEngine(model, recipe=recipe, max_batch=len(prompts), max_seq_len=max(map(len, prompts)) + new_tokens)
+    out = engine.generate(prompts, max_new_tokens=new_tokens, temperature=temperature, seed=seed)
+    learner = torch.compile(model, backend="minite", options={"recipe": recipe}, dynamic=True)
+    seqs = [p + t for p, t in zip(prompts, out.tokens)]
+    train = sequence_logprobs(learner, seqs, [len(p) for p in prompts], temperature=temperature)
+    return [t.cpu() for t in train], out.logprobs
+
+
+def run_diagnose(*, model: str = "tiny-qwen3", batch: int = 8, new_tokens: int = 32, temperature: float = 1.0,
+                 seed: int = 0, out_dir: str = "runs/diagnose") -> dict:
+    results = {}
+    probe = build_model(model)
+    prompts = _prompts(batch, probe.config.vocab_size, seed)
+    for name, recipe in (("minite strict", NVFP4Recipe.strict()), ("minite te", NVFP4Recipe.te())):
+        torch._dynamo.reset()
+        train, roll = minite_pair(build_model(model), prompts, recipe=recipe, new_tokens=new_tokens,
+                                  temperature=temperature, seed=seed)
+        results[name] = (train, roll)
+    results["transformers bf16"] = stock_transformers(build_model(model), prompts, new_tokens=new_tokens,
+                                                      temperature=temperature, seed=seed)
+    table = {}
+    for name, (train, roll) in results.items():
+        lt, mask = pack_ragged(train)
+        lr, _ = pack_ragged(roll)
+        table[name] = mismatch_metrics(lt, lr, mask)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "diagnose.json").write_text(json.dumps({"model": model, "batch": batch, "new_tokens": new_tokens,
+                                                    "temperature": temperature, "metrics": table}, indent=1))
+    _histogram(results, out / "dlogp_hist.png")
+    print(format_table(table))
+    print(f"wrote {out / 'diagnose.json'} and {out / 'dlogp_hist.png'}")
+    return table
+
+
+def format_table(table: dict[str, dict[str, float]]) -> str:
+    names = list(table)
+    width = max(len(m) for m in SHOWN)
+    lines = ["metric".ljust(width) + "  " + "  ".join(n.rjust(18) for n in names)]
+    for m in SHOWN:
+        lines.append(m.ljust(width) + "  " + "  ".join(f"{table[n][m]:18.3e}" for n in names))
+    assert set(SHOWN) <= set(METRIC_NAMES)
+    return "\n".join(lines)
+
+
+def _histogram(results, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, (train, roll) in results.items():
+        d = torch.cat([(a.double() - b.double()).abs() for a, b in zip(train, roll)])
+        d = torch.where(d == 0, torch.full_like(d, 1e-12), d)  # exact zeros drawn at 1e-12
+        ax.hist(torch.log10(d).numpy(), bins=50, alpha=0.5, label=name)
+    ax.set_xlabel("log10 |logp_train - logp_rollout|  (exact 0 shown at -12)")
+    ax.set_ylabel("tokens")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

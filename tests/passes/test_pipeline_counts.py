@@ -1,0 +1,94 @@
+"""The pass pipeline on real transformers models: op counts after lowering (so a pass that
+silently stops matching fails here), BF16 decisions with reasons, the verify pass's refusals."""
+
+import pytest
+import torch
+
+import fp4_compile
+from fp4_compile import NVFP4Recipe
+from fp4_compile.models import tiny_llama, tiny_qwen3, tiny_qwen3_moe
+from fp4_compile.passes import LoweringError
+
+
+def _explain(model, recipe=None, batch=2, seq=8):
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq))
+    (report,) = fp4_compile.explain(model, ids, recipe=recipe, use_cache=False, print_report=False)
+    return report
+
+
+def test_qwen3_counts():
+    rep = _explain(tiny_qwen3(layers=2))
+    assert rep.counts == {
+        "fp4_compile.nvfp4_linear": 14,  # 7 per layer
+        "fp4_compile.linear (bf16, invariant)": 1,  # lm_head
+        "rms_norm": 9,  # 4 per layer (input, post, q_norm, k_norm) + final
+        "attention": 2,
+    }
+    lm = [g for g in rep.gemms if g.module == "lm_head"]
+    assert lm and lm[0].precision == "bf16" and "lm_head" in lm[0].reason
+
+
+def test_qwen3_moe_counts():
+    rep = _explain(tiny_qwen3_moe(layers=2))
+    assert rep.counts["fp4_compile.nvfp4_grouped_mm"] == 4  # gate_up + down per layer
+    assert rep.counts["fp4_compile.nvfp4_linear"] == 8  # q k v o per layer
+    assert rep.counts["fp4_compile.linear (bf16, invariant)"] == 3  # 2 routers + lm_head
+    assert rep.counts["routing_topk"] == 2 and rep.counts["rms_norm"] == 9
+    routers = [g for g in rep.gemms if g.module.endswith("mlp.gate")]
+    assert len(routers) == 2 and all(g.precision == "bf16" for g in routers)
+
+
+def test_llama_counts():
+    rep = _explain(tiny_llama(layers=1))
+    assert rep.counts == {
+        "fp4_compile.nvfp4_linear": 7,
+        "fp4_compile.linear (bf16, invariant)": 1,
+        "rms_norm": 3,
+        "attention": 1,
+    }
+
+
+def test_bf16_recipe_and_layer_exclusions():
+    rep = _explain(tiny_qwen3(layers=3), recipe=NVFP4Recipe.strict(bf16_first_layers=1, bf16_last_layers=1))
+    by_layer = {}
+    for g in rep.gemms:
+        if ".layers." in g.module:
+            by_layer.setdefault(int(g.module.split(".layers.")[1].split(".")[0]), set()).add(g.precision)
+    assert by_layer == {0: {"bf16"}, 1: {"nvfp4"}, 2: {"bf16"}}
+    rep = _explain(tiny_qwen3(layers=1), recipe=NVFP4Recipe.bf16())
+    assert all(g.precision == "bf16" and g.reason == "recipe: quantize=False" for g in rep.gemms)
+
+
+def test_unquantizable_shape_is_reported_not_padded():
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(24, 32)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    (rep,) = fp4_compile.explain(Odd(), torch.randn(4, 24), print_report=False)
+    (g,) = rep.gemms
+    assert g.precision == "bf16" and "not a multiple of 16" in g.reason and g.lowered_to.startswith("fp4_compile.linear")
+
+
+def test_verify_refuses_a_stock_gemm():
+    class Raw(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(32, 32))
+
+        def forward(self, x):
+            return x @ self.w
+
+    with pytest.raises(Exception, match="left on a stock kernel"):
+        fp4_compile.explain(Raw(), torch.randn(4, 32), print_report=False)
+    assert issubclass(LoweringError, RuntimeError)
+
+
+def test_explain_table_mentions_every_gemm(capsys):
+    model = tiny_qwen3(layers=1)
+    fp4_compile.explain(model, torch.randint(0, 128, (1, 4)), use_cache=False)
+    out = capsys.readouterr().out
+    assert "model.layers.0.self_attn.q_proj" in out and "lm_head" in out and "bf16_modules pattern" in out
