@@ -16,6 +16,7 @@ from .lower_linears import lower_linears
 from .lower_moe import lower_moe
 from .lower_rms_norm import lower_rms_norm
 from .lower_routing import lower_routing
+from .lower_small_reductions import lower_small_reductions
 from .report import GemmDecision, LoweringReport
 from .select_gemms import select_gemms
 from .verify import LoweringError, op_census, verify
@@ -27,6 +28,7 @@ PIPELINE = (
     lower_routing,  # softmax + top-k of the router -> invariant routing (deterministic ties)
     lower_rms_norm,  # RMSNorm pattern -> invariant rms_norm
     lower_attention,  # SDPA -> invariant attention (fixed key blocks from position 0)
+    lower_small_reductions,  # small float sums (MoE top-k combine) -> fixed-order ordered_sum
     verify,  # nothing eligible left, no stock reduction left (strict), op census
 )
 

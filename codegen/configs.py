@@ -1,0 +1,79 @@
+"""Pinned Triton tile configs, keyed by (architecture, operand dtype, op). No runtime autotuning.
+
+Why the bits do not depend on the batch (M), the contract the learner/rollout alignment rests on:
+
+1. Every output element is ONE program's FP32 accumulator, walked over K in a fixed order:
+   `for k in range(0, K, BLOCK_K): acc = tl.dot(a_tile, b_tile, acc)`. No split-K, no
+   stream-K, no atomics: the reduction order of element (m, n) is k = 0, 1, ..., K-1 in
+   BLOCK_K chunks, whatever M is.
+2. BLOCK_K is the same for every config of an op (asserted below), so the chunking of K never
+   follows M. Configs may change BLOCK_M / BLOCK_N / warps / stages with M (for speed).
+3. Changing BLOCK_M / BLOCK_N can change the MMA instruction (mma.sync for BLOCK_M < 64, wgmma
+   at >= 64 on sm_90). FIELD_NOTES.md records that on the H200 (Triton 3.6) configs of BLOCK_M
+   16..128, BLOCK_N 32..256, BLOCK_K 64..256 gave identical bits for on-grid BF16 operands: each
+   MMA adds its k-slice into the FP32 accumulator with the same per-instruction rounding.
+   This is a measured property, not a guarantee: `benchmarks/nvfp4_gpu_check.py` re-checks it
+   for THESE configs (row i of op(x[:m]) == row i of op(x) for m in {1,2,3,7,16,64,129,256},
+   which crosses every M bucket below) and records the result under benchmarks/results/.
+4. Rows never interact: masked rows load zeros, and the epilogue is per element.
+
+What was verified where: on CPU, the interpreter configs (one per op) are checked for batch
+invariance by tests/codegen; on the H200 the sm_90 buckets are checked by the GPU script.
+An offline tuner may rewrite the tables below; nothing reads them at runtime except `pick`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def launch_kwargs(self) -> dict:
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+# (max_m inclusive or None for "any larger", config). Buckets are chosen from M, a static shape.
+_GEMM_SM90 = (
+    (16, TileConfig(16, 64, 64, num_warps=4, num_stages=4)),
+    (64, TileConfig(64, 64, 64, num_warps=4, num_stages=4)),
+    (None, TileConfig(128, 128, 64, num_warps=8, num_stages=3)),
+)
+_GEMM_INTERPRETER = ((None, TileConfig(16, 32, 32, num_warps=1, num_stages=1)),)
+
+# Quantize: BLOCK_M rows x BLOCK_K columns per program (BLOCK_M a multiple of 16 for 16x16 tiles).
+_QUANT_SM90 = ((None, TileConfig(16, 0, 256, num_warps=4, num_stages=1)),)
+_QUANT_INTERPRETER = ((None, TileConfig(16, 0, 64, num_warps=1, num_stages=1)),)
+
+PINNED: dict[tuple[str, str, str], tuple] = {
+    # op "nvfp4_gemm": A on-grid (bf16 on CUDA), B packed E2M1 + E4M3 scales or on-grid bf16.
+    ("sm_90", "bf16", "nvfp4_gemm"): _GEMM_SM90,
+    ("interpreter", "fp32", "nvfp4_gemm"): _GEMM_INTERPRETER,
+    ("sm_90", "any", "nvfp4_quantize"): _QUANT_SM90,
+    ("interpreter", "any", "nvfp4_quantize"): _QUANT_INTERPRETER,
+}
+
+for _key, _table in PINNED.items():
+    assert len({c.block_k for _, c in _table}) == 1, f"{_key}: BLOCK_K must not depend on M"
+    assert all(c.block_k % 32 == 0 and c.block_m % 16 == 0 for _, c in _table), _key
+
+
+def pick(arch: str, dtype: str, op: str, m: int) -> TileConfig:
+    """The pinned config for (arch, dtype, op) and the M bucket of `m`. Unknown keys raise."""
+    table = PINNED.get((arch, dtype, op))
+    if table is None:
+        known = sorted(k for k in PINNED if k[2] == op)
+        raise ValueError(
+            f"no pinned {op} config for arch={arch!r}, dtype={dtype!r} (pinned: {known}); "
+            "add one to codegen/configs.py (an untested architecture is not guessed)"
+        )
+    for max_m, cfg in table:
+        if max_m is None or m <= max_m:
+            return cfg
+    raise AssertionError(f"{op} table for {arch} has no catch-all bucket")

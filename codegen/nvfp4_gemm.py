@@ -1,0 +1,183 @@
+"""Triton W4A4 GEMM for sm_90 (emulated NVFP4: BF16 tensor cores, FP32 accumulation).
+
+Shape legend: M rows of A (tokens), N out-features, K in-features (contraction), E experts.
+
+D[m, n] = ((sum_k A[m, k] * B[n, k]) * gd_a[m]) * gd_b  (+ bias[n]),  FP32, then cast to out dtype.
+
+- A is the ON-GRID activation (E2M1 x E4M3, exact in BF16) written by the quantize kernel, with
+  its FP32 global decode scale gd_a ([] or [M, 1]).
+- B is either PACKED (uint8 codes [N, K/2] + E4M3 scale bytes [N, K/16], dequantized in
+  registers: exact) or ON-GRID BF16 [N, K] (the weight dequantized once per weight version, or
+  W^T as a strided view for dgrad). Both give the same operand values.
+- The K loop is sequential (`acc = tl.dot(a, b, acc)`), BLOCK_K pinned (configs.py): no split-K.
+- Epilogue exactly `reference.apply_global_scales`: (acc * gd_a) * gd_b, then + bias, with FMA
+  contraction disabled on CUDA (runtime.compile_options).
+- One kernel serves the dense and the grouped (MoE) GEMM: GROUPED=False is one group of M rows,
+  so `nvfp4_grouped_mm` equals a loop of `nvfp4_linear` by construction (same per-row code).
+
+Error budget against the exact reference (reference.exact_dot_fp32): the kernel sums K products
+(each exact in FP32: 6-bit x 6-bit significands) in FP32, so |acc - exact| <= K * u * sum|a*b|
+(u = 2**-24, a loose Higham bound, gamma_K), then the epilogue adds 2 roundings on the scaled
+value: |D - D_ref| <= (K * u * sum_k|a_k b_k|) * |gd_a gd_b| + 3 * u * |D_ref| (+ output cast).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .configs import pick
+from .quantize_kernel import _e2m1_value
+from .runtime import arch_of, check_kernel_device, compile_options, interpreting
+
+
+@triton.jit
+def _e4m3_value(byte):
+    """E4M3 byte (int32) -> exact FP32 value (non-negative scales; subnormals included)."""
+    e = (byte >> 3) & 15
+    m = byte & 7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    return tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
+
+
+@triton.jit
+def _nvfp4_gemm_kernel(
+    a_ptr, b_ptr, bs_ptr, gda_ptr, gdb_ptr, bias_ptr, out_ptr, tile_end_ptr, group_end_ptr,
+    M, N, K, E,
+    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_se, stride_sn,
+    gda_stride, gdb_stride, stride_om, stride_on,
+    GROUPED: tl.constexpr, B_PACKED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if GROUPED:
+        # which expert owns tile t: tile_end[e] = cumulative tile count of experts 0..e
+        eidx = tl.arange(0, BLOCK_E)
+        ends = tl.load(tile_end_ptr + eidx, mask=eidx < E, other=2147483647)
+        e = tl.sum((ends <= t).to(tl.int32), axis=0)
+        if e >= E:
+            return
+        first = e == 0
+        prev = tl.maximum(e - 1, 0)
+        tile_start = tl.where(first, 0, tl.load(tile_end_ptr + prev))
+        row_start = tl.where(first, 0, tl.load(group_end_ptr + prev))
+        row_end = tl.minimum(tl.load(group_end_ptr + e), M)
+        rows = row_start + (t - tile_start) * BLOCK_M + tl.arange(0, BLOCK_M)
+        e64 = e.to(tl.int64)
+    else:
+        e = 0
+        e64 = 0
+        row_end = M
+        rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < row_end
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    b_base = b_ptr + e64 * stride_be
+    s_base = bs_ptr + e64 * stride_se
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        kmask = kk < K
+        a = tl.load(a_ptr + rows[:, None] * stride_am + kk[None, :] * stride_ak,
+                    mask=rmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
+        if B_PACKED:
+            kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            byte = tl.load(b_base + cols[:, None] * stride_bn + kb[None, :],
+                           mask=cmask[:, None] & (kb < K // 2)[None, :], other=0).to(tl.int32)  # fmt: skip
+            codes = tl.reshape(tl.join(byte & 15, byte >> 4), (BLOCK_N, BLOCK_K))
+            ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+            sbyte = tl.load(s_base + cols[:, None] * stride_sn + ks[None, :],
+                            mask=cmask[:, None] & (ks < K // 16)[None, :], other=0).to(tl.int32)  # fmt: skip
+            sval = _e4m3_value(sbyte)
+            s_full = tl.reshape(tl.broadcast_to(sval[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)),
+                                (BLOCK_N, BLOCK_K))  # fmt: skip
+            b = tl.trans(_e2m1_value(codes) * s_full)  # [BK, BN], exact
+        else:
+            b = tl.load(b_base + cols[None, :] * stride_bn + kk[:, None] * stride_bk,
+                        mask=cmask[None, :] & kmask[:, None], other=0.0)  # fmt: skip
+        if DOT_F32:
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    gda = tl.load(gda_ptr + rows * gda_stride, mask=rmask, other=1.0)
+    gdb = tl.load(gdb_ptr + e * gdb_stride)
+    out = (acc * gda[:, None]) * gdb
+    if HAS_BIAS:
+        out = out + tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on,
+             out.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])  # fmt: skip
+
+
+def _dot_key(device: torch.device) -> str:
+    return "bf16" if device.type == "cuda" else "fp32"
+
+
+def launch_gemm(
+    a_MK: torch.Tensor,
+    gd_a: torch.Tensor,
+    b: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    gd_b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype,
+    offsets: torch.Tensor | None = None,
+    rows_per_group: int | None = None,
+) -> torch.Tensor:
+    """Launch the GEMM. b: on-grid [N, K] / [E, N, K] (any strides), or packed (codes, scale
+    bytes) [.., N, K/2] and [.., N, K/16]. offsets (int32 [E] group ends) selects the grouped
+    kernel; `rows_per_group` (a static estimate of M per expert) picks the config bucket."""
+    check_kernel_device(a_MK, "x")
+    dev = a_MK.device
+    m, k = a_MK.shape
+    packed = isinstance(b, tuple)
+    b_main = b[0] if packed else b
+    grouped = offsets is not None
+    if b_main.dim() == 2:
+        b_main = b_main.unsqueeze(0)
+    num_experts, n = b_main.shape[0], b_main.shape[1]
+    if packed:
+        b_scales = b[1] if b[1].dim() == 3 else b[1].unsqueeze(0)
+        b_scales = b_scales.view(torch.uint8)
+        stride_bk = 1
+        stride_se, stride_sn = b_scales.stride(0), b_scales.stride(1)
+        if b_main.stride(-1) != 1 or b_scales.stride(-1) != 1:
+            raise ValueError("packed weight codes and scales must be contiguous along K")
+    else:
+        b_scales = b_main
+        stride_bk = b_main.stride(2)
+        stride_se = stride_sn = 0
+    gd_a = gd_a.reshape(-1)
+    gd_b = gd_b.reshape(-1)
+    if gd_a.numel() not in (1, m) or gd_b.numel() not in (1, num_experts):
+        raise ValueError(
+            f"global scales: gd_a {tuple(gd_a.shape)} for M={m}, gd_b {tuple(gd_b.shape)}"
+        )
+    cfg = pick(arch_of(dev), _dot_key(dev), "nvfp4_gemm", rows_per_group or m)
+    interp = interpreting()
+    out = torch.empty((m, n), dtype=torch.float32 if interp else out_dtype, device=dev)
+    if m == 0 or n == 0:
+        return out.to(out_dtype)
+    if grouped:
+        ends = offsets.to(torch.int32)
+        counts = ends - torch.cat([ends.new_zeros(1), ends[:-1]])
+        tile_end = torch.cumsum((counts + cfg.block_m - 1) // cfg.block_m, 0).to(torch.int32)
+        num_m_tiles = triton.cdiv(m, cfg.block_m) + num_experts
+    else:
+        ends = tile_end = gd_a  # unused pointers
+        num_m_tiles = triton.cdiv(m, cfg.block_m)
+    grid = (num_m_tiles, triton.cdiv(n, cfg.block_n))
+    _nvfp4_gemm_kernel[grid](
+        a_MK, b_main, b_scales, gd_a, gd_b, bias if bias is not None else gd_b, out, tile_end, ends,
+        m, n, k, num_experts,
+        a_MK.stride(0), a_MK.stride(1), b_main.stride(0), b_main.stride(1), stride_bk,
+        stride_se, stride_sn,
+        1 if gd_a.numel() > 1 else 0, 1 if gd_b.numel() > 1 else 0, out.stride(0), out.stride(1),
+        GROUPED=grouped, B_PACKED=packed, HAS_BIAS=bias is not None, DOT_F32=dev.type != "cuda",
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        BLOCK_E=max(triton.next_power_of_2(num_experts), 2),
+        **cfg.launch_kwargs(), **compile_options(dev),
+    )  # fmt: skip
+    return out.to(out_dtype) if interp else out

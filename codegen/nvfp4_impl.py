@@ -1,0 +1,197 @@
+"""Device implementations behind the fp4_compile:: NVFP4 ops (forward and backward math).
+
+Shape legend: M tokens (x's leading dims flattened), T tokens sorted by expert, K in-features,
+N out-features, E experts.
+
+CPU: the reference (exact dot products via `reference.nvfp4_mm`, so batch-invariant by
+construction). CUDA: the Triton kernels (quantize -> on-grid activations, W4A4 GEMM). Both follow
+the same math, written once here:
+
+forward   y = ((dot(q_act(x), W_q)) * gd_x) * gd_w + bias, cast to x.dtype
+dgrad     dX = q_grad(dY) @ W_q^T-on-grid   (16x16 tiles: W and W^T quantize identically)
+          or BF16: bf16(dY) @ bf16(W master)  (recipe.dgrad)
+wgrad     dW = q_grad(dY^T) @ q(X^T)^T, both 1x16 along tokens (padded with zero tokens to a
+          multiple of 16), X^T per-tensor RNE; or BF16: bf16(dY)^T @ bf16(X)  (recipe.wgrad)
+dbias     sum of dY over tokens, FP32
+Stochastic-rounding seeds: dgrad uses `seed`, wgrad `seed + 1` (+ expert index for MoE).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import torch
+import torch.nn.functional as F
+
+from .. import reference as ref
+from ..format import BLOCK_SIZE, NVFP4Tensor, pack_codes, unpack_codes
+from ..recipe import NVFP4Recipe
+
+X_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
+
+
+@functools.lru_cache(maxsize=256)
+def recipe_from_json(recipe_json: str) -> NVFP4Recipe:
+    """Parse the recipe string an op receives (cached: ops see the same few strings)."""
+    if not isinstance(recipe_json, str):
+        raise TypeError(f"recipe must be a JSON string, got {type(recipe_json).__name__}")
+    recipe = NVFP4Recipe.from_dict(json.loads(recipe_json))
+    if not recipe.quantize:
+        raise ValueError("recipe.quantize is False: NVFP4 ops need a quantizing recipe")
+    if recipe.grad.global_scale == "static":
+        raise ValueError("recipe.grad.global_scale='static' is not supported (no calibrated amax)")
+    return recipe
+
+
+@torch.compiler.assume_constant_result
+def recipe_to_json(recipe: NVFP4Recipe) -> str:
+    """The op's recipe string; a compile-time constant for Dynamo (recipes are frozen)."""
+    return json.dumps(recipe.to_dict(), sort_keys=True, separators=(",", ":"))
+
+
+def act_global(recipe: NVFP4Recipe, x_amax: torch.Tensor | None):
+    """The activation global-scale argument of `quantize` for this recipe."""
+    mode = recipe.activation.global_scale
+    if mode == "static":
+        if x_amax is None:
+            raise ValueError(
+                "recipe.activation.global_scale='static' needs x_amax (a float32 scalar)"
+            )
+        return x_amax.reshape(())
+    return mode
+
+
+def check_weight(x, w_codes, w_scales, w_gd, *, experts: bool) -> tuple[int, int]:
+    """Validate the quantized weight against x; returns (N, K)."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in X_DTYPES:
+        raise TypeError(
+            f"x must be a bfloat16/float32/float16 tensor, got {getattr(x, 'dtype', x)}"
+        )
+    rank = 3 if experts else 2
+    if w_codes.dtype != torch.uint8 or w_codes.dim() != rank:
+        raise TypeError(
+            f"w_codes must be uint8 of rank {rank}, got {w_codes.dtype}{list(w_codes.shape)}"
+        )
+    if w_scales.dtype != torch.uint8:
+        raise TypeError(f"w_scales must be the E4M3 scale bytes as uint8, got {w_scales.dtype}")
+    if w_gd.dtype != torch.float32:
+        raise TypeError(f"w_global_decode must be float32, got {w_gd.dtype}")
+    n, k = w_codes.shape[-2], w_codes.shape[-1] * 2
+    if x.shape[-1] != k:
+        raise ValueError(f"x last dim {x.shape[-1]} != weight in-features K={k}")
+    if tuple(w_scales.shape) != (*w_codes.shape[:-1], k // BLOCK_SIZE):
+        raise ValueError(
+            f"w_scales shape {tuple(w_scales.shape)} does not match w_codes {tuple(w_codes.shape)}"
+        )
+    return n, k
+
+
+def weight_tensor(w_codes, w_scales, w_gd, n: int, k: int) -> NVFP4Tensor:
+    """Rebuild the NVFP4Tensor from the op arguments (w_scales: E4M3 bytes as uint8)."""
+    return NVFP4Tensor(codes=w_codes, block_scales=w_scales.view(torch.float8_e4m3fn), global_decode=w_gd,
+                       shape=(*w_codes.shape[:-2], n, k), block="16x16")  # fmt: skip
+
+
+def transpose_tiled(w: NVFP4Tensor) -> NVFP4Tensor:
+    """W^T of a 16x16-tiled weight [N, K], as NVFP4 [K, N]: equal to quantize(W^T, 16x16)."""
+    n, k = w.shape
+    codes_t = pack_codes(unpack_codes(w.codes).transpose(0, 1).contiguous())
+    tile = w.block_scales[::BLOCK_SIZE, :]  # [N/16, K/16], one scale per tile
+    scales_t = tile.transpose(0, 1).repeat_interleave(BLOCK_SIZE, dim=0).contiguous()
+    return NVFP4Tensor(codes=codes_t, block_scales=scales_t, global_decode=w.global_decode,
+                       shape=(k, n), block="16x16")  # fmt: skip
+
+
+def pad_tokens(t_RM: torch.Tensor) -> torch.Tensor:
+    """Pad the last (token) dim with zeros to a multiple of 16 (zeros change no amax, no dot)."""
+    pad = (-t_RM.shape[-1]) % BLOCK_SIZE
+    return F.pad(t_RM, (0, pad)) if pad else t_RM
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the reference
+
+
+def cpu_linear(x2, w: NVFP4Tensor, bias, recipe, x_amax):
+    xq = ref.quantize(x2, block="1x16", global_scale=act_global(recipe, x_amax), check_finite=False)
+    y = ref.nvfp4_mm(xq, w)
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(x2.dtype)
+
+
+def _q_grad(t, recipe, seed):
+    return ref.quantize(t, block="1x16", global_scale=recipe.grad.global_scale,
+                        rounding=recipe.grad.rounding, seed=seed, check_finite=False)  # fmt: skip
+
+
+def cpu_dgrad(dy2, w: NVFP4Tensor, weight, recipe, seed):
+    if recipe.dgrad == "bf16":
+        return torch.mm(dy2.to(torch.bfloat16), weight.to(torch.bfloat16)).to(torch.float32)
+    return ref.nvfp4_mm(_q_grad(dy2, recipe, seed), transpose_tiled(w))
+
+
+def cpu_wgrad(dy2, x2, recipe, seed):
+    if recipe.wgrad == "bf16":
+        return torch.mm(dy2.to(torch.bfloat16).t(), x2.to(torch.bfloat16)).to(torch.float32)
+    dyt = _q_grad(pad_tokens(dy2.t().contiguous()), recipe, seed)
+    xt = ref.quantize(pad_tokens(x2.t().contiguous()), block="1x16", global_scale="per_tensor",
+                      check_finite=False)  # fmt: skip
+    return ref.nvfp4_mm(dyt, xt)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA: the Triton kernels
+
+
+def cuda_linear(x2, w_codes, w_scales, w_gd, w_ongrid, bias, recipe, x_amax, offsets=None):
+    from .nvfp4_gemm import launch_gemm
+    from .quantize_kernel import quantize_triton
+
+    a, gd_a = quantize_triton(
+        x2, block="1x16", global_scale=act_global(recipe, x_amax), out="ongrid"
+    )
+    b = w_ongrid if w_ongrid is not None else (w_codes, w_scales)
+    rows = None
+    if offsets is not None:
+        rows = max(1, -(-x2.shape[0] // w_codes.shape[0]))
+    return launch_gemm(a, gd_a, b, w_gd, bias=bias, out_dtype=x2.dtype, offsets=offsets,
+                       rows_per_group=rows)  # fmt: skip
+
+
+def _ongrid_weight(w_codes, w_scales, w_gd, w_ongrid, n, k):
+    if w_ongrid is not None:
+        return w_ongrid
+    return weight_tensor(w_codes, w_scales, w_gd, n, k).on_grid(torch.bfloat16)
+
+
+def cuda_dgrad(dy2, w_codes, w_scales, w_gd, w_ongrid, weight, recipe, seed, offsets=None):
+    from .nvfp4_gemm import launch_gemm
+    from .quantize_kernel import quantize_triton
+
+    n, k = w_codes.shape[-2], w_codes.shape[-1] * 2
+    if recipe.dgrad == "bf16":
+        if offsets is not None:
+            raise NotImplementedError("grouped dgrad in bf16 is done per expert by the caller")
+        return torch.mm(dy2.to(torch.bfloat16), weight.to(torch.bfloat16)).to(torch.float32)
+    a, gd_a = quantize_triton(dy2, block="1x16", global_scale=recipe.grad.global_scale,
+                              rounding=recipe.grad.rounding, seed=seed, out="ongrid")  # fmt: skip
+    w_t = _ongrid_weight(w_codes, w_scales, w_gd, w_ongrid, n, k).transpose(-1, -2)  # view
+    rows = None if offsets is None else max(1, -(-dy2.shape[0] // w_codes.shape[0]))
+    return launch_gemm(a, gd_a, w_t, w_gd, out_dtype=torch.float32, offsets=offsets,
+                       rows_per_group=rows)  # fmt: skip
+
+
+def cuda_wgrad(dy2, x2, recipe, seed):
+    from .nvfp4_gemm import launch_gemm
+    from .quantize_kernel import quantize_triton
+
+    if recipe.wgrad == "bf16":
+        return torch.mm(dy2.to(torch.bfloat16).t(), x2.to(torch.bfloat16)).to(torch.float32)
+    a, gd_a = quantize_triton(pad_tokens(dy2.t().contiguous()), block="1x16",
+                              global_scale=recipe.grad.global_scale, rounding=recipe.grad.rounding,
+                              seed=seed, out="ongrid")  # fmt: skip
+    b, gd_b = quantize_triton(pad_tokens(x2.t().contiguous()), block="1x16",
+                              global_scale="per_tensor", out="ongrid")  # fmt: skip
+    return launch_gemm(a, gd_a, b, gd_b, out_dtype=torch.float32)

@@ -1,0 +1,328 @@
+"""The NVFP4 ops of the `fp4_compile::` namespace: registrations, fake (meta) kernels, autograd.
+
+Shape legend: M tokens, T tokens sorted by expert, K in-features, N out-features, E experts.
+
+Ops (each a `torch.library.custom_op`: opaque to Dynamo and Inductor, which keeps one registered
+boundary per GEMM and compiles on CPU, where `triton_op`/`wrap_triton` cannot):
+- quantize(x, block, global_scale, static_amax, rounding, seed) -> (codes, block_scales, global_decode)
+- nvfp4_linear(x, weight, w_codes, w_scales, w_global_decode, bias, x_amax, recipe, w_ongrid) -> y
+- nvfp4_grouped_mm(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax, recipe, w_ongrid)
+- nvfp4_linear_backward / nvfp4_grouped_mm_backward: the backward GEMMs (autograd calls them).
+`w_scales` holds the E4M3 scale BYTES as uint8 (`.view(torch.uint8)`: float8 arguments break
+opcheck's schema test on CPU); `recipe` is the recipe's JSON (`nvfp4_impl.recipe_to_json`); `weight` is the high-precision master
+weight, passed so that autograd returns its gradient (straight-through); `w_ongrid` optionally holds
+the on-grid BF16 copy of the quantized weight (same values, faster GEMM on CUDA).
+CPU implementations are the reference; CUDA ones the Triton kernels (imported lazily).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import reference as ref
+from ..format import BLOCK_SIZE
+from . import nvfp4_impl as impl
+
+_LIB = "fp4_compile"
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+# ---------------------------------------------------------------------------------------------
+# quantize
+
+
+def _quantize_global(x, global_scale, static_amax):
+    if global_scale == "static":
+        if static_amax is None:
+            raise ValueError("global_scale='static' needs static_amax (float32)")
+        return static_amax
+    if global_scale not in ("per_tensor", "per_row", "per_expert"):
+        raise ValueError(
+            f"global_scale must be 'per_tensor', 'per_row', 'per_expert' or 'static', got {global_scale!r}"
+        )
+    return global_scale
+
+
+@torch.library.custom_op(f"{_LIB}::quantize", mutates_args=())
+def quantize(
+    x: torch.Tensor,
+    block: str,
+    global_scale: str,
+    static_amax: torch.Tensor | None,
+    rounding: str,
+    seed: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gs = _quantize_global(x, global_scale, static_amax)
+    if x.device.type == "cuda":
+        from .quantize_kernel import quantize_triton
+
+        if isinstance(gs, torch.Tensor) and gs.numel() > 1:
+            gs = gs.reshape(-1, 1, 1)
+        q = quantize_triton(x, block=block, global_scale=gs, rounding=rounding, seed=seed)
+    elif gs == "per_expert" or (isinstance(gs, torch.Tensor) and gs.numel() > 1):
+        if block != "16x16":
+            raise ValueError("per-expert global scales are for 16x16 expert weights [E, N, K]")
+        q = ref.quantize_experts(x, global_amax_E=None if gs == "per_expert" else gs.reshape(-1))
+    else:
+        q = ref.quantize(x, block=block, global_scale=gs, rounding=rounding, seed=seed,
+                         check_finite=False)  # fmt: skip
+    return q.codes, q.block_scales, q.global_decode
+
+
+@quantize.register_fake
+def _(x, block, global_scale, static_amax, rounding, seed):
+    k = x.shape[-1]
+    codes = x.new_empty((*x.shape[:-1], k // 2), dtype=torch.uint8)
+    scales = x.new_empty((*x.shape[:-1], k // BLOCK_SIZE), dtype=torch.float8_e4m3fn)
+    if global_scale == "per_row":
+        gd = x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+    elif global_scale == "per_expert" or (static_amax is not None and static_amax.numel() > 1):
+        gd = x.new_empty((x.shape[0], 1, 1), dtype=torch.float32)
+    else:
+        gd = x.new_empty((), dtype=torch.float32)
+    return codes, scales, gd
+
+
+# ---------------------------------------------------------------------------------------------
+# nvfp4_linear
+
+
+@torch.library.custom_op(f"{_LIB}::nvfp4_linear", mutates_args=())
+def nvfp4_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    w_codes: torch.Tensor,
+    w_scales: torch.Tensor,
+    w_global_decode: torch.Tensor,
+    bias: torch.Tensor | None,
+    x_amax: torch.Tensor | None,
+    recipe: str,
+    w_ongrid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    rec = impl.recipe_from_json(recipe)
+    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False)
+    x2 = _flat(x)
+    if x.device.type == "cuda":
+        y = impl.cuda_linear(x2, w_codes, w_scales, w_global_decode, w_ongrid, bias, rec, x_amax)
+    else:
+        w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
+        y = impl.cpu_linear(x2, w, bias, rec, x_amax)
+    return y.reshape(*x.shape[:-1], n)
+
+
+@nvfp4_linear.register_fake
+def _(x, weight, w_codes, w_scales, w_global_decode, bias, x_amax, recipe, w_ongrid=None):
+    n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False)
+    return x.new_empty((*x.shape[:-1], n))
+
+
+@torch.library.custom_op(f"{_LIB}::nvfp4_linear_backward", mutates_args=())
+def nvfp4_linear_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    w_codes: torch.Tensor,
+    w_scales: torch.Tensor,
+    w_global_decode: torch.Tensor,
+    w_ongrid: torch.Tensor | None,
+    recipe: str,
+    seed: int,
+    needs_x: bool,
+    needs_w: bool,
+    needs_bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dX in x.dtype or [0], dW float32 [N, K] or [0], dbias float32 [N] or [0])."""
+    rec = impl.recipe_from_json(recipe)
+    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False)
+    dy2, x2 = _flat(grad_out), _flat(x)
+    cuda = x.device.type == "cuda"
+    empty = x.new_empty((0,), dtype=torch.float32)
+    dx, dw, db = x.new_empty((0,)), empty, empty
+    if needs_x:
+        if cuda:
+            dx2 = impl.cuda_dgrad(
+                dy2, w_codes, w_scales, w_global_decode, w_ongrid, weight, rec, seed
+            )
+        else:
+            w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
+            dx2 = impl.cpu_dgrad(dy2, w, weight, rec, seed)
+        dx = dx2.to(x.dtype).reshape(x.shape)
+    if needs_w:
+        dw = (impl.cuda_wgrad if cuda else impl.cpu_wgrad)(dy2, x2, rec, seed + 1)
+    if needs_bias:
+        db = dy2.to(torch.float32).sum(0)
+    return dx, dw, db
+
+
+@nvfp4_linear_backward.register_fake
+def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, w_ongrid, recipe, seed,
+      needs_x, needs_w, needs_bias):  # fmt: skip
+    n, k = w_codes.shape[-2], w_codes.shape[-1] * 2
+    dx = x.new_empty(x.shape) if needs_x else x.new_empty((0,))
+    dw = x.new_empty((n, k) if needs_w else (0,), dtype=torch.float32)
+    db = x.new_empty((n,) if needs_bias else (0,), dtype=torch.float32)
+    return dx, dw, db
+
+
+def _linear_setup_context(ctx, inputs, output):
+    x, weight, w_codes, w_scales, w_gd, bias, x_amax, recipe, w_ongrid = inputs
+    ctx.save_for_backward(x, weight, w_codes, w_scales, w_gd, w_ongrid)
+    ctx.recipe = recipe
+    ctx.weight_dtype = weight.dtype
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _linear_backward(ctx, grad_out):
+    x, weight, w_codes, w_scales, w_gd, w_ongrid = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    rec = impl.recipe_from_json(ctx.recipe)
+    dx, dw, db = torch.ops.fp4_compile.nvfp4_linear_backward(
+        grad_out, x, weight, w_codes, w_scales, w_gd, w_ongrid, ctx.recipe, rec.seed,
+        needs[0], needs[1], needs[5] and ctx.bias_dtype is not None,
+    )  # fmt: skip
+    dx = dx if needs[0] else None
+    dw = dw.to(ctx.weight_dtype) if needs[1] else None
+    db = db.to(ctx.bias_dtype) if (needs[5] and ctx.bias_dtype is not None) else None
+    return dx, dw, None, None, None, db, None, None, None
+
+
+nvfp4_linear.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------
+# nvfp4_grouped_mm (MoE experts)
+
+
+def _check_grouped(x, offsets, num_experts):
+    if x.dim() != 2:
+        raise ValueError(f"x must be [T, K] (tokens sorted by expert), got {tuple(x.shape)}")
+    if not isinstance(offsets, torch.Tensor) or offsets.dtype != torch.int32:
+        raise TypeError(
+            f"offsets must be an int32 tensor, got {getattr(offsets, 'dtype', offsets)}"
+        )
+    if offsets.dim() != 1 or offsets.numel() != num_experts:
+        raise ValueError(f"offsets must have shape [{num_experts}], got {tuple(offsets.shape)}")
+
+
+def _groups(offsets: torch.Tensor):
+    """(expert, start, end) of each non-empty group (a host read: CPU path and MoE wgrad)."""
+    start = 0
+    for e, end in enumerate(offsets.cpu().tolist()):
+        if end > start:
+            yield e, start, end
+        start = end
+
+
+@torch.library.custom_op(f"{_LIB}::nvfp4_grouped_mm", mutates_args=())
+def nvfp4_grouped_mm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    w_codes: torch.Tensor,
+    w_scales: torch.Tensor,
+    w_global_decode: torch.Tensor,
+    offsets: torch.Tensor,
+    x_amax: torch.Tensor | None,
+    recipe: str,
+    w_ongrid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    rec = impl.recipe_from_json(recipe)
+    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True)
+    _check_grouped(x, offsets, w_codes.shape[0])
+    if x.device.type == "cuda":
+        return impl.cuda_linear(x, w_codes, w_scales, w_global_decode, w_ongrid, None, rec,
+                                x_amax, offsets=offsets)  # fmt: skip
+    ref.check_offsets(offsets, x.shape[0], w_codes.shape[0])
+    w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
+    xq = ref.quantize(
+        x, block="1x16", global_scale=impl.act_global(rec, x_amax), check_finite=False
+    )
+    return ref.nvfp4_grouped_mm(xq, w, offsets).to(x.dtype)
+
+
+@nvfp4_grouped_mm.register_fake
+def _(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax, recipe, w_ongrid=None):
+    n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True)
+    _check_grouped(x, offsets, w_codes.shape[0])
+    return x.new_empty((x.shape[0], n))
+
+
+@torch.library.custom_op(f"{_LIB}::nvfp4_grouped_mm_backward", mutates_args=())
+def nvfp4_grouped_mm_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    w_codes: torch.Tensor,
+    w_scales: torch.Tensor,
+    w_global_decode: torch.Tensor,
+    offsets: torch.Tensor,
+    w_ongrid: torch.Tensor | None,
+    recipe: str,
+    seed: int,
+    needs_x: bool,
+    needs_w: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (dX [T, K] in x.dtype or [0], dW float32 [E, N, K] or [0]). dY is quantized over all T
+    tokens for dgrad; wgrad quantizes each expert's dY_e^T and X_e^T separately (seed + 1 + e)."""
+    rec = impl.recipe_from_json(recipe)
+    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True)
+    num_experts = w_codes.shape[0]
+    cuda = x.device.type == "cuda"
+    dx, dw = x.new_empty((0,)), x.new_empty((0,), dtype=torch.float32)
+    if needs_x:
+        if cuda and rec.dgrad == "nvfp4":
+            dx = impl.cuda_dgrad(grad_out, w_codes, w_scales, w_global_decode, w_ongrid, weight,
+                                 rec, seed, offsets=offsets).to(x.dtype)  # fmt: skip
+        else:
+            dx = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+            dyq = None if rec.dgrad == "bf16" else impl._q_grad(grad_out, rec, seed)
+            w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
+            for e, s, t in _groups(offsets):
+                if rec.dgrad == "bf16":
+                    dx[s:t] = impl.cpu_dgrad(grad_out[s:t], None, weight[e], rec, seed)
+                else:
+                    w_e = w[e]
+                    w_e = impl.weight_tensor(w_e.codes, w_e.block_scales.view(torch.uint8),
+                                             w_e.global_decode.reshape(()), n, k)  # fmt: skip
+                    dx[s:t] = ref.nvfp4_mm(dyq[s:t], impl.transpose_tiled(w_e))
+            dx = dx.to(x.dtype)
+    if needs_w:
+        dw = torch.zeros((num_experts, n, k), dtype=torch.float32, device=x.device)
+        wgrad = impl.cuda_wgrad if cuda else impl.cpu_wgrad
+        for e, s, t in _groups(offsets):
+            dw[e] = wgrad(grad_out[s:t], x[s:t], rec, seed + 1 + e)
+    return dx, dw
+
+
+@nvfp4_grouped_mm_backward.register_fake
+def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, offsets, w_ongrid, recipe, seed,
+      needs_x, needs_w):  # fmt: skip
+    e, n, k = w_codes.shape[0], w_codes.shape[1], w_codes.shape[2] * 2
+    dx = x.new_empty(x.shape) if needs_x else x.new_empty((0,))
+    dw = x.new_empty((e, n, k) if needs_w else (0,), dtype=torch.float32)
+    return dx, dw
+
+
+def _grouped_setup_context(ctx, inputs, output):
+    x, weight, w_codes, w_scales, w_gd, offsets, x_amax, recipe, w_ongrid = inputs
+    ctx.save_for_backward(x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid)
+    ctx.recipe = recipe
+    ctx.weight_dtype = weight.dtype
+
+
+def _grouped_backward(ctx, grad_out):
+    x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    rec = impl.recipe_from_json(ctx.recipe)
+    dx, dw = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(
+        grad_out, x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, ctx.recipe, rec.seed,
+        needs[0], needs[1],
+    )  # fmt: skip
+    dx = dx if needs[0] else None
+    dw = dw.to(ctx.weight_dtype) if needs[1] else None
+    return dx, dw, None, None, None, None, None, None, None
+
+
+nvfp4_grouped_mm.register_autograd(_grouped_backward, setup_context=_grouped_setup_context)

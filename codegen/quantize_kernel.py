@@ -1,0 +1,230 @@
+"""Triton NVFP4 quantizer (1x16 blocks or 16x16 tiles; per-row, per-tensor or static global).
+
+Shape legend: R rows (leading dims flattened), K the last dim (a multiple of 16).
+
+Bitwise equal to `fp4_compile.reference.quantize`, step for step (see its docstring):
+- The global stage (amax, global_encode, global_decode, multiplier) is a handful of torch ops on
+  [] or [R, 1] tensors, the very functions of the reference, run by the launcher.
+- The kernel does steps 5-8: vec_max (max |x| over 16 elements or a 16x16 tile), ONE FP32
+  multiply by the multiplier, clamp to 448, E4M3 round-to-nearest-even done with INTEGER bit
+  operations (`_e4m3_rne`: the interpreter's fp32->fp8 cast is wrong, and integer code is the same
+  on every backend), encode scale = min(div_rn(1, scale * global_decode), FLT_MAX) with an
+  IEEE-rounded division (Triton's `/` may be approximate on CUDA), codes by the E2M1 RNE threshold
+  table, or stochastic rounding given the reference's uniform stream.
+Outputs: packed codes + E4M3 scale bytes (`out="packed"`), or the on-grid values
+(E2M1 x E4M3, exact in BF16: `out="ongrid"`) that the GEMM kernels consume.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..format import BLOCK_SIZE, NVFP4Tensor
+from ..reference import _validate_input, global_amax
+from .configs import pick
+from .runtime import arch_of, check_kernel_device, compile_options, interpreting
+
+_FLT_MAX = 3.4028234663852886e38
+_ONE_SIXTH_F32 = float(torch.tensor(1.0 / 6.0, dtype=torch.float32))  # fp32(1/6), exactly
+
+
+@triton.jit
+def _e4m3_rne(d):
+    """FP32 d in [0, 448] -> (E4M3 byte as int32, its exact FP32 value); RNE, subnormals too."""
+    bits = d.to(tl.int32, bitcast=True)
+    # normal range (d >= 2**-6): round the 23-bit mantissa to 3 bits, ties to even
+    r = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576  # clear the low 20 bits
+    code_n = (((r >> 23) - 120) << 3) | ((r >> 20) & 7)
+    val_n = r.to(tl.float32, bitcast=True)
+    # subnormal range (d < 2**-6): q = RNE(d * 2**9) on the integer mantissa
+    e = (bits >> 23) - 127
+    mant = (bits & 0x7FFFFF) | 0x800000
+    shift = tl.minimum(14 - e, 25)
+    q = mant >> shift
+    rem = mant & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    q = q + ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)
+    val_s = q.to(tl.float32) * 0.001953125  # 2**-9, exact
+    normal = d >= 0.015625
+    return tl.where(normal, code_n, q), tl.where(normal, val_n, val_s)
+
+
+@triton.jit
+def _e2m1_value(code):
+    """E2M1 code (int32 0..15) -> FP32 value, exact (code 8 -> -0.0)."""
+    idx = code & 7
+    mag = tl.where(idx <= 4, idx.to(tl.float32) * 0.5, (idx - 2).to(tl.float32))
+    mag = tl.where(idx == 7, 6.0, mag)
+    sign = (code & 8) << 28  # bit 3 -> bit 31 (`-mag` would be 0 - mag: +0.0, not -0.0)
+    return (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr, u_ptr, mult_ptr, gd_ptr, codes_ptr, scales_ptr, ongrid_ptr,
+    R, K, stride_xr, mult_stride, gd_stride,
+    TILE16: tl.constexpr, STOCHASTIC: tl.constexpr, ONGRID: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rows[:, None] < R) & (cols[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    NB: tl.constexpr = BLOCK_K // 16
+    vmax = tl.max(tl.reshape(tl.abs(x), (BLOCK_M, NB, 16)), axis=2)  # [BM, NB]
+    if TILE16:
+        tmax = tl.max(tl.reshape(vmax, (BLOCK_M // 16, 16, NB)), axis=1)
+        vmax = tl.reshape(tl.broadcast_to(tmax[:, None, :], (BLOCK_M // 16, 16, NB)), (BLOCK_M, NB))
+    rmask = rows < R
+    mult = tl.load(mult_ptr + rows * mult_stride, mask=rmask, other=1.0)
+    gd = tl.load(gd_ptr + rows * gd_stride, mask=rmask, other=1.0)
+    d = vmax * mult[:, None]  # ONE rounding (step 6)
+    d = tl.minimum(tl.maximum(d, -448.0), 448.0)
+    s_code, s_val = _e4m3_rne(d)
+    enc = tl.minimum(
+        tl.math.div_rn(tl.full(s_val.shape, 1.0, tl.float32), s_val * gd[:, None]),
+        3.4028234663852886e38,
+    )
+    enc_full = tl.reshape(tl.broadcast_to(enc[:, :, None], (BLOCK_M, NB, 16)), (BLOCK_M, BLOCK_K))
+    v = tl.minimum(tl.maximum(x * enc_full, -6.0), 6.0)
+    mag = tl.abs(v)
+    if STOCHASTIC:
+        u = tl.load(u_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
+        # hi = first grid point >= mag (searchsorted, right=False), lo = the one below unless equal
+        hi_idx = ((mag > 0.0).to(tl.int32) + (mag > 0.5) + (mag > 1.0) + (mag > 1.5) + (mag > 2.0)
+                  + (mag > 3.0) + (mag > 4.0))  # fmt: skip
+        hi = tl.abs(_e2m1_value(hi_idx))
+        lo_idx = tl.where(hi == mag, hi_idx, tl.maximum(hi_idx - 1, 0))
+        lo = tl.abs(_e2m1_value(lo_idx))
+        span = tl.where(hi > lo, hi - lo, 1.0)
+        idx = tl.where(u < tl.math.div_rn(mag - lo, span), hi_idx, lo_idx)
+    else:
+        idx = ((mag > 0.25).to(tl.int32) + (mag >= 0.75) + (mag > 1.25) + (mag >= 1.75)
+               + (mag > 2.5) + (mag >= 3.5) + (mag > 5.0))  # fmt: skip
+    code = idx | ((v < 0.0).to(tl.int32) << 3)
+    if ONGRID:
+        s_full = tl.reshape(
+            tl.broadcast_to(s_val[:, :, None], (BLOCK_M, NB, 16)), (BLOCK_M, BLOCK_K)
+        )
+        val = _e2m1_value(code) * s_full  # exact
+        tl.store(
+            ongrid_ptr + rows[:, None] * K + cols[None, :],
+            val.to(ongrid_ptr.dtype.element_ty),
+            mask=mask,
+        )
+    else:
+        lo_c, hi_c = tl.split(tl.reshape(code, (BLOCK_M, BLOCK_K // 2, 2)))
+        byte = (lo_c | (hi_c << 4)).to(tl.uint8)
+        ccols = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+        cmask = (rows[:, None] < R) & (ccols[None, :] < K // 2)
+        tl.store(codes_ptr + rows[:, None] * (K // 2) + ccols[None, :], byte, mask=cmask)
+        scols = pid_k * NB + tl.arange(0, NB)
+        smask = (rows[:, None] < R) & (scols[None, :] < K // 16)
+        tl.store(
+            scales_ptr + rows[:, None] * (K // 16) + scols[None, :], s_code.to(tl.uint8), mask=smask
+        )
+
+
+def global_stage(x: torch.Tensor, global_scale: str | torch.Tensor):
+    """Steps 1-4 in torch (the reference's own functions): -> (global_decode, multiplier), each []
+    or [..., R, 1] (or [E, 1, 1] for "per_expert" / a static amax of shape [E, 1, 1]).
+    Cheap next to the kernel; a per-tensor amax is one torch reduction."""
+    if isinstance(global_scale, torch.Tensor):
+        amax = global_scale.reshape(()) if global_scale.dim() == 0 else global_scale
+    elif global_scale == "per_expert":  # [E, N, K] -> one amax per expert, [E, 1, 1]
+        amax = x.abs().amax(dim=(-2, -1), keepdim=True).to(torch.float32)
+    else:
+        amax = global_amax(x, global_scale)
+    # The reference's steps 2-4 without host->device copies: constants are filled on the device
+    # (`scalar / tensor` would be reciprocal-then-multiply in torch: two roundings); each op is
+    # one FP32 operation, tensor * python-float multiplies by fp32(1/6) exactly once.
+    amax = amax.to(torch.float32)
+    enc = torch.clamp(torch.full_like(amax, 2688.0) / amax, max=_FLT_MAX)
+    enc = torch.where(enc == 0, torch.ones_like(enc), enc)
+    gd = torch.ones_like(enc) / enc
+    mult = enc * _ONE_SIXTH_F32
+    return gd, mult
+
+
+def uniforms(shape, seed: int, device: torch.device) -> torch.Tensor:
+    """The reference's stochastic-rounding stream (CPU generator, so any device agrees)."""
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    return torch.rand(tuple(shape), generator=gen, dtype=torch.float32).to(device)
+
+
+def quantize_triton(
+    x: torch.Tensor,
+    *,
+    block: str = "1x16",
+    global_scale: str | torch.Tensor = "per_row",
+    rounding: str = "rne",
+    seed: int | None = None,
+    out: str = "packed",
+    ongrid_dtype: torch.dtype = torch.bfloat16,
+    name: str = "x",
+):
+    """Quantize with the Triton kernel. out="packed" -> NVFP4Tensor (bitwise == reference);
+    out="ongrid" -> (on-grid values [..., K] in `ongrid_dtype`, global_decode).
+    global_scale "per_expert" (x [E, N, K], 16x16) equals `reference.quantize_experts`; a static
+    amax of shape [E, 1, 1] gives one static scale per expert."""
+    _validate_input(x, block, name)
+    check_kernel_device(x, name)
+    if out not in ("packed", "ongrid"):
+        raise ValueError(f"out must be 'packed' or 'ongrid', got {out!r}")
+    if isinstance(global_scale, str) and global_scale == "per_expert" and x.dim() != 3:
+        raise ValueError(f"global_scale='per_expert' needs {name} of shape [E, N, K]")
+    if isinstance(global_scale, str) and global_scale == "per_row" and block == "16x16":
+        raise ValueError("global_scale='per_row' with block='16x16' is not allowed (W vs W^T)")
+    if rounding not in ("rne", "stochastic"):
+        raise ValueError(f"rounding must be 'rne' or 'stochastic', got {rounding!r}")
+    if rounding == "stochastic" and seed is None:
+        raise ValueError("rounding='stochastic' needs an integer seed")
+    shape = tuple(x.shape)
+    k = shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        raise ValueError(f"{name} must have a unit stride along its last dim")
+    r = x2.shape[0]
+    gd, mult = global_stage(x, global_scale)
+    per_row = gd.dim() > 0
+    if gd.dim() == 3:  # per expert [E, 1, 1]: one value per row of the flattened [E*N, K]
+        gd2 = gd.expand(*shape[:-1], 1).reshape(-1)
+        mult2 = mult.expand(*shape[:-1], 1).reshape(-1)
+    else:
+        gd2, mult2 = gd.reshape(-1), mult.reshape(-1)
+    dev = x.device
+    u = uniforms(shape, seed, dev) if rounding == "stochastic" else x2  # dummy pointer when RNE
+    if out == "packed":
+        codes = torch.empty((r, k // 2), dtype=torch.uint8, device=dev)
+        scales = torch.empty((r, k // BLOCK_SIZE), dtype=torch.uint8, device=dev)
+        ongrid = codes
+    else:
+        ongrid = torch.empty((r, k), dtype=ongrid_dtype, device=dev)
+        codes = scales = ongrid
+    cfg = pick(arch_of(dev), "any", "nvfp4_quantize", r)
+    if r and k:
+        grid = (triton.cdiv(r, cfg.block_m), triton.cdiv(k, cfg.block_k))
+        _quantize_kernel[grid](
+            x2, u, mult2, gd2, codes, scales, ongrid,
+            r, k, x2.stride(0), 1 if per_row else 0, 1 if per_row else 0,
+            TILE16=block == "16x16", STOCHASTIC=rounding == "stochastic", ONGRID=out == "ongrid",
+            BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
+            **cfg.launch_kwargs(), **compile_options(dev),
+        )  # fmt: skip
+    if out == "ongrid":
+        return ongrid.reshape(shape), gd
+    return NVFP4Tensor(
+        codes=codes.reshape(*shape[:-1], k // 2),
+        block_scales=scales.view(torch.float8_e4m3fn).reshape(*shape[:-1], k // BLOCK_SIZE),
+        global_decode=gd.contiguous(),
+        shape=shape,
+        block=block,
+    )
+
+
+__all__ = ["quantize_triton", "global_stage", "uniforms", "interpreting"]

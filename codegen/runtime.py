@@ -1,0 +1,54 @@
+"""Where a Triton kernel runs: CUDA (compiled) or the Triton interpreter (CPU, tests).
+
+Triton is imported lazily: nothing in this module imports it at import time. The interpreter is
+selected by `TRITON_INTERPRET=1`, which Triton reads when a kernel module is IMPORTED (at
+`@triton.jit`); kernel modules of this package are therefore imported only inside launchers, and
+tests set the variable in `tests/codegen/conftest.py` before any launcher runs.
+
+Interpreter traps this package works around (verified on Triton 3.7, CPU):
+- `tl.dot` on bf16 operands returns garbage, and fp32 -> bf16 casts truncate: in interpreter mode
+  the launchers load operands as fp32, use an fp32 `tl.dot` (numpy, `input_precision="ieee"`),
+  and write fp32 outputs that torch casts (round to nearest even). On-grid NVFP4 values are exact
+  in both bf16 and fp32, so only the accumulation rounding differs from the CUDA path.
+- fp32 -> fp8 casts are wrong: E4M3 rounding is done with integer bit operations everywhere.
+- `@triton.autotune` with more than one config fails: nothing here autotunes (configs.py pins).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def check_kernel_device(t: torch.Tensor, name: str) -> None:
+    """Kernels run on CUDA tensors, or on CPU tensors under the interpreter; nothing else."""
+    if t.device.type == "cuda":
+        return
+    if t.device.type == "cpu" and interpreting():
+        return
+    raise ValueError(
+        f"{name} is on {t.device}: the Triton kernels need CUDA tensors (or CPU tensors with "
+        "TRITON_INTERPRET=1); the CPU implementation of the fp4_compile ops is the reference"
+    )
+
+
+def arch_of(device: torch.device) -> str:
+    """Config key of a device: 'sm_90', 'sm_100', ..., or 'interpreter' for CPU."""
+    if device.type != "cuda":
+        return "interpreter"
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def compile_options(device: torch.device) -> dict:
+    """Launch options: no FMA contraction on CUDA, so the FP32 epilogue rounds exactly like the
+    reference (`(acc * gd_a) * gd_b + bias`, three roundings). The interpreter takes none."""
+    if device.type != "cuda":
+        return {}
+    return {"enable_fp_fusion": False}

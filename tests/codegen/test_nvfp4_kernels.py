@@ -1,0 +1,147 @@
+"""The Triton NVFP4 kernels themselves, under TRITON_INTERPRET=1 on CPU (conftest sets it).
+
+Tiers: bitwise (quantize kernel vs reference in every mode; GEMM batch invariance; packed vs
+on-grid weights; grouped == per-expert loop); error budget (GEMM vs the exact reference:
+|y - y_ref| <= (K * 2**-24) * (|a| @ |b|) * |gd_a gd_b| + 4 * 2**-24 * |y_ref|, Higham's gamma_K
+for FP32 accumulation of exact products plus the epilogue roundings).
+"""
+
+import os
+
+import pytest
+import torch
+
+from fp4_compile import NVFP4Recipe
+from fp4_compile import reference as ref
+from fp4_compile.codegen import nvfp4_impl as impl
+from fp4_compile.testing import assert_bitwise_equal, assert_nvfp4_equal
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+STRICT = NVFP4Recipe.strict()
+U = 2.0**-24
+
+
+def _x(*shape, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * torch.logspace(-4, 2, shape[-1])
+    return x.to(dtype).to(DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "block,mode", [("1x16", "per_row"), ("1x16", "per_tensor"), ("16x16", "per_tensor"),
+                   ("1x16", "static"), ("16x16", "static_tiny")]
+)  # fmt: skip
+def test_quantize_kernel_bitwise(dtype, block, mode):
+    """Bitwise: kernel codes, E4M3 scales (subnormal ones too) and global scales == reference;
+    the on-grid output == reference on_grid in bf16."""
+    from fp4_compile.codegen.quantize_kernel import quantize_triton
+
+    x = _x(48, 96, dtype=dtype)
+    gs = {"static": torch.tensor(3.0), "static_tiny": torch.tensor(1e-3)}.get(mode, mode)
+    if isinstance(gs, torch.Tensor):
+        gs = gs.to(DEV)
+    want = ref.quantize(x, block=block, global_scale=gs)
+    assert_nvfp4_equal(quantize_triton(x, block=block, global_scale=gs), want)
+    og, gd = quantize_triton(x, block=block, global_scale=gs, out="ongrid")
+    assert_bitwise_equal(og, want.on_grid(torch.bfloat16), "on-grid")
+    assert_bitwise_equal(gd, want.global_decode, "global decode")
+
+
+def test_quantize_kernel_stochastic_and_experts():
+    """Bitwise: stochastic rounding with the reference's seeded stream; per-expert weights."""
+    from fp4_compile.codegen.quantize_kernel import quantize_triton
+
+    x = _x(32, 64, dtype=torch.float32)
+    want = ref.quantize(x, global_scale="per_tensor", rounding="stochastic", seed=9)
+    assert_nvfp4_equal(
+        quantize_triton(x, global_scale="per_tensor", rounding="stochastic", seed=9), want
+    )
+    w = _x(3, 32, 48)
+    assert_nvfp4_equal(
+        quantize_triton(w, block="16x16", global_scale="per_expert"), ref.quantize_experts(w)
+    )
+
+
+def _budget(xq, wq, y_ref):
+    a, b = xq.on_grid(torch.float64), wq.on_grid(torch.float64)
+    k = a.shape[-1]
+    gd = (xq.global_decode.double().reshape(-1, 1) * wq.global_decode.double().reshape(1, -1)).abs()
+    return (a.abs() @ b.abs().t()) * gd * (k * U) + 4 * U * y_ref.double().abs()
+
+
+def test_gemm_error_budget_and_paths():
+    """Budget vs the exact reference; bitwise: packed weights == on-grid bf16 weights."""
+    m, n, k = 40, 48, 160
+    x, w, bias = _x(m, k), _x(n, k, dtype=torch.float32, seed=1), _x(n, dtype=torch.float32, seed=2)
+    wq = ref.quantize(w, block="16x16")
+    codes, scales, gd = wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode
+    y = impl.cuda_linear(x.float(), codes, scales, gd, None, bias, STRICT, None)
+    xq = ref.quantize(x.float(), global_scale="per_row")
+    y_ref = ref.nvfp4_mm(xq, wq) + bias
+    assert bool(((y.double() - y_ref.double()).abs() <= _budget(xq, wq, y_ref)).all())
+    y_og = impl.cuda_linear(
+        x.float(), codes, scales, gd, wq.on_grid(torch.bfloat16), bias, STRICT, None
+    )
+    assert_bitwise_equal(y_og, y, "on-grid vs packed weights")
+    yb = impl.cuda_linear(x, codes, scales, gd, None, bias, STRICT, None)
+    assert yb.dtype == torch.bfloat16
+
+
+def test_gemm_batch_invariance():
+    """Bitwise: row i of the kernel's op(x[:m]) == row i of op(x), m in {1, 3, 17}, and rows
+    taken from another position."""
+    n, k = 32, 64
+    x, w = _x(37, k), _x(n, k, dtype=torch.float32, seed=1)
+    wq = ref.quantize(w, block="16x16")
+    args = (wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, None, None, STRICT, None)
+    full = impl.cuda_linear(x[4:], *args)
+    assert_bitwise_equal(impl.cuda_linear(x, *args)[4:], full, "shifted rows")
+    for m in (1, 3, 17):
+        assert_bitwise_equal(impl.cuda_linear(x[4 : 4 + m], *args), full[:m], f"m={m}")
+
+
+@pytest.mark.parametrize("shape", [(4, 32, 64), (4, 64, 32)], ids=["gate_up", "down"])
+def test_grouped_kernel_equals_loop(shape):
+    """Bitwise: one grouped launch == per-expert dense launches (empty groups included)."""
+    e, n, k = shape
+    w = _x(e, n, k, dtype=torch.float32, seed=3)
+    wq = ref.quantize_experts(w)
+    x = _x(29, k)
+    offsets = torch.tensor([5, 5, 22, 29], dtype=torch.int32, device=DEV)
+    sc = wq.block_scales.view(torch.uint8)
+    y = impl.cuda_linear(
+        x, wq.codes, sc, wq.global_decode, None, None, STRICT, None, offsets=offsets
+    )
+    start = 0
+    for i, end in enumerate(offsets.tolist()):
+        if end > start:
+            want = impl.cuda_linear(x[start:end], wq.codes[i], sc[i], wq.global_decode[i].reshape(()),
+                                    None, None, STRICT, None)  # fmt: skip
+            assert_bitwise_equal(y[start:end], want, f"expert {i}")
+        start = end
+    y_cpu = torch.ops.fp4_compile.nvfp4_grouped_mm(
+        x.cpu(), w.cpu(), wq.codes.cpu(), sc.cpu(), wq.global_decode.cpu(), offsets.cpu(), None,
+        impl.recipe_to_json(STRICT), None)  # fmt: skip
+    assert (y.float().cpu() - y_cpu.float()).abs().max() <= 2.0**-7 * y_cpu.float().abs().max()
+
+
+def test_backward_kernels_match_cpu_path():
+    """dgrad / wgrad kernels vs the CPU (exact) path on the same quantized operands (same SR
+    seeds): within the FP32 accumulation budget (relative 2**-16 of |A| @ |B| here)."""
+    m, n, k = 20, 32, 48
+    x, w = _x(m, k, dtype=torch.float32), _x(n, k, dtype=torch.float32, seed=1)
+    dy = _x(m, n, dtype=torch.float32, seed=4)
+    wq = ref.quantize(w, block="16x16")
+    sc = wq.block_scales.view(torch.uint8)
+    dx = impl.cuda_dgrad(dy, wq.codes, sc, wq.global_decode, None, w, STRICT, 5)
+    dx_ref = impl.cpu_dgrad(dy, wq, w, STRICT, 5)
+    scale = dy.abs() @ w.abs()
+    assert bool(((dx - dx_ref).abs() <= scale * 2.0**-16).all()), "dgrad"
+    dw = impl.cuda_wgrad(dy, x, STRICT, 6)
+    dw_ref = impl.cpu_wgrad(dy, x, STRICT, 6)
+    assert bool(((dw - dw_ref).abs() <= (dy.abs().t() @ x.abs()) * 2.0**-16).all()), "wgrad"
