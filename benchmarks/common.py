@@ -21,7 +21,8 @@ def environment() -> dict:
         env["triton"] = "absent"
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
-        env["capability"] = "sm_%d%d" % torch.cuda.get_device_capability()
+        major, minor = torch.cuda.get_device_capability()
+        env["capability"] = f"sm_{major}{minor}"
     else:
         env["gpu"] = "none (CPU)"
     try:

@@ -6,14 +6,15 @@ Shape legend: B requests, L prompt length (padded), S_max cache slots, V vocabul
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from ..recipe import NVFP4Recipe, as_recipe
-from .kv_cache import StaticKVCache, attention_mask_4d
+from .kv_cache import StaticKVCache
 from .logprobs import token_logprobs
+from .rollout_step import RolloutStep
 from .sampling import RequestSampler, filter_logits, sample
 
 
@@ -27,11 +28,6 @@ class RolloutOutput:
     """"eos" or "length" per request."""
 
 
-def _text_config(model):
-    cfg = model.config
-    return getattr(cfg, "text_config", None) or cfg
-
-
 class RolloutEngine:
     """engine = RolloutEngine(model, recipe=NVFP4Recipe.strict()); engine.generate(prompts, ...).
 
@@ -41,28 +37,58 @@ class RolloutEngine:
     """
 
     def __init__(self, source, *, recipe: NVFP4Recipe | dict | None = None, device=None, max_batch: int = 64,
-                 max_seq_len: int = 512, compile: bool = True):
-        if isinstance(source, torch.nn.Module):
-            self.model = getattr(source, "_orig_mod", source)
+                 max_seq_len: int = 512, compile: bool = True, expected_fingerprint: str | None = None):
+        from ..export import RolloutArtifact, load_rollout
+
+        if isinstance(source, (str, Path)):
+            source = load_rollout(source, expected_fingerprint=expected_fingerprint, device=device)
+        if isinstance(source, RolloutArtifact):
+            self._init_from_artifact(source, recipe=recipe, device=device)
+        elif isinstance(source, torch.nn.Module):
+            self._init_from_model(source, recipe=recipe, device=device, max_batch=max_batch,
+                                  max_seq_len=max_seq_len, compile=compile)
         else:
-            raise TypeError(f"RolloutEngine needs a torch.nn.Module (causal LM), got {type(source).__name__}")
+            raise TypeError(
+                f"RolloutEngine needs a causal LM module, a RolloutArtifact or an artifact path, got {type(source).__name__}"
+            )
+
+    def _set_shapes(self, cfg, dtype) -> None:
+        cfg = getattr(cfg, "text_config", None) or cfg
+        get = cfg.get if isinstance(cfg, dict) else lambda k, d=None: getattr(cfg, k, d)
+        self.num_layers = get("num_hidden_layers")
+        self.num_kv_heads = get("num_key_value_heads")
+        self.head_dim = get("head_dim") or get("hidden_size") // get("num_attention_heads")
+        self.vocab_size = get("vocab_size")
+        self.dtype = dtype
+
+    def _init_from_model(self, model, *, recipe, device, max_batch, max_seq_len, compile) -> None:
+        self.model = getattr(model, "_orig_mod", model)
         self.recipe = as_recipe(recipe)
         self.device = torch.device(device) if device is not None else next(self.model.parameters()).device
-        self.max_batch = max_batch
-        self.max_seq_len = max_seq_len
-        cfg = _text_config(self.model)
-        self.num_layers = cfg.num_hidden_layers
-        self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.vocab_size = cfg.vocab_size
-        self.dtype = next(self.model.parameters()).dtype
-        # transformers renamed past_key_values -> cache (5.2x); use what this version takes.
-        params = inspect.signature(self.model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        self._set_shapes(self.model.config, next(self.model.parameters()).dtype)
+        step = RolloutStep(self.model)
         if compile:
-            self.forward = torch.compile(self.model, backend="minite", options={"recipe": self.recipe}, dynamic=True)
+            self.step = torch.compile(step, backend="minite", options={"recipe": self.recipe}, dynamic=True)
         else:
-            self.forward = self.model
+            self.step = step
+        self._params = dict(self.model.named_parameters())
+
+    def _init_from_artifact(self, artifact, *, recipe, device) -> None:
+        if recipe is not None and as_recipe(recipe).fingerprint() != artifact.manifest["fingerprint"]:
+            raise ValueError(
+                f"recipe {as_recipe(recipe).fingerprint()} differs from the artifact's {artifact.manifest['fingerprint']}"
+            )
+        self.model = None
+        self.recipe = artifact.recipe
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.max_batch = artifact.manifest["max_batch"]
+        self.max_seq_len = artifact.manifest["max_seq_len"]
+        module = artifact.module().to(self.device)
+        dtype = next(iter(module.parameters())).dtype
+        self._set_shapes(artifact.model_config, dtype)
+        self.step = module
+        self._params = {n.removeprefix("model."): p for n, p in module.named_parameters()}
 
     def update_weights(self, model) -> None:
         """Take the learner's new weights in place (no re-export). The lowering quantizes the
@@ -71,18 +97,22 @@ class RolloutEngine:
         if src is self.model:
             return
         with torch.no_grad():
-            mine = dict(self.model.named_parameters())
-            for name, p in src.named_parameters():
-                if name not in mine or mine[name].shape != p.shape:
-                    raise ValueError(f"update_weights: parameter {name!r} does not match the engine's model")
-                mine[name].copy_(p)
+            theirs = dict(src.named_parameters())
+            missing = sorted(set(self._params) - set(theirs))
+            if missing:
+                raise ValueError(f"update_weights: the learner has no parameters {missing[:4]}...")
+            for name, p in self._params.items():
+                if theirs[name].shape != p.shape:
+                    raise ValueError(f"update_weights: {name!r} is {tuple(theirs[name].shape)}, engine has {tuple(p.shape)}")
+                p.copy_(theirs[name])
 
-    def _step(self, ids_BT, positions_BT, kv_len_B, cache):
-        cache.set_write_positions(positions_BT)
-        mask = attention_mask_4d(positions_BT, kv_len_B, self.max_seq_len)
-        kwargs = {self._cache_kwarg: cache}
-        out = self.forward(input_ids=ids_BT, attention_mask=mask, position_ids=positions_BT, use_cache=True, **kwargs)
-        return out.logits
+    def _new_cache(self, batch: int) -> StaticKVCache:
+        return StaticKVCache(num_layers=self.num_layers, batch=batch, num_kv_heads=self.num_kv_heads,
+                             head_dim=self.head_dim, max_seq_len=self.max_seq_len, dtype=self.dtype, device=self.device)
+
+    def _step(self, ids_BT, positions_BT, kv_len_B, cache: StaticKVCache):
+        tensors = [t for pair in zip(cache.keys, cache.values) for t in pair]
+        return self.step(ids_BT, positions_BT, kv_len_B, *tensors)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
@@ -108,9 +138,7 @@ class RolloutEngine:
         if len(seeds) != num:
             raise ValueError(f"seed list has {len(seeds)} entries for {num} prompts")
         sampler = RequestSampler(seeds, self.vocab_size)
-        cache = StaticKVCache(num_layers=self.num_layers, batch=num, num_kv_heads=self.num_kv_heads,
-                              head_dim=self.head_dim, max_seq_len=self.max_seq_len, dtype=self.dtype,
-                              device=self.device)
+        cache = self._new_cache(num)
         width = int(lengths.max())
         ids = torch.zeros((num, width), dtype=torch.long)
         for i, p in enumerate(prompts):

@@ -12,9 +12,10 @@ from .kv_cache import StaticKVCache, attention_mask_4d
 
 
 class RolloutStep(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, *, return_hidden: bool = False):
         super().__init__()
         self.model = model
+        self.return_hidden = return_hidden
         params = inspect.signature(model.forward).parameters
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
@@ -25,6 +26,8 @@ class RolloutStep(torch.nn.Module):
         cache.write_positions = positions_BT
         mask = attention_mask_4d(positions_BT, kv_len_B, caches[0].shape[2])
         out = self.model(input_ids=input_ids_BT, attention_mask=mask, position_ids=positions_BT, use_cache=True,
-                         **{self.cache_kwarg: cache})
+                         output_hidden_states=self.return_hidden, **{self.cache_kwarg: cache})
         assert len(cache.keys) == num_layers
+        if self.return_hidden:
+            return (out.logits, *out.hidden_states)
         return out.logits

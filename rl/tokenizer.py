@@ -1,0 +1,66 @@
+"""A tiny character tokenizer that ships in the repo: digits, the few symbols the tasks use, and
+three special tokens. No files, no downloads; the vocabulary is fixed, so token ids are stable
+across versions (changing it changes `VOCAB_VERSION`, which checkpoints record).
+
+    tok = CharTokenizer()
+    ids = tok.encode("12+34=")          # [BOS, '1', '2', '+', '3', '4', '=']
+    tok.decode(ids)                     # "12+34=" (special tokens dropped)
+"""
+
+from __future__ import annotations
+
+VOCAB_VERSION = 1
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
+CHARACTERS = "0123456789+=,:>-| " + "abcdefghijklmnopqrstuvwxyz"
+
+
+class CharTokenizer:
+    """One token per character of `CHARACTERS`; ids 0..2 are <pad>, <bos>, <eos>.
+
+    `vocab_size` is the number of real tokens; `padded_vocab_size(multiple)` rounds it up for the
+    model's embedding (GEMM tiles want a multiple of 16). Ids past `vocab_size` never decode.
+    """
+
+    def __init__(self) -> None:
+        self.tokens: tuple[str, ...] = SPECIAL_TOKENS + tuple(CHARACTERS)
+        self._to_id = {t: i for i, t in enumerate(self.tokens)}
+        self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    def padded_vocab_size(self, multiple: int = 16) -> int:
+        if not isinstance(multiple, int) or multiple < 1:
+            raise ValueError(f"multiple must be a positive int, got {multiple!r}")
+        return -(-self.vocab_size // multiple) * multiple
+
+    def encode(self, text: str, *, bos: bool = True, eos: bool = False) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"encode expects a str, got {type(text).__name__}")
+        ids = []
+        for pos, ch in enumerate(text):
+            if ch not in self._to_id or ch in SPECIAL_TOKENS:
+                raise ValueError(
+                    f"character {ch!r} at position {pos} of {text!r} is not in the vocabulary "
+                    f"{CHARACTERS!r}"
+                )
+            ids.append(self._to_id[ch])
+        return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
+
+    def decode(self, ids: list[int], *, stop_at_eos: bool = True) -> str:
+        """Characters of `ids`, special tokens dropped; stops at the first <eos> by default.
+        Ids outside the vocabulary (the padded rows of the embedding) decode as '?' so a
+        verifier sees them as wrong, never as a crash."""
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == self.eos_id and stop_at_eos:
+                break
+            if i < len(SPECIAL_TOKENS):
+                continue
+            out.append(self.tokens[i] if i < self.vocab_size else "?")
+        return "".join(out)
+
+    def to_dict(self) -> dict:
+        return {"kind": "char", "vocab_version": VOCAB_VERSION, "tokens": list(self.tokens)}
