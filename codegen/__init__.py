@@ -4,10 +4,26 @@ Triton is imported lazily by the kernel modules, never by this package's import.
 `fp4_compile.rl`. Importing this package registers the `fp4_compile::` NVFP4 ops (no Triton).
 """
 
-from . import ordered_sum  # noqa: F401  (registers fp4_compile::ordered_sum)
+from . import invariant_grouped, ordered_sum  # noqa: F401  (register invariant_grouped_mm, ordered_sum)
+from .invariant import (
+    attention,
+    linear,
+    logprobs,
+    mm,
+    rms_norm,
+    route,
+    sort_by_expert,
+)
 from .nvfp4 import nvfp4_grouped_mm, nvfp4_linear, ongrid_weight, quantize_op, quantize_weight
 
 __all__ = [
+    "attention",
+    "linear",
+    "logprobs",
+    "mm",
+    "rms_norm",
+    "route",
+    "sort_by_expert",
     "nvfp4_grouped_mm",
     "nvfp4_linear",
     "ongrid_weight",

@@ -146,15 +146,29 @@ def propagate_val(node: fx.Node) -> None:
 
 
 def insert_call(graph: fx.Graph, target, args: tuple, *, before: fx.Node | None = None, after: fx.Node | None = None,
-                like: fx.Node | None = None) -> fx.Node:
+                like: fx.Node | None = None, kwargs: dict | None = None) -> fx.Node:
     """Insert call_function(target, args), copy `like`'s metadata (module stack, stack trace),
     and compute a correct meta["val"] for the new node."""
     ctx = graph.inserting_before(before) if before is not None else graph.inserting_after(after)
     with ctx:
-        node = graph.call_function(target, args)
+        node = graph.call_function(target, args, kwargs or {})
     if like is not None:
         for key in ("nn_module_stack", "stack_trace", "source_fn_stack", "from_node", "seq_nr"):
             if key in like.meta:
                 node.meta[key] = like.meta[key]
     propagate_val(node)
     return node
+
+
+def traced_float(value):
+    """A float argument as a Python float: itself, or, when Dynamo's automatic dynamic shapes
+    turned a model constant (eps, softmax scale) into a symbolic float, its traced value.
+    None if it is neither."""
+    if isinstance(value, (float, int)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, fx.Node):
+        val = value.meta.get("example_value", value.meta.get("val"))
+        hint = getattr(getattr(val, "node", None), "hint", None)
+        if isinstance(hint, (float, int)):
+            return float(hint)
+    return None

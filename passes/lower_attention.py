@@ -16,14 +16,30 @@ import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import fake, insert_call, module_path
+from .graph_utils import fake, module_path, traced_float
 from .patterns import is_sdpa, scalar_arg
 from .report import LoweringReport
-from .targets import attention_target
+from .targets import emit_attention
 
 
 class UnsupportedAttention(ValueError):
     pass
+
+
+def _static_scale(scale, q, where: str):
+    """The softmax scale as a Python float. Under automatic dynamic shapes Dynamo may turn the
+    model's float attribute into a symbolic value; only the default D**-0.5 is accepted then
+    (checked against the traced value), never a guess."""
+    if not isinstance(scale, fx.Node):
+        return scale
+    default = float(fake(q).shape[-1]) ** -0.5
+    hint = traced_float(scale)
+    if hint is None or hint != default:
+        raise UnsupportedAttention(
+            f"attention at {where} has a symbolic softmax scale (traced value {hint}); only the default "
+            f"head_dim**-0.5 = {default} can be lowered from a symbolic scale"
+        )
+    return default
 
 
 def lower_attention(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
@@ -37,6 +53,9 @@ def lower_attention(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRep
         is_causal = scalar_arg(node, 5, "is_causal", False)
         scale = node.kwargs.get("scale", node.args[6] if len(node.args) > 6 else None)
         where = module_path(node) or "<root>"
+        scale = _static_scale(scale, q, where)
+        if isinstance(is_causal, fx.Node):
+            raise UnsupportedAttention(f"attention at {where} has a data-dependent is_causal; not supported")
         mv = fake(mask)
         if mask is not None and (mv is None or mv.dtype != torch.bool):
             raise UnsupportedAttention(
@@ -48,7 +67,7 @@ def lower_attention(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRep
         qv = fake(q)
         if mask is None and not is_causal and qv is not None and isinstance(qv.shape[-2], int) and qv.shape[-2] > 1:
             raise UnsupportedAttention(f"attention at {where} is non-causal with {qv.shape[-2]} queries; not supported")
-        new = insert_call(graph, attention_target(), (q, k, v, mask, bool(is_causal), scale), before=node, like=node)
+        new = emit_attention(graph, node, q, k, v, mask, bool(is_causal), scale)
         node.replace_all_uses_with(new)
         graph.erase_node(node)
         report.count("attention")

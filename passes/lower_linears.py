@@ -10,10 +10,9 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import insert_call
 from .patterns import is_linear, scalar_arg
 from .report import LoweringReport
-from .targets import bf16_linear_target, emit_nvfp4_linear, emit_quantize_weight
+from .targets import emit_bf16_linear, emit_nvfp4_linear, emit_quantize_weight
 
 
 def quantized_weight_node(graph: fx.Graph, weight: fx.Node, cache: dict, recipe: NVFP4Recipe):
@@ -37,7 +36,7 @@ def lower_linears(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRepor
             new = emit_nvfp4_linear(graph, node, x, weight, wq, bias, recipe)
             decision.lowered_to = "fp4_compile.nvfp4_linear"
         else:
-            new = insert_call(graph, bf16_linear_target(), (x, weight, bias), before=node, like=node)
+            new = emit_bf16_linear(graph, node, x, weight, bias)
             decision.lowered_to = "fp4_compile.linear (bf16, invariant)"
         node.replace_all_uses_with(new)
         graph.erase_node(node)

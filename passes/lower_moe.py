@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import erase_dead, fake, insert_call
+from .graph_utils import erase_dead, fake
 from .lower_linears import quantized_weight_node
 from .patterns import is_cast, scalar_arg
 from .report import LoweringReport
-from .targets import bf16_grouped_target, emit_nvfp4_grouped
+from .targets import emit_bf16_grouped, emit_nvfp4_grouped
 
 
 def _is_last_two_transpose(node) -> bool:
@@ -60,7 +60,7 @@ def lower_moe(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -
             new = emit_nvfp4_grouped(graph, node, x, weight, wq, offsets, recipe)
             decision.lowered_to = "fp4_compile.nvfp4_grouped_mm"
         else:
-            new = insert_call(graph, bf16_grouped_target(), (x, weight, offsets), before=node, like=node)
+            new = emit_bf16_grouped(graph, node, x, weight, offsets)
             decision.lowered_to = "fp4_compile.grouped_mm (bf16, invariant)"
         node.replace_all_uses_with(new)
         graph.erase_node(node)

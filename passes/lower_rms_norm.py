@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import ancestors_within, erase_dead, fake, insert_call
+from .graph_utils import ancestors_within, erase_dead, fake, traced_float
 from .patterns import is_add, is_cast, is_mean, is_mul, is_pow, is_rsqrt, scalar_arg
 from .report import LoweringReport
-from .targets import rms_norm_target
+from .targets import emit_rms_norm
 
 
 def _is_metadata_assert(node: fx.Node) -> bool:
@@ -49,8 +49,8 @@ def _match(mean: fx.Node):
     add = _single_user(mean, is_add)
     if add is None:
         return None
-    eps = _other(add, mean)
-    if not isinstance(eps, float):
+    eps = traced_float(_other(add, mean))  # a model constant; symbolic under automatic dynamic
+    if eps is None:
         return None
     rsqrt = _single_user(add, is_rsqrt)
     if rsqrt is None:
@@ -84,7 +84,7 @@ def lower_rms_norm(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRepo
         x, weight, eps, out = match
         out_val = fake(out)
         dtype = out_val.dtype if out_val is not None else None
-        new = insert_call(graph, rms_norm_target(), (x, weight, eps, dtype), before=out, like=out)
+        new = emit_rms_norm(graph, out, x, weight, eps, dtype)
         out.replace_all_uses_with(new)
         keep = {x} | ({weight} if weight is not None else set())
         erase_dead(graph, {out} | ancestors_within(out, keep))

@@ -6,13 +6,16 @@ as traced: a reduction over k <= 16 values."""
 
 from __future__ import annotations
 
+import operator
+
+import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .graph_utils import erase_dead, insert_call
 from .patterns import is_softmax, is_topk, scalar_arg
 from .report import LoweringReport
-from .targets import routing_target
+from .targets import emit_routing
 
 
 def _last_dim(node: fx.Node, index: int) -> bool:
@@ -31,8 +34,18 @@ def lower_routing(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRepor
         if scalar_arg(topk, 3, "largest", True) is not True or not isinstance(k, int):
             continue
         logits = probs.args[0]
-        new = insert_call(graph, routing_target(), (logits, k), before=topk, like=topk)
-        topk.replace_all_uses_with(new)
+        new = emit_routing(graph, topk, logits, k)
+        # The model may renormalize the top-k values in place (Qwen3: `w /= w.sum()`); an op's
+        # output must not be modified in place under autograd, so hand out a copy.
+        values = insert_call(graph, operator.getitem, (new, 0), before=topk, like=topk)
+        values = insert_call(graph, torch.ops.aten.clone.default, (values,), before=topk, like=topk)
+        experts = insert_call(graph, operator.getitem, (new, 1), before=topk, like=topk)
+        for user in list(topk.users):
+            if user.op == "call_function" and user.target is operator.getitem and user.args[1] in (0, 1):
+                user.replace_all_uses_with(values if user.args[1] == 0 else experts)
+                graph.erase_node(user)
+        if topk.users:
+            raise AssertionError(f"router top-k has users other than its two outputs: {list(topk.users)}")
         graph.erase_node(topk)
         erase_dead(graph, [probs])
         report.count("routing_topk")

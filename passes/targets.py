@@ -59,47 +59,65 @@ def emit_nvfp4_grouped(graph, node, x, weight, wq, offsets, recipe: NVFP4Recipe)
     return insert_call(graph, _ops().nvfp4_grouped_mm.default, args, before=node, like=node)
 
 
-def _bf16_linear(x, weight, bias):
-    return torch.nn.functional.linear(x, weight, bias)
+def _cast(graph, node, value, dtype, like):
+    """value.to(dtype) as a graph node (or value itself when it already has that dtype)."""
+    if value is None or fake(value).dtype == dtype:
+        return value
+    return insert_call(graph, torch.ops.aten._to_copy.default, (value,), before=node, like=like, kwargs={"dtype": dtype})
 
 
-def _bf16_grouped(x, weight, offsets):
-    raise NotImplementedError("bf16 grouped mm op not bound yet")
+def emit_bf16_linear(graph, node, x, weight, bias):
+    """A GEMM that stays BF16: BF16 operands (cast if the model holds another dtype), FP32
+    accumulation in the batch-invariant linear, output in x's dtype."""
+    out_dtype = fake(node).dtype
+    args = (_cast(graph, node, x, torch.bfloat16, node), _cast(graph, node, weight, torch.bfloat16, node),
+            _cast(graph, node, bias, torch.bfloat16, node), out_dtype)
+    return insert_call(graph, _ops().invariant_linear.default, args, before=node, like=node)
 
 
-def _rms_norm(x, weight, eps, out_dtype):
-    x32 = x.float()
-    y = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return (weight * y if weight is not None else y).to(out_dtype or y.dtype)
+def emit_bf16_grouped(graph, node, x, weight, offsets):
+    out_dtype = fake(node).dtype
+    args = (_cast(graph, node, x, torch.bfloat16, node), _cast(graph, node, weight, torch.bfloat16, node), offsets,
+            out_dtype)
+    return insert_call(graph, _ops().invariant_grouped_mm.default, args, before=node, like=node)
 
 
-def _attention(q, k, v, mask, is_causal, scale):
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+def emit_rms_norm(graph, node, x, weight, eps, out_dtype):
+    y = insert_call(graph, _ops().invariant_rms_norm.default, (x, weight, float(eps)), before=node, like=node)
+    return _cast(graph, node, y, out_dtype, node) if out_dtype is not None else y
 
 
-def _routing(logits, k):
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    return torch.topk(probs, k, dim=-1)
+def emit_attention(graph, node, q, k, v, mask, is_causal: bool, scale):
+    """Invariant attention over all Tk keys: causal from position 0 (sdpa's top-left causal),
+    or the boolean mask; BF16 operands (cast if needed), output back in q's dtype."""
+    qv = fake(q)
+    out_dtype = qv.dtype
+    if scale is None:
+        scale = float(qv.shape[-1]) ** -0.5
+    qb, kb, vb = (_cast(graph, node, t, torch.bfloat16, node) if fake(t).dtype == torch.float32 else t
+                  for t in (q, k, v))
+    aten = torch.ops.aten
+    # the op returns a contiguous output (its fake copies q's layout): give it a contiguous q
+    qb = insert_call(graph, aten.clone.default, (qb,), before=node, like=node,
+                     kwargs={"memory_format": torch.contiguous_format})
+    b = insert_call(graph, aten.sym_size.int, (q, 0), before=node, like=node)
+    tk = insert_call(graph, aten.sym_size.int, (k, 2), before=node, like=node)
+    device = qv.device
+    q_start = insert_call(graph, aten.full.default, ([b], 0), before=node, like=node,
+                          kwargs={"dtype": torch.int64, "device": device})
+    kv_len = insert_call(graph, aten.full.default, ([b], tk), before=node, like=node,
+                         kwargs={"dtype": torch.int64, "device": device})
+    both = insert_call(graph, _ops().invariant_attention.default,
+                       (qb, kb, vb, q_start, kv_len, mask, bool(is_causal and mask is None), float(scale)),
+                       before=node, like=node)
+    out = insert_call(graph, operator.getitem, (both, 0), before=node, like=node)
+    return _cast(graph, node, out, out_dtype, node)
 
 
-def bf16_linear_target():
-    return _bf16_linear
-
-
-def bf16_grouped_target():
-    return _bf16_grouped
-
-
-def rms_norm_target():
-    return _rms_norm
-
-
-def attention_target():
-    return _attention
-
-
-def routing_target():
-    return _routing
+def emit_routing(graph, node, logits, k: int):
+    """(top-k softmax probabilities FP32, expert ids) with lower-index tie-breaking; the graph's
+    own renormalization (if any) follows unchanged."""
+    return insert_call(graph, _ops().invariant_routing.default, (logits, int(k), False), before=node, like=node)
 
 
 def quantized_weight_inputs(program) -> list[tuple[str, bool]]:

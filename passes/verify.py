@@ -124,3 +124,19 @@ def verify(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> N
 
 class LoweringError(RuntimeError):
     """A graph that the recipe requires to be fully lowered still holds stock GEMMs/reductions."""
+
+
+def normalized_census(census: list[str]) -> list[str]:
+    """Census names without the IR spelling, so a Dynamo graph's and an exported graph's compute
+    ops compare: 'Tensor.sum' / 'torch.sum' / 'aten::sum.dim_IntList' -> 'sum'; fp4_compile ops
+    keep their names. Integer bookkeeping (cumsum of routing counts) is dropped."""
+    out = []
+    for name in census:
+        if name.startswith("fp4_compile::"):
+            out.append(name.split(".")[0])
+            continue
+        base = name.split("::")[-1].split(".")[0] if "::" in name else name.split(".")[-1]
+        if base in ("cumsum",):
+            continue
+        out.append(base)
+    return out

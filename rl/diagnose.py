@@ -76,7 +76,7 @@ def stock_transformers(model, prompts, *, new_tokens: int, temperature: float, s
 def minite_pair(model, prompts, *, recipe: NVFP4Recipe, new_tokens: int, temperature: float, seed: int):
     engine = RolloutEngine(model, recipe=recipe, max_batch=len(prompts), max_seq_len=max(map(len, prompts)) + new_tokens)
     out = engine.generate(prompts, max_new_tokens=new_tokens, temperature=temperature, seed=seed)
-    learner = torch.compile(model, backend="minite", options={"recipe": recipe}, dynamic=True)
+    learner = torch.compile(model, backend="minite", options={"recipe": recipe})
     seqs = [p + t for p, t in zip(prompts, out.tokens)]
     train = sequence_logprobs(learner, seqs, [len(p) for p in prompts], temperature=temperature)
     return [t.cpu() for t in train], out.logprobs

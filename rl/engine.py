@@ -69,7 +69,7 @@ class RolloutEngine:
         self._set_shapes(self.model.config, next(self.model.parameters()).dtype)
         step = RolloutStep(self.model)
         if compile:
-            self.step = torch.compile(step, backend="minite", options={"recipe": self.recipe}, dynamic=True)
+            self.step = torch.compile(step, backend="minite", options={"recipe": self.recipe})
         else:
             self.step = step
         self._params = dict(self.model.named_parameters())

@@ -51,7 +51,7 @@ def localize_divergence(model, sequence: list[int], prompt_len: int, *, recipe: 
     model = getattr(model, "_orig_mod", model).eval()
     device = next(model.parameters()).device
     ids = torch.tensor([sequence], device=device)
-    learner = torch.compile(model, backend="minite", options={"recipe": recipe}, dynamic=True) if compile else model
+    learner = torch.compile(model, backend="minite", options={"recipe": recipe}) if compile else model
     out = learner(input_ids=ids, use_cache=False, output_hidden_states=True)
     learner_states = [*out.hidden_states, out.logits]
 
@@ -62,7 +62,7 @@ def localize_divergence(model, sequence: list[int], prompt_len: int, *, recipe: 
                           device=device)
     step = RolloutStep(model, return_hidden=True)
     if compile:
-        step = torch.compile(step, backend="minite", options={"recipe": recipe}, dynamic=True)
+        step = torch.compile(step, backend="minite", options={"recipe": recipe})
     tensors = [t for pair in zip(cache.keys, cache.values) for t in pair]
     pos = torch.arange(prompt_len, device=device)[None]
     first = step(ids[:, :prompt_len], pos, torch.tensor([prompt_len], device=device), *tensors)

@@ -13,8 +13,8 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     flat = logits.reshape(-1, logits.shape[-1])
-    out = shared_logprobs(flat, tokens.reshape(-1), temperature)
-    return out.reshape(tokens.shape)
+    logp, _entropy = shared_logprobs(flat, tokens.reshape(-1), temperature)
+    return logp.reshape(tokens.shape)
 
 
 def pad_right(sequences: list[list[int]], pad_id: int = 0, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,7 +48,7 @@ def test_rows_alone_equal_rows_in_batch_strict(seed):
     model, dim = random_stack(seed)
     x = torch.randn(5, 8, dim, generator=torch.Generator().manual_seed(seed))
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend=lowering_only_backend(NVFP4Recipe.strict()), dynamic=True)
+    compiled = torch.compile(model, backend=lowering_only_backend(NVFP4Recipe.strict()))
     with torch.no_grad():
         full = compiled(x)
         for i in (0, 2, 4):

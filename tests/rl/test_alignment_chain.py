@@ -24,7 +24,7 @@ def setup(request):
     model = (tiny_qwen3 if request.param == "qwen3" else tiny_qwen3_moe)(layers=2).eval()
     recipe = NVFP4Recipe.strict()
     engine = RolloutEngine(model, recipe=recipe, max_batch=32, max_seq_len=64)
-    learner = torch.compile(model, backend="minite", options={"recipe": recipe}, dynamic=True)
+    learner = torch.compile(model, backend="minite", options={"recipe": recipe})
     return model, engine, learner
 
 

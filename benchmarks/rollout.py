@@ -1,0 +1,82 @@
+"""Rollout decode throughput: minite strict NVFP4, minite bf16 recipe (same engine and
+invariant kernels), the same engine on stock (non-invariant) kernels, and transformers
+`generate` BF16, on Qwen3-30B-A3B-shaped layers; same run. Figures: "emulated NVFP4 (sm_90)".
+
+    python -m benchmarks.rollout [--layers 2] [--prompt 256] [--new-tokens 256] [--batches 1,16,64,256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from benchmarks.common import environment, write_results
+from fp4_compile import NVFP4Recipe
+from fp4_compile.models import qwen3_30b_a3b_layers
+from fp4_compile.rl import RolloutEngine
+
+
+def _engine_rate(engine, batch, prompt, new_tokens):
+    prompts = [[1 + (i * 7 + j) % 8000 for j in range(prompt)] for i in range(batch)]
+    engine.generate(prompts[:batch], max_new_tokens=4, seed=0)  # warm (compiles both shapes)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    engine.generate(prompts, max_new_tokens=new_tokens, seed=0)
+    torch.cuda.synchronize()
+    return batch * new_tokens / (time.perf_counter() - t0)
+
+
+def _hf_rate(model, batch, prompt, new_tokens):
+    ids = torch.tensor([[1 + (i * 7 + j) % 8000 for j in range(prompt)] for i in range(batch)], device="cuda")
+    kw = dict(do_sample=True, top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+    model.generate(ids, **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    model.generate(ids, **kw)
+    torch.cuda.synchronize()
+    return batch * new_tokens / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--prompt", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--batches", default="1,16,64,256")
+    args = parser.parse_args()
+    env = environment()
+    batches = [int(b) for b in args.batches.split(",")]
+    configs = (
+        ("minite strict NVFP4", dict(recipe=NVFP4Recipe.strict())),
+        ("minite bf16 recipe", dict(recipe=NVFP4Recipe.bf16())),
+        ("same engine, stock kernels (not invariant)", dict(compile=False)),
+    )
+    table = {}
+    for label, kw in configs:
+        torch._dynamo.reset()
+        model = qwen3_30b_a3b_layers(layers=args.layers, device="cuda").eval()
+        engine = RolloutEngine(model, max_batch=max(batches), max_seq_len=args.prompt + args.new_tokens, **kw)
+        table[label] = {b: _engine_rate(engine, b, args.prompt, args.new_tokens) for b in batches}
+        print(label, table[label], flush=True)
+        del model, engine
+        torch.cuda.empty_cache()
+    model = qwen3_30b_a3b_layers(layers=args.layers, device="cuda").eval()
+    table["transformers generate BF16"] = {b: _hf_rate(model, b, args.prompt, args.new_tokens) for b in batches}
+    base = table["minite bf16 recipe"]
+    md = [f"# rollout decode tokens/s, {env['gpu']} (emulated NVFP4, sm_90), torch {env['torch']}, "
+          f"triton {env['triton']}, commit {env['commit']}",
+          f"Qwen3-30B-A3B-shaped, {args.layers} layers, vocab 8192, prompt {args.prompt}, {args.new_tokens} new tokens",
+          "", "| config | " + " | ".join(f"batch {b}" for b in batches) + " |",
+          "| --- | " + " | ".join("---" for _ in batches) + " |"]
+    for label, rates in table.items():
+        md.append(f"| {label} | " + " | ".join(f"{rates[b]:.0f} ({rates[b] / base[b]:.2f}x)" for b in batches) + " |")
+    md.append("\nratios are against minite bf16 recipe (same engine, invariant kernels)")
+    text = "\n".join(md) + "\n"
+    print(text)
+    write_results("rollout_h200", {"env": env, "args": vars(args), "tokens_per_s": table}, text)
+
+
+if __name__ == "__main__":
+    main()

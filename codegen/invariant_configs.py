@@ -1,0 +1,70 @@
+"""Pinned Triton configs of the batch-invariant ops, keyed by (architecture, op). No autotuning.
+
+What may and may not follow the batch:
+- linear: BLOCK_K is one value per architecture (asserted), the K loop is sequential, no
+  split-K; BLOCK_M / BLOCK_N may follow M (FIELD_NOTES.md: identical bits across tile shapes on
+  the H200 for a sequential K loop; `benchmarks/invariant_gpu_check.py` re-checks THESE
+  buckets, rows of op(x[:m]) == rows of op(x) for m up to 256).
+- attention: ONE config for the learner's forward, prefill and decode (the per-row reductions
+  `tl.sum` / `tl.max` follow the tile layout, so the tile must not change with Tq).
+- rms_norm / logprobs: one row per program; BLOCK_V is fixed per architecture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    block_m: int = 0
+    block_n: int = 0
+    block_k: int = 0
+    num_warps: int = 4
+    num_stages: int = 1
+
+    def launch_kwargs(self) -> dict:
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+# (max_m inclusive, or None for "any larger", config)
+LINEAR = {
+    "sm_90": (
+        (16, KernelConfig(16, 64, 64, num_warps=4, num_stages=4)),
+        (64, KernelConfig(64, 64, 64, num_warps=4, num_stages=4)),
+        (None, KernelConfig(128, 128, 64, num_warps=8, num_stages=3)),
+    ),
+    "interpreter": ((None, KernelConfig(16, 32, 32, num_warps=1)),),
+}
+ATTENTION = {
+    "sm_90": KernelConfig(64, 64, 0, num_warps=4, num_stages=2),
+    "interpreter": KernelConfig(16, 16, 0, num_warps=1),
+}
+LOGPROBS_BLOCK_V = {"sm_90": 4096, "interpreter": 256}
+
+for _arch, _table in LINEAR.items():
+    assert len({c.block_k for _, c in _table}) == 1, f"{_arch}: linear BLOCK_K must not follow M"
+
+
+def _known(arch: str, table: dict, op: str):
+    if arch not in table:
+        raise ValueError(
+            f"no pinned {op} config for arch={arch!r} (pinned: {sorted(table)}); add one to "
+            "codegen/invariant_configs.py (an untested architecture is not guessed)"
+        )
+    return table[arch]
+
+
+def linear_config(arch: str, m: int) -> KernelConfig:
+    for max_m, cfg in _known(arch, LINEAR, "linear"):
+        if max_m is None or m <= max_m:
+            return cfg
+    raise AssertionError("linear table has no catch-all bucket")
+
+
+def attention_config(arch: str) -> KernelConfig:
+    return _known(arch, ATTENTION, "attention")
+
+
+def logprobs_block_v(arch: str) -> int:
+    return _known(arch, LOGPROBS_BLOCK_V, "logprobs")

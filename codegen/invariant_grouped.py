@@ -1,0 +1,58 @@
+"""`fp4_compile::invariant_grouped_mm`: the BF16 MoE experts GEMM of the bf16 recipe (and of
+BF16-kept MoE layers): tokens sorted by expert with int32 group-end offsets (torch._grouped_mm's
+convention), weights [E, N, K]. Each group runs the batch-invariant `invariant_linear`, so every
+row equals `invariant_linear(row, weight[e])` whatever the other rows. One launch per non-empty
+expert (reads the offsets on the host): a baseline, not a fast path.
+
+Shape legend: T tokens sorted by expert, K in-features, N out-features, E experts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import invariant_ops  # noqa: F401  (registers invariant_linear)
+
+
+def _groups(offsets: torch.Tensor):
+    start = 0
+    for e, end in enumerate(offsets.tolist()):
+        yield e, start, end
+        start = end
+
+
+@torch.library.custom_op("fp4_compile::invariant_grouped_mm", mutates_args=())
+def invariant_grouped_mm(x_TK: torch.Tensor, w_ENK: torch.Tensor, offsets: torch.Tensor,
+                         out_dtype: torch.dtype) -> torch.Tensor:
+    if offsets.dtype != torch.int32 or offsets.dim() != 1 or offsets.numel() != w_ENK.shape[0]:
+        raise ValueError(f"offsets must be int32 [E={w_ENK.shape[0]}], got {offsets.dtype}{list(offsets.shape)}")
+    out = x_TK.new_zeros((x_TK.shape[0], w_ENK.shape[1]), dtype=out_dtype)
+    for e, start, end in _groups(offsets):
+        if end > start:
+            out[start:end] = torch.ops.fp4_compile.invariant_linear(x_TK[start:end], w_ENK[e], None, out_dtype)
+    return out
+
+
+@invariant_grouped_mm.register_fake
+def _(x_TK, w_ENK, offsets, out_dtype):
+    return x_TK.new_empty((x_TK.shape[0], w_ENK.shape[1]), dtype=out_dtype)
+
+
+def _setup(ctx, inputs, output):
+    x, w, offsets, _ = inputs
+    ctx.save_for_backward(x, w, offsets)
+
+
+def _backward(ctx, grad):
+    x, w, offsets = ctx.saved_tensors
+    dx = torch.zeros_like(x)
+    dw = torch.zeros_like(w)
+    for e, start, end in _groups(offsets):
+        if end > start:
+            g = grad[start:end].to(torch.float32)
+            dx[start:end] = (g @ w[e].to(torch.float32)).to(x.dtype)
+            dw[e] = (g.T @ x[start:end].to(torch.float32)).to(w.dtype)
+    return dx, dw, None, None
+
+
+invariant_grouped_mm.register_autograd(_backward, setup_context=_setup)

@@ -1,0 +1,260 @@
+"""Triton kernels of the batch-invariant ops, and their launchers (imports triton).
+
+Shape legend: M rows, K in-features, N out-features, H hidden, V vocabulary, B sequences,
+Hq / Hkv heads, G = Hq / Hkv, Tq queries, Tk key slots, D head dim.
+
+Runs compiled on CUDA, or on CPU tensors under TRITON_INTERPRET=1 (tests). Interpreter traps
+handled here: operands are loaded as FP32 and the dot dtype is a constexpr (bf16 on CUDA, fp32 in
+the interpreter, where bf16 `tl.dot` is wrong); no fp32 -> bf16 cast happens inside a kernel in
+interpreter mode (they truncate there): the attention kernel rounds P to bf16 with integer bit
+operations (round to nearest even, exact on both paths), and the rms_norm kernel hands its FP32
+result to torch for the final roundings when interpreting.
+
+Invariance (see `invariant.py` for the contract): one output tile per program, reductions over K,
+keys and vocabulary walked sequentially in fixed-size blocks from 0; rows never interact.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import invariant_configs as cfgs
+from . import invariant_cpu as cpu
+from .runtime import arch_of, check_kernel_device, interpreting
+
+
+def _dot_dtype():
+    return tl.float32 if interpreting() else tl.bfloat16
+
+
+# -------------------------------------------------------------------------------------- linear
+@triton.jit
+def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym, syn,
+                   HAS_BIAS: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):  # sequential K loop: the reduction order never follows M
+        kk = k0 + rk
+        a = tl.load(x_ptr + rm[:, None] * sxm + kk[None, :] * sxk,
+                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0).to(tl.float32)  # fmt: skip
+        b = tl.load(w_ptr + rn[None, :] * swn + kk[:, None] * swk,
+                    mask=(rn[None, :] < N) & (kk[:, None] < K), other=0.0).to(tl.float32)  # fmt: skip
+        acc = tl.dot(a.to(DOT), b.to(DOT), acc, input_precision="ieee")
+    if HAS_BIAS:
+        acc = acc + tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * sym + rn[None, :] * syn, acc.to(y_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))  # fmt: skip
+
+
+def linear(x_MK, w_NK, bias_N, out_dtype):
+    check_kernel_device(x_MK, "x")
+    m, k = x_MK.shape
+    n = w_NK.shape[0]
+    cfg = cfgs.linear_config(arch_of(x_MK.device), m)
+    store_dtype = torch.float32 if interpreting() else out_dtype
+    y = torch.empty((m, n), dtype=store_dtype, device=x_MK.device)
+    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
+    _linear_kernel[grid](
+        x_MK, w_NK, bias_N if bias_N is not None else y, y, m, n, k,
+        x_MK.stride(0), x_MK.stride(1), w_NK.stride(0), w_NK.stride(1), y.stride(0), y.stride(1),
+        HAS_BIAS=bias_N is not None, DOT=_dot_dtype(), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, **cfg.launch_kwargs(),
+    )  # fmt: skip
+    return y.to(out_dtype)
+
+
+# ------------------------------------------------------------------------------------ rms_norm
+@triton.jit
+def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, H, eps, HAS_RES: tl.constexpr,
+                     HAS_W: tl.constexpr, FINISH: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_H)
+    live = cols < H
+    h = tl.load(x_ptr + row * H + cols, mask=live, other=0.0)
+    if HAS_RES:  # sum in x's dtype, as the model adds it
+        h = (
+            h.to(tl.float32) + tl.load(r_ptr + row * H + cols, mask=live, other=0.0).to(tl.float32)
+        ).to(h.dtype)
+        tl.store(h_ptr + row * H + cols, h, mask=live)
+    h32 = h.to(tl.float32)
+    var = tl.sum(h32 * h32, axis=0) / H  # one row per program: the order never follows M
+    y = h32 * (1.0 / tl.sqrt_rn(var + eps))
+    if FINISH:
+        y = y.to(y_ptr.dtype.element_ty)
+        if HAS_W:
+            w = tl.load(w_ptr + cols, mask=live, other=0.0)
+            y = (y.to(tl.float32) * w.to(tl.float32)).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + row * H + cols, y, mask=live)
+
+
+def rms_norm(x, weight, residual, eps: float):
+    check_kernel_device(x, "x")
+    hdim = x.shape[-1]
+    x2 = x.reshape(-1, hdim).contiguous()
+    interp = interpreting()
+    if interp and residual is not None:  # the kernel's bf16 store would truncate here
+        x2, residual = (x2 + residual.reshape(-1, hdim)).contiguous(), None
+    h = torch.empty_like(x2) if residual is not None else x2
+    r2 = residual.reshape(-1, hdim).contiguous() if residual is not None else x2
+    y = torch.empty(x2.shape, dtype=torch.float32 if interp else x.dtype, device=x.device)
+    block = triton.next_power_of_2(hdim)
+    _rms_norm_kernel[(x2.shape[0],)](
+        x2, r2, weight if weight is not None else x2, y, h, hdim, eps,
+        HAS_RES=residual is not None, HAS_W=weight is not None, FINISH=not interp, BLOCK_H=block,
+        num_warps=min(max(block // 256, 1), 8),
+    )  # fmt: skip
+    if interp:
+        y = y.to(x.dtype)
+        if weight is not None:
+            y = weight * y
+    return y.reshape(x.shape), h.reshape(x.shape)
+
+
+# ----------------------------------------------------------------------------------- attention
+@triton.jit
+def _round_bf16(x):
+    """FP32 -> the nearest bf16 value (ties to even), still FP32: integer ops only."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr,
+                      sqb, sqh, sqt, skb, skh, skt, sob, soh, sot, smb, smh, smt,
+                      Tq, G, scale, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+                      DOT: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):  # fmt: skip
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    kvh = tl.program_id(2)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # row = query * G + head-in-group
+    qi = rows // G
+    hq = kvh * G + rows % G
+    row_live = qi < Tq
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * sqb + hq[:, None] * sqh + qi[:, None] * sqt + d[None, :],
+                mask=row_live[:, None], other=0.0).to(tl.float32)  # fmt: skip
+    kv_len = tl.load(kl_ptr + b)
+    pos = tl.load(qs_ptr + b) + qi
+    hi = kv_len
+    if CAUSAL:
+        hi = tl.minimum(hi, tl.max(tl.where(row_live, pos, 0)) + 1)
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    for n0 in range(0, hi, BLOCK_N):  # keys in fixed blocks from position 0, in order
+        j = n0 + tl.arange(0, BLOCK_N)
+        key_live = j < kv_len
+        k = tl.load(k_ptr + b * skb + kvh * skh + j[:, None] * skt + d[None, :],
+                    mask=key_live[:, None], other=0.0).to(tl.float32)  # fmt: skip
+        v = tl.load(v_ptr + b * skb + kvh * skh + j[:, None] * skt + d[None, :],
+                    mask=key_live[:, None], other=0.0).to(tl.float32)  # fmt: skip
+        s = tl.dot(q.to(DOT), tl.trans(k).to(DOT), input_precision="ieee") * scale
+        vis = key_live[None, :] & row_live[:, None]
+        if CAUSAL:
+            vis = vis & (j[None, :] <= pos[:, None])
+        if HAS_MASK:
+            vis = vis & tl.load(m_ptr + b * smb + hq[:, None] * smh + qi[:, None] * smt + j[None, :],
+                                mask=row_live[:, None] & key_live[None, :], other=0).to(tl.int1)  # fmt: skip
+        s = tl.where(vis, s, float("-inf"))
+        any_vis = tl.max(vis.to(tl.int32), axis=1) > 0
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(any_vis, m_new, 0.0)
+        p = tl.where(vis, tl.exp(s - m_safe[:, None]), 0.0)
+        alpha = tl.where(m_i == float("-inf"), 0.0, tl.exp(m_i - m_safe))
+        pv = tl.dot(_round_bf16(p).to(DOT), v.to(DOT), input_precision="ieee")
+        # a block with no visible key leaves the row's state untouched, bit for bit
+        l_i = tl.where(any_vis, l_i * alpha + tl.sum(p, axis=1), l_i)
+        acc = tl.where(any_vis[:, None], acc * alpha[:, None] + pv, acc)
+        m_i = tl.where(any_vis, m_new, m_i)
+    seen = l_i > 0
+    out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
+    lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
+    tl.store(o_ptr + b * sob + hq[:, None] * soh + qi[:, None] * sot + d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=row_live[:, None])  # fmt: skip
+    tl.store(lse_ptr + (b * G * tl.num_programs(2) + hq) * Tq + qi, lse, mask=row_live)
+
+
+def attention(q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float):
+    check_kernel_device(q, "q")
+    b, hq, tq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    if d & (d - 1) or d < 16:
+        raise ValueError(
+            f"the Triton attention kernel needs a power-of-two head dim >= 16, got {d}"
+        )
+    cfg = cfgs.attention_config(arch_of(q.device))
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    interp = interpreting()
+    out = torch.empty(q.shape, dtype=torch.float32 if interp else q.dtype, device=q.device)
+    lse = torch.empty((b, hq, tq), dtype=torch.float32, device=q.device)
+    if mask is not None:
+        mask_arg = mask.to(torch.int8).expand(b, hq, tq, k.shape[2])  # broadcast: stride 0
+        sm = (mask_arg.stride(0), mask_arg.stride(1), mask_arg.stride(2))
+    else:
+        sm, mask_arg = (0, 0, 0), q
+    grid = (triton.cdiv(tq * g, cfg.block_m), b, hkv)
+    _attention_kernel[grid](
+        q, k, v, out, lse, q_start_B.to(torch.int32).contiguous(), kv_len_B.to(torch.int32).contiguous(), mask_arg,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        out.stride(0), out.stride(1), out.stride(2), *sm, tq, g, scale,
+        CAUSAL=causal, HAS_MASK=mask is not None, DOT=_dot_dtype(), D=d,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **cfg.launch_kwargs(),
+    )  # fmt: skip
+    return out.to(q.dtype), lse
+
+
+# ------------------------------------------------------------------------------------ logprobs
+@triton.jit
+def _logprobs_kernel(x_ptr, t_ptr, lp_ptr, ent_ptr, V, sx, temperature,
+                     BLOCK_V: tl.constexpr):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    base = x_ptr + row * sx
+    cols = tl.arange(0, BLOCK_V)
+    m_vec = tl.full((BLOCK_V,), float("-inf"), tl.float32)
+    for v0 in range(0, V, BLOCK_V):  # pass 1: the row max (exact in any order)
+        z = tl.load(base + v0 + cols, mask=v0 + cols < V, other=float("-inf")).to(tl.float32)
+        m_vec = tl.maximum(m_vec, z / temperature)
+    m = tl.max(m_vec, axis=0)
+    l_sum = 0.0
+    ez_sum = 0.0
+    for v0 in range(0, V, BLOCK_V):  # pass 2: sums over fixed vocabulary blocks, in order
+        live = v0 + cols < V
+        zm = tl.load(base + v0 + cols, mask=live, other=0.0).to(tl.float32) / temperature - m
+        e = tl.where(live, tl.exp(zm), 0.0)
+        l_sum += tl.sum(e, axis=0)
+        ez_sum += tl.sum(e * zm, axis=0)
+    tok = tl.load(t_ptr + row)
+    z_tok = tl.load(base + tok).to(tl.float32) / temperature - m
+    log_l = tl.log(l_sum)
+    tl.store(lp_ptr + row, z_tok - log_l)
+    tl.store(ent_ptr + row, log_l - ez_sum / l_sum)
+
+
+def logprobs(logits_MV, tokens_M, temperature: float):
+    check_kernel_device(logits_MV, "logits")
+    m, vocab = logits_MV.shape
+    logits_MV = logits_MV if logits_MV.stride(1) == 1 else logits_MV.contiguous()
+    lp = torch.empty(m, dtype=torch.float32, device=logits_MV.device)
+    ent = torch.empty_like(lp)
+    block_v = cfgs.logprobs_block_v(arch_of(logits_MV.device))
+    _logprobs_kernel[(m,)](
+        logits_MV, tokens_M.contiguous(), lp, ent, vocab, logits_MV.stride(0),
+        float(temperature), BLOCK_V=block_v, num_warps=8 if block_v >= 2048 else 1,
+    )  # fmt: skip
+    return lp, ent
+
+
+# ------------------------------------------------------------------------------------- routing
+def routing(logits_ME, top_k: int, norm_topk_prob: bool):
+    """Device-agnostic: the fixed-order elementwise construction of `invariant_cpu.routing`
+    (E <= a few hundred; a kernel would buy nothing measurable)."""
+    return cpu.routing(logits_ME, top_k, norm_topk_prob)

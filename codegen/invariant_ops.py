@@ -1,0 +1,313 @@
+"""The batch-invariant (non-NVFP4) ops of the `fp4_compile::` namespace: registrations, fake
+kernels, autograd. Validation and documentation live in `invariant.py` (the public API).
+
+Shape legend: M rows, K in-features, N out-features, H hidden, V vocabulary, E experts,
+B sequences, Hq / Hkv heads, Tq queries, Tk keys, D head dim.
+
+Ops (each a `torch.library.custom_op`, opaque to Dynamo/Inductor, so compiled and exported
+graphs call exactly these numerics; `triton_op` would not compile on CPU):
+- invariant_linear(x, weight, bias, out_dtype) -> y
+- invariant_rms_norm(x, weight, eps) -> y;  invariant_add_rms_norm(x, residual, weight, eps)
+  -> (y, h = x + residual);  invariant_rms_norm_backward(grad_y, h, weight, eps) -> (dh, dw)
+- invariant_attention(q, k, v, q_start, kv_len, mask, causal, scale) -> (out, lse);
+  invariant_attention_backward(...) -> (dq, dk, dv)
+- invariant_logprobs(logits, tokens, temperature) -> (logp, entropy);
+  invariant_logprobs_backward(...) -> dlogits
+- invariant_routing(logits, top_k, norm_topk_prob) -> (weights, experts)
+CPU: `invariant_cpu` (invariant by construction). CUDA: the Triton kernels of
+`invariant_kernels` (imported lazily), backward passes in plain PyTorch on either device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import invariant_cpu as cpu
+
+_LIB = "fp4_compile"
+
+
+def _kernels():
+    from . import invariant_kernels  # lazy: imports triton
+
+    return invariant_kernels
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+# ------------------------------------------------------------------------------------ linear
+@torch.library.custom_op(f"{_LIB}::invariant_linear", mutates_args=())
+def invariant_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+) -> torch.Tensor:
+    x2 = _flat(x)
+    if x.is_cuda:
+        y = _kernels().linear(x2, weight, bias, out_dtype)
+    else:
+        y = cpu.linear(x2, weight, bias, out_dtype)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+@invariant_linear.register_fake
+def _(x, weight, bias, out_dtype):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=out_dtype)
+
+
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias, _ = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+
+
+def _linear_backward(ctx, grad_y):
+    """dX = dY @ W, dW = dY^T @ X in FP32 with plain matmuls: deterministic, not invariant."""
+    x, weight = ctx.saved_tensors
+    g = _flat(grad_y).to(torch.float32)
+    dx = (g @ weight.to(torch.float32)).to(x.dtype).reshape(x.shape)
+    dw = (g.t() @ _flat(x).to(torch.float32)).to(weight.dtype)
+    db = g.sum(0).to(ctx.bias_dtype) if ctx.has_bias else None
+    return dx, dw, db, None
+
+
+invariant_linear.register_autograd(_linear_backward, setup_context=_linear_setup)
+
+
+# ---------------------------------------------------------------------------------- rms_norm
+def _rms_forward(x, weight, residual, eps):
+    if x.is_cuda:
+        return _kernels().rms_norm(x, weight, residual, eps)
+    return cpu.rms_norm(x, weight, residual, eps)
+
+
+@torch.library.custom_op(f"{_LIB}::invariant_rms_norm", mutates_args=())
+def invariant_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return _rms_forward(x, weight, None, eps)[0]
+
+
+@invariant_rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op(f"{_LIB}::invariant_add_rms_norm", mutates_args=())
+def invariant_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rms_forward(x, weight, residual, eps)
+
+
+@invariant_add_rms_norm.register_fake
+def _(x, residual, weight, eps):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+@torch.library.custom_op(f"{_LIB}::invariant_rms_norm_backward", mutates_args=())
+def invariant_rms_norm_backward(
+    grad_y: torch.Tensor, h: torch.Tensor, weight: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dh, dweight); dweight is an empty tensor when weight is None."""
+    dh, dw = cpu.rms_norm_backward(grad_y, h, weight, eps)
+    return dh, (h.new_empty(0) if dw is None else dw)
+
+
+@invariant_rms_norm_backward.register_fake
+def _(grad_y, h, weight, eps):
+    return torch.empty_like(h), (h.new_empty(0) if weight is None else torch.empty_like(weight))
+
+
+def _rms_setup(ctx, inputs, output):
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _rms_backward(ctx, grad_y):
+    x, weight = ctx.saved_tensors
+    dx, dw = invariant_rms_norm_backward(grad_y, x, weight, ctx.eps)
+    return dx, (dw if weight is not None else None), None
+
+
+invariant_rms_norm.register_autograd(_rms_backward, setup_context=_rms_setup)
+
+
+def _add_rms_setup(ctx, inputs, output):
+    _, residual, weight, eps = inputs
+    ctx.save_for_backward(output[1], weight)
+    ctx.eps = eps
+    ctx.residual_dtype = residual.dtype
+
+
+def _add_rms_backward(ctx, grad_y, grad_h):
+    h, weight = ctx.saved_tensors
+    dh, dw = invariant_rms_norm_backward(grad_y, h, weight, ctx.eps)
+    dw = dw if weight is not None else None
+    if grad_h is not None:
+        dh = dh + grad_h
+    return dh, dh.to(ctx.residual_dtype), dw, None
+
+
+invariant_add_rms_norm.register_autograd(_add_rms_backward, setup_context=_add_rms_setup)
+
+
+# --------------------------------------------------------------------------------- attention
+@torch.library.custom_op(f"{_LIB}::invariant_attention", mutates_args=())
+def invariant_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_start: torch.Tensor,
+    kv_len: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if q.is_cuda:
+        return _kernels().attention(q, k, v, q_start, kv_len, mask, causal, scale)
+    return cpu.attention(q, k, v, q_start, kv_len, mask, causal, scale)
+
+
+@invariant_attention.register_fake
+def _(q, k, v, q_start, kv_len, mask, causal, scale):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_LIB}::invariant_attention_backward", mutates_args=())
+def invariant_attention_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q_start: torch.Tensor,
+    kv_len: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return cpu.attention_backward(grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale)
+
+
+@invariant_attention_backward.register_fake
+def _(grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _attn_setup(ctx, inputs, output):
+    q, k, v, q_start, kv_len, mask, causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, q_start, kv_len, mask)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _attn_backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, q_start, kv_len, mask = ctx.saved_tensors
+    dq, dk, dv = invariant_attention_backward(
+        grad_out, q, k, v, out, lse, q_start, kv_len, mask, ctx.causal, ctx.scale
+    )
+    return dq, dk, dv, None, None, None, None, None
+
+
+invariant_attention.register_autograd(_attn_backward, setup_context=_attn_setup)
+
+
+# ---------------------------------------------------------------------------------- logprobs
+@torch.library.custom_op(f"{_LIB}::invariant_logprobs", mutates_args=())
+def invariant_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if logits.is_cuda:
+        return _kernels().logprobs(logits, tokens, temperature)
+    return cpu.logprobs(logits, tokens, temperature)
+
+
+@invariant_logprobs.register_fake
+def _(logits, tokens, temperature):
+    shape = logits.shape[:-1]
+    return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(
+        shape, dtype=torch.float32
+    )
+
+
+@torch.library.custom_op(f"{_LIB}::invariant_logprobs_backward", mutates_args=())
+def invariant_logprobs_backward(
+    grad_logp: torch.Tensor | None,
+    grad_entropy: torch.Tensor | None,
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    logp: torch.Tensor,
+    entropy: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
+    return cpu.logprobs_backward(
+        grad_logp, grad_entropy, logits, tokens, logp, entropy, temperature
+    )
+
+
+@invariant_logprobs_backward.register_fake
+def _(grad_logp, grad_entropy, logits, tokens, logp, entropy, temperature):
+    return torch.empty_like(logits)
+
+
+def _logprobs_setup(ctx, inputs, output):
+    logits, tokens, temperature = inputs
+    ctx.save_for_backward(logits, tokens, *output)
+    ctx.temperature = temperature
+
+
+def _logprobs_backward(ctx, grad_logp, grad_entropy):
+    logits, tokens, logp, entropy = ctx.saved_tensors
+    grad = invariant_logprobs_backward(
+        grad_logp, grad_entropy, logits, tokens, logp, entropy, ctx.temperature
+    )
+    return grad, None, None
+
+
+invariant_logprobs.register_autograd(_logprobs_backward, setup_context=_logprobs_setup)
+
+
+# ----------------------------------------------------------------------------------- routing
+@torch.library.custom_op(f"{_LIB}::invariant_routing", mutates_args=())
+def invariant_routing(
+    logits: torch.Tensor, top_k: int, norm_topk_prob: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if logits.is_cuda:
+        return _kernels().routing(logits, top_k, norm_topk_prob)
+    return cpu.routing(logits, top_k, norm_topk_prob)
+
+
+@invariant_routing.register_fake
+def _(logits, top_k, norm_topk_prob):
+    m = logits.shape[0]
+    return (
+        logits.new_empty((m, top_k), dtype=torch.float32),
+        logits.new_empty((m, top_k), dtype=torch.int64),
+    )
+
+
+def _routing_setup(ctx, inputs, output):
+    logits, _, norm = inputs
+    ctx.save_for_backward(logits, output[1])
+    ctx.norm = norm
+
+
+def _routing_backward(ctx, grad_w, grad_idx):
+    """Through softmax, the top-k gather and the renormalization (FP32, plain PyTorch)."""
+    logits, idx = ctx.saved_tensors
+    p = torch.softmax(logits.to(torch.float32), dim=-1)
+    g = grad_w.to(torch.float32)
+    sel = p.gather(-1, idx)
+    if ctx.norm:
+        total = sel.sum(-1, keepdim=True)
+        w = sel / total
+        g = (g - (g * w).sum(-1, keepdim=True)) / total
+    dp = torch.zeros_like(p).scatter_add(-1, idx, g)
+    dz = p * (dp - (dp * p).sum(-1, keepdim=True))
+    return dz.to(logits.dtype), None, None
+
+
+invariant_routing.register_autograd(_routing_backward, setup_context=_routing_setup)

@@ -1,0 +1,91 @@
+"""`minite train RECIPE [--variant strict|te|bf16] [key=value ...] [--resume | --fresh]`.
+
+Wired into the `minite` console script (fp4_compile/cli.py) by two calls:
+`add_train_parser(subparsers)` and, for args.command == "train", `run_train(args)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .config import VARIANTS
+from .recipes import RECIPES
+
+
+def _add_options(p: argparse.ArgumentParser, *, defaults: bool = True) -> None:
+    d = (lambda v: v) if defaults else (lambda v: argparse.SUPPRESS)
+    p.add_argument(
+        "--variant",
+        choices=VARIANTS,
+        default=d("strict"),
+        help="strict: NVFP4 aligned; te: NVFP4 per-tensor scales + token TIS; bf16: no quantization",
+    )
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--resume",
+        action="store_true",
+        default=d(False),
+        help="continue from the latest checkpoint in out_dir",
+    )
+    group.add_argument(
+        "--fresh",
+        action="store_true",
+        default=d(False),
+        help="discard out_dir's checkpoints and start over",
+    )
+    p.add_argument("--no-progress", action="store_true", default=d(False), help="no progress bar")
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        default=d(False),
+        help="print the resolved settings and exit",
+    )
+
+
+def add_train_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "train",
+        help="GRPO on a verifiable task: warm start, rollouts, NVFP4 learner, logs and plots",
+        description=(
+            "Run a named GRPO recipe. Settings are replaced with key=value (e.g. steps=80 "
+            "lr=1e-3 tis_cap=2 mis_seq_bounds=0.5,2 compile=false), in any order with the "
+            "options. Writes metrics.jsonl, PNG plots, summary.txt and checkpoints under out_dir "
+            "(default runs/RECIPE-VARIANT)."
+        ),
+    )
+    p.add_argument("recipe", choices=sorted(RECIPES), help="named recipe (rl/recipes.py)")
+    _add_options(p)
+    # argparse cannot mix positionals and options after a subcommand; collect the rest and
+    # parse it again, intermixed, in run_train
+    p.add_argument(
+        "rest", nargs=argparse.REMAINDER, metavar="key=value", help="replace recipe settings"
+    )
+    return p
+
+
+def _parse_rest(args: argparse.Namespace) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"minite train {args.recipe}", add_help=False)
+    _add_options(p, defaults=False)
+    p.add_argument("overrides", nargs="*")
+    ns = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "rest"})
+    p.parse_intermixed_args(list(getattr(args, "rest", []) or []), namespace=ns)
+    if ns.resume and ns.fresh:
+        raise ValueError("--resume and --fresh exclude each other")
+    return ns
+
+
+def run_train(args: argparse.Namespace) -> int:
+    import json
+
+    from .recipes import get_recipe
+    from .trainer import train
+
+    args = _parse_rest(args)
+    cfg = get_recipe(args.recipe, args.variant).with_overrides(list(args.overrides))
+    if args.print_config:
+        print(json.dumps(cfg.to_dict(), indent=2))
+        return 0
+    result = train(cfg, resume=args.resume, fresh=args.fresh, progress=not args.no_progress)
+    print(result["summary"])
+    print("plots: " + ", ".join(str(p) for p in result["plots"]))
+    return 0

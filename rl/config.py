@@ -1,0 +1,266 @@
+"""`TrainConfig`: every setting of a GRPO run in one frozen dataclass (the named recipes in
+`rl/recipes.py` fill it in; `key=value` on the command line replaces single fields)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from ..recipe import NVFP4Recipe
+from .grpo import ADVANTAGE_SCALES, AGGREGATIONS
+from .tasks import TASK_NAMES
+
+VARIANTS = ("strict", "te", "bf16")
+ARCHS = ("qwen3", "qwen3_moe")
+# Fields that may change between a run and its resumption (they do not change the numbers of
+# the steps already taken or to come).
+RESUMABLE_FIELDS = (
+    "steps",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "out_dir",
+    "cache_dir",
+    "log_every",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    name: str = "custom"
+    """Recipe name (for logs and the summary)."""
+    variant: str = "strict"
+    """Numerics: "strict" (NVFP4, batch-invariant, learner == rollout bitwise), "te" (NVFP4 with
+    per-tensor activation scales, corrected by token TIS), "bf16" (no quantization)."""
+
+    # ---- model (transformers, random init from a config) --------------------------------
+    arch: str = "qwen3"
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 32
+    intermediate: int = 128
+    experts: int = 4
+    """Qwen3-MoE only: routed experts per layer."""
+    experts_per_token: int = 2
+    moe_intermediate: int = 32
+
+    # ---- task ----------------------------------------------------------------------------
+    task: str = "addition"
+    num_digits: int = 2
+    partial_credit: float = 0.0
+    """Reward for a wrong answer = partial_credit x fraction of right characters."""
+
+    # ---- rollout -------------------------------------------------------------------------
+    prompts_per_step: int = 16
+    group_size: int = 8
+    """Samples per prompt (the GRPO group)."""
+    temperature: float = 1.0
+
+    # ---- GRPO ----------------------------------------------------------------------------
+    steps: int = 40
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.99
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    """Max global grad norm (0 disables clipping; the norm is logged either way)."""
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    aggregation: str = "token"
+    advantage_scale: str = "std"
+    updates_per_batch: int = 1
+    """Optimizer steps on each rollout batch (1 = on-policy; >1 makes the clip matter)."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL to the reference policy (the warm-started model); 0 builds no ref."""
+    tis_cap: float | None = None
+    """Token-level truncated IS cap C (None: off). The `te` variant sets 2."""
+    mis_token_bounds: tuple[float, float] | None = None
+    mis_seq_bounds: tuple[float, float] | None = None
+
+    # ---- warm start ----------------------------------------------------------------------
+    warm_start_steps: int = 200
+    warm_start_lr: float = 3e-3
+    warm_start_batch: int = 64
+
+    # ---- run -----------------------------------------------------------------------------
+    seed: int = 0
+    device: str = "cpu"
+    compile: bool = True
+    """True: learner and engine run through the minite backend (the product). False: eager
+    FP32 transformers on both sides (loop-logic tests only: no NVFP4 at all)."""
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    log_every: int = 1
+    out_dir: str = "runs/custom"
+    cache_dir: str = "runs/cache"
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        choices = {
+            "variant": VARIANTS,
+            "arch": ARCHS,
+            "task": TASK_NAMES,
+            "aggregation": AGGREGATIONS,
+            "advantage_scale": ADVANTAGE_SCALES,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        positive = (
+            "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "experts",
+            "experts_per_token", "moe_intermediate", "num_digits", "prompts_per_step",
+            "group_size", "steps", "updates_per_batch", "warm_start_batch", "checkpoint_every",
+            "keep_checkpoints", "log_every",
+        )  # fmt: skip
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.warm_start_steps < 0:
+            raise ValueError(f"warm_start_steps must be >= 0, got {self.warm_start_steps}")
+        if self.group_size < 2:
+            raise ValueError(
+                f"group_size must be >= 2 (advantages are relative), got {self.group_size}"
+            )
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}")
+        if self.experts_per_token > self.experts:
+            raise ValueError(f"experts_per_token={self.experts_per_token} > experts={self.experts}")
+        for name in ("lr", "warm_start_lr", "temperature"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+
+    def recipe(self) -> NVFP4Recipe:
+        return {"strict": NVFP4Recipe.strict, "te": NVFP4Recipe.te, "bf16": NVFP4Recipe.bf16}[
+            self.variant
+        ]()
+
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                d[k] = list(v)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig fields: {unknown}")
+        data = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
+        return cls(**data)
+
+    def numerics_dict(self) -> dict[str, Any]:
+        """The fields a resumed run must share with the run that wrote the checkpoint."""
+        return {k: v for k, v in self.to_dict().items() if k not in RESUMABLE_FIELDS}
+
+    def with_overrides(self, pairs: list[str]) -> TrainConfig:
+        """Apply `key=value` strings, each parsed by the field's type ("none" for None,
+        "low,high" for bounds, true/false for bools)."""
+        hints = typing.get_type_hints(TrainConfig)
+        changes: dict[str, Any] = {}
+        for pair in pairs:
+            key, sep, text = pair.partition("=")
+            key = key.strip().replace("-", "_")
+            if not sep:
+                raise ValueError(f"override {pair!r} must look like key=value")
+            if key not in hints:
+                raise ValueError(f"unknown setting {key!r}; known: {sorted(hints)}")
+            changes[key] = _parse(key, text.strip(), hints[key])
+        return dataclasses.replace(self, **changes)
+
+
+def _parse(key: str, text: str, hint) -> Any:
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    if optional and text.lower() == "none":
+        return None
+    base = next((a for a in args if a is not type(None)), hint) if optional else hint
+    origin = typing.get_origin(base)
+    try:
+        if base is bool:
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1")
+        if origin is tuple:
+            return tuple(float(x) for x in text.split(","))
+        return base(text)
+    except ValueError:
+        raise ValueError(f"setting {key}={text!r} does not parse as {hint}") from None
+
+
+def _check_types(cfg: TrainConfig) -> None:
+    hints = typing.get_type_hints(TrainConfig)
+    for f in fields(cfg):
+        value, hint = getattr(cfg, f.name), hints[f.name]
+        args = typing.get_args(hint)
+        if type(None) in args:
+            if value is None:
+                continue
+            hint = next(a for a in args if a is not type(None))
+        origin = typing.get_origin(hint)
+        if origin is tuple:
+            ok = isinstance(value, tuple) and len(value) == 2
+            ok = ok and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
+        elif hint is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif hint is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif isinstance(hint, type):
+            ok = isinstance(value, hint)
+        else:  # pragma: no cover - a field type this checker does not know
+            raise AssertionError(f"unchecked field type {hint!r} for {f.name}")
+        if not ok:
+            raise ValueError(f"{f.name} must be {hint}, got {value!r}")
+
+
+def build_model(cfg: TrainConfig, vocab_size: int) -> torch.nn.Module:
+    """A random-init transformers Qwen3 / Qwen3-MoE causal LM, FP32 (the master weights), in eval
+    mode (no dropout: the learner and the rollout must run the same graph)."""
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden,
+        intermediate_size=cfg.intermediate,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.kv_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(cfg.seed)
+    with torch.device(cfg.torch_device()):
+        if cfg.arch == "qwen3":
+            from transformers import Qwen3Config, Qwen3ForCausalLM
+
+            model = Qwen3ForCausalLM(Qwen3Config(**common))
+        else:
+            from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+            moe = dict(
+                moe_intermediate_size=cfg.moe_intermediate,
+                num_experts=cfg.experts,
+                num_experts_per_tok=cfg.experts_per_token,
+                norm_topk_prob=True,
+            )
+            model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**common, **moe))
+    return model.float().eval()
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 63-bit seed from (run seed, phase, step, ...): the same parts give the same seed on any
+    machine, and nearby parts give unrelated streams."""
+    import hashlib
+
+    blob = "/".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") >> 1

@@ -1,0 +1,158 @@
+"""Verifiable tasks generated in-process (no downloads): a problem is a prompt string and its one
+correct answer; the verifier scores a completion string.
+
+- `addition`: "37+85=" -> "122", "07+05=" -> "012" (operands zero-padded to `num_digits`
+  digits, the answer to `num_digits + 1`: every prompt and answer of a task has one length, so
+  the compiled graphs see one shape).
+- `sort`: "s:3142>" -> "1234" (`num_digits` random digits, sorted ascending).
+- `mix`: alternates the two, so one policy learns both.
+
+Reward (`Task.reward`): 1.0 for the exact answer; otherwise `partial_credit` times the fraction
+of answer positions that hold the right character (over max(len(answer), len(completion)), so
+padding a completion with junk does not pay). `partial_credit=0` gives the plain 0/1 verifier.
+Prompts are drawn from `random.Random(seed)`: the same seed gives the same problems anywhere.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str
+    answer: str
+    task: str
+
+
+def positional_accuracy(completion: str, answer: str) -> float:
+    width = max(len(completion), len(answer))
+    if width == 0:
+        return 1.0
+    return sum(a == b for a, b in zip(completion, answer)) / width
+
+
+class Task:
+    name = "task"
+
+    def __init__(self, *, num_digits: int, partial_credit: float = 0.0) -> None:
+        if not isinstance(num_digits, int) or isinstance(num_digits, bool) or num_digits < 1:
+            raise ValueError(f"num_digits must be a positive int, got {num_digits!r}")
+        if not 0.0 <= partial_credit < 1.0:
+            raise ValueError(f"partial_credit must be in [0, 1), got {partial_credit!r}")
+        self.num_digits = num_digits
+        self.partial_credit = float(partial_credit)
+
+    def sample(self, rng: random.Random) -> Problem:
+        raise NotImplementedError
+
+    def reward(self, problem: Problem, completion: str) -> float:
+        if completion == problem.answer:
+            return 1.0
+        return self.partial_credit * positional_accuracy(completion, problem.answer)
+
+    def problems(self, num: int, *, seed: int) -> list[Problem]:
+        """`num` problems drawn from `random.Random(seed)` (reproducible)."""
+        if num < 1:
+            raise ValueError(f"num must be >= 1, got {num}")
+        rng = random.Random(seed)
+        return [self.sample(rng) for _ in range(num)]
+
+    @property
+    def max_prompt_chars(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def max_answer_chars(self) -> int:
+        raise NotImplementedError
+
+
+class AdditionTask(Task):
+    name = "addition"
+
+    def sample(self, rng: random.Random) -> Problem:
+        hi = 10**self.num_digits - 1
+        a, b = rng.randint(0, hi), rng.randint(0, hi)
+        n = self.num_digits
+        return Problem(prompt=f"{a:0{n}d}+{b:0{n}d}=", answer=f"{a + b:0{n + 1}d}", task=self.name)
+
+    @property
+    def max_prompt_chars(self) -> int:
+        return 2 * self.num_digits + 2
+
+    @property
+    def max_answer_chars(self) -> int:
+        return self.num_digits + 1
+
+
+class SortTask(Task):
+    name = "sort"
+
+    def sample(self, rng: random.Random) -> Problem:
+        digits = [rng.randint(0, 9) for _ in range(self.num_digits)]
+        return Problem(
+            prompt="s:" + "".join(map(str, digits)) + ">",
+            answer="".join(map(str, sorted(digits))),
+            task=self.name,
+        )
+
+    @property
+    def max_prompt_chars(self) -> int:
+        return self.num_digits + 3
+
+    @property
+    def max_answer_chars(self) -> int:
+        return self.num_digits
+
+
+class MixTask(Task):
+    """Problem i comes from task i % len(tasks) (then each task draws from the shared rng)."""
+
+    name = "mix"
+
+    def __init__(self, tasks: list[Task]) -> None:
+        if not tasks:
+            raise ValueError("MixTask needs at least one task")
+        self.tasks = list(tasks)
+
+    def problems(self, num: int, *, seed: int) -> list[Problem]:
+        if num < 1:
+            raise ValueError(f"num must be >= 1, got {num}")
+        rng = random.Random(seed)
+        return [self.tasks[i % len(self.tasks)].sample(rng) for i in range(num)]
+
+    def sample(self, rng: random.Random) -> Problem:
+        raise TypeError("MixTask draws through problems(num, seed=...), not sample()")
+
+    def reward(self, problem: Problem, completion: str) -> float:
+        for task in self.tasks:
+            if task.name == problem.task:
+                return task.reward(problem, completion)
+        raise ValueError(f"problem of task {problem.task!r} is not part of this mix")
+
+    @property
+    def max_prompt_chars(self) -> int:
+        return max(t.max_prompt_chars for t in self.tasks)
+
+    @property
+    def max_answer_chars(self) -> int:
+        return max(t.max_answer_chars for t in self.tasks)
+
+
+TASK_NAMES = ("addition", "sort", "mix")
+
+
+def make_task(name: str, *, num_digits: int, partial_credit: float = 0.0) -> Task:
+    if name == "addition":
+        return AdditionTask(num_digits=num_digits, partial_credit=partial_credit)
+    if name == "sort":
+        return SortTask(num_digits=num_digits, partial_credit=partial_credit)
+    if name == "mix":
+        return MixTask(
+            [
+                AdditionTask(num_digits=num_digits, partial_credit=partial_credit),
+                SortTask(num_digits=num_digits, partial_credit=partial_credit),
+            ]
+        )
+    raise ValueError(f"task must be one of {TASK_NAMES}, got {name!r}")

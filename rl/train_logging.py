@@ -1,0 +1,170 @@
+"""Logs of a GRPO run: one JSON line per step (metrics.jsonl), TensorBoard scalars when the
+`tensorboard` package is installed (one line says so when it is not), a progress bar, PNG plots
+and a one-screen summary at the end."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+PLOTS = {
+    "reward.png": ("reward", ["reward/mean", "reward/exact_frac"]),
+    "mismatch.png": (
+        "learner vs rollout mismatch",
+        ["mismatch/max_abs_dlogp", "rollout_corr/k3_kl", "token_mult_prob_error"],
+    ),
+    "throughput.png": (
+        "throughput per phase",
+        ["perf/rollout_tokens_per_s", "perf/learner_tokens_per_s"],
+    ),
+    "step_time.png": ("time per phase (s)", ["perf/step_s", "perf/rollout_s", "perf/learner_s"]),
+}
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class RunLogger:
+    """metrics.jsonl (+ TensorBoard) under `out_dir`. `resume_step` keeps the records of steps
+    < resume_step and drops the rest (a run stopped after its last checkpoint re-logs them)."""
+
+    def __init__(self, out_dir: str | Path, *, resume_step: int | None = None, log=print):
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.out_dir / "metrics.jsonl"
+        kept = [
+            r for r in read_jsonl(self.path) if resume_step is not None and r["step"] < resume_step
+        ]
+        with self.path.open("w") as f:
+            for r in kept:
+                f.write(json.dumps(r) + "\n")
+        self._file = self.path.open("a")
+        self.records: list[dict] = kept
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            log(
+                "tensorboard: not installed, TensorBoard logs are OFF (pip install tensorboard); "
+                "metrics.jsonl and the PNG plots are written"
+            )
+            self._tb = None
+        else:
+            self._tb = SummaryWriter(str(self.out_dir / "tensorboard"))
+
+    def log(self, record: dict) -> None:
+        self.records.append(record)
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, record["step"])
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+class ProgressBar:
+    """`step 12/40 [#####.....] reward 0.41 gap 0 rollout 3.1k tok/s learner 9.8k tok/s`;
+    redrawn in place on a terminal, one line every `every` steps otherwise."""
+
+    def __init__(self, total: int, *, start: int = 0, stream=None, every: int = 1):
+        self.total, self.start = total, start
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.every = every
+        self.t0 = time.perf_counter()
+
+    def update(self, step: int, record: dict) -> None:
+        done = step + 1
+        width = 24
+        fill = int(width * done / self.total)
+        elapsed = time.perf_counter() - self.t0
+        eta = elapsed / max(done - self.start, 1) * (self.total - done)
+        gap = record.get("mismatch/max_abs_dlogp", float("nan"))
+        text = (
+            f"step {done}/{self.total} [{'#' * fill}{'.' * (width - fill)}] "
+            f"reward {record['reward/mean']:.3f} exact {record['reward/exact_frac']:.2f} "
+            f"gap {gap:.3g} rollout {_si(record['perf/rollout_tokens_per_s'])} tok/s "
+            f"learner {_si(record['perf/learner_tokens_per_s'])} tok/s eta {eta:.0f}s"
+        )
+        if self.tty:
+            self.stream.write("\r" + text + "\x1b[K" + ("\n" if done == self.total else ""))
+        elif done % self.every == 0 or done == self.total:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def _si(x: float) -> str:
+    return f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
+
+
+def write_plots(records: list[dict], out_dir: str | Path) -> list[Path]:
+    """PNG curves (matplotlib, Agg backend) of reward, mismatch and throughput."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    written = []
+    steps = [r["step"] for r in records]
+    for filename, (title, keys) in PLOTS.items():
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for k in keys:
+            ys = [r.get(k, float("nan")) for r in records]
+            ax.plot(steps, ys, label=k, marker="." if len(steps) < 60 else None)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / filename
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def summary(records: list[dict], *, title: str, extra: dict | None = None) -> str:
+    """A one-screen text summary: reward at the start and end, mismatch, throughput."""
+    if not records:
+        return f"{title}: no steps logged"
+
+    def avg(key, rows):
+        vals = [r[key] for r in rows if key in r]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    k = max(1, min(5, len(records) // 4))
+    first, last = records[:k], records[-k:]
+    lines = [
+        f"== {title} ==",
+        f"steps {records[0]['step']}..{records[-1]['step']} ({len(records)} logged)",
+    ]
+    for key in ("reward/mean", "reward/exact_frac"):
+        lines.append(f"{key:34s} first {k}: {avg(key, first):.3f}   last {k}: {avg(key, last):.3f}")
+    for key in (
+        "mismatch/max_abs_dlogp",
+        "mismatch/frac_bitwise_equal",
+        "rollout_corr/k3_kl",
+        "token_mult_prob_error",
+    ):
+        vals = [r[key] for r in records if key in r]
+        if vals:
+            lines.append(f"{key:34s} max over run: {max(vals):.3g}   last: {vals[-1]:.3g}")
+    for key in ("perf/rollout_tokens_per_s", "perf/learner_tokens_per_s", "perf/step_s"):
+        # the first steps compile; report the later ones
+        rows = records[1:] if len(records) > 1 else records
+        lines.append(f"{key:34s} mean after step 0: {avg(key, rows):.4g}")
+    for name, value in (extra or {}).items():
+        lines.append(f"{name:34s} {value}")
+    return "\n".join(lines)

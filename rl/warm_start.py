@@ -1,0 +1,98 @@
+"""A short supervised warm start, so a random-init model has a non-zero reward for GRPO to
+improve. It is part of the recipe and cached as a checkpoint keyed by everything that decides
+its result (model shape, task, warm-start settings, seed, vocabulary), so a second run skips it.
+
+The warm start runs eagerly in FP32 (plain transformers, no minite lowering): it stands for the
+pretrained BF16/FP32 checkpoint a real RL run starts from. The RL phase then runs the recipe's
+numerics (NVFP4 for strict / te) on these weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import TrainConfig, derive_seed
+from .tasks import Problem, Task
+from .tokenizer import CharTokenizer
+
+WARM_START_FIELDS = (
+    "arch", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "experts",
+    "experts_per_token", "moe_intermediate", "task", "num_digits", "warm_start_steps",
+    "warm_start_lr", "warm_start_batch", "seed", "device",
+)  # fmt: skip
+
+
+def warm_start_key(cfg: TrainConfig, tok: CharTokenizer) -> str:
+    d = {k: getattr(cfg, k) for k in WARM_START_FIELDS}
+    d["tokenizer"] = tok.to_dict()
+    blob = json.dumps(d, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def supervised_batch(
+    problems: list[Problem], tok: CharTokenizer, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> ids [B, W] (BOS prompt answer EOS, right-padded) and target mask [B, W-1]: 1 where
+    the target ids[:, t+1] is an answer token or the EOS."""
+    seqs, starts = [], []
+    for p in problems:
+        prompt = tok.encode(p.prompt)
+        seqs.append(prompt + tok.encode(p.answer, bos=False, eos=True))
+        starts.append(len(prompt))
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), tok.pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width - 1), dtype=torch.float32)
+    for i, (s, start) in enumerate(zip(seqs, starts)):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, start - 1 : len(s) - 1] = 1.0
+    return ids.to(device), mask.to(device)
+
+
+def run_warm_start(model, cfg: TrainConfig, task: Task, tok: CharTokenizer) -> list[float]:
+    """Teacher-forced cross-entropy on answer tokens; returns the loss of every step (one
+    host sync at the end)."""
+    device = cfg.torch_device()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.warm_start_lr, weight_decay=0.0)
+    losses = []
+    for step in range(cfg.warm_start_steps):
+        problems = task.problems(cfg.warm_start_batch, seed=derive_seed(cfg.seed, "warm", step))
+        ids, mask = supervised_batch(problems, tok, device)
+        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
+        nll = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
+        )
+        loss = (nll * mask.reshape(-1)).sum() / mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return torch.stack(losses).tolist() if losses else []
+
+
+def load_or_warm_start(
+    model, cfg: TrainConfig, task: Task, tok: CharTokenizer, *, log=print
+) -> dict:
+    """Load the cached warm start for this configuration into `model`, or compute and cache it.
+    Returns {"path", "cached", "losses"}."""
+    key = warm_start_key(cfg, tok)
+    path = Path(cfg.cache_dir) / f"warm_start-{key}.ckpt"
+    if cfg.warm_start_steps == 0:
+        return {"path": None, "cached": False, "losses": []}
+    if path.exists():
+        state = load_checkpoint(path, kind="warm_start", expect={"key": key})
+        model.load_state_dict(state["model"])
+        log(
+            f"warm start: loaded {path} ({cfg.warm_start_steps} steps, final loss {state['losses'][-1]:.3f})"
+        )
+        return {"path": str(path), "cached": True, "losses": state["losses"]}
+    log(f"warm start: {cfg.warm_start_steps} supervised steps (FP32, eager), caching to {path}")
+    losses = run_warm_start(model, cfg, task, tok)
+    state = {"key": key, "model": model.state_dict(), "losses": losses, "config": cfg.to_dict()}
+    save_checkpoint(path, state, kind="warm_start")
+    log(f"warm start: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    return {"path": str(path), "cached": False, "losses": losses}

@@ -1,0 +1,120 @@
+"""The Triton kernels of the invariant ops, run in the Triton interpreter on CPU (conftest sets
+TRITON_INTERPRET=1 when there is no GPU).
+
+Contracts: bitwise batch invariance of each kernel (rows alone == rows inside batches of 2, 3, 8,
+33); attention decode == full forward, chunked prefill == one piece, ragged batches, bitwise;
+kernel vs the CPU reference op within an FP32-accumulation budget (the interpreter's fp32
+`tl.dot` uses numpy, so bits are not expected to match the reference).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp4_compile.codegen import invariant_cpu as cpu
+from fp4_compile.codegen.runtime import interpreting
+from fp4_compile.testing import assert_bitwise_equal
+
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available() or not interpreting(), reason="interpreter tests (CPU only)"
+)
+
+
+@pytest.fixture(scope="module")
+def ik():
+    pytest.importorskip("triton")
+    from fp4_compile.codegen import invariant_kernels
+
+    return invariant_kernels
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_linear_kernel(ik):
+    g = _gen()
+    w = torch.randn(40, 48, generator=g).bfloat16()
+    bias = torch.randn(40, generator=g).bfloat16()
+    x = torch.randn(33, 48, generator=g).bfloat16()
+    full = ik.linear(x, w, bias, torch.float32)
+    for n in (1, 2, 3, 8):
+        assert_bitwise_equal(ik.linear(x[:n], w, bias, torch.float32), full[:n], f"linear m={n}")
+    assert_bitwise_equal(ik.linear(x[20:21], w, bias, torch.float32), full[20:21], "linear row 20")
+    ref = cpu.linear(x, w, bias, torch.float32)
+    assert (full - ref).abs().max() <= 1e-5 * (1 + ref.abs().max())
+
+
+def test_rms_norm_kernel(ik):
+    g = _gen(1)
+    x = torch.randn(33, 96, generator=g).bfloat16()
+    r = torch.randn(33, 96, generator=g).bfloat16()
+    w = torch.randn(96, generator=g).bfloat16()
+    y, h = ik.rms_norm(x, w, r, 1e-6)
+    for n in (1, 2, 3, 8):
+        yn, _ = ik.rms_norm(x[:n], w, r[:n], 1e-6)
+        assert_bitwise_equal(yn, y[:n], f"rms_norm m={n}")
+    y_ref, h_ref = cpu.rms_norm(x, w, r, 1e-6)
+    assert_bitwise_equal(h, h_ref, "residual sum")
+    assert bool(((y.float() - y_ref.float()).abs() <= y_ref.float().abs() * 2**-7 + 1e-6).all())
+
+
+def _qkv(b, t, seed=0, hq=4, hkv=2, d=16):
+    g = _gen(seed)
+    return tuple(torch.randn(b, h, t, d, generator=g).bfloat16() for h in (hq, hkv, hkv))
+
+
+def test_attention_kernel_decode_prefill_full(ik):
+    q, k, v = _qkv(2, 40)
+    b = q.shape[0]
+    zeros, full_len = torch.zeros(b, dtype=torch.int64), torch.full((b,), 40)
+    out, lse = ik.attention(q, k, v, zeros, full_len, None, True, 0.25)
+    ref, ref_lse = cpu.attention(q, k, v, zeros, full_len, None, True, 0.25)
+    assert (out.float() - ref.float()).abs().max() <= 2 * 2**-8 * (1 + ref.float().abs().max())
+    assert (lse - ref_lse).abs().max() <= 1e-5 * (1 + ref_lse.abs().max())
+    for t in (0, 15, 16, 17, 39):  # across the interpreter's BLOCK_N = 16 boundaries
+        pos = torch.full((b,), t)
+        dec, _ = ik.attention(q[:, :, t : t + 1], k, v, pos, pos + 1, None, True, 0.25)
+        assert_bitwise_equal(dec, out[:, :, t : t + 1], f"decode t={t}")
+    start = 0
+    for n in (7, 20, 13):
+        st = torch.full((b,), start)
+        part, _ = ik.attention(q[:, :, start : start + n], k, v, st, st + n, None, True, 0.25)
+        assert_bitwise_equal(part, out[:, :, start : start + n], f"chunk at {start}")
+        start += n
+
+
+def test_attention_kernel_ragged_and_batch(ik):
+    lengths = torch.tensor([5, 40, 17])
+    q, k, v = _qkv(3, 40, seed=2)
+    k[0, :, 5:], v[0, :, 5:] = float("nan"), float("inf")  # stale slots past kv_len
+    zeros = torch.zeros(3, dtype=torch.int64)
+    out, _ = ik.attention(q, k, v, zeros, lengths, None, True, 0.25)
+    for i in range(3):
+        n = int(lengths[i])
+        one = torch.tensor([n])
+        alone, _ = ik.attention(q[i : i + 1, :, :n], k[i : i + 1, :, :n], v[i : i + 1, :, :n],
+                                torch.zeros(1, dtype=torch.int64), one, None, True, 0.25)  # fmt: skip
+        assert_bitwise_equal(out[i : i + 1, :, :n], alone, f"ragged seq {i}")
+        last = one - 1
+        dec, _ = ik.attention(q[i : i + 1, :, n - 1 : n], k[i : i + 1], v[i : i + 1], last, one,
+                              None, True, 0.25)  # fmt: skip
+        assert_bitwise_equal(dec, out[i : i + 1, :, n - 1 : n], f"ragged decode {i}")
+    mask = (torch.arange(40)[None, :] < lengths[:, None])[:, None, None, :].expand(3, 1, 40, 40)
+    masked, _ = ik.attention(q, k, v, zeros, torch.full((3,), 40), mask, True, 0.25)
+    assert_bitwise_equal(masked[1:2], out[1:2], "mask == kv_len")
+
+
+def test_logprobs_kernel(ik):
+    g = _gen(3)
+    logits = (torch.randn(33, 700, generator=g) * 3).bfloat16()
+    tokens = torch.randint(0, 700, (33,), generator=g)
+    lp, ent = ik.logprobs(logits, tokens, 0.8)
+    for n in (1, 2, 3, 8):
+        lpn, entn = ik.logprobs(logits[:n], tokens[:n], 0.8)
+        assert_bitwise_equal(lpn, lp[:n], f"logp m={n}")
+        assert_bitwise_equal(entn, ent[:n], f"entropy m={n}")
+    ref_lp, ref_ent = cpu.logprobs(logits, tokens, 0.8)
+    assert (lp - ref_lp).abs().max() <= 1e-5 * (1 + ref_lp.abs().max())
+    assert (ent - ref_ent).abs().max() <= 1e-5 * (1 + ref_ent.abs().max())

@@ -1,0 +1,92 @@
+"""export_rollout / load_rollout: the exported rollout graph comes from the same lowering (op
+census equal to the learner's), round-trips through disk, and refuses corrupt, foreign or
+mismatched artifacts. Engine from the artifact == engine from the model, bitwise."""
+
+import json
+
+import pytest
+import torch
+
+import fp4_compile
+from fp4_compile import NVFP4Recipe
+from fp4_compile.export import RolloutArtifactError, export_rollout, load_rollout
+from fp4_compile.models import tiny_qwen3
+from fp4_compile.passes.verify import normalized_census
+from fp4_compile.rl import RolloutEngine
+from fp4_compile.testing import assert_bitwise_equal
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    model = tiny_qwen3(layers=2).eval()
+    path = tmp_path_factory.mktemp("rollout")
+    artifact = export_rollout(model, recipe=NVFP4Recipe.strict(), path=path, max_batch=8, max_seq_len=48)
+    return model, artifact, path
+
+
+def test_census_equals_learner_forward(exported):
+    model, artifact, _ = exported
+    (report,) = fp4_compile.explain(model, torch.randint(0, 128, (2, 8)), use_cache=False, print_report=False)
+    assert normalized_census(artifact.census) == normalized_census(report.census)
+    assert "fp4_compile::nvfp4_linear" in artifact.census
+
+
+def test_manifest_contents(exported):
+    _, artifact, path = exported
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["fingerprint"] == NVFP4Recipe.strict().fingerprint()
+    assert set(manifest["files"]) == {"rollout.pt2", "weights.safetensors", "model_config.json"}
+    assert manifest["versions"]["torch"] == torch.__version__
+    from safetensors.torch import load_file
+
+    weights = load_file(str(path / "weights.safetensors"))
+    assert any(k.endswith(".nvfp4.codes") for k in weights)
+
+
+def test_engine_from_artifact_equals_engine_from_model(exported):
+    model, _, path = exported
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
+    a = RolloutEngine(model, recipe=NVFP4Recipe.strict(), max_batch=8, max_seq_len=48).generate(
+        prompts, max_new_tokens=8, seed=3)
+    b = RolloutEngine(path, expected_fingerprint=NVFP4Recipe.strict().fingerprint()).generate(
+        prompts, max_new_tokens=8, seed=3)
+    assert a.tokens == b.tokens
+    for x, y in zip(a.logprobs, b.logprobs):
+        assert_bitwise_equal(x, y, "artifact vs model engine")
+
+
+def test_refuses_other_fingerprint(exported):
+    _, _, path = exported
+    with pytest.raises(RolloutArtifactError, match="differ from the learner"):
+        load_rollout(path, expected_fingerprint=NVFP4Recipe.te().fingerprint())
+
+
+def test_refuses_corrupt_file(exported, tmp_path):
+    _, _, path = exported
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    with open(copy / "weights.safetensors", "r+b") as f:
+        f.seek(200)
+        f.write(b"\x00\x01\x02")
+    with pytest.raises(RolloutArtifactError, match="corrupt"):
+        load_rollout(copy)
+
+
+def test_refuses_other_architecture(exported, tmp_path):
+    _, _, path = exported
+    import shutil
+
+    copy = tmp_path / "arch"
+    shutil.copytree(path, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["arch"] = "sm_100"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RolloutArtifactError, match="exported for sm_100"):
+        load_rollout(copy)
+
+
+def test_refuses_non_artifact(tmp_path):
+    with pytest.raises(RolloutArtifactError, match="not a minite rollout artifact"):
+        load_rollout(tmp_path)
