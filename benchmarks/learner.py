@@ -57,21 +57,29 @@ def main() -> None:
         model = qwen3_30b_a3b_layers(layers=args.layers, device=device)
         kw = {"options": options} if options else {}
         compiled = torch.compile(model, backend=backend, **kw)
-        rows.append(measure(label, model, compiled, ids, tokens))
-        if backend == "minite" and options["recipe"].quantize:
-            with torch.no_grad():
-                full = compiled(input_ids=ids[:4, :128], use_cache=False).logits
-                alone = compiled(input_ids=ids[2:3, :128], use_cache=False).logits
-            rows[-1]["row_alone_vs_batch_differ"] = count_bytes_differ(alone[0], full[2])
+        try:
+            rows.append(measure(label, model, compiled, ids, tokens))
+            if backend == "minite" and options["recipe"].quantize:
+                with torch.no_grad():
+                    full = compiled(input_ids=ids[:4, :128], use_cache=False).logits
+                    alone = compiled(input_ids=ids[2:3, :128], use_cache=False).logits
+                rows[-1]["row_alone_vs_batch_differ"] = count_bytes_differ(alone[0], full[2])
+        except Exception as e:  # recorded, not hidden
+            rows.append({"label": label, "error": f"{type(e).__name__}: {e}"[:2000]})
+        print(rows[-1], flush=True)
         del model, compiled
         torch.cuda.empty_cache()
-    base = rows[0]["tokens_per_s"]
+    base = rows[0].get("tokens_per_s")
     for r in rows:
-        r["ratio_vs_bf16"] = r["tokens_per_s"] / base
+        if "error" not in r and base:
+            r["ratio_vs_bf16"] = r["tokens_per_s"] / base
     md = [f"# learner throughput, {env['gpu']}, torch {env['torch']}, triton {env['triton']}, commit {env['commit']}",
           f"Qwen3-30B-A3B-shaped, {args.layers} layers, vocab 8192, {args.batch}x{args.seq} tokens/step, fwd+bwd+AdamW",
           "", "| config | step ms | tokens/s | ratio vs BF16 | peak GiB |", "| --- | --- | --- | --- | --- |"]
     for r in rows:
+        if "error" in r or "ratio_vs_bf16" not in r:
+            md.append(f"| {r['label']} | ERROR: {r.get('error', 'no baseline')[:300]} | | | |")
+            continue
         md.append(f"| {r['label']} | {r['step_ms']:.1f} | {r['tokens_per_s']:.0f} | {r['ratio_vs_bf16']:.2f}x | {r['peak_gib']:.1f} |")
     text = "\n".join(md) + "\n"
     print(text)

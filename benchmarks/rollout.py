@@ -53,17 +53,29 @@ def main() -> None:
         ("minite bf16 recipe", dict(recipe=NVFP4Recipe.bf16())),
         ("same engine, stock kernels (not invariant)", dict(compile=False)),
     )
-    table = {}
+    table, errors = {}, {}
     for label, kw in configs:
         torch._dynamo.reset()
         model = qwen3_30b_a3b_layers(layers=args.layers, device="cuda").eval()
         engine = RolloutEngine(model, max_batch=max(batches), max_seq_len=args.prompt + args.new_tokens, **kw)
-        table[label] = {b: _engine_rate(engine, b, args.prompt, args.new_tokens) for b in batches}
+        table[label] = {}
+        for b in batches:
+            try:
+                table[label][b] = _engine_rate(engine, b, args.prompt, args.new_tokens)
+            except Exception as e:  # recorded, not hidden
+                table[label][b] = float("nan")
+                errors[f"{label} batch {b}"] = f"{type(e).__name__}: {e}"[:2000]
         print(label, table[label], flush=True)
         del model, engine
         torch.cuda.empty_cache()
     model = qwen3_30b_a3b_layers(layers=args.layers, device="cuda").eval()
-    table["transformers generate BF16"] = {b: _hf_rate(model, b, args.prompt, args.new_tokens) for b in batches}
+    table["transformers generate BF16"] = {}
+    for b in batches:
+        try:
+            table["transformers generate BF16"][b] = _hf_rate(model, b, args.prompt, args.new_tokens)
+        except Exception as e:
+            table["transformers generate BF16"][b] = float("nan")
+            errors[f"hf batch {b}"] = f"{type(e).__name__}: {e}"[:2000]
     base = table["minite bf16 recipe"]
     md = [f"# rollout decode tokens/s, {env['gpu']} (emulated NVFP4, sm_90), torch {env['torch']}, "
           f"triton {env['triton']}, commit {env['commit']}",
@@ -73,9 +85,10 @@ def main() -> None:
     for label, rates in table.items():
         md.append(f"| {label} | " + " | ".join(f"{rates[b]:.0f} ({rates[b] / base[b]:.2f}x)" for b in batches) + " |")
     md.append("\nratios are against minite bf16 recipe (same engine, invariant kernels)")
+    md.extend(f"- ERROR {k}: {v[:300]}" for k, v in errors.items())
     text = "\n".join(md) + "\n"
     print(text)
-    write_results("rollout_h200", {"env": env, "args": vars(args), "tokens_per_s": table}, text)
+    write_results("rollout_h200", {"env": env, "args": vars(args), "tokens_per_s": table, "errors": errors}, text)
 
 
 if __name__ == "__main__":
