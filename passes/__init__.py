@@ -14,6 +14,7 @@ from ..recipe import NVFP4Recipe
 from .lower_attention import lower_attention
 from .lower_linears import lower_linears
 from .lower_moe import lower_moe
+from .lower_outer_products import lower_outer_products
 from .lower_rms_norm import lower_rms_norm
 from .lower_routing import lower_routing
 from .lower_small_reductions import lower_small_reductions
@@ -29,6 +30,7 @@ PIPELINE = (
     lower_rms_norm,  # RMSNorm pattern -> invariant rms_norm
     lower_attention,  # SDPA -> invariant attention (fixed key blocks from position 0)
     lower_small_reductions,  # small float sums (MoE top-k combine) -> fixed-order ordered_sum
+    lower_outer_products,  # K = 1 matmuls (rotary embedding) -> broadcast multiply, same bits
     verify,  # nothing eligible left, no stock reduction left (strict), op census
 )
 

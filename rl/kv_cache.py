@@ -17,7 +17,6 @@ class StaticKVCache:
     """k/v tensors [B, H_kv, S_max, D] per layer, written at explicit per-sequence positions."""
 
     is_compileable = True
-    is_sliding = False
 
     def __init__(self, *, num_layers: int, batch: int, num_kv_heads: int, head_dim: int, max_seq_len: int,
                  dtype: torch.dtype, device: torch.device | str):
@@ -55,6 +54,10 @@ class StaticKVCache:
         return self.keys[layer_idx], self.values[layer_idx]
 
     # what transformers may ask of a cache
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False] * len(self.keys)
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
 
