@@ -38,6 +38,26 @@ def _(x_TK, w_ENK, offsets, out_dtype):
     return x_TK.new_empty((x_TK.shape[0], w_ENK.shape[1]), dtype=out_dtype)
 
 
+@torch.library.custom_op("fp4_compile::invariant_grouped_mm_backward", mutates_args=())
+def invariant_grouped_mm_backward(grad: torch.Tensor, x_TK: torch.Tensor, w_ENK: torch.Tensor,
+                                  offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """dX and dW per expert in FP32 (deterministic; reads the offsets on the host, so it is an
+    opaque op rather than traced autograd)."""
+    dx = torch.zeros_like(x_TK)
+    dw = torch.zeros_like(w_ENK)
+    for e, start, end in _groups(offsets):
+        if end > start:
+            g = grad[start:end].to(torch.float32)
+            dx[start:end] = (g @ w_ENK[e].to(torch.float32)).to(x_TK.dtype)
+            dw[e] = (g.T @ x_TK[start:end].to(torch.float32)).to(w_ENK.dtype)
+    return dx, dw
+
+
+@invariant_grouped_mm_backward.register_fake
+def _(grad, x_TK, w_ENK, offsets):
+    return x_TK.new_empty(x_TK.shape), w_ENK.new_empty(w_ENK.shape)
+
+
 def _setup(ctx, inputs, output):
     x, w, offsets, _ = inputs
     ctx.save_for_backward(x, w, offsets)
@@ -45,13 +65,7 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, grad):
     x, w, offsets = ctx.saved_tensors
-    dx = torch.zeros_like(x)
-    dw = torch.zeros_like(w)
-    for e, start, end in _groups(offsets):
-        if end > start:
-            g = grad[start:end].to(torch.float32)
-            dx[start:end] = (g @ w[e].to(torch.float32)).to(x.dtype)
-            dw[e] = (g.T @ x[start:end].to(torch.float32)).to(w.dtype)
+    dx, dw = invariant_grouped_mm_backward(grad.contiguous(), x, w, offsets)
     return dx, dw, None, None
 
 

@@ -78,8 +78,10 @@ invariant_linear.register_autograd(_linear_backward, setup_context=_linear_setup
 # ---------------------------------------------------------------------------------- rms_norm
 def _rms_forward(x, weight, residual, eps):
     if x.is_cuda:
-        return _kernels().rms_norm(x, weight, residual, eps)
-    return cpu.rms_norm(x, weight, residual, eps)
+        outs = _kernels().rms_norm(x, weight, residual, eps)
+    else:
+        outs = cpu.rms_norm(x, weight, residual, eps)
+    return tuple(o.contiguous() for o in outs)  # the fakes promise contiguous outputs
 
 
 @torch.library.custom_op(f"{_LIB}::invariant_rms_norm", mutates_args=())
@@ -89,7 +91,7 @@ def invariant_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float)
 
 @invariant_rms_norm.register_fake
 def _(x, weight, eps):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 @torch.library.custom_op(f"{_LIB}::invariant_add_rms_norm", mutates_args=())
@@ -101,7 +103,7 @@ def invariant_add_rms_norm(
 
 @invariant_add_rms_norm.register_fake
 def _(x, residual, weight, eps):
-    return torch.empty_like(x), torch.empty_like(x)
+    return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
 @torch.library.custom_op(f"{_LIB}::invariant_rms_norm_backward", mutates_args=())
@@ -165,13 +167,15 @@ def invariant_attention(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if q.is_cuda:
-        return _kernels().attention(q, k, v, q_start, kv_len, mask, causal, scale)
-    return cpu.attention(q, k, v, q_start, kv_len, mask, causal, scale)
+        out, lse = _kernels().attention(q, k, v, q_start, kv_len, mask, causal, scale)
+    else:
+        out, lse = cpu.attention(q, k, v, q_start, kv_len, mask, causal, scale)
+    return out.contiguous(), lse.contiguous()  # the fake promises contiguous outputs
 
 
 @invariant_attention.register_fake
 def _(q, k, v, q_start, kv_len, mask, causal, scale):
-    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op(f"{_LIB}::invariant_attention_backward", mutates_args=())
@@ -188,12 +192,13 @@ def invariant_attention_backward(
     causal: bool,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return cpu.attention_backward(grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale)
+    grads = cpu.attention_backward(grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale)
+    return tuple(g.contiguous() for g in grads)
 
 
 @invariant_attention_backward.register_fake
 def _(grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _attn_setup(ctx, inputs, output):
@@ -295,19 +300,32 @@ def _routing_setup(ctx, inputs, output):
     ctx.norm = norm
 
 
-def _routing_backward(ctx, grad_w, grad_idx):
-    """Through softmax, the top-k gather and the renormalization (FP32, plain PyTorch)."""
-    logits, idx = ctx.saved_tensors
+@torch.library.custom_op(f"{_LIB}::invariant_routing_backward", mutates_args=())
+def invariant_routing_backward(
+    grad_w: torch.Tensor, logits: torch.Tensor, idx: torch.Tensor, norm_topk_prob: bool
+) -> torch.Tensor:
+    """Through softmax, the top-k gather and the renormalization (FP32, plain PyTorch), as ONE
+    opaque op so eager, Inductor and export compute the same bits."""
     p = torch.softmax(logits.to(torch.float32), dim=-1)
     g = grad_w.to(torch.float32)
     sel = p.gather(-1, idx)
-    if ctx.norm:
+    if norm_topk_prob:
         total = sel.sum(-1, keepdim=True)
         w = sel / total
         g = (g - (g * w).sum(-1, keepdim=True)) / total
     dp = torch.zeros_like(p).scatter_add(-1, idx, g)
     dz = p * (dp - (dp * p).sum(-1, keepdim=True))
-    return dz.to(logits.dtype), None, None
+    return dz.to(logits.dtype)
+
+
+@invariant_routing_backward.register_fake
+def _(grad_w, logits, idx, norm_topk_prob):
+    return torch.empty_like(logits)
+
+
+def _routing_backward(ctx, grad_w, grad_idx):
+    logits, idx = ctx.saved_tensors
+    return invariant_routing_backward(grad_w.contiguous(), logits, idx, ctx.norm), None, None
 
 
 invariant_routing.register_autograd(_routing_backward, setup_context=_routing_setup)

@@ -116,6 +116,15 @@ def _quantized_weights(program, recipe: NVFP4Recipe) -> dict[str, torch.Tensor]:
     return out
 
 
+def _resync_output_names(program) -> None:
+    """The passes replace nodes (the lm_head linear is an output); point the program's output
+    specs at the nodes that now produce those outputs (the specs are positional)."""
+    out_node = next(n for n in program.graph_module.graph.nodes if n.op == "output")
+    for spec, arg in zip(program.graph_signature.output_specs, out_node.args[0]):
+        if isinstance(arg, torch.fx.Node) and hasattr(spec.arg, "name"):
+            spec.arg.name = arg.name
+
+
 def export_rollout(model, *, recipe: NVFP4Recipe | dict | None = None, path: str | Path | None = None,
                    max_batch: int = 64, max_seq_len: int = 512, aot: bool = False) -> RolloutArtifact:
     """Export the rollout step of a transformers causal LM through minite's lowering."""
@@ -134,6 +143,7 @@ def export_rollout(model, *, recipe: NVFP4Recipe | dict | None = None, path: str
     with torch.no_grad():
         program = torch.export.export(step, example, dynamic_shapes=dynamic, strict=False)
     report = run_pipeline(program.graph_module, recipe)
+    _resync_output_names(program)
     manifest = {
         "artifact_version": ARTIFACT_VERSION,
         "recipe": recipe.to_dict(),

@@ -135,6 +135,9 @@ def propagate_val(node: fx.Node) -> None:
     kwargs = {k: _meta_value(v) for k, v in node.kwargs.items()}
     flat = [x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
     fakes = [x for x in flat if isinstance(x, FakeTensor)]
+    if not fakes:  # e.g. aten.full from symbolic sizes: take the graph's fake mode
+        fakes = [v for n in node.graph.nodes for v in [n.meta.get("val", n.meta.get("example_value"))]
+                 if isinstance(v, FakeTensor)][:1]
     if not fakes:
         return
     mode = fakes[0].fake_mode

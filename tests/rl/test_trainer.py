@@ -9,33 +9,10 @@ import math
 import pytest
 import torch
 
-import fp4_compile.codegen as codegen
-from fp4_compile.rl import logprobs as rl_logprobs
 from fp4_compile.rl.checkpoint import CheckpointError, latest_checkpoint
 from fp4_compile.rl.cli_train import add_train_parser, run_train
 from fp4_compile.rl.recipes import get_recipe
 from fp4_compile.rl.trainer import train
-
-
-@pytest.fixture(autouse=True)
-def shared_logprobs_op(monkeypatch):
-    """TEMPORARY (remove once codegen.logprobs and rl.logprobs agree): give rl.logprobs the
-    single-tensor `codegen.logprobs` it calls, from the new (logp, entropy) op or plain FP32
-    log_softmax where the op has not landed."""
-    real = getattr(codegen, "logprobs", None)
-    try:
-        rl_logprobs.token_logprobs(torch.zeros(2, 16), torch.zeros(2, dtype=torch.long), 1.0)
-        return
-    except (AttributeError, ImportError):
-        pass
-
-    def standin(logits, tokens, temperature):
-        if real is not None:
-            return real(logits, tokens, temperature)[0]
-        lp = torch.log_softmax(logits.float() / temperature, dim=-1)
-        return lp.gather(-1, tokens[:, None].long()).squeeze(-1)
-
-    monkeypatch.setattr(codegen, "logprobs", standin, raising=False)
 
 
 def _cfg(tmp_path, **over):
