@@ -26,8 +26,12 @@ def environment() -> dict:
     else:
         env["gpu"] = "none (CPU)"
     try:
-        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                       check=False).stdout.strip() or "unknown"
+        env["commit"] = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+            ).stdout.strip()
+            or "unknown"
+        )
     except OSError:
         env["commit"] = "unknown"
     return env

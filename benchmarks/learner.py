@@ -73,14 +73,20 @@ def main() -> None:
     for r in rows:
         if "error" not in r and base:
             r["ratio_vs_bf16"] = r["tokens_per_s"] / base
-    md = [f"# learner throughput, {env['gpu']}, torch {env['torch']}, triton {env['triton']}, commit {env['commit']}",
-          f"Qwen3-30B-A3B-shaped, {args.layers} layers, vocab 8192, {args.batch}x{args.seq} tokens/step, fwd+bwd+AdamW",
-          "", "| config | step ms | tokens/s | ratio vs BF16 | peak GiB |", "| --- | --- | --- | --- | --- |"]
+    md = [
+        f"# learner throughput, {env['gpu']}, torch {env['torch']}, triton {env['triton']}, commit {env['commit']}",
+        f"Qwen3-30B-A3B-shaped, {args.layers} layers, vocab 8192, {args.batch}x{args.seq} tokens/step, fwd+bwd+AdamW",
+        "",
+        "| config | step ms | tokens/s | ratio vs BF16 | peak GiB |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         if "error" in r or "ratio_vs_bf16" not in r:
             md.append(f"| {r['label']} | ERROR: {r.get('error', 'no baseline')[:300]} | | | |")
             continue
-        md.append(f"| {r['label']} | {r['step_ms']:.1f} | {r['tokens_per_s']:.0f} | {r['ratio_vs_bf16']:.2f}x | {r['peak_gib']:.1f} |")
+        md.append(
+            f"| {r['label']} | {r['step_ms']:.1f} | {r['tokens_per_s']:.0f} | {r['ratio_vs_bf16']:.2f}x | {r['peak_gib']:.1f} |"
+        )
     text = "\n".join(md) + "\n"
     print(text)
     write_results("learner", {"env": env, "args": vars(args), "rows": rows}, text)

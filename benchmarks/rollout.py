@@ -29,8 +29,16 @@ def _engine_rate(engine, batch, prompt, new_tokens):
 
 
 def _hf_rate(model, batch, prompt, new_tokens):
-    ids = torch.tensor([[1 + (i * 7 + j) % 8000 for j in range(prompt)] for i in range(batch)], device="cuda")
-    kw = dict(do_sample=True, top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+    ids = torch.tensor(
+        [[1 + (i * 7 + j) % 8000 for j in range(prompt)] for i in range(batch)], device="cuda"
+    )
+    kw = dict(
+        do_sample=True,
+        top_k=0,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=0,
+    )
     model.generate(ids, **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -57,7 +65,9 @@ def main() -> None:
     for label, kw in configs:
         torch._dynamo.reset()
         model = qwen3_30b_a3b_layers(layers=args.layers, device="cuda").eval()
-        engine = RolloutEngine(model, max_batch=max(batches), max_seq_len=args.prompt + args.new_tokens, **kw)
+        engine = RolloutEngine(
+            model, max_batch=max(batches), max_seq_len=args.prompt + args.new_tokens, **kw
+        )
         table[label] = {}
         for b in batches:
             try:
@@ -72,23 +82,36 @@ def main() -> None:
     table["transformers generate BF16"] = {}
     for b in batches:
         try:
-            table["transformers generate BF16"][b] = _hf_rate(model, b, args.prompt, args.new_tokens)
+            table["transformers generate BF16"][b] = _hf_rate(
+                model, b, args.prompt, args.new_tokens
+            )
         except Exception as e:
             table["transformers generate BF16"][b] = float("nan")
             errors[f"hf batch {b}"] = f"{type(e).__name__}: {e}"[:2000]
     base = table["minite bf16 recipe"]
-    md = [f"# rollout decode tokens/s, {env['gpu']} (emulated NVFP4, sm_90), torch {env['torch']}, "
-          f"triton {env['triton']}, commit {env['commit']}",
-          f"Qwen3-30B-A3B-shaped, {args.layers} layers, vocab 8192, prompt {args.prompt}, {args.new_tokens} new tokens",
-          "", "| config | " + " | ".join(f"batch {b}" for b in batches) + " |",
-          "| --- | " + " | ".join("---" for _ in batches) + " |"]
+    md = [
+        f"# rollout decode tokens/s, {env['gpu']} (emulated NVFP4, sm_90), torch {env['torch']}, "
+        f"triton {env['triton']}, commit {env['commit']}",
+        f"Qwen3-30B-A3B-shaped, {args.layers} layers, vocab 8192, prompt {args.prompt}, {args.new_tokens} new tokens",
+        "",
+        "| config | " + " | ".join(f"batch {b}" for b in batches) + " |",
+        "| --- | " + " | ".join("---" for _ in batches) + " |",
+    ]
     for label, rates in table.items():
-        md.append(f"| {label} | " + " | ".join(f"{rates[b]:.0f} ({rates[b] / base[b]:.2f}x)" for b in batches) + " |")
+        md.append(
+            f"| {label} | "
+            + " | ".join(f"{rates[b]:.0f} ({rates[b] / base[b]:.2f}x)" for b in batches)
+            + " |"
+        )
     md.append("\nratios are against minite bf16 recipe (same engine, invariant kernels)")
     md.extend(f"- ERROR {k}: {v[:300]}" for k, v in errors.items())
     text = "\n".join(md) + "\n"
     print(text)
-    write_results("rollout_h200", {"env": env, "args": vars(args), "tokens_per_s": table, "errors": errors}, text)
+    write_results(
+        "rollout_h200",
+        {"env": env, "args": vars(args), "tokens_per_s": table, "errors": errors},
+        text,
+    )
 
 
 if __name__ == "__main__":

@@ -22,14 +22,19 @@ def _groups(offsets: torch.Tensor):
 
 
 @torch.library.custom_op("fp4_compile::invariant_grouped_mm", mutates_args=())
-def invariant_grouped_mm(x_TK: torch.Tensor, w_ENK: torch.Tensor, offsets: torch.Tensor,
-                         out_dtype: torch.dtype) -> torch.Tensor:
+def invariant_grouped_mm(
+    x_TK: torch.Tensor, w_ENK: torch.Tensor, offsets: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
     if offsets.dtype != torch.int32 or offsets.dim() != 1 or offsets.numel() != w_ENK.shape[0]:
-        raise ValueError(f"offsets must be int32 [E={w_ENK.shape[0]}], got {offsets.dtype}{list(offsets.shape)}")
+        raise ValueError(
+            f"offsets must be int32 [E={w_ENK.shape[0]}], got {offsets.dtype}{list(offsets.shape)}"
+        )
     out = x_TK.new_zeros((x_TK.shape[0], w_ENK.shape[1]), dtype=out_dtype)
     for e, start, end in _groups(offsets):
         if end > start:
-            out[start:end] = torch.ops.fp4_compile.invariant_linear(x_TK[start:end], w_ENK[e], None, out_dtype)
+            out[start:end] = torch.ops.fp4_compile.invariant_linear(
+                x_TK[start:end], w_ENK[e], None, out_dtype
+            )
     return out
 
 
@@ -39,8 +44,9 @@ def _(x_TK, w_ENK, offsets, out_dtype):
 
 
 @torch.library.custom_op("fp4_compile::invariant_grouped_mm_backward", mutates_args=())
-def invariant_grouped_mm_backward(grad: torch.Tensor, x_TK: torch.Tensor, w_ENK: torch.Tensor,
-                                  offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def invariant_grouped_mm_backward(
+    grad: torch.Tensor, x_TK: torch.Tensor, w_ENK: torch.Tensor, offsets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """dX and dW per expert in FP32 (deterministic; reads the offsets on the host, so it is an
     opaque op rather than traced autograd)."""
     dx = torch.zeros_like(x_TK)

@@ -192,7 +192,9 @@ def invariant_attention_backward(
     causal: bool,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    grads = cpu.attention_backward(grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale)
+    grads = cpu.attention_backward(
+        grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale
+    )
     return tuple(g.contiguous() for g in grads)
 
 

@@ -23,7 +23,9 @@ def ordered_sum(x: torch.Tensor, dim: int, keepdim: bool) -> torch.Tensor:
     if not x.dtype.is_floating_point:
         raise TypeError(f"ordered_sum is for floating tensors, got {x.dtype}")
     if x.shape[dim] == 0 or x.shape[dim] > MAX_EXTENT:
-        raise ValueError(f"ordered_sum reduces 1..{MAX_EXTENT} elements, got extent {x.shape[dim]} at dim {dim}")
+        raise ValueError(
+            f"ordered_sum reduces 1..{MAX_EXTENT} elements, got extent {x.shape[dim]} at dim {dim}"
+        )
     return _ordered_sum(x, dim, keepdim)
 
 

@@ -24,7 +24,9 @@ def parse_options(options) -> tuple[NVFP4Recipe, dict]:
     if options is None:
         options = {}
     if not isinstance(options, dict):
-        raise TypeError(f"options must be a dict like {{'recipe': NVFP4Recipe.strict()}}, got {type(options).__name__}")
+        raise TypeError(
+            f"options must be a dict like {{'recipe': NVFP4Recipe.strict()}}, got {type(options).__name__}"
+        )
     unknown = sorted(set(options) - set(_KNOWN_OPTIONS))
     if unknown:
         raise ValueError(f"unknown minite backend options {unknown}; known: {list(_KNOWN_OPTIONS)}")

@@ -21,8 +21,14 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument(
         "--out", default=None, help="folder for the safetensors round trip (tmp if unset)"
     )
-    diag = sub.add_parser("diagnose", help="learner vs rollout log-prob gap: stock transformers vs minite strict/te")
-    diag.add_argument("--model", default="tiny-qwen3", help="tiny-qwen3, tiny-qwen3-moe, or a transformers config.json")
+    diag = sub.add_parser(
+        "diagnose", help="learner vs rollout log-prob gap: stock transformers vs minite strict/te"
+    )
+    diag.add_argument(
+        "--model",
+        default="tiny-qwen3",
+        help="tiny-qwen3, tiny-qwen3-moe, or a transformers config.json",
+    )
     diag.add_argument("--batch", type=int, default=8)
     diag.add_argument("--new-tokens", type=int, default=32)
     diag.add_argument("--temperature", type=float, default=1.0)
@@ -39,8 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "diagnose":
         from .rl.diagnose import run_diagnose
 
-        run_diagnose(model=args.model, batch=args.batch, new_tokens=args.new_tokens, temperature=args.temperature,
-                     seed=args.seed, out_dir=args.out)
+        run_diagnose(
+            model=args.model,
+            batch=args.batch,
+            new_tokens=args.new_tokens,
+            temperature=args.temperature,
+            seed=args.seed,
+            out_dir=args.out,
+        )
         return 0
     if args.command == "demo":
         from .demo import run_demo

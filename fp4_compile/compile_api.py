@@ -11,10 +11,18 @@ def compile(model, *, recipe: NVFP4Recipe | dict | None = None, **compile_kwargs
     """torch.compile(model, backend="minite", options={"recipe": recipe}, **compile_kwargs)."""
     if "backend" in compile_kwargs or "options" in compile_kwargs:
         raise TypeError("fp4_compile.compile sets backend and options itself; pass recipe=")
-    return torch.compile(model, backend="minite", options={"recipe": as_recipe(recipe)}, **compile_kwargs)
+    return torch.compile(
+        model, backend="minite", options={"recipe": as_recipe(recipe)}, **compile_kwargs
+    )
 
 
-def explain(model, *example_inputs, recipe: NVFP4Recipe | dict | None = None, print_report: bool = True, **example_kwargs):
+def explain(
+    model,
+    *example_inputs,
+    recipe: NVFP4Recipe | dict | None = None,
+    print_report: bool = True,
+    **example_kwargs,
+):
     """Lower `model` for these inputs and report each GEMM: what it became, and why when it stays
     BF16. Runs the lowered graph once (eagerly, no Inductor). Returns the list of reports, one
     per captured graph."""
@@ -25,7 +33,9 @@ def explain(model, *example_inputs, recipe: NVFP4Recipe | dict | None = None, pr
     reports: list[LoweringReport] = []
     torch._dynamo.reset()
     try:
-        compiled = torch.compile(model, backend=lowering_only_backend(recipe, reports), fullgraph=True)
+        compiled = torch.compile(
+            model, backend=lowering_only_backend(recipe, reports), fullgraph=True
+        )
         with torch.no_grad():
             compiled(*example_inputs, **example_kwargs)
     finally:

@@ -84,7 +84,9 @@ class RolloutArtifact:
 
     def module(self) -> torch.nn.Module:
         if self.program is None:
-            raise RolloutArtifactError("this artifact holds an AOTInductor package; load it with load_rollout")
+            raise RolloutArtifactError(
+                "this artifact holds an AOTInductor package; load it with load_rollout"
+            )
         return self.program.module()
 
 
@@ -98,7 +100,13 @@ def _example_inputs(model, *, batch: int, tokens: int, max_seq_len: int, device)
     caches = []
     for _ in range(cfg.num_hidden_layers):
         for _ in range(2):
-            caches.append(torch.zeros((batch, cfg.num_key_value_heads, max_seq_len, head_dim), dtype=dtype, device=device))
+            caches.append(
+                torch.zeros(
+                    (batch, cfg.num_key_value_heads, max_seq_len, head_dim),
+                    dtype=dtype,
+                    device=device,
+                )
+            )
     return (ids, pos, kv_len, *caches)
 
 
@@ -125,8 +133,15 @@ def _resync_output_names(program) -> None:
             spec.arg.name = arg.name
 
 
-def export_rollout(model, *, recipe: NVFP4Recipe | dict | None = None, path: str | Path | None = None,
-                   max_batch: int = 64, max_seq_len: int = 512, aot: bool = False) -> RolloutArtifact:
+def export_rollout(
+    model,
+    *,
+    recipe: NVFP4Recipe | dict | None = None,
+    path: str | Path | None = None,
+    max_batch: int = 64,
+    max_seq_len: int = 512,
+    aot: bool = False,
+) -> RolloutArtifact:
     """Export the rollout step of a transformers causal LM through minite's lowering."""
     from .passes import run_pipeline
     from .rl.rollout_step import RolloutStep
@@ -158,7 +173,9 @@ def export_rollout(model, *, recipe: NVFP4Recipe | dict | None = None, path: str
         "files": {},
     }
     model_config = model.config.to_dict()
-    artifact = RolloutArtifact(program=program, manifest=manifest, path=None, model_config=model_config)
+    artifact = RolloutArtifact(
+        program=program, manifest=manifest, path=None, model_config=model_config
+    )
     if path is not None:
         artifact.path = _save(artifact, Path(path), recipe, aot=aot)
     return artifact
@@ -178,15 +195,20 @@ def _save(artifact: RolloutArtifact, folder: Path, recipe: NVFP4Recipe, *, aot: 
         aoti_compile_and_package(program, package_path=str(folder / PROGRAM))
     else:
         torch.export.save(program, str(folder / PROGRAM))
-    (folder / "model_config.json").write_text(json.dumps(artifact.model_config, sort_keys=True, default=str))
+    (folder / "model_config.json").write_text(
+        json.dumps(artifact.model_config, sort_keys=True, default=str)
+    )
     files = {name: _sha256(folder / name) for name in (PROGRAM, WEIGHTS, "model_config.json")}
     artifact.manifest["files"] = files
-    (folder / MANIFEST).write_text(json.dumps(artifact.manifest, indent=1, sort_keys=True, default=str))
+    (folder / MANIFEST).write_text(
+        json.dumps(artifact.manifest, indent=1, sort_keys=True, default=str)
+    )
     return folder
 
 
-def load_rollout(path: str | Path, *, expected_fingerprint: str | None = None, device=None,
-                 strict: bool = True) -> RolloutArtifact:
+def load_rollout(
+    path: str | Path, *, expected_fingerprint: str | None = None, device=None, strict: bool = True
+) -> RolloutArtifact:
     """Load and verify an exported rollout. Refuses a missing/corrupt file, a fingerprint other
     than `expected_fingerprint` (strict), or an artifact exported for another architecture."""
     from . import codegen  # noqa: F401  (registers the fp4_compile ops the program calls)
@@ -200,7 +222,9 @@ def load_rollout(path: str | Path, *, expected_fingerprint: str | None = None, d
     except json.JSONDecodeError as e:
         raise RolloutArtifactError(f"{manifest_path} is not valid JSON: {e}") from None
     if manifest.get("artifact_version") != ARTIFACT_VERSION:
-        raise RolloutArtifactError(f"artifact_version {manifest.get('artifact_version')} != {ARTIFACT_VERSION}")
+        raise RolloutArtifactError(
+            f"artifact_version {manifest.get('artifact_version')} != {ARTIFACT_VERSION}"
+        )
     for name, digest in manifest.get("files", {}).items():
         file = folder / name
         if not file.is_file():
@@ -209,13 +233,21 @@ def load_rollout(path: str | Path, *, expected_fingerprint: str | None = None, d
             raise RolloutArtifactError(f"{file} is corrupt: sha256 differs from the manifest")
     recipe = NVFP4Recipe.from_dict(manifest["recipe"])
     if recipe.fingerprint() != manifest["fingerprint"]:
-        raise RolloutArtifactError("manifest recipe and fingerprint disagree: the manifest was edited")
-    if strict and expected_fingerprint is not None and expected_fingerprint != manifest["fingerprint"]:
+        raise RolloutArtifactError(
+            "manifest recipe and fingerprint disagree: the manifest was edited"
+        )
+    if (
+        strict
+        and expected_fingerprint is not None
+        and expected_fingerprint != manifest["fingerprint"]
+    ):
         raise RolloutArtifactError(
             f"rollout numerics {manifest['fingerprint']} differ from the learner's {expected_fingerprint}: "
             "refusing to run (strict). Re-export with the learner's recipe."
         )
-    here = device_arch(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    here = device_arch(
+        device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+    )
     if manifest["arch"] != here:
         raise RolloutArtifactError(
             f"artifact was exported for {manifest['arch']}, this device is {here}: its kernels (and bits) differ"
@@ -224,4 +256,6 @@ def load_rollout(path: str | Path, *, expected_fingerprint: str | None = None, d
     if not manifest.get("aot"):
         program = torch.export.load(str(folder / PROGRAM))
     model_config = json.loads((folder / "model_config.json").read_text())
-    return RolloutArtifact(program=program, manifest=manifest, path=folder, model_config=model_config)
+    return RolloutArtifact(
+        program=program, manifest=manifest, path=folder, model_config=model_config
+    )

@@ -6,22 +6,49 @@ from __future__ import annotations
 import torch
 
 
-def tiny_qwen3(*, layers: int = 2, hidden: int = 64, vocab: int = 128, seed: int = 0, dtype=torch.float32):
+def tiny_qwen3(
+    *, layers: int = 2, hidden: int = 64, vocab: int = 128, seed: int = 0, dtype=torch.float32
+):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512)
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(cfg).to(dtype)
 
 
-def tiny_qwen3_moe(*, layers: int = 2, hidden: int = 64, vocab: int = 128, experts: int = 4, seed: int = 0,
-                   dtype=torch.float32):
+def tiny_qwen3_moe(
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    vocab: int = 128,
+    experts: int = 4,
+    seed: int = 0,
+    dtype=torch.float32,
+):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    cfg = Qwen3MoeConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, moe_intermediate_size=32,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                         num_experts=experts, num_experts_per_tok=2, max_position_embeddings=512)
+    cfg = Qwen3MoeConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        moe_intermediate_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=experts,
+        num_experts_per_tok=2,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(seed)
     return Qwen3MoeForCausalLM(cfg).to(dtype)
 
@@ -29,21 +56,41 @@ def tiny_qwen3_moe(*, layers: int = 2, hidden: int = 64, vocab: int = 128, exper
 def tiny_llama(*, layers: int = 1, hidden: int = 64, vocab: int = 128, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(cfg)
 
 
-def qwen3_30b_a3b_layers(*, layers: int = 2, vocab: int = 8192, seed: int = 0, dtype=torch.bfloat16,
-                         device="cpu"):
+def qwen3_30b_a3b_layers(
+    *, layers: int = 2, vocab: int = 8192, seed: int = 0, dtype=torch.bfloat16, device="cpu"
+):
     """Qwen3-30B-A3B-shaped decoder layers (hidden 2048, 32 q / 4 kv heads, head_dim 128, 128
     experts, 8 active, moe_intermediate 768), random init, vocabulary reduced (default 8192)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    cfg = Qwen3MoeConfig(vocab_size=vocab, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-                         num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-                         num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, max_position_embeddings=4096)
+    cfg = Qwen3MoeConfig(
+        vocab_size=vocab,
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        max_position_embeddings=4096,
+    )
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen3MoeForCausalLM(cfg)

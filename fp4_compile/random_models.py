@@ -43,8 +43,13 @@ class MoEBlock(torch.nn.Module):
         from transformers import Qwen3MoeConfig
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-        cfg = Qwen3MoeConfig(hidden_size=dim, moe_intermediate_size=inter, num_experts=experts,
-                             num_experts_per_tok=top_k, norm_topk_prob=True)
+        cfg = Qwen3MoeConfig(
+            hidden_size=dim,
+            moe_intermediate_size=inter,
+            num_experts=experts,
+            num_experts_per_tok=top_k,
+            norm_topk_prob=True,
+        )
         cfg._experts_implementation = "grouped_mm"
         self.mlp = Qwen3MoeSparseMoeBlock(cfg)
         with torch.no_grad():
@@ -66,9 +71,20 @@ class RandomStack(torch.nn.Module):
             elif kind == "norm":
                 blocks.append(HFStyleRMSNorm(dim))
             elif kind == "attention":
-                blocks.append(CausalSelfAttention(dim, heads=rng.choice([1, 2]), head_dim=rng.choice([16, 32])))
+                blocks.append(
+                    CausalSelfAttention(
+                        dim, heads=rng.choice([1, 2]), head_dim=rng.choice([16, 32])
+                    )
+                )
             elif kind == "moe":
-                blocks.append(MoEBlock(dim, experts=rng.choice([2, 4]), inter=rng.choice([16, 32]), top_k=rng.choice([1, 2])))
+                blocks.append(
+                    MoEBlock(
+                        dim,
+                        experts=rng.choice([2, 4]),
+                        inter=rng.choice([16, 32]),
+                        top_k=rng.choice([1, 2]),
+                    )
+                )
             else:
                 raise ValueError(f"unknown block kind {kind!r}")
         self.blocks = torch.nn.ModuleList(blocks)
@@ -83,6 +99,9 @@ class RandomStack(torch.nn.Module):
 def random_stack(seed: int, *, max_blocks: int = 4) -> tuple[RandomStack, int]:
     rng = random.Random(seed)
     dim = rng.choice([32, 48, 64])
-    kinds = [rng.choice(["linear", "norm", "attention", "moe"]) for _ in range(rng.randint(1, max_blocks))]
+    kinds = [
+        rng.choice(["linear", "norm", "attention", "moe"])
+        for _ in range(rng.randint(1, max_blocks))
+    ]
     torch.manual_seed(seed)
     return RandomStack(dim, kinds, seed=seed), dim

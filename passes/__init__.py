@@ -44,4 +44,11 @@ def run_pipeline(gm: fx.GraphModule, recipe: NVFP4Recipe) -> LoweringReport:
     return report
 
 
-__all__ = ["PIPELINE", "GemmDecision", "LoweringError", "LoweringReport", "op_census", "run_pipeline"]
+__all__ = [
+    "PIPELINE",
+    "GemmDecision",
+    "LoweringError",
+    "LoweringReport",
+    "op_census",
+    "run_pipeline",
+]

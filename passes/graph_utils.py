@@ -15,7 +15,7 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
 
 def clean_module_path(raw: str) -> str:
-    """"L['self'].model.layers.0.self_attn.q_proj" -> "model.layers.0.self_attn.q_proj"."""
+    """ "L['self'].model.layers.0.self_attn.q_proj" -> "model.layers.0.self_attn.q_proj"."""
     path = raw
     while _GETATTR.search(path):
         path = _GETATTR.sub(r"\1.\2", path)
@@ -93,7 +93,11 @@ def erase_dead(graph: fx.Graph, candidates) -> None:
     side-effecting nodes elsewhere in the graph are safe."""
     pending = set(candidates)
     for node in list(pending):  # export graphs hang metadata asserts off intermediate values
-        pending.update(u for u in node.users if u.op == "call_function" and "assert_tensor_metadata" in str(u.target))
+        pending.update(
+            u
+            for u in node.users
+            if u.op == "call_function" and "assert_tensor_metadata" in str(u.target)
+        )
     changed = True
     while changed:
         changed = False
@@ -133,11 +137,17 @@ def propagate_val(node: fx.Node) -> None:
 
     args = _meta_value(tuple(node.args))
     kwargs = {k: _meta_value(v) for k, v in node.kwargs.items()}
-    flat = [x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    flat = [
+        x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)
+    ]
     fakes = [x for x in flat if isinstance(x, FakeTensor)]
     if not fakes:  # e.g. aten.full from symbolic sizes: take the graph's fake mode
-        fakes = [v for n in node.graph.nodes for v in [n.meta.get("val", n.meta.get("example_value"))]
-                 if isinstance(v, FakeTensor)][:1]
+        fakes = [
+            v
+            for n in node.graph.nodes
+            for v in [n.meta.get("val", n.meta.get("example_value"))]
+            if isinstance(v, FakeTensor)
+        ][:1]
     if not fakes:
         return
     mode = fakes[0].fake_mode
@@ -148,8 +158,16 @@ def propagate_val(node: fx.Node) -> None:
         node.meta["example_value"] = val
 
 
-def insert_call(graph: fx.Graph, target, args: tuple, *, before: fx.Node | None = None, after: fx.Node | None = None,
-                like: fx.Node | None = None, kwargs: dict | None = None) -> fx.Node:
+def insert_call(
+    graph: fx.Graph,
+    target,
+    args: tuple,
+    *,
+    before: fx.Node | None = None,
+    after: fx.Node | None = None,
+    like: fx.Node | None = None,
+    kwargs: dict | None = None,
+) -> fx.Node:
     """Insert call_function(target, args), copy `like`'s metadata (module stack, stack trace),
     and compute a correct meta["val"] for the new node."""
     ctx = graph.inserting_before(before) if before is not None else graph.inserting_after(after)

@@ -55,7 +55,9 @@ def lower_attention(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRep
         where = module_path(node) or "<root>"
         scale = _static_scale(scale, q, where)
         if isinstance(is_causal, fx.Node):
-            raise UnsupportedAttention(f"attention at {where} has a data-dependent is_causal; not supported")
+            raise UnsupportedAttention(
+                f"attention at {where} has a data-dependent is_causal; not supported"
+            )
         mv = fake(mask)
         if mask is not None and (mv is None or mv.dtype != torch.bool):
             raise UnsupportedAttention(
@@ -63,10 +65,20 @@ def lower_attention(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRep
                 "minite's invariant attention takes boolean masks (True = attend) or is_causal"
             )
         if dropout not in (0.0, 0):
-            raise UnsupportedAttention(f"attention at {where} uses dropout_p={dropout}; set the model to eval / dropout 0")
+            raise UnsupportedAttention(
+                f"attention at {where} uses dropout_p={dropout}; set the model to eval / dropout 0"
+            )
         qv = fake(q)
-        if mask is None and not is_causal and qv is not None and isinstance(qv.shape[-2], int) and qv.shape[-2] > 1:
-            raise UnsupportedAttention(f"attention at {where} is non-causal with {qv.shape[-2]} queries; not supported")
+        if (
+            mask is None
+            and not is_causal
+            and qv is not None
+            and isinstance(qv.shape[-2], int)
+            and qv.shape[-2] > 1
+        ):
+            raise UnsupportedAttention(
+                f"attention at {where} is non-causal with {qv.shape[-2]} queries; not supported"
+            )
         new = emit_attention(graph, node, q, k, v, mask, bool(is_causal), scale)
         node.replace_all_uses_with(new)
         graph.erase_node(node)

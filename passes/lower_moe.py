@@ -53,7 +53,9 @@ def lower_moe(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -
         offsets = scalar_arg(node, 2, "offs")
         weight, chain = _untransposed_weight(w_t)
         if weight is None or offsets is None or fake(weight) is None:
-            decision.reason = (decision.reason + "; " if decision.reason else "") + "weights not a transposed [E,N,K] parameter"
+            decision.reason = (
+                decision.reason + "; " if decision.reason else ""
+            ) + "weights not a transposed [E,N,K] parameter"
             continue
         if decision.precision == "nvfp4":
             wq = quantized_weight_node(graph, weight, cache, recipe)

@@ -19,8 +19,12 @@ aten = torch.ops.aten
 
 
 def _is_matmul(node) -> bool:
-    return _is(node, functions=(torch.matmul, operator.matmul), methods=("matmul", "__matmul__"),
-               overloads=(aten.matmul, aten.bmm, aten.mm))
+    return _is(
+        node,
+        functions=(torch.matmul, operator.matmul),
+        methods=("matmul", "__matmul__"),
+        overloads=(aten.matmul, aten.bmm, aten.mm),
+    )
 
 
 def lower_outer_products(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
@@ -31,9 +35,16 @@ def lower_outer_products(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Loweri
         a, b = fake(node.args[0]), fake(node.args[1])
         if a is None or b is None or a.dim() < 2 or b.dim() < 2:
             continue
-        if not (isinstance(a.shape[-1], int) and a.shape[-1] == 1 and isinstance(b.shape[-2], int) and b.shape[-2] == 1):
+        if not (
+            isinstance(a.shape[-1], int)
+            and a.shape[-1] == 1
+            and isinstance(b.shape[-2], int)
+            and b.shape[-2] == 1
+        ):
             continue
-        new = insert_call(graph, aten.mul.Tensor, (node.args[0], node.args[1]), before=node, like=node)
+        new = insert_call(
+            graph, aten.mul.Tensor, (node.args[0], node.args[1]), before=node, like=node
+        )
         node.replace_all_uses_with(new)
         graph.erase_node(node)
         report.count("outer_product")

@@ -67,7 +67,12 @@ def _match(mean: fx.Node):
     if scaled is not None:
         w = _other(scaled, out)
         wv = fake(w)
-        if isinstance(w, fx.Node) and wv is not None and wv.dim() == 1 and wv.shape[0] == src.shape[-1]:
+        if (
+            isinstance(w, fx.Node)
+            and wv is not None
+            and wv.dim() == 1
+            and wv.shape[0] == src.shape[-1]
+        ):
             weight, out = w, scaled
     x = x32.args[0] if is_cast(x32) else x32
     return x, weight, eps, out

@@ -41,11 +41,17 @@ def lower_routing(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRepor
         values = insert_call(graph, torch.ops.aten.clone.default, (values,), before=topk, like=topk)
         experts = insert_call(graph, operator.getitem, (new, 1), before=topk, like=topk)
         for user in list(topk.users):
-            if user.op == "call_function" and user.target is operator.getitem and user.args[1] in (0, 1):
+            if (
+                user.op == "call_function"
+                and user.target is operator.getitem
+                and user.args[1] in (0, 1)
+            ):
                 user.replace_all_uses_with(values if user.args[1] == 0 else experts)
                 graph.erase_node(user)
         if topk.users:
-            raise AssertionError(f"router top-k has users other than its two outputs: {list(topk.users)}")
+            raise AssertionError(
+                f"router top-k has users other than its two outputs: {list(topk.users)}"
+            )
         graph.erase_node(topk)
         erase_dead(graph, [probs])
         report.count("routing_topk")

@@ -40,8 +40,13 @@ def lower_small_reductions(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Lowe
         if not isinstance(extent, int) or not 1 <= extent <= MAX_EXTENT:
             continue
         keepdim = bool(scalar_arg(node, 2, "keepdim", False))
-        new = insert_call(graph, torch.ops.fp4_compile.ordered_sum.default, (node.args[0], dim % src.dim(), keepdim),
-                          before=node, like=node)
+        new = insert_call(
+            graph,
+            torch.ops.fp4_compile.ordered_sum.default,
+            (node.args[0], dim % src.dim(), keepdim),
+            before=node,
+            like=node,
+        )
         node.replace_all_uses_with(new)
         graph.erase_node(node)
         report.count("ordered_sum")

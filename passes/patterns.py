@@ -23,13 +23,18 @@ def _is(node, functions=(), methods=(), overloads=()) -> bool:
 
 
 def is_linear(n) -> bool:
-    return _is(n, functions=(torch._C._nn.linear, torch.nn.functional.linear), overloads=(aten.linear,))
+    return _is(
+        n, functions=(torch._C._nn.linear, torch.nn.functional.linear), overloads=(aten.linear,)
+    )
 
 
 def is_sdpa(n) -> bool:
     return _is(
         n,
-        functions=(torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention),
+        functions=(
+            torch._C._nn.scaled_dot_product_attention,
+            torch.nn.functional.scaled_dot_product_attention,
+        ),
         overloads=(aten.scaled_dot_product_attention,),
     )
 

@@ -44,7 +44,16 @@ class LoweringReport:
     def table(self) -> str:
         rows = [("module", "kind", "weight", "precision", "lowered to", "why")]
         for g in self.gemms:
-            rows.append((g.module or "<root>", g.kind, g.shape, g.precision, g.lowered_to or "NOT LOWERED", g.reason))
+            rows.append(
+                (
+                    g.module or "<root>",
+                    g.kind,
+                    g.shape,
+                    g.precision,
+                    g.lowered_to or "NOT LOWERED",
+                    g.reason,
+                )
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))

@@ -40,7 +40,9 @@ def _grouped_weight_shape(node: fx.Node) -> tuple[int, ...] | None:
     return (int(e), int(n), int(k))
 
 
-def _decide(recipe: NVFP4Recipe, path: str, n: int, k: int, layer: int | None, num_layers: int) -> tuple[str, str]:
+def _decide(
+    recipe: NVFP4Recipe, path: str, n: int, k: int, layer: int | None, num_layers: int
+) -> tuple[str, str]:
     if not recipe.quantize:
         return "bf16", "recipe: quantize=False"
     for pattern in recipe.bf16_modules:
@@ -51,7 +53,10 @@ def _decide(recipe: NVFP4Recipe, path: str, n: int, k: int, layer: int | None, n
     if layer is not None and layer >= num_layers - recipe.bf16_last_layers:
         return "bf16", f"layer {layer} in bf16_last_layers={recipe.bf16_last_layers}"
     if k % 16 or n % 16:
-        return "bf16", f"shape N={n}, K={k}: not a multiple of 16, cannot be NVFP4 (reported, not padded)"
+        return (
+            "bf16",
+            f"shape N={n}, K={k}: not a multiple of 16, cannot be NVFP4 (reported, not padded)",
+        )
     return "nvfp4", ""
 
 
@@ -74,6 +79,8 @@ def select_gemms(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport
         path = module_path(node)
         n, k = shape[-2], shape[-1]
         precision, reason = _decide(recipe, path, n, k, layer, num_layers)
-        decision = GemmDecision(module=path, kind=kind, shape=str(list(shape)), precision=precision, reason=reason)
+        decision = GemmDecision(
+            module=path, kind=kind, shape=str(list(shape)), precision=precision, reason=reason
+        )
         node.meta["minite_gemm"] = decision
         report.gemms.append(decision)

@@ -38,12 +38,19 @@ def emit_quantize_weight(graph, weight, recipe: NVFP4Recipe):
     detach -> fp4_compile.quantize -> (codes, block-scale bytes, global decode)."""
     dim = fake(weight).dim()
     det = insert_call(graph, torch.ops.aten.detach.default, (weight,), after=weight, like=weight)
-    q = insert_call(graph, _ops().quantize.default, (det, "16x16", weight_quantize_mode(recipe, dim), None, "rne", 0),
-                    after=det, like=weight)
+    q = insert_call(
+        graph,
+        _ops().quantize.default,
+        (det, "16x16", weight_quantize_mode(recipe, dim), None, "rne", 0),
+        after=det,
+        like=weight,
+    )
     codes = insert_call(graph, operator.getitem, (q, 0), after=q, like=weight)
     scales = insert_call(graph, operator.getitem, (q, 1), after=codes, like=weight)
     gd = insert_call(graph, operator.getitem, (q, 2), after=scales, like=weight)
-    scales_u8 = insert_call(graph, torch.ops.aten.view.dtype, (scales, torch.uint8), after=gd, like=weight)
+    scales_u8 = insert_call(
+        graph, torch.ops.aten.view.dtype, (scales, torch.uint8), after=gd, like=weight
+    )
     return codes, scales_u8, gd
 
 
@@ -63,27 +70,44 @@ def _cast(graph, node, value, dtype, like):
     """value.to(dtype) as a graph node (or value itself when it already has that dtype)."""
     if value is None or fake(value).dtype == dtype:
         return value
-    return insert_call(graph, torch.ops.aten._to_copy.default, (value,), before=node, like=like, kwargs={"dtype": dtype})
+    return insert_call(
+        graph,
+        torch.ops.aten._to_copy.default,
+        (value,),
+        before=node,
+        like=like,
+        kwargs={"dtype": dtype},
+    )
 
 
 def emit_bf16_linear(graph, node, x, weight, bias):
     """A GEMM that stays BF16: BF16 operands (cast if the model holds another dtype), FP32
     accumulation in the batch-invariant linear, output in x's dtype."""
     out_dtype = fake(node).dtype
-    args = (_cast(graph, node, x, torch.bfloat16, node), _cast(graph, node, weight, torch.bfloat16, node),
-            _cast(graph, node, bias, torch.bfloat16, node), out_dtype)
+    args = (
+        _cast(graph, node, x, torch.bfloat16, node),
+        _cast(graph, node, weight, torch.bfloat16, node),
+        _cast(graph, node, bias, torch.bfloat16, node),
+        out_dtype,
+    )
     return insert_call(graph, _ops().invariant_linear.default, args, before=node, like=node)
 
 
 def emit_bf16_grouped(graph, node, x, weight, offsets):
     out_dtype = fake(node).dtype
-    args = (_cast(graph, node, x, torch.bfloat16, node), _cast(graph, node, weight, torch.bfloat16, node), offsets,
-            out_dtype)
+    args = (
+        _cast(graph, node, x, torch.bfloat16, node),
+        _cast(graph, node, weight, torch.bfloat16, node),
+        offsets,
+        out_dtype,
+    )
     return insert_call(graph, _ops().invariant_grouped_mm.default, args, before=node, like=node)
 
 
 def emit_rms_norm(graph, node, x, weight, eps, out_dtype):
-    y = insert_call(graph, _ops().invariant_rms_norm.default, (x, weight, float(eps)), before=node, like=node)
+    y = insert_call(
+        graph, _ops().invariant_rms_norm.default, (x, weight, float(eps)), before=node, like=node
+    )
     return _cast(graph, node, y, out_dtype, node) if out_dtype is not None else y
 
 
@@ -94,22 +118,46 @@ def emit_attention(graph, node, q, k, v, mask, is_causal: bool, scale):
     out_dtype = qv.dtype
     if scale is None:
         scale = float(qv.shape[-1]) ** -0.5
-    qb, kb, vb = (_cast(graph, node, t, torch.bfloat16, node) if fake(t).dtype == torch.float32 else t
-                  for t in (q, k, v))
+    qb, kb, vb = (
+        _cast(graph, node, t, torch.bfloat16, node) if fake(t).dtype == torch.float32 else t
+        for t in (q, k, v)
+    )
     aten = torch.ops.aten
     # the op returns a contiguous output (its fake copies q's layout): give it a contiguous q
-    qb = insert_call(graph, aten.clone.default, (qb,), before=node, like=node,
-                     kwargs={"memory_format": torch.contiguous_format})
+    qb = insert_call(
+        graph,
+        aten.clone.default,
+        (qb,),
+        before=node,
+        like=node,
+        kwargs={"memory_format": torch.contiguous_format},
+    )
     b = insert_call(graph, aten.sym_size.int, (q, 0), before=node, like=node)
     tk = insert_call(graph, aten.sym_size.int, (k, 2), before=node, like=node)
     device = qv.device
-    q_start = insert_call(graph, aten.full.default, ([b], 0), before=node, like=node,
-                          kwargs={"dtype": torch.int64, "device": device})
-    kv_len = insert_call(graph, aten.full.default, ([b], tk), before=node, like=node,
-                         kwargs={"dtype": torch.int64, "device": device})
-    both = insert_call(graph, _ops().invariant_attention.default,
-                       (qb, kb, vb, q_start, kv_len, mask, bool(is_causal and mask is None), float(scale)),
-                       before=node, like=node)
+    q_start = insert_call(
+        graph,
+        aten.full.default,
+        ([b], 0),
+        before=node,
+        like=node,
+        kwargs={"dtype": torch.int64, "device": device},
+    )
+    kv_len = insert_call(
+        graph,
+        aten.full.default,
+        ([b], tk),
+        before=node,
+        like=node,
+        kwargs={"dtype": torch.int64, "device": device},
+    )
+    both = insert_call(
+        graph,
+        _ops().invariant_attention.default,
+        (qb, kb, vb, q_start, kv_len, mask, bool(is_causal and mask is None), float(scale)),
+        before=node,
+        like=node,
+    )
     out = insert_call(graph, operator.getitem, (both, 0), before=node, like=node)
     return _cast(graph, node, out, out_dtype, node)
 
@@ -117,7 +165,9 @@ def emit_attention(graph, node, q, k, v, mask, is_causal: bool, scale):
 def emit_routing(graph, node, logits, k: int):
     """(top-k softmax probabilities FP32, expert ids) with lower-index tie-breaking; the graph's
     own renormalization (if any) follows unchanged."""
-    return insert_call(graph, _ops().invariant_routing.default, (logits, int(k), False), before=node, like=node)
+    return insert_call(
+        graph, _ops().invariant_routing.default, (logits, int(k), False), before=node, like=node
+    )
 
 
 def quantized_weight_inputs(program) -> list[tuple[str, bool]]:

@@ -16,21 +16,71 @@ from .report import LoweringReport
 aten = torch.ops.aten
 
 # GEMM-like ops: left in a graph they run on stock kernels whose reduction order is not ours.
-_GEMM_FUNCTIONS = {torch._C._nn.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.einsum,
-                   operator.matmul, torch._C._nn.scaled_dot_product_attention}
+_GEMM_FUNCTIONS = {
+    torch._C._nn.linear,
+    torch.matmul,
+    torch.mm,
+    torch.bmm,
+    torch.addmm,
+    torch.einsum,
+    operator.matmul,
+    torch._C._nn.scaled_dot_product_attention,
+}
 _GEMM_METHODS = {"matmul", "mm", "bmm", "__matmul__"}
-_GEMM_OVERLOADS = {aten.linear, aten.mm, aten.bmm, aten.addmm, aten.matmul, aten.baddbmm,
-                   aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention,
-                   aten._scaled_dot_product_efficient_attention, aten._grouped_mm}
+_GEMM_OVERLOADS = {
+    aten.linear,
+    aten.mm,
+    aten.bmm,
+    aten.addmm,
+    aten.matmul,
+    aten.baddbmm,
+    aten.scaled_dot_product_attention,
+    aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_efficient_attention,
+    aten._grouped_mm,
+}
 
 # Reductions: allowed only over a small static extent (<= TINY_REDUCTION elements, e.g. the
 # top-k combine of MoE), which Inductor reduces sequentially per row.
-_REDUCE_FUNCTIONS = {torch.sum, torch.mean, torch.softmax, torch.log_softmax, torch.nn.functional.softmax,
-                     torch.nn.functional.log_softmax, torch.logsumexp, torch.amax, torch.max, torch.var, torch.norm,
-                     torch.cumsum, torch.prod}
-_REDUCE_METHODS = {"sum", "mean", "softmax", "log_softmax", "logsumexp", "amax", "var", "norm", "prod"}
-_REDUCE_OVERLOADS = {aten.sum, aten.mean, aten._softmax, aten.softmax, aten._log_softmax, aten.log_softmax,
-                     aten.logsumexp, aten.amax, aten.var, aten.linalg_vector_norm, aten.prod}
+_REDUCE_FUNCTIONS = {
+    torch.sum,
+    torch.mean,
+    torch.softmax,
+    torch.log_softmax,
+    torch.nn.functional.softmax,
+    torch.nn.functional.log_softmax,
+    torch.logsumexp,
+    torch.amax,
+    torch.max,
+    torch.var,
+    torch.norm,
+    torch.cumsum,
+    torch.prod,
+}
+_REDUCE_METHODS = {
+    "sum",
+    "mean",
+    "softmax",
+    "log_softmax",
+    "logsumexp",
+    "amax",
+    "var",
+    "norm",
+    "prod",
+}
+_REDUCE_OVERLOADS = {
+    aten.sum,
+    aten.mean,
+    aten._softmax,
+    aten.softmax,
+    aten._log_softmax,
+    aten.log_softmax,
+    aten.logsumexp,
+    aten.amax,
+    aten.var,
+    aten.linalg_vector_norm,
+    aten.prod,
+}
 TINY_REDUCTION = 16
 
 
@@ -100,7 +150,9 @@ def verify(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> N
     problems = []
     for decision in report.gemms:
         if not decision.lowered_to:
-            problems.append(f"GEMM at {decision.module or '<root>'} ({decision.kind} {decision.shape}) was not lowered")
+            problems.append(
+                f"GEMM at {decision.module or '<root>'} ({decision.kind} {decision.shape}) was not lowered"
+            )
     for node in gm.graph.nodes:
         kind = _kind(node)
         where = module_path(node) or "<root>"
@@ -118,7 +170,8 @@ def verify(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> N
         raise LoweringError(
             "minite could not lower this graph completely (nothing falls back silently):\n  - "
             + "\n  - ".join(problems)
-            + "\n" + report.table()
+            + "\n"
+            + report.table()
         )
 
 

@@ -39,7 +39,9 @@ def build_model(spec: str, dtype=torch.float32):
         return tiny_qwen3_moe(layers=2, dtype=dtype)
     path = Path(spec)
     if not path.is_file():
-        raise ValueError(f"model must be 'tiny-qwen3', 'tiny-qwen3-moe' or a transformers config.json path, got {spec!r}")
+        raise ValueError(
+            f"model must be 'tiny-qwen3', 'tiny-qwen3-moe' or a transformers config.json path, got {spec!r}"
+        )
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.from_pretrained(str(path))
@@ -61,20 +63,39 @@ def stock_transformers(model, prompts, *, new_tokens: int, temperature: float, s
     for i, p in enumerate(prompts):
         torch.manual_seed(seed + i)
         ids = torch.tensor([p])
-        out = model.generate(ids, do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, output_logits=True, return_dict_in_generate=True,
-                             pad_token_id=0)
-        new = out.sequences[0, len(p):]
+        out = model.generate(
+            ids,
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+        new = out.sequences[0, len(p) :]
         logits = torch.stack(out.logits, dim=1)[0].float() / temperature
         gen_lp.append(torch.log_softmax(logits, -1).gather(-1, new[:, None])[:, 0])
-        full = model(input_ids=out.sequences, use_cache=False).logits[0, len(p) - 1 : -1].float() / temperature
+        full = (
+            model(input_ids=out.sequences, use_cache=False).logits[0, len(p) - 1 : -1].float()
+            / temperature
+        )
         train_lp.append(torch.log_softmax(full, -1).gather(-1, new[:, None])[:, 0])
     return train_lp, gen_lp
 
 
 @torch.no_grad()
-def minite_pair(model, prompts, *, recipe: NVFP4Recipe, new_tokens: int, temperature: float, seed: int):
-    engine = RolloutEngine(model, recipe=recipe, max_batch=len(prompts), max_seq_len=max(map(len, prompts)) + new_tokens)
+def minite_pair(
+    model, prompts, *, recipe: NVFP4Recipe, new_tokens: int, temperature: float, seed: int
+):
+    engine = RolloutEngine(
+        model,
+        recipe=recipe,
+        max_batch=len(prompts),
+        max_seq_len=max(map(len, prompts)) + new_tokens,
+    )
     out = engine.generate(prompts, max_new_tokens=new_tokens, temperature=temperature, seed=seed)
     learner = torch.compile(model, backend="minite", options={"recipe": recipe})
     seqs = [p + t for p, t in zip(prompts, out.tokens)]
@@ -82,18 +103,32 @@ def minite_pair(model, prompts, *, recipe: NVFP4Recipe, new_tokens: int, tempera
     return [t.cpu() for t in train], out.logprobs
 
 
-def run_diagnose(*, model: str = "tiny-qwen3", batch: int = 8, new_tokens: int = 32, temperature: float = 1.0,
-                 seed: int = 0, out_dir: str = "runs/diagnose") -> dict:
+def run_diagnose(
+    *,
+    model: str = "tiny-qwen3",
+    batch: int = 8,
+    new_tokens: int = 32,
+    temperature: float = 1.0,
+    seed: int = 0,
+    out_dir: str = "runs/diagnose",
+) -> dict:
     results = {}
     probe = build_model(model)
     prompts = _prompts(batch, probe.config.vocab_size, seed)
     for name, recipe in (("minite strict", NVFP4Recipe.strict()), ("minite te", NVFP4Recipe.te())):
         torch._dynamo.reset()
-        train, roll = minite_pair(build_model(model), prompts, recipe=recipe, new_tokens=new_tokens,
-                                  temperature=temperature, seed=seed)
+        train, roll = minite_pair(
+            build_model(model),
+            prompts,
+            recipe=recipe,
+            new_tokens=new_tokens,
+            temperature=temperature,
+            seed=seed,
+        )
         results[name] = (train, roll)
-    results["transformers bf16"] = stock_transformers(build_model(model), prompts, new_tokens=new_tokens,
-                                                      temperature=temperature, seed=seed)
+    results["transformers bf16"] = stock_transformers(
+        build_model(model), prompts, new_tokens=new_tokens, temperature=temperature, seed=seed
+    )
     table = {}
     for name, (train, roll) in results.items():
         lt, mask = pack_ragged(train)
@@ -101,8 +136,18 @@ def run_diagnose(*, model: str = "tiny-qwen3", batch: int = 8, new_tokens: int =
         table[name] = mismatch_metrics(lt, lr, mask)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "diagnose.json").write_text(json.dumps({"model": model, "batch": batch, "new_tokens": new_tokens,
-                                                    "temperature": temperature, "metrics": table}, indent=1))
+    (out / "diagnose.json").write_text(
+        json.dumps(
+            {
+                "model": model,
+                "batch": batch,
+                "new_tokens": new_tokens,
+                "temperature": temperature,
+                "metrics": table,
+            },
+            indent=1,
+        )
+    )
     _histogram(results, out / "dlogp_hist.png")
     print(format_table(table))
     print(f"wrote {out / 'diagnose.json'} and {out / 'dlogp_hist.png'}")

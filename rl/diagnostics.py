@@ -58,7 +58,9 @@ def _check(logp_train, logp_rollout, mask):
         raise ValueError(f"expected [B, T] tensors, got {logp_train.dim()} dimensions")
 
 
-def mismatch_tensors(logp_train: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+def mismatch_tensors(
+    logp_train: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """All metrics as 0-d device tensors (no host sync)."""
     _check(logp_train, logp_rollout, mask)
     m = mask.to(torch.float64)
@@ -75,12 +77,16 @@ def mismatch_tensors(logp_train: torch.Tensor, logp_rollout: torch.Tensor, mask:
     diff_std = (mean((diff - diff_mean) ** 2)).sqrt()
     cov = mean((pt - mean(pt)) * (pr - mean(pr)))
     var_t, var_r = mean((pt - mean(pt)) ** 2), mean((pr - mean(pr)) ** 2)
-    corr = torch.where((var_t > 0) & (var_r > 0), cov / (var_t * var_r).sqrt(), torch.ones_like(cov))
+    corr = torch.where(
+        (var_t > 0) & (var_r > 0), cov / (var_t * var_r).sqrt(), torch.ones_like(cov)
+    )
     log_r = lt - lr
     r = log_r.exp()
     k3 = mean(r - 1 - log_r)
     seq_has = (m.sum(dim=1) > 0).to(torch.float64)
-    chi2_seq = ((torch.exp(2 * (log_r * m).sum(dim=1)) * seq_has).sum() / seq_has.sum().clamp(min=1)) - 1
+    chi2_seq = (
+        (torch.exp(2 * (log_r * m).sum(dim=1)) * seq_has).sum() / seq_has.sum().clamp(min=1)
+    ) - 1
     nll_t, nll_r = mean(-lt), mean(-lr)
     r_masked = r * m
     ess = r_masked.sum() ** 2 / (n * (r_masked**2).sum()).clamp(min=1e-300)
@@ -105,7 +111,9 @@ def mismatch_tensors(logp_train: torch.Tensor, logp_rollout: torch.Tensor, mask:
     }
 
 
-def mismatch_metrics(logp_train: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def mismatch_metrics(
+    logp_train: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
     """All metrics as Python floats, with ONE host sync."""
     tensors = mismatch_tensors(logp_train, logp_rollout, mask)
     values = torch.stack([tensors[k].reshape(()) for k in METRIC_NAMES]).tolist()

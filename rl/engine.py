@@ -36,8 +36,17 @@ class RolloutEngine:
     prefill and decode through that lowering with a per-sequence static KV cache.
     """
 
-    def __init__(self, source, *, recipe: NVFP4Recipe | dict | None = None, device=None, max_batch: int = 64,
-                 max_seq_len: int = 512, compile: bool = True, expected_fingerprint: str | None = None):
+    def __init__(
+        self,
+        source,
+        *,
+        recipe: NVFP4Recipe | dict | None = None,
+        device=None,
+        max_batch: int = 64,
+        max_seq_len: int = 512,
+        compile: bool = True,
+        expected_fingerprint: str | None = None,
+    ):
         from ..export import RolloutArtifact, load_rollout
 
         if isinstance(source, (str, Path)):
@@ -45,8 +54,14 @@ class RolloutEngine:
         if isinstance(source, RolloutArtifact):
             self._init_from_artifact(source, recipe=recipe, device=device)
         elif isinstance(source, torch.nn.Module):
-            self._init_from_model(source, recipe=recipe, device=device, max_batch=max_batch,
-                                  max_seq_len=max_seq_len, compile=compile)
+            self._init_from_model(
+                source,
+                recipe=recipe,
+                device=device,
+                max_batch=max_batch,
+                max_seq_len=max_seq_len,
+                compile=compile,
+            )
         else:
             raise TypeError(
                 f"RolloutEngine needs a causal LM module, a RolloutArtifact or an artifact path, got {type(source).__name__}"
@@ -64,7 +79,9 @@ class RolloutEngine:
     def _init_from_model(self, model, *, recipe, device, max_batch, max_seq_len, compile) -> None:
         self.model = getattr(model, "_orig_mod", model)
         self.recipe = as_recipe(recipe)
-        self.device = torch.device(device) if device is not None else next(self.model.parameters()).device
+        self.device = (
+            torch.device(device) if device is not None else next(self.model.parameters()).device
+        )
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         self._set_shapes(self.model.config, next(self.model.parameters()).dtype)
         step = RolloutStep(self.model)
@@ -75,7 +92,10 @@ class RolloutEngine:
         self._params = dict(self.model.named_parameters())
 
     def _init_from_artifact(self, artifact, *, recipe, device) -> None:
-        if recipe is not None and as_recipe(recipe).fingerprint() != artifact.manifest["fingerprint"]:
+        if (
+            recipe is not None
+            and as_recipe(recipe).fingerprint() != artifact.manifest["fingerprint"]
+        ):
             raise ValueError(
                 f"recipe {as_recipe(recipe).fingerprint()} differs from the artifact's {artifact.manifest['fingerprint']}"
             )
@@ -103,20 +123,38 @@ class RolloutEngine:
                 raise ValueError(f"update_weights: the learner has no parameters {missing[:4]}...")
             for name, p in self._params.items():
                 if theirs[name].shape != p.shape:
-                    raise ValueError(f"update_weights: {name!r} is {tuple(theirs[name].shape)}, engine has {tuple(p.shape)}")
+                    raise ValueError(
+                        f"update_weights: {name!r} is {tuple(theirs[name].shape)}, engine has {tuple(p.shape)}"
+                    )
                 p.copy_(theirs[name])
 
     def _new_cache(self, batch: int) -> StaticKVCache:
-        return StaticKVCache(num_layers=self.num_layers, batch=batch, num_kv_heads=self.num_kv_heads,
-                             head_dim=self.head_dim, max_seq_len=self.max_seq_len, dtype=self.dtype, device=self.device)
+        return StaticKVCache(
+            num_layers=self.num_layers,
+            batch=batch,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            max_seq_len=self.max_seq_len,
+            dtype=self.dtype,
+            device=self.device,
+        )
 
     def _step(self, ids_BT, positions_BT, kv_len_B, cache: StaticKVCache):
         tensors = [t for pair in zip(cache.keys, cache.values) for t in pair]
         return self.step(ids_BT, positions_BT, kv_len_B, *tensors)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int | list[int] = 0, eos_token_id: int | None = None) -> RolloutOutput:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | list[int] = 0,
+        eos_token_id: int | None = None,
+    ) -> RolloutOutput:
         """Generate for token-id prompts of different lengths. `seed` is one int (request i uses
         seed + i) or one seed per request; a request's samples depend only on its own seed."""
         num = len(prompts)
@@ -144,7 +182,9 @@ class RolloutEngine:
         for i, p in enumerate(prompts):
             ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
         positions = torch.arange(width).expand(num, width).contiguous()
-        logits = self._step(ids.to(self.device), positions.to(self.device), lengths.to(self.device), cache)
+        logits = self._step(
+            ids.to(self.device), positions.to(self.device), lengths.to(self.device), cache
+        )
         last = logits[torch.arange(num), (lengths - 1).to(self.device)]  # [B, V]
 
         tokens: list[list[int]] = [[] for _ in range(num)]
@@ -169,7 +209,12 @@ class RolloutEngine:
             if step == max_new_tokens - 1 or all(done):
                 break
             pos = cur[:, None].clone()
-            logits = self._step(chosen[:, None].to(self.device), pos.to(self.device), (cur + 1).to(self.device), cache)
+            logits = self._step(
+                chosen[:, None].to(self.device),
+                pos.to(self.device),
+                (cur + 1).to(self.device),
+                cache,
+            )
             last = logits[:, 0]
             cur += 1
         return RolloutOutput(

@@ -18,8 +18,17 @@ class StaticKVCache:
 
     is_compileable = True
 
-    def __init__(self, *, num_layers: int, batch: int, num_kv_heads: int, head_dim: int, max_seq_len: int,
-                 dtype: torch.dtype, device: torch.device | str):
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        batch: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_seq_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
         shape = (batch, num_kv_heads, max_seq_len, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -43,7 +52,9 @@ class StaticKVCache:
             )
         self.write_positions = positions_BT
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
+    ):
         """Write [B, H_kv, Tq, D] at the sequences' positions; return the whole cache layer."""
         pos = self.write_positions
         assert pos is not None, "set_write_positions() before the forward"
@@ -71,7 +82,9 @@ class StaticKVCache:
         return len(self.keys)
 
 
-def attention_mask_4d(query_positions_BT: torch.Tensor, kv_len_B: torch.Tensor, max_seq_len: int) -> torch.Tensor:
+def attention_mask_4d(
+    query_positions_BT: torch.Tensor, kv_len_B: torch.Tensor, max_seq_len: int
+) -> torch.Tensor:
     """Boolean [B, 1, Tq, S_max]: key j is visible to the query at position p iff j <= p and
     j < kv_len (its sequence's length after this step). Query rows past a sequence's end (padding)
     see key 0 only, so they stay finite and never touch real rows."""

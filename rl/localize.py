@@ -39,27 +39,43 @@ class Localization:
     def table(self) -> str:
         lines = [f"{'where':<14} {'max |diff|':>12} {'differing':>14}"]
         for g in self.layers:
-            lines.append(f"{g.name:<14} {g.max_abs_diff:12.3e} {g.num_differing:>7}/{g.num_elements:<7}")
+            lines.append(
+                f"{g.name:<14} {g.max_abs_diff:12.3e} {g.num_differing:>7}/{g.num_elements:<7}"
+            )
         lines.append(f"first divergent: {self.first_divergent or 'none (bitwise identical)'}")
         return "\n".join(lines)
 
 
 @torch.no_grad()
-def localize_divergence(model, sequence: list[int], prompt_len: int, *, recipe: NVFP4Recipe | dict | None = None,
-                        compile: bool = True) -> Localization:
+def localize_divergence(
+    model,
+    sequence: list[int],
+    prompt_len: int,
+    *,
+    recipe: NVFP4Recipe | dict | None = None,
+    compile: bool = True,
+) -> Localization:
     recipe = as_recipe(recipe)
     model = getattr(model, "_orig_mod", model).eval()
     device = next(model.parameters()).device
     ids = torch.tensor([sequence], device=device)
-    learner = torch.compile(model, backend="minite", options={"recipe": recipe}) if compile else model
+    learner = (
+        torch.compile(model, backend="minite", options={"recipe": recipe}) if compile else model
+    )
     out = learner(input_ids=ids, use_cache=False, output_hidden_states=True)
     learner_states = [*out.hidden_states, out.logits]
 
     cfg = getattr(model.config, "text_config", None) or model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    cache = StaticKVCache(num_layers=cfg.num_hidden_layers, batch=1, num_kv_heads=cfg.num_key_value_heads,
-                          head_dim=head_dim, max_seq_len=len(sequence), dtype=next(model.parameters()).dtype,
-                          device=device)
+    cache = StaticKVCache(
+        num_layers=cfg.num_hidden_layers,
+        batch=1,
+        num_kv_heads=cfg.num_key_value_heads,
+        head_dim=head_dim,
+        max_seq_len=len(sequence),
+        dtype=next(model.parameters()).dtype,
+        device=device,
+    )
     step = RolloutStep(model, return_hidden=True)
     if compile:
         step = torch.compile(step, backend="minite", options={"recipe": recipe})
@@ -68,7 +84,12 @@ def localize_divergence(model, sequence: list[int], prompt_len: int, *, recipe: 
     first = step(ids[:, :prompt_len], pos, torch.tensor([prompt_len], device=device), *tensors)
     pieces = [list(first[1:]) + [first[0]]]
     for t in range(prompt_len, len(sequence)):
-        res = step(ids[:, t : t + 1], torch.tensor([[t]], device=device), torch.tensor([t + 1], device=device), *tensors)
+        res = step(
+            ids[:, t : t + 1],
+            torch.tensor([[t]], device=device),
+            torch.tensor([t + 1], device=device),
+            *tensors,
+        )
         pieces.append(list(res[1:]) + [res[0]])
     rollout_states = [torch.cat([p[i] for p in pieces], dim=1) for i in range(len(learner_states))]
     names = ["embeddings"] + [f"layer {i}" for i in range(len(learner_states) - 2)] + ["logits"]

@@ -17,7 +17,9 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     return logp.reshape(tokens.shape)
 
 
-def pad_right(sequences: list[list[int]], pad_id: int = 0, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def pad_right(
+    sequences: list[list[int]], pad_id: int = 0, device="cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
     if not sequences or any(len(s) == 0 for s in sequences):
         raise ValueError("sequences must be a non-empty list of non-empty token lists")
     lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
@@ -27,12 +29,20 @@ def pad_right(sequences: list[list[int]], pad_id: int = 0, device="cpu") -> tupl
     return ids.to(device), lengths
 
 
-def sequence_logprobs(model, sequences: list[list[int]], prompt_lens: list[int], *, temperature: float = 1.0,
-                      device=None) -> list[torch.Tensor]:
+def sequence_logprobs(
+    model,
+    sequences: list[list[int]],
+    prompt_lens: list[int],
+    *,
+    temperature: float = 1.0,
+    device=None,
+) -> list[torch.Tensor]:
     """The learner's view: ONE forward over whole (right-padded, causal, unmasked) sequences;
     returns per sequence the FP32 log-probs of its generated tokens (positions >= prompt_len)."""
     if len(prompt_lens) != len(sequences):
-        raise ValueError(f"prompt_lens has {len(prompt_lens)} entries for {len(sequences)} sequences")
+        raise ValueError(
+            f"prompt_lens has {len(prompt_lens)} entries for {len(sequences)} sequences"
+        )
     for i, (s, p) in enumerate(zip(sequences, prompt_lens)):
         if not 1 <= p < len(s):
             raise ValueError(f"prompt_lens[{i}]={p} must be in [1, len(sequences[{i}])={len(s)})")

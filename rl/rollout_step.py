@@ -25,8 +25,14 @@ class RolloutStep(torch.nn.Module):
         cache = StaticKVCache.from_tensors(list(caches[0::2]), list(caches[1::2]))
         cache.write_positions = positions_BT
         mask = attention_mask_4d(positions_BT, kv_len_B, caches[0].shape[2])
-        out = self.model(input_ids=input_ids_BT, attention_mask=mask, position_ids=positions_BT, use_cache=True,
-                         output_hidden_states=self.return_hidden, **{self.cache_kwarg: cache})
+        out = self.model(
+            input_ids=input_ids_BT,
+            attention_mask=mask,
+            position_ids=positions_BT,
+            use_cache=True,
+            output_hidden_states=self.return_hidden,
+            **{self.cache_kwarg: cache},
+        )
         assert len(cache.keys) == num_layers
         if self.return_hidden:
             return (out.logits, *out.hidden_states)

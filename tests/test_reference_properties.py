@@ -94,7 +94,11 @@ def test_power_of_two_scaling_invariance(x, mode, k):
     # The property needs exact power-of-two scaling: no fp32 overflow and no underflow into
     # subnormals anywhere (inputs, scaled inputs), which would drop mantissa bits.
     smallest = float(nonzero.min()) * min(1.0, 2.0**k) if nonzero.numel() else 0.0
-    assume(not bool((amax == 0).any()) and float(x.abs().max()) * 2.0**k < 1e30 and smallest > 2.0**-100)
+    assume(
+        not bool((amax == 0).any())
+        and float(x.abs().max()) * 2.0**k < 1e30
+        and smallest > 2.0**-100
+    )
     q, q2 = quantize(x, global_scale=mode), quantize(x * 2.0**k, global_scale=mode)
     assert_bitwise_equal(q.codes, q2.codes, "codes")
     assert_bitwise_equal(q.block_scales, q2.block_scales, "block scales")

@@ -34,7 +34,9 @@ def test_values_match_a_float64_oracle():
     k3 = sum(math.exp(ai - bi) - 1 - (ai - bi) for ai, bi in zip(a, b)) / 2
     assert m["rollout_corr/kl"] == pytest.approx(kl, rel=1e-12)
     assert m["rollout_corr/k3_kl"] == pytest.approx(k3, rel=1e-12)
-    assert m["token_mult_prob_error"] == pytest.approx(sum(math.exp(abs(x)) for x in d) / 2, rel=1e-6)
+    assert m["token_mult_prob_error"] == pytest.approx(
+        sum(math.exp(abs(x)) for x in d) / 2, rel=1e-6
+    )
     assert m["mismatch/max_abs_dlogp"] == pytest.approx(max(abs(x) for x in d), rel=1e-6)
     assert m["mismatch/frac_bitwise_equal"] == 0.0
     chi2 = sum(math.exp(2 * (ai - bi)) for ai, bi in zip(a, b)) / 2 - 1

@@ -52,4 +52,6 @@ def test_rows_alone_equal_rows_in_batch_strict(seed):
     with torch.no_grad():
         full = compiled(x)
         for i in (0, 2, 4):
-            assert_bitwise_equal(compiled(x[i : i + 1])[0], full[i], f"row {i} alone vs in batch ({model.kinds})")
+            assert_bitwise_equal(
+                compiled(x[i : i + 1])[0], full[i], f"row {i} alone vs in batch ({model.kinds})"
+            )

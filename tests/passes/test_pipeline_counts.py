@@ -49,11 +49,15 @@ def test_llama_counts():
 
 
 def test_bf16_recipe_and_layer_exclusions():
-    rep = _explain(tiny_qwen3(layers=3), recipe=NVFP4Recipe.strict(bf16_first_layers=1, bf16_last_layers=1))
+    rep = _explain(
+        tiny_qwen3(layers=3), recipe=NVFP4Recipe.strict(bf16_first_layers=1, bf16_last_layers=1)
+    )
     by_layer = {}
     for g in rep.gemms:
         if ".layers." in g.module:
-            by_layer.setdefault(int(g.module.split(".layers.")[1].split(".")[0]), set()).add(g.precision)
+            by_layer.setdefault(int(g.module.split(".layers.")[1].split(".")[0]), set()).add(
+                g.precision
+            )
     assert by_layer == {0: {"bf16"}, 1: {"nvfp4"}, 2: {"bf16"}}
     rep = _explain(tiny_qwen3(layers=1), recipe=NVFP4Recipe.bf16())
     assert all(g.precision == "bf16" and g.reason == "recipe: quantize=False" for g in rep.gemms)
@@ -70,7 +74,11 @@ def test_unquantizable_shape_is_reported_not_padded():
 
     (rep,) = fp4_compile.explain(Odd(), torch.randn(4, 24), print_report=False)
     (g,) = rep.gemms
-    assert g.precision == "bf16" and "not a multiple of 16" in g.reason and g.lowered_to.startswith("fp4_compile.linear")
+    assert (
+        g.precision == "bf16"
+        and "not a multiple of 16" in g.reason
+        and g.lowered_to.startswith("fp4_compile.linear")
+    )
 
 
 def test_verify_refuses_a_stock_gemm():
@@ -91,4 +99,8 @@ def test_explain_table_mentions_every_gemm(capsys):
     model = tiny_qwen3(layers=1)
     fp4_compile.explain(model, torch.randint(0, 128, (1, 4)), use_cache=False)
     out = capsys.readouterr().out
-    assert "model.layers.0.self_attn.q_proj" in out and "lm_head" in out and "bf16_modules pattern" in out
+    assert (
+        "model.layers.0.self_attn.q_proj" in out
+        and "lm_head" in out
+        and "bf16_modules pattern" in out
+    )

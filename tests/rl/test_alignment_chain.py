@@ -45,8 +45,12 @@ def test_engine_logprobs_equal_learner_bitwise(setup, batch, temperature):
 def test_alone_equals_in_batch(setup):
     model, engine, _ = setup
     prompts = _prompts(8, model.config.vocab_size, seed=5)
-    batch = engine.generate(prompts, max_new_tokens=NEW_TOKENS, temperature=1.0, seed=[11 + i for i in range(8)])
+    batch = engine.generate(
+        prompts, max_new_tokens=NEW_TOKENS, temperature=1.0, seed=[11 + i for i in range(8)]
+    )
     for i in (0, 3, 7):
-        alone = engine.generate([prompts[i]], max_new_tokens=NEW_TOKENS, temperature=1.0, seed=[11 + i])
+        alone = engine.generate(
+            [prompts[i]], max_new_tokens=NEW_TOKENS, temperature=1.0, seed=[11 + i]
+        )
         assert alone.tokens[0] == batch.tokens[i]
         assert_bitwise_equal(alone.logprobs[0], batch.logprobs[i], f"request {i} alone vs in batch")

@@ -20,13 +20,17 @@ from fp4_compile.testing import assert_bitwise_equal
 def exported(tmp_path_factory):
     model = tiny_qwen3(layers=2).eval()
     path = tmp_path_factory.mktemp("rollout")
-    artifact = export_rollout(model, recipe=NVFP4Recipe.strict(), path=path, max_batch=8, max_seq_len=48)
+    artifact = export_rollout(
+        model, recipe=NVFP4Recipe.strict(), path=path, max_batch=8, max_seq_len=48
+    )
     return model, artifact, path
 
 
 def test_census_equals_learner_forward(exported):
     model, artifact, _ = exported
-    (report,) = fp4_compile.explain(model, torch.randint(0, 128, (2, 8)), use_cache=False, print_report=False)
+    (report,) = fp4_compile.explain(
+        model, torch.randint(0, 128, (2, 8)), use_cache=False, print_report=False
+    )
     assert normalized_census(artifact.census) == normalized_census(report.census)
     assert "fp4_compile::nvfp4_linear" in artifact.census
 
@@ -47,9 +51,11 @@ def test_engine_from_artifact_equals_engine_from_model(exported):
     model, _, path = exported
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
     a = RolloutEngine(model, recipe=NVFP4Recipe.strict(), max_batch=8, max_seq_len=48).generate(
-        prompts, max_new_tokens=8, seed=3)
+        prompts, max_new_tokens=8, seed=3
+    )
     b = RolloutEngine(path, expected_fingerprint=NVFP4Recipe.strict().fingerprint()).generate(
-        prompts, max_new_tokens=8, seed=3)
+        prompts, max_new_tokens=8, seed=3
+    )
     assert a.tokens == b.tokens
     for x, y in zip(a.logprobs, b.logprobs):
         assert_bitwise_equal(x, y, "artifact vs model engine")
