@@ -62,14 +62,30 @@ def _linear_setup(ctx, inputs, output):
     ctx.bias_dtype = bias.dtype if bias is not None else None
 
 
-def _linear_backward(ctx, grad_y):
-    """dX = dY @ W, dW = dY^T @ X in FP32 with plain matmuls: deterministic, not invariant."""
-    x, weight = ctx.saved_tensors
+@torch.library.custom_op(f"{_LIB}::invariant_linear_backward", mutates_args=())
+def invariant_linear_backward(
+    grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, has_bias: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dX = dY @ W, dW = dY^T @ X, db = sum(dY) in FP32 with plain matmuls, each rounded to its
+    operand's dtype: deterministic, not invariant. ONE opaque op, so Inductor cannot fuse away
+    the roundings to the operand dtypes (eager, Inductor and export give the same bits)."""
     g = _flat(grad_y).to(torch.float32)
     dx = (g @ weight.to(torch.float32)).to(x.dtype).reshape(x.shape)
     dw = (g.t() @ _flat(x).to(torch.float32)).to(weight.dtype)
-    db = g.sum(0).to(ctx.bias_dtype) if ctx.has_bias else None
-    return dx, dw, db, None
+    db = g.sum(0) if has_bias else g.new_zeros(0)
+    return dx.contiguous(), dw.contiguous(), db
+
+
+@invariant_linear_backward.register_fake
+def _(grad_y, x, weight, has_bias):
+    db = grad_y.new_empty((weight.shape[0],) if has_bias else (0,), dtype=torch.float32)
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), db
+
+
+def _linear_backward(ctx, grad_y):
+    x, weight = ctx.saved_tensors
+    dx, dw, db = invariant_linear_backward(grad_y.contiguous(), x, weight, ctx.has_bias)
+    return dx, dw, (db.to(ctx.bias_dtype) if ctx.has_bias else None), None
 
 
 invariant_linear.register_autograd(_linear_backward, setup_context=_linear_setup)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..dynamo_guard import no_silent_eager_fallback
 from ..recipe import NVFP4Recipe, as_recipe
 from .kv_cache import StaticKVCache
 from .logprobs import token_logprobs
@@ -141,7 +142,8 @@ class RolloutEngine:
 
     def _step(self, ids_BT, positions_BT, kv_len_B, cache: StaticKVCache):
         tensors = [t for pair in zip(cache.keys, cache.values) for t in pair]
-        return self.step(ids_BT, positions_BT, kv_len_B, *tensors)
+        with no_silent_eager_fallback():
+            return self.step(ids_BT, positions_BT, kv_len_B, *tensors)
 
     @torch.no_grad()
     def generate(

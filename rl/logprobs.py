@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..dynamo_guard import no_silent_eager_fallback
+
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
     """FP32 log-softmax(logits / temperature) gathered at `tokens`, per row, through the shared
@@ -49,7 +51,8 @@ def sequence_logprobs(
     if device is None:
         device = next(iter(_parameters(model))).device
     ids, lengths = pad_right(sequences, device=device)
-    logits = model(input_ids=ids, use_cache=False).logits
+    with no_silent_eager_fallback():
+        logits = model(input_ids=ids, use_cache=False).logits
     out = []
     for i, (p, n) in enumerate(zip(prompt_lens, lengths.tolist())):
         out.append(token_logprobs(logits[i, p - 1 : n - 1], ids[i, p:n], temperature))

@@ -28,7 +28,13 @@ def _run(model, x, backend, **kw):
 
 
 @pytest.mark.slow
-@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=3,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 @given(seed=st.integers(0, 10_000), preset=st.sampled_from(sorted(PRESETS)))
 def test_compiled_equals_eager_reference_bitwise(seed, preset):
     recipe = PRESETS[preset]
