@@ -5,6 +5,7 @@ imported here (codegen imports it lazily).
 """
 
 from .compile_api import compile, explain
+from .export import RolloutArtifact, RolloutArtifactError, export_rollout, load_rollout
 from .format import NVFP4Tensor
 from .recipe import NVFP4Recipe, QuantSpec
 from .reference import dequantize, nvfp4_grouped_mm, nvfp4_mm, quantize, quantize_experts
@@ -19,6 +20,10 @@ __all__ = [
     "compile",
     "dequantize",
     "explain",
+    "export_rollout",
+    "load_rollout",
+    "RolloutArtifact",
+    "RolloutArtifactError",
     "from_swizzled",
     "nvfp4_grouped_mm",
     "nvfp4_mm",

@@ -9,7 +9,7 @@ import torch
 
 import fp4_compile
 from fp4_compile import NVFP4Recipe
-from fp4_compile.export import RolloutArtifactError, export_rollout, load_rollout
+from fp4_compile.export import RolloutArtifactError, load_rollout
 from fp4_compile.models import tiny_qwen3
 from fp4_compile.passes.verify import normalized_census
 from fp4_compile.rl import RolloutEngine
@@ -20,7 +20,7 @@ from fp4_compile.testing import assert_bitwise_equal
 def exported(tmp_path_factory):
     model = tiny_qwen3(layers=2).eval()
     path = tmp_path_factory.mktemp("rollout")
-    artifact = export_rollout(
+    artifact = fp4_compile.export_rollout(
         model, recipe=NVFP4Recipe.strict(), path=path, max_batch=8, max_seq_len=48
     )
     return model, artifact, path
