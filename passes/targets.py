@@ -1,8 +1,7 @@
 """What the lowering passes insert: one place that binds graph nodes to fp4_compile ops.
 
-TEMPORARY: until the codegen ops land these are plain-PyTorch stand-ins (reference math, not
-batch-invariant by construction for the BF16 pieces). They are replaced by torch.ops.fp4_compile
-overloads.
+Every `emit_*` inserts `torch.ops.fp4_compile.*` (and a few ATen) op overloads only, with correct
+meta["val"], so the same nodes serve Dynamo graphs, Inductor and serialized exported programs.
 """
 
 from __future__ import annotations

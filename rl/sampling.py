@@ -26,7 +26,10 @@ class RequestSampler:
 
 
 def filter_logits(scaled_BV: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask (to -inf) tokens outside top-k / the top-p nucleus, per row, ties by lower index."""
+    """Mask (to -inf) tokens outside top-k / the top-p nucleus, per row, ties by lower index.
+    The nucleus is computed with stock softmax/cumsum in float64 on the sampling side only (it
+    picks which tokens may be drawn; log-probs come from the shared op), so top_p < 1 is not part
+    of the bitwise contract."""
     if top_k < 0 or not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_k must be >= 0 and 0 < top_p <= 1, got top_k={top_k}, top_p={top_p}")
     out = scaled_BV
