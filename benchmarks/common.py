@@ -25,6 +25,9 @@ def environment() -> dict:
         env["capability"] = f"sm_{major}{minor}"
     else:
         env["gpu"] = "none (CPU)"
+    if os.environ.get("MINITE_COMMIT"):  # the device copy has no git metadata
+        env["commit"] = os.environ["MINITE_COMMIT"]
+        return env
     try:
         env["commit"] = (
             subprocess.run(

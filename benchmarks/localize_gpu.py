@@ -1,0 +1,177 @@
+"""Where does a strict learner/rollout gap come from? Four views of the same teacher-forced token
+sequences, compared layer by layer and position by position:
+
+    learner batched | learner alone (each sequence by itself)
+    rollout batched | rollout alone  (prefill + decode through the static KV cache)
+
+for a Qwen3-30B-A3B-shaped MoE and a dense Qwen3 of the same width, each through the minite
+backend (Inductor) and through the eager lowered graph (same passes, no Inductor). The first
+divergent layer / position of each pair says which side, which phase (prefill or decode) and
+whether Inductor's code is involved.
+
+    python -m benchmarks.localize_gpu [--tiny] [--batch 8] [--new-tokens 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from benchmarks.common import environment, write_results
+from fp4_compile import NVFP4Recipe
+from fp4_compile.backend import lowering_only_backend
+from fp4_compile.rl.localize import (
+    compare_states,
+    learner_hidden_states,
+    rollout_hidden_states,
+)
+from fp4_compile.rl.rollout_step import RolloutStep
+
+
+def _dense(device, layers, tiny):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from fp4_compile.models import tiny_qwen3
+
+    if tiny:
+        return tiny_qwen3(layers=layers, dtype=torch.bfloat16).to(device)
+    cfg = Qwen3Config(
+        vocab_size=8192,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        max_position_embeddings=4096,
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+
+
+def _moe(device, layers, tiny):
+    from fp4_compile.models import qwen3_30b_a3b_layers, tiny_qwen3_moe
+
+    if tiny:
+        return tiny_qwen3_moe(layers=layers, dtype=torch.bfloat16).to(device)
+    return qwen3_30b_a3b_layers(layers=layers, device=device)
+
+
+def _per_row(a, b, prompt_lens):
+    """For each sequence: (first divergent layer, its first position, 'prefill'/'decode')."""
+    rows = []
+    for i, p in enumerate(prompt_lens):
+        loc = compare_states([a[i]], [b[i]])
+        name = loc.first_divergent
+        if name is None:
+            rows.append(None)
+            continue
+        gap = next(g for g in loc.layers if g.name == name)
+        pos = gap.first_position
+        rows.append((name, pos, "prefill" if pos < p else "decode"))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke run on tiny models")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--models", default="moe,dense")
+    parser.add_argument("--backends", default="inductor,lowered-eager")
+    args = parser.parse_args()
+    device = "cpu" if args.tiny else "cuda"
+    env = environment()
+    recipe = NVFP4Recipe.strict()
+    results = []
+    lines = [
+        f"# strict learner/rollout localization on {env['gpu']} (emulated NVFP4, sm_90)",
+        f"torch {env['torch']}, triton {env['triton']}, commit {env['commit']}; batch {args.batch}, "
+        f"{args.new_tokens} teacher-forced tokens after prompts of 4-63 tokens",
+        "",
+    ]
+    for kind in args.models.split(","):
+        for backend_name in args.backends.split(","):
+            torch._dynamo.reset()
+            model = (_moe if kind == "moe" else _dense)(device, args.layers, args.tiny).eval()
+            vocab = model.config.vocab_size
+            g = torch.Generator().manual_seed(args.batch)
+            plens = [int(n) for n in torch.randint(4, 64, (args.batch,), generator=g)]
+            seqs = [
+                torch.randint(0, vocab, (p + args.new_tokens,), generator=g).tolist() for p in plens
+            ]
+            backend = lowering_only_backend(recipe) if backend_name == "lowered-eager" else "minite"
+            opts = {} if backend_name == "lowered-eager" else {"options": {"recipe": recipe}}
+            learner = torch.compile(model, backend=backend, **opts)
+            step = torch.compile(RolloutStep(model, return_hidden=True), backend=backend, **opts)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                views = {
+                    "learner batched": learner_hidden_states(learner, seqs, device=device),
+                    "learner alone": [
+                        learner_hidden_states(learner, [s], device=device)[0] for s in seqs
+                    ],
+                    "rollout batched": rollout_hidden_states(
+                        step, model, seqs, plens, device=device
+                    ),
+                    "rollout alone": [
+                        rollout_hidden_states(step, model, [s], [p], device=device)[0]
+                        for s, p in zip(seqs, plens)
+                    ],
+                }
+            elapsed = time.perf_counter() - t0
+            lines.append(f"## {kind} model, {backend_name} ({elapsed:.0f} s)")
+            lines.append("")
+            lines.append(
+                "| pair | first divergent | logits differing | rows differing (layer, pos, phase) |"
+            )
+            lines.append("| --- | --- | --- | --- |")
+            for left, right in (
+                ("learner batched", "learner alone"),
+                ("rollout batched", "rollout alone"),
+                ("rollout alone", "learner alone"),
+                ("rollout batched", "learner batched"),
+            ):
+                loc = compare_states(views[left], views[right])
+                rows = _per_row(views[left], views[right], plens)
+                logit_gap = loc.layers[-1]
+                detail = (
+                    "; ".join(
+                        f"{i}(p={plens[i]}): {r[0]} @{r[1]} {r[2]}" for i, r in enumerate(rows) if r
+                    )
+                    or "none"
+                )
+                results.append(
+                    {
+                        "model": kind,
+                        "backend": backend_name,
+                        "pair": f"{left} vs {right}",
+                        "first_divergent": loc.first_divergent,
+                        "layers": [vars(x) for x in loc.layers],
+                        "rows": rows,
+                    }
+                )
+                lines.append(
+                    f"| {left} vs {right} | {loc.first_divergent or 'none'} | "
+                    f"{logit_gap.num_differing}/{logit_gap.num_elements} (max {logit_gap.max_abs_diff:.2e}) | {detail} |"
+                )
+                print(lines[-1], flush=True)
+            lines.append("")
+            del model, learner, step, views
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    text = "\n".join(lines) + "\n"
+    print(text)
+    write_results(
+        "localize_cpu_smoke" if args.tiny else "localize_h200",
+        {"env": env, "args": vars(args), "plens": plens, "results": results},
+        text,
+    )
+
+
+if __name__ == "__main__":
+    main()
