@@ -75,6 +75,68 @@ def _per_row(a, b, prompt_lens):
     return rows
 
 
+def _bits_differ(a: torch.Tensor, b: torch.Tensor) -> int:
+    a, b = a.float().cpu(), b.float().cpu()
+    return int((a.view(torch.int32) != b.view(torch.int32)).sum())
+
+
+def engine_vs_learner(model, recipe, *, batch: int, new_tokens: int, device) -> list[str]:
+    """The sampled path of benchmarks.alignment_gpu, instrumented: the logits the engine fed to
+    the shared log-prob op at every step, against the learner's logits at the same positions
+    (plain graph and hidden-states graph), and the log-probs recomputed from each."""
+    import fp4_compile.rl.engine as engine_module
+    from fp4_compile.rl import RolloutEngine
+    from fp4_compile.rl.logprobs import pad_right, token_logprobs
+
+    recorded = []
+
+    def recording(logits, tokens, temperature):
+        recorded.append((logits.detach().clone(), tokens.detach().clone()))
+        return token_logprobs(logits, tokens, temperature)
+
+    engine = RolloutEngine(model, recipe=recipe, max_batch=256, max_seq_len=128)
+    g = torch.Generator().manual_seed(batch)
+    vocab = model.config.vocab_size
+    prompts = [
+        torch.randint(0, vocab, (int(n),), generator=g).tolist()
+        for n in torch.randint(4, 64, (batch,), generator=g)
+    ]
+    engine_module.token_logprobs = recording
+    try:
+        out = engine.generate(prompts, max_new_tokens=new_tokens, temperature=1.0, seed=0)
+    finally:
+        engine_module.token_logprobs = token_logprobs
+    seqs = [p + t for p, t in zip(prompts, out.tokens)]
+    learner = torch.compile(model, backend="minite", options={"recipe": recipe})
+    ids, _ = pad_right(seqs, device=device)
+    with torch.no_grad():
+        plain = learner(input_ids=ids, use_cache=False).logits
+        hidden = learner(input_ids=ids, use_cache=False, output_hidden_states=True).logits
+    eng_logits = torch.stack([lg for lg, _ in recorded], dim=1)  # [B, new, V]
+    learner_plain = torch.stack(
+        [plain[i, len(p) - 1 : len(p) - 1 + new_tokens] for i, p in enumerate(prompts)]
+    )
+    learner_hidden = torch.stack(
+        [hidden[i, len(p) - 1 : len(p) - 1 + new_tokens] for i, p in enumerate(prompts)]
+    )
+    eng_lp = torch.stack(out.logprobs)  # [B, new]
+    toks = torch.tensor(out.tokens, device=device)
+    lp_plain = token_logprobs(learner_plain, toks, 1.0).cpu()
+    lp_from_engine_logits = token_logprobs(eng_logits, toks, 1.0).cpu()
+    bad_rows = (eng_logits.float() != learner_plain.float()).any(-1)
+    first = [(i, int(bad_rows[i].nonzero()[0, 0])) for i in range(batch) if bool(bad_rows[i].any())]
+    return [
+        f"## sampled engine vs learner, batch {batch}, {new_tokens} new tokens (S_max 128)",
+        "",
+        f"- engine logits vs learner logits (plain graph): {_bits_differ(eng_logits, learner_plain)} of {eng_logits.numel()} values differ; (row, first step): {first[:16]}",
+        f"- learner plain graph vs hidden-states graph logits: {_bits_differ(learner_plain, learner_hidden)} differ",
+        f"- engine log-probs vs learner log-probs: {_bits_differ(eng_lp, lp_plain)} of {eng_lp.numel()} differ",
+        f"- engine log-probs vs the op re-run on the engine's own logits: {_bits_differ(eng_lp, lp_from_engine_logits)} differ",
+        f"- op on engine logits vs op on learner logits: {_bits_differ(lp_from_engine_logits, lp_plain)} differ",
+        "",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run on tiny models")
@@ -83,6 +145,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--models", default="moe,dense")
     parser.add_argument("--backends", default="inductor,lowered-eager")
+    parser.add_argument("--engine-batches", default="8,64", help="sampled-path checks ('' = none)")
     args = parser.parse_args()
     device = "cpu" if args.tiny else "cuda"
     env = environment()
@@ -94,7 +157,7 @@ def main() -> None:
         f"{args.new_tokens} teacher-forced tokens after prompts of 4-63 tokens",
         "",
     ]
-    for kind in args.models.split(","):
+    for kind in [k for k in args.models.split(",") if k]:
         for backend_name in args.backends.split(","):
             torch._dynamo.reset()
             model = (_moe if kind == "moe" else _dense)(device, args.layers, args.tiny).eval()
@@ -164,11 +227,18 @@ def main() -> None:
             del model, learner, step, views
             if device == "cuda":
                 torch.cuda.empty_cache()
+    for batch in [int(b) for b in args.engine_batches.split(",") if b]:
+        torch._dynamo.reset()
+        model = _moe(device, args.layers, args.tiny).eval()
+        part = engine_vs_learner(model, recipe, batch=batch, new_tokens=32, device=device)
+        print("\n".join(part), flush=True)
+        lines += part
+        del model
     text = "\n".join(lines) + "\n"
     print(text)
     write_results(
         "localize_cpu_smoke" if args.tiny else "localize_h200",
-        {"env": env, "args": vars(args), "plens": plens, "results": results},
+        {"env": env, "args": vars(args), "results": results, "text": text},
         text,
     )
 
