@@ -227,13 +227,19 @@ def main() -> None:
             del model, learner, step, views
             if device == "cuda":
                 torch.cuda.empty_cache()
-    for batch in [int(b) for b in args.engine_batches.split(",") if b]:
-        torch._dynamo.reset()
-        model = _moe(device, args.layers, args.tiny).eval()
-        part = engine_vs_learner(model, recipe, batch=batch, new_tokens=32, device=device)
-        print("\n".join(part), flush=True)
-        lines += part
-        del model
+    from fp4_compile.backend import INVARIANCE_INDUCTOR_CONFIG
+
+    for emulate in (True, False):
+        INVARIANCE_INDUCTOR_CONFIG["emulate_precision_casts"] = emulate
+        for batch in [int(b) for b in args.engine_batches.split(",") if b]:
+            torch._dynamo.reset()
+            model = _moe(device, args.layers, args.tiny).eval()
+            part = engine_vs_learner(model, recipe, batch=batch, new_tokens=32, device=device)
+            part[0] += f", Inductor emulate_precision_casts={emulate}"
+            print("\n".join(part), flush=True)
+            lines += part
+            del model
+    INVARIANCE_INDUCTOR_CONFIG["emulate_precision_casts"] = True
     text = "\n".join(lines) + "\n"
     print(text)
     write_results(
