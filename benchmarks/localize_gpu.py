@@ -137,6 +137,52 @@ def engine_vs_learner(model, recipe, *, batch: int, new_tokens: int, device) -> 
     ]
 
 
+def bucket_flip_rates(dev) -> list[str]:
+    """Each GEMM op on 2048 rows at once (the largest M bucket) vs the same rows in chunks of 1,
+    16 and 64 (the small buckets, other MMA shapes): bitwise-differing outputs per op."""
+    from fp4_compile import reference as ref
+    from fp4_compile.codegen import invariant as inv
+    from fp4_compile.codegen import nvfp4_impl as impl
+
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(2048, 2048, device=dev, generator=g).bfloat16()
+    recipe = NVFP4Recipe.strict()
+    ops = {}
+    for name, n in (("bf16 linear lm_head N=8192", 8192), ("bf16 linear router N=128", 128)):
+        w = (torch.randn(n, 2048, device=dev, generator=g) * 0.02).bfloat16()
+        ops[name] = lambda a, w=w: inv.linear(a, w, out_dtype=torch.float32)
+    for name, n in (("nvfp4 linear q_proj N=4096", 4096), ("nvfp4 linear gate_up N=1536", 1536)):
+        wq = ref.quantize(torch.randn(n, 2048, device=dev, generator=g) * 0.02, block="16x16")
+        args = (wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, None)
+        ops[name] = lambda a, args=args: impl.cuda_linear(a, *args, None, recipe, None)
+    lines = ["## GEMM rows: one call on 2048 rows vs chunks (M buckets)", ""]
+    lines += [
+        "| op | chunk 1 | chunk 16 | chunk 64 | elements |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    with torch.no_grad():
+        for name, op in ops.items():
+            full = op(x)
+            cells = []
+            for chunk in (1, 16, 64):
+                rows = 256 if chunk == 1 else 2048  # chunk 1: first 256 rows (launch count)
+                parts = torch.cat([op(x[i : i + chunk]) for i in range(0, rows, chunk)])
+                cells.append(f"{_bits_differ(parts, full[:rows])}/{parts.numel()}")
+            lines.append(f"| {name} | {' | '.join(cells)} | |")
+            print(lines[-1], flush=True)
+    return lines + [""]
+
+
+def _single_bucket_configs() -> None:
+    """Pin ONE tile config per GEMM op for every M (the largest bucket's), in place."""
+    from fp4_compile.codegen import configs, invariant_configs
+
+    for key, table in list(configs.PINNED.items()):
+        configs.PINNED[key] = ((None, table[-1][1]),)
+    for arch, table in list(invariant_configs.LINEAR.items()):
+        invariant_configs.LINEAR[arch] = ((None, table[-1][1]),)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run on tiny models")
@@ -145,7 +191,10 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--models", default="moe,dense")
     parser.add_argument("--backends", default="inductor,lowered-eager")
-    parser.add_argument("--engine-batches", default="8,64", help="sampled-path checks ('' = none)")
+    parser.add_argument(
+        "--engine-batches", default="64,256", help="sampled-path checks ('' = none)"
+    )
+    parser.add_argument("--buckets", action="store_true", help="GEMM M-bucket bitwise check")
     args = parser.parse_args()
     device = "cpu" if args.tiny else "cuda"
     env = environment()
@@ -227,19 +276,19 @@ def main() -> None:
             del model, learner, step, views
             if device == "cuda":
                 torch.cuda.empty_cache()
-    from fp4_compile.backend import INVARIANCE_INDUCTOR_CONFIG
-
-    for emulate in (True, False):
-        INVARIANCE_INDUCTOR_CONFIG["emulate_precision_casts"] = emulate
+    if args.buckets and device == "cuda":
+        lines += bucket_flip_rates(device)
+    for variant in ("pinned M buckets", "one config per op"):
+        if variant == "one config per op":
+            _single_bucket_configs()
         for batch in [int(b) for b in args.engine_batches.split(",") if b]:
             torch._dynamo.reset()
             model = _moe(device, args.layers, args.tiny).eval()
             part = engine_vs_learner(model, recipe, batch=batch, new_tokens=32, device=device)
-            part[0] += f", Inductor emulate_precision_casts={emulate}"
+            part[0] += f", {variant}"
             print("\n".join(part), flush=True)
             lines += part
             del model
-    INVARIANCE_INDUCTOR_CONFIG["emulate_precision_casts"] = True
     text = "\n".join(lines) + "\n"
     print(text)
     write_results(

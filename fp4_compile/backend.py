@@ -78,9 +78,9 @@ INVARIANCE_INDUCTOR_CONFIG = {
     "coordinate_descent_tuning": False,
     "force_disable_caches": False,
     # Round every op's output to its dtype as eager does and keep Triton from contracting a*b+c
-    # into an FMA across ops: otherwise a value's bits depend on which ops Inductor fused, and
-    # the learner's graph and the rollout's prefill/decode graphs fuse differently (measured on
-    # the H200: 0.3-3% of strict log-probs differed without it, benchmarks/localize_gpu.py).
+    # into an FMA across ops: otherwise a value's bits may depend on which ops Inductor fused,
+    # and the learner's graph and the rollout's prefill/decode graphs fuse differently. (On the
+    # H200 this alone did not explain the strict gap: benchmarks/results/*localize_h200*.)
     "emulate_precision_casts": True,
 }
 
