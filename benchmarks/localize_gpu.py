@@ -80,7 +80,9 @@ def _bits_differ(a: torch.Tensor, b: torch.Tensor) -> int:
     return int((a.view(torch.int32) != b.view(torch.int32)).sum())
 
 
-def engine_vs_learner(model, recipe, *, batch: int, new_tokens: int, device) -> list[str]:
+def engine_vs_learner(
+    model, recipe, *, batch: int, new_tokens: int, device, localize: bool = False
+) -> list[str]:
     """The sampled path of benchmarks.alignment_gpu, instrumented: the logits the engine fed to
     the shared log-prob op at every step, against the learner's logits at the same positions
     (plain graph and hidden-states graph), and the log-probs recomputed from each."""
@@ -125,7 +127,7 @@ def engine_vs_learner(model, recipe, *, batch: int, new_tokens: int, device) -> 
     lp_from_engine_logits = token_logprobs(eng_logits, toks, 1.0).cpu()
     bad_rows = (eng_logits.float() != learner_plain.float()).any(-1)
     first = [(i, int(bad_rows[i].nonzero()[0, 0])) for i in range(batch) if bool(bad_rows[i].any())]
-    return [
+    lines = [
         f"## sampled engine vs learner, batch {batch}, {new_tokens} new tokens (S_max 128)",
         "",
         f"- engine logits vs learner logits (plain graph): {_bits_differ(eng_logits, learner_plain)} of {eng_logits.numel()} values differ; (row, first step): {first[:16]}",
@@ -135,6 +137,56 @@ def engine_vs_learner(model, recipe, *, batch: int, new_tokens: int, device) -> 
         f"- op on engine logits vs op on learner logits: {_bits_differ(lp_from_engine_logits, lp_plain)} differ",
         "",
     ]
+    if localize and first:
+        lines += _localize_rows(model, recipe, prompts, seqs, first, eng_logits, device)
+    return lines
+
+
+def _localize_rows(model, recipe, prompts, seqs, bad, eng_logits, device) -> list[str]:
+    """The engine's own sequences, teacher-forced, in the four views; per divergent row."""
+    plens = [len(p) for p in prompts]
+    learner = torch.compile(model, backend="minite", options={"recipe": recipe})
+    step = torch.compile(
+        RolloutStep(model, return_hidden=True), backend="minite", options={"recipe": recipe}
+    )
+    rows = [i for i, _ in bad[:4]]
+    with torch.no_grad():
+        lb = learner_hidden_states(learner, seqs, device=device)
+        rb = rollout_hidden_states(step, model, seqs, plens, device=device, max_seq_len=128)
+        la = {i: learner_hidden_states(learner, [seqs[i]], device=device)[0] for i in rows}
+        ra = {
+            i: rollout_hidden_states(
+                step, model, [seqs[i]], [plens[i]], device=device, max_seq_len=128
+            )[0]
+            for i in rows
+        }
+    out = [
+        "### divergent rows, teacher-forced on the engine's tokens (hidden-states graphs, S_max 128)",
+        "",
+    ]
+    for i, first_step in bad[:4]:
+        p = plens[i]
+        # rollout states cover positions 0..len-1; the engine's logits at step t are position p-1+t
+        tf_logits = rb[i][-1][p - 1 : p - 1 + eng_logits.shape[1]]
+        out.append(
+            f"- row {i} (prompt {p}, engine first differs at step {first_step}): "
+            f"teacher-forced rollout logits vs engine logits differ in {_bits_differ(tf_logits, eng_logits[i])} values"
+        )
+        for left, right, a, b in (
+            ("rollout batched", "learner batched", rb[i], lb[i]),
+            ("rollout batched", "rollout alone", rb[i], ra[i]),
+            ("learner batched", "learner alone", lb[i], la[i]),
+            ("rollout alone", "learner alone", ra[i], la[i]),
+        ):
+            loc = compare_states([a], [b])
+            name = loc.first_divergent
+            where = "none"
+            if name:
+                gap = next(g for g in loc.layers if g.name == name)
+                where = f"{name} at position {gap.first_position} ({'prefill' if gap.first_position < p else 'decode'}), max {gap.max_abs_diff:.2e}"
+            out.append(f"  - {left} vs {right}: {where}")
+    print("\n".join(out), flush=True)
+    return out + [""]
 
 
 def bucket_flip_rates(dev) -> list[str]:
@@ -195,6 +247,8 @@ def main() -> None:
         "--engine-batches", default="64,256", help="sampled-path checks ('' = none)"
     )
     parser.add_argument("--buckets", action="store_true", help="GEMM M-bucket bitwise check")
+    parser.add_argument("--rows", action="store_true", help="localize the divergent rows")
+    parser.add_argument("--variants", default="pinned M buckets")
     args = parser.parse_args()
     device = "cpu" if args.tiny else "cuda"
     env = environment()
@@ -278,13 +332,15 @@ def main() -> None:
                 torch.cuda.empty_cache()
     if args.buckets and device == "cuda":
         lines += bucket_flip_rates(device)
-    for variant in ("pinned M buckets", "one config per op"):
+    for variant in args.variants.split(","):
         if variant == "one config per op":
             _single_bucket_configs()
         for batch in [int(b) for b in args.engine_batches.split(",") if b]:
             torch._dynamo.reset()
             model = _moe(device, args.layers, args.tiny).eval()
-            part = engine_vs_learner(model, recipe, batch=batch, new_tokens=32, device=device)
+            part = engine_vs_learner(
+                model, recipe, batch=batch, new_tokens=32, device=device, localize=args.rows
+            )
             part[0] += f", {variant}"
             print("\n".join(part), flush=True)
             lines += part

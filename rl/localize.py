@@ -79,11 +79,18 @@ def learner_hidden_states(learner, sequences: list[list[int]], *, device) -> Sta
 
 @torch.no_grad()
 def rollout_hidden_states(
-    step, model, sequences: list[list[int]], prompt_lens: list[int], *, device
+    step,
+    model,
+    sequences: list[list[int]],
+    prompt_lens: list[int],
+    *,
+    device,
+    max_seq_len: int | None = None,
 ) -> States:
     """Prefill the prompts (right-padded, one step), then decode the rest of every sequence one
     token per step, teacher-forced. `step` is a `RolloutStep(model, return_hidden=True)`,
-    compiled or not. All sequences must have the same number of tokens after their prompt."""
+    compiled or not. All sequences must have the same number of tokens after their prompt.
+    `max_seq_len` sizes the cache (default: the longest sequence), as the engine's does."""
     tails = {len(s) - p for s, p in zip(sequences, prompt_lens)}
     if len(tails) != 1:
         raise ValueError(f"sequences need equal generated lengths, got {sorted(tails)}")
@@ -96,7 +103,7 @@ def rollout_hidden_states(
         batch=batch,
         num_kv_heads=cfg.num_key_value_heads,
         head_dim=head_dim,
-        max_seq_len=max(len(s) for s in sequences),
+        max_seq_len=max_seq_len or max(len(s) for s in sequences),
         dtype=next(getattr(model, "_orig_mod", model).parameters()).dtype,
         device=device,
     )
