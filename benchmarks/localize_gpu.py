@@ -81,7 +81,7 @@ def _bits_differ(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 def engine_vs_learner(
-    model, recipe, *, batch: int, new_tokens: int, device, localize: bool = False
+    model, recipe, *, batch: int, new_tokens: int, device, localize: bool = False, op_rows=()
 ) -> list[str]:
     """The sampled path of benchmarks.alignment_gpu, instrumented: the logits the engine fed to
     the shared log-prob op at every step, against the learner's logits at the same positions
@@ -139,6 +139,11 @@ def engine_vs_learner(
     ]
     if localize and first:
         lines += _localize_rows(model, recipe, prompts, seqs, first, eng_logits, device)
+    if op_rows:
+        for row, position in op_rows:
+            torch._dynamo.reset()
+            prefill = max(len(prompts[row]), position + 1)
+            lines += op_level(model, recipe, seqs[row], prefill, position, device)
     return lines
 
 
@@ -225,6 +230,88 @@ def bucket_flip_rates(dev) -> list[str]:
     return lines + [""]
 
 
+def _capture_backend(recipe, store: list):
+    """The lowered graph run eagerly (no Inductor) by an FX interpreter that keeps every
+    floating-point node output, keyed by (module path, op, occurrence)."""
+    from fp4_compile.passes import run_pipeline
+    from fp4_compile.passes.graph_utils import module_path
+
+    def backend(gm, example_inputs, **unused):
+        run_pipeline(gm, recipe)
+        seen: dict = {}
+
+        class Recorder(torch.fx.Interpreter):
+            def run_node(self, n):
+                out = super().run_node(n)
+                if n.op in ("call_function", "call_method") and isinstance(out, torch.Tensor):
+                    key = (module_path(n), str(n.target))
+                    seen[key] = seen.get(key, -1) + 1
+                    if out.is_floating_point():
+                        store.append(((*key, seen[key]), n.name, out.detach().clone()))
+                return out
+
+        return lambda *args: Recorder(gm).run(*args)
+
+    return backend
+
+
+def _position_slice(t: torch.Tensor, length: int, pos: int):
+    """t's values at token position `pos`, where the token dim is the one of size `length`."""
+    for dim, size in enumerate(t.shape):
+        if size == length:
+            return t.select(dim, pos)
+    return None
+
+
+def op_level(model, recipe, sequence, prompt_len, position, device) -> list[str]:
+    """Learner (full forward) vs rollout prefill, both alone, through the eager lowered graph:
+    the first op whose output at `position` differs (ops matched by module path and order)."""
+    from fp4_compile.rl.kv_cache import StaticKVCache
+
+    learner_ops, rollout_ops = [], []
+    learner = torch.compile(model, backend=_capture_backend(recipe, learner_ops))
+    step = torch.compile(RolloutStep(model), backend=_capture_backend(recipe, rollout_ops))
+    cfg = model.config
+    cache = StaticKVCache(num_layers=cfg.num_hidden_layers, batch=1, num_kv_heads=cfg.num_key_value_heads,
+                          head_dim=cfg.head_dim, max_seq_len=128, dtype=torch.bfloat16, device=device)  # fmt: skip
+    tensors = [t for pair in zip(cache.keys, cache.values) for t in pair]
+    ids = torch.tensor([sequence], device=device)
+    with torch.no_grad():
+        learner(input_ids=ids, use_cache=False)
+        pos = torch.arange(prompt_len, device=device)[None]
+        step(ids[:, :prompt_len], pos, torch.tensor([prompt_len], device=device), *tensors)
+    # RolloutStep holds the causal LM as `.model`: its module paths carry one more "model."
+    theirs = {(key[0].removeprefix("model."), *key[1:]): (name, t) for key, name, t in rollout_ops}
+    lines = [
+        f"### op level: learner vs rollout prefill at position {position} (eager lowered graph)",
+        "",
+    ]
+    shown = 0
+    for key, name, t in learner_ops:
+        if key not in theirs:
+            continue
+        a = _position_slice(t, len(sequence), position)
+        b = _position_slice(theirs[key][1], prompt_len, position)
+        if a is None or b is None or a.shape != b.shape:
+            continue
+        n = _bits_differ(a, b)
+        if n:
+            diff = float((a.float() - b.float()).abs().max())
+            lines.append(
+                f"- DIFFERS: {key[0]} {key[1]} #{key[2]} ({name} / {theirs[key][0]}): {n}/{a.numel()} values, max {diff:.3e}"
+            )
+            shown += 1
+            if shown >= 12:
+                break
+        elif shown == 0:
+            lines.append(f"- equal: {key[0]} {key[1]} #{key[2]}")
+    if shown == 0:
+        lines.append(f"- no op output differs at position {position} in the eager lowered graph")
+    lines = lines[:2] + lines[2:][-40:]
+    print("\n".join(lines), flush=True)
+    return lines + [""]
+
+
 def _single_bucket_configs() -> None:
     """Pin ONE tile config per GEMM op for every M (the largest bucket's), in place."""
     from fp4_compile.codegen import configs, invariant_configs
@@ -249,6 +336,7 @@ def main() -> None:
     parser.add_argument("--buckets", action="store_true", help="GEMM M-bucket bitwise check")
     parser.add_argument("--rows", action="store_true", help="localize the divergent rows")
     parser.add_argument("--variants", default="pinned M buckets")
+    parser.add_argument("--op-rows", default="", help="row:position pairs to localize per op")
     args = parser.parse_args()
     device = "cpu" if args.tiny else "cuda"
     env = environment()
@@ -339,7 +427,13 @@ def main() -> None:
             torch._dynamo.reset()
             model = _moe(device, args.layers, args.tiny).eval()
             part = engine_vs_learner(
-                model, recipe, batch=batch, new_tokens=32, device=device, localize=args.rows
+                model,
+                recipe,
+                batch=batch,
+                new_tokens=32,
+                device=device,
+                localize=args.rows,
+                op_rows=[tuple(map(int, r.split(":"))) for r in args.op_rows.split(",") if r],
             )
             part[0] += f", {variant}"
             print("\n".join(part), flush=True)
