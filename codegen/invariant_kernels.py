@@ -169,9 +169,17 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr
         m_safe = tl.where(any_vis, m_new, 0.0)
         p = tl.where(vis, tl.exp(s - m_safe[:, None]), 0.0)
         alpha = tl.where(m_i == float("-inf"), 0.0, tl.exp(m_i - m_safe))
-        pv = tl.dot(_round_bf16(p).to(DOT), v.to(DOT), input_precision="ieee")
+        p16 = _round_bf16(p).to(DOT)
+        pv = tl.dot(p16, v.to(DOT), input_precision="ieee")
+        # The row sum is an FP32 "ieee" dot with ones (FMA lowering: k = 0, 1, ... in order)
+        # instead of tl.sum, whose tree follows the register layout the compiler picks: that
+        # layout differed between the causal and the masked variant of this kernel on the H200
+        # (1 in ~4096 outputs 1 ulp apart, learner vs rollout; benchmarks/localize_gpu.py).
+        # All 16 columns of the product are equal; max picks one exactly.
+        ones = tl.full((BLOCK_N, 16), 1.0, tl.float32)
+        l_blk = tl.max(tl.dot(p, ones, input_precision="ieee"), axis=1)
         # a block with no visible key leaves the row's state untouched, bit for bit
-        l_i = tl.where(any_vis, l_i * alpha + tl.sum(p, axis=1), l_i)
+        l_i = tl.where(any_vis, l_i * alpha + l_blk, l_i)
         acc = tl.where(any_vis[:, None], acc * alpha[:, None] + pv, acc)
         m_i = tl.where(any_vis, m_new, m_i)
     seen = l_i > 0
