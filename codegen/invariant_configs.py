@@ -5,8 +5,12 @@ What may and may not follow the batch:
   split-K; BLOCK_M / BLOCK_N may follow M (FIELD_NOTES.md: identical bits across tile shapes on
   the H200 for a sequential K loop; `benchmarks/invariant_gpu_check.py` re-checks THESE
   buckets, rows of op(x[:m]) == rows of op(x) for m up to 256).
-- attention: ONE config for the learner's forward, prefill and decode (the per-row reductions
-  `tl.sum` / `tl.max` follow the tile layout, so the tile must not change with Tq).
+- attention: ONE config for the learner's forward, prefill and decode. One config is not
+  enough by itself: the compiler picks register layouts per kernel VARIANT (the learner's causal
+  launch and the rollout's masked launch are two compiled kernels), and a `tl.sum` tree follows
+  that layout. On the H200 the two variants summed the softmax row in different orders (1 in
+  ~4096 attention outputs 1 bf16 ulp apart, enough to break strict alignment at batch >= 8);
+  the row sum is therefore an in-order FP32 dot. `tl.max` is exact in any order.
 - rms_norm / logprobs: one row per program; BLOCK_V is fixed per architecture.
 """
 

@@ -17,6 +17,7 @@ from .lower_moe import lower_moe
 from .lower_outer_products import lower_outer_products
 from .lower_rms_norm import lower_rms_norm
 from .lower_routing import lower_routing
+from .lower_row_scales import lower_row_scales
 from .lower_small_reductions import lower_small_reductions
 from .report import GemmDecision, LoweringReport
 from .select_gemms import select_gemms
@@ -30,6 +31,7 @@ PIPELINE = (
     lower_rms_norm,  # RMSNorm pattern -> invariant rms_norm
     lower_attention,  # SDPA -> invariant attention (fixed key blocks from position 0)
     lower_small_reductions,  # small float sums (MoE top-k combine) -> fixed-order ordered_sum
+    lower_row_scales,  # x[..., H] * w[..., 1] (routing weights) -> row_scale, ordered backward
     lower_outer_products,  # K = 1 matmuls (rotary embedding) -> broadcast multiply, same bits
     verify,  # nothing eligible left, no stock reduction left (strict), op census
 )

@@ -1,0 +1,63 @@
+"""`fp4_compile::row_scale`: x[..., H] * w[..., 1] (MoE routing weights times expert outputs),
+with a backward whose reduction is written out. Autograd of a plain broadcasting multiply sums
+grad * x over H with whatever kernel runs it (eager, Inductor's generated reduction): two orders,
+two answers, and the router's gradient differed (tests/passes/test_lowering_equivalence.py).
+Here d(w) = block_sum(grad * x) over H in a fixed order (invariant_math), in FP32, as an opaque
+op, so eager, Inductor and every batch size add the same numbers in the same order."""
+
+from __future__ import annotations
+
+import torch
+
+from . import invariant_math as im
+
+BLOCK = 64
+
+
+def _check(x: torch.Tensor, w: torch.Tensor) -> None:
+    if not (x.dtype.is_floating_point and w.dtype.is_floating_point):
+        raise TypeError(f"row_scale is for floating tensors, got x {x.dtype}, w {w.dtype}")
+    if w.dim() != x.dim() or w.shape[-1] != 1 or w.shape[:-1] != x.shape[:-1]:
+        raise ValueError(
+            f"row_scale needs w of shape x.shape[:-1] + (1,): x {tuple(x.shape)}, w {tuple(w.shape)}"
+        )
+
+
+@torch.library.custom_op("fp4_compile::row_scale", mutates_args=())
+def row_scale(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    _check(x, w)
+    return x * w
+
+
+@row_scale.register_fake
+def _(x, w):
+    _check(x, w)
+    return torch.empty(x.shape, dtype=torch.promote_types(x.dtype, w.dtype), device=x.device)
+
+
+@torch.library.custom_op("fp4_compile::row_scale_backward", mutates_args=())
+def row_scale_backward(
+    grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    grad_x = (grad * w).to(x.dtype)
+    prod = grad.to(torch.float32) * x.to(torch.float32)
+    grad_w = im.block_sum(prod, BLOCK)[..., None].to(w.dtype)
+    return grad_x, grad_w
+
+
+@row_scale_backward.register_fake
+def _(grad, x, w):
+    return torch.empty_like(x), torch.empty_like(w)
+
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx, grad):
+    x, w = ctx.saved_tensors
+    grad_x, grad_w = row_scale_backward(grad.contiguous(), x, w)
+    return grad_x, grad_w
+
+
+row_scale.register_autograd(_backward, setup_context=_setup)
