@@ -127,7 +127,10 @@ class RolloutEngine:
                     raise ValueError(
                         f"update_weights: {name!r} is {tuple(theirs[name].shape)}, engine has {tuple(p.shape)}"
                     )
-                p.copy_(theirs[name])
+                # an FSDP2-sharded learner holds DTensors: gather (a collective, same order on
+                # every rank) so the engine receives the full, single-process weights
+                value = theirs[name].detach()
+                p.copy_(value.full_tensor() if hasattr(value, "full_tensor") else value)
 
     def _new_cache(self, batch: int) -> StaticKVCache:
         return StaticKVCache(
