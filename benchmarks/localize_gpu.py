@@ -31,25 +31,11 @@ from fp4_compile.rl.rollout_step import RolloutStep
 
 
 def _dense(device, layers, tiny):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from fp4_compile.models import tiny_qwen3
+    from fp4_compile.models import qwen3_30b_a3b_layers, tiny_qwen3
 
     if tiny:
         return tiny_qwen3(layers=layers, dtype=torch.bfloat16).to(device)
-    cfg = Qwen3Config(
-        vocab_size=8192,
-        hidden_size=2048,
-        intermediate_size=6144,
-        num_hidden_layers=layers,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        head_dim=128,
-        max_position_embeddings=4096,
-    )
-    torch.manual_seed(0)
-    with torch.device(device):
-        return Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    return qwen3_30b_a3b_layers(layers=layers, device=device, dense=True)
 
 
 def _moe(device, layers, tiny):

@@ -71,27 +71,35 @@ def tiny_llama(*, layers: int = 1, hidden: int = 64, vocab: int = 128, seed: int
 
 
 def qwen3_30b_a3b_layers(
-    *, layers: int = 2, vocab: int = 8192, seed: int = 0, dtype=torch.bfloat16, device="cpu"
+    *,
+    layers: int = 2,
+    vocab: int = 8192,
+    seed: int = 0,
+    dtype=torch.bfloat16,
+    device="cpu",
+    dense: bool = False,
 ):
     """Qwen3-30B-A3B-shaped decoder layers (hidden 2048, 32 q / 4 kv heads, head_dim 128, 128
-    experts, 8 active, moe_intermediate 768), random init, vocabulary reduced (default 8192)."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    experts, 8 active, moe_intermediate 768), random init, vocabulary reduced (default 8192).
+    dense=True: the same attention with a dense MLP (intermediate 6144), a Qwen3 of that width."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    cfg = Qwen3MoeConfig(
+    common = dict(
         vocab_size=vocab,
         hidden_size=2048,
         intermediate_size=6144,
-        moe_intermediate_size=768,
         num_hidden_layers=layers,
         num_attention_heads=32,
         num_key_value_heads=4,
         head_dim=128,
-        num_experts=128,
-        num_experts_per_tok=8,
-        norm_topk_prob=True,
         max_position_embeddings=4096,
     )
+    if dense:
+        cls, cfg = Qwen3ForCausalLM, Qwen3Config(**common)
+    else:
+        moe = dict(moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8)
+        cls, cfg = Qwen3MoeForCausalLM, Qwen3MoeConfig(**common, **moe, norm_topk_prob=True)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen3MoeForCausalLM(cfg)
+        model = cls(cfg)
     return model.to(dtype)
