@@ -28,6 +28,7 @@ from fp4_compile.rl.localize import (
     rollout_hidden_states,
 )
 from fp4_compile.rl.rollout_step import RolloutStep
+from fp4_compile.testing import count_bytes_differ
 
 
 def _dense(device, layers, tiny):
@@ -62,8 +63,7 @@ def _per_row(a, b, prompt_lens):
 
 
 def _bits_differ(a: torch.Tensor, b: torch.Tensor) -> int:
-    a, b = a.float().cpu(), b.float().cpu()
-    return int((a.view(torch.int32) != b.view(torch.int32)).sum())
+    return count_bytes_differ(a.detach().cpu(), b.detach().cpu())
 
 
 def engine_vs_learner(

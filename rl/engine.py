@@ -13,6 +13,7 @@ import torch
 
 from ..dynamo_guard import no_silent_eager_fallback
 from ..recipe import NVFP4Recipe, as_recipe
+from .distributed import full_tensor
 from .kv_cache import StaticKVCache
 from .logprobs import token_logprobs
 from .rollout_step import RolloutStep
@@ -129,8 +130,7 @@ class RolloutEngine:
                     )
                 # an FSDP2-sharded learner holds DTensors: gather (a collective, same order on
                 # every rank) so the engine receives the full, single-process weights
-                value = theirs[name].detach()
-                p.copy_(value.full_tensor() if hasattr(value, "full_tensor") else value)
+                p.copy_(full_tensor(theirs[name].detach()))
 
     def _new_cache(self, batch: int) -> StaticKVCache:
         return StaticKVCache(

@@ -136,13 +136,13 @@ def compare_states(a: States, b: States) -> Localization:
         y = torch.cat([s[layer] for s in b]).float()
         if x.shape != y.shape:
             raise ValueError(f"{name}: shapes {tuple(x.shape)} and {tuple(y.shape)} differ")
-        bad = (x.view(torch.int32) != y.view(torch.int32)).any(dim=-1)
-        where = bad.nonzero()
+        neq = x.view(torch.int32) != y.view(torch.int32)
+        where = neq.any(dim=-1).nonzero()
         gaps.append(
             LayerGap(
                 name,
                 float((x - y).abs().max()) if x.numel() else 0.0,
-                int((x.view(torch.int32) != y.view(torch.int32)).sum()),
+                int(neq.sum()),
                 x.numel(),
                 int(where[0, 0]) if len(where) else None,
             )
