@@ -29,12 +29,47 @@ def _step_fn(model, ids, opt):
     return step
 
 
-def measure(label, model, compiled, ids, tokens):
+def measure(label, model, compiled, ids, tokens, *, profile=False):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=torch.cuda.is_available())
     torch.cuda.reset_peak_memory_stats()
-    ms = cuda_time_ms(_step_fn(compiled, ids, opt), warmup=2, iters=5)
+    step = _step_fn(compiled, ids, opt)
+    ms = cuda_time_ms(step, warmup=2, iters=5)
     peak = torch.cuda.max_memory_allocated() / 2**30
-    return {"label": label, "step_ms": ms, "tokens_per_s": tokens / (ms / 1e3), "peak_gib": peak}
+    row = {"label": label, "step_ms": ms, "tokens_per_s": tokens / (ms / 1e3), "peak_gib": peak}
+    if profile:
+        row["profile"] = profile_step(step, ms)
+    return row
+
+
+def profile_step(step, step_ms: float, top: int = 20) -> dict:
+    """One step under torch.profiler: GPU busy time (sum of kernel time) vs the step's wall
+    time (a CPU-bound step has a low ratio), the kernels with the most GPU time, and the
+    operators with the most CPU time (fp4_compile:: ops include their host-side work)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+
+    def dev_us(e):
+        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+
+    kernels = [e for e in events if dev_us(e) > 0]
+    busy_ms = sum(dev_us(e) for e in kernels) / 1e3
+    by_gpu = sorted(kernels, key=dev_us, reverse=True)[:top]
+    ops = [e for e in events if e.key.startswith(("fp4_compile::", "aten::", "Optimizer"))]
+    by_cpu = sorted(ops, key=lambda e: e.cpu_time_total, reverse=True)[:top]
+    return {
+        "gpu_busy_ms": busy_ms,
+        "step_ms": step_ms,
+        "gpu_busy_frac": busy_ms / step_ms if step_ms else None,
+        "top_gpu": [{"name": e.key[:90], "ms": dev_us(e) / 1e3, "calls": e.count} for e in by_gpu],
+        "top_cpu_ops": [
+            {"name": e.key[:90], "cpu_total_ms": e.cpu_time_total / 1e3, "calls": e.count}
+            for e in by_cpu
+        ],
+    }
 
 
 def main() -> None:
@@ -42,6 +77,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument(
+        "--profile", action="store_true", help="profile one step of each minite config"
+    )
     args = parser.parse_args()
     env = environment()
     device = "cuda"
@@ -58,15 +96,27 @@ def main() -> None:
         kw = {"options": options} if options else {}
         compiled = torch.compile(model, backend=backend, **kw)
         try:
-            rows.append(measure(label, model, compiled, ids, tokens))
+            rows.append(
+                measure(
+                    label,
+                    model,
+                    compiled,
+                    ids,
+                    tokens,
+                    profile=args.profile and backend == "minite",
+                )
+            )
             if backend == "minite" and options["recipe"].quantize:
                 with torch.no_grad():
                     full = compiled(input_ids=ids[:4, :128], use_cache=False).logits
                     alone = compiled(input_ids=ids[2:3, :128], use_cache=False).logits
                 rows[-1]["row_alone_vs_batch_differ"] = count_bytes_differ(alone[0], full[2])
         except Exception as e:  # recorded, not hidden
-            rows.append({"label": label, "error": f"{type(e).__name__}: {e}"[:2000]})
-        print(rows[-1], flush=True)
+            import traceback
+
+            rows.append({"label": label, "error": f"{type(e).__name__}: {e}"[:2000],
+                         "traceback": traceback.format_exc()[-6000:]})  # fmt: skip
+        print({k: v for k, v in rows[-1].items() if k != "profile"}, flush=True)
         del model, compiled
         torch.cuda.empty_cache()
     base = rows[0].get("tokens_per_s")
@@ -87,6 +137,27 @@ def main() -> None:
         md.append(
             f"| {r['label']} | {r['step_ms']:.1f} | {r['tokens_per_s']:.0f} | {r['ratio_vs_bf16']:.2f}x | {r['peak_gib']:.1f} |"
         )
+    for r in rows:
+        prof = r.get("profile")
+        if not prof:
+            continue
+        md += [
+            "",
+            f"## where the time goes: {r['label']}",
+            f"GPU busy {prof['gpu_busy_ms']:.1f} ms of a {prof['step_ms']:.1f} ms step "
+            f"({100 * prof['gpu_busy_frac']:.0f}%: the rest is host time, launches and syncs)",
+            "",
+            "| GPU kernel | ms | calls |",
+            "| --- | --- | --- |",
+            *[f"| `{k['name']}` | {k['ms']:.2f} | {k['calls']} |" for k in prof["top_gpu"]],
+            "",
+            "| operator (CPU time incl. children) | ms | calls |",
+            "| --- | --- | --- |",
+            *[
+                f"| `{k['name']}` | {k['cpu_total_ms']:.2f} | {k['calls']} |"
+                for k in prof["top_cpu_ops"]
+            ],
+        ]
     text = "\n".join(md) + "\n"
     print(text)
     write_results("learner", {"env": env, "args": vars(args), "rows": rows}, text)

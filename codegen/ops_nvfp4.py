@@ -5,8 +5,11 @@ Shape legend: M tokens, T tokens sorted by expert, K in-features, N out-features
 Ops (each a `torch.library.custom_op`: opaque to Dynamo and Inductor, which keeps one registered
 boundary per GEMM and compiles on CPU, where `triton_op`/`wrap_triton` cannot):
 - quantize(x, block, global_scale, static_amax, rounding, seed) -> (codes, block_scales, global_decode)
-- nvfp4_linear(x, weight, w_codes, w_scales, w_global_decode, bias, x_amax, recipe, w_ongrid) -> y
-- nvfp4_grouped_mm(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax, recipe, w_ongrid)
+- nvfp4_linear(x, weight, w_codes, w_scales, w_global_decode, bias, x_amax, recipe, w_ongrid, site) -> y
+- nvfp4_grouped_mm(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax, recipe, w_ongrid,
+  site)
+`site` (`sr_stream.site_id` of the GEMM's module path, set by the lowering) keys the backward's
+stochastic-rounding streams; it does not change the forward.
 - nvfp4_linear_backward / nvfp4_grouped_mm_backward: the backward GEMMs (autograd calls them).
 `w_scales` holds the E4M3 scale BYTES as uint8 (`.view(torch.uint8)`: float8 arguments break
 opcheck's schema test on CPU); `recipe` is the recipe's JSON (`nvfp4_impl.recipe_to_json`); `weight` is the high-precision master
@@ -21,6 +24,7 @@ import torch
 
 from .. import reference as ref
 from ..format import BLOCK_SIZE
+from ..sr_stream import call_seed, site_seed
 from . import nvfp4_impl as impl
 
 _LIB = "fp4_compile"
@@ -101,6 +105,7 @@ def nvfp4_linear(
     x_amax: torch.Tensor | None,
     recipe: str,
     w_ongrid: torch.Tensor | None = None,
+    site: int = 0,
 ) -> torch.Tensor:
     rec = impl.recipe_from_json(recipe)
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False)
@@ -114,7 +119,7 @@ def nvfp4_linear(
 
 
 @nvfp4_linear.register_fake
-def _(x, weight, w_codes, w_scales, w_global_decode, bias, x_amax, recipe, w_ongrid=None):
+def _(x, weight, w_codes, w_scales, w_global_decode, bias, x_amax, recipe, w_ongrid=None, site=0):
     n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False)
     return x.new_empty((*x.shape[:-1], n))
 
@@ -134,8 +139,11 @@ def nvfp4_linear_backward(
     needs_w: bool,
     needs_bias: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (dX in x.dtype or [0], dW float32 [N, K] or [0], dbias float32 [N] or [0])."""
+    """-> (dX in x.dtype or [0], dW float32 [N, K] or [0], dbias float32 [N] or [0]).
+    `seed` is the call site's stream key (`sr_stream.site_seed`); each call draws a fresh seed
+    from it (`sr_stream.call_seed`), so steps and layers never share rounding noise."""
     rec = impl.recipe_from_json(recipe)
+    seed = call_seed(seed)
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False)
     dy2, x2 = _flat(grad_out), _flat(x)
     cuda = x.device.type == "cuda"
@@ -168,9 +176,10 @@ def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, w_ongrid, recipe,
 
 
 def _linear_setup_context(ctx, inputs, output):
-    x, weight, w_codes, w_scales, w_gd, bias, x_amax, recipe, w_ongrid = inputs
+    x, weight, w_codes, w_scales, w_gd, bias, x_amax, recipe, w_ongrid, site = inputs
     ctx.save_for_backward(x, weight, w_codes, w_scales, w_gd, w_ongrid)
     ctx.recipe = recipe
+    ctx.site = site
     ctx.weight_dtype = weight.dtype
     ctx.bias_dtype = None if bias is None else bias.dtype
 
@@ -180,13 +189,13 @@ def _linear_backward(ctx, grad_out):
     needs = ctx.needs_input_grad
     rec = impl.recipe_from_json(ctx.recipe)
     dx, dw, db = torch.ops.fp4_compile.nvfp4_linear_backward(
-        grad_out, x, weight, w_codes, w_scales, w_gd, w_ongrid, ctx.recipe, rec.seed,
-        needs[0], needs[1], needs[5] and ctx.bias_dtype is not None,
+        grad_out, x, weight, w_codes, w_scales, w_gd, w_ongrid, ctx.recipe,
+        site_seed(rec.seed, ctx.site), needs[0], needs[1], needs[5] and ctx.bias_dtype is not None,
     )  # fmt: skip
     dx = dx if needs[0] else None
     dw = dw.to(ctx.weight_dtype) if needs[1] else None
     db = db.to(ctx.bias_dtype) if (needs[5] and ctx.bias_dtype is not None) else None
-    return dx, dw, None, None, None, db, None, None, None
+    return dx, dw, None, None, None, db, None, None, None, None
 
 
 nvfp4_linear.register_autograd(_linear_backward, setup_context=_linear_setup_context)
@@ -227,6 +236,7 @@ def nvfp4_grouped_mm(
     x_amax: torch.Tensor | None,
     recipe: str,
     w_ongrid: torch.Tensor | None = None,
+    site: int = 0,
 ) -> torch.Tensor:
     rec = impl.recipe_from_json(recipe)
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True)
@@ -243,7 +253,8 @@ def nvfp4_grouped_mm(
 
 
 @nvfp4_grouped_mm.register_fake
-def _(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax, recipe, w_ongrid=None):
+def _(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax, recipe, w_ongrid=None,
+      site=0):  # fmt: skip
     n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True)
     _check_grouped(x, offsets, w_codes.shape[0])
     return x.new_empty((x.shape[0], n))
@@ -265,8 +276,10 @@ def nvfp4_grouped_mm_backward(
     needs_w: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (dX [T, K] in x.dtype or [0], dW float32 [E, N, K] or [0]). dY is quantized over all T
-    tokens for dgrad; wgrad quantizes each expert's dY_e^T and X_e^T separately (seed + 1 + e)."""
+    tokens for dgrad; wgrad quantizes each expert's dY_e^T and X_e^T separately (seed + 1 + e).
+    `seed` is the call site's stream key, as in nvfp4_linear_backward."""
     rec = impl.recipe_from_json(recipe)
+    seed = call_seed(seed)
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True)
     num_experts = w_codes.shape[0]
     cuda = x.device.type == "cuda"
@@ -306,9 +319,10 @@ def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, offsets, w_ongrid
 
 
 def _grouped_setup_context(ctx, inputs, output):
-    x, weight, w_codes, w_scales, w_gd, offsets, x_amax, recipe, w_ongrid = inputs
+    x, weight, w_codes, w_scales, w_gd, offsets, x_amax, recipe, w_ongrid, site = inputs
     ctx.save_for_backward(x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid)
     ctx.recipe = recipe
+    ctx.site = site
     ctx.weight_dtype = weight.dtype
 
 
@@ -317,12 +331,12 @@ def _grouped_backward(ctx, grad_out):
     needs = ctx.needs_input_grad
     rec = impl.recipe_from_json(ctx.recipe)
     dx, dw = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(
-        grad_out, x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, ctx.recipe, rec.seed,
-        needs[0], needs[1],
+        grad_out, x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, ctx.recipe,
+        site_seed(rec.seed, ctx.site), needs[0], needs[1],
     )  # fmt: skip
     dx = dx if needs[0] else None
     dw = dw.to(ctx.weight_dtype) if needs[1] else None
-    return dx, dw, None, None, None, None, None, None, None
+    return dx, dw, None, None, None, None, None, None, None, None
 
 
 nvfp4_grouped_mm.register_autograd(_grouped_backward, setup_context=_grouped_setup_context)

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from ..format import BLOCK_SIZE, NVFP4Tensor
 from ..reference import _validate_input, global_amax
+from ..sr_stream import sr_uniforms
 from .configs import pick
 from .runtime import arch_of, check_kernel_device, compile_options, interpreting
 
@@ -152,9 +153,8 @@ def global_stage(x: torch.Tensor, global_scale: str | torch.Tensor):
 
 
 def uniforms(shape, seed: int, device: torch.device) -> torch.Tensor:
-    """The reference's stochastic-rounding stream (CPU generator, so any device agrees)."""
-    gen = torch.Generator(device="cpu").manual_seed(int(seed))
-    return torch.rand(tuple(shape), generator=gen, dtype=torch.float32).to(device)
+    """The reference's stochastic-rounding stream, drawn on `device` (`fp4_compile.sr_stream`)."""
+    return sr_uniforms(shape, seed, device)
 
 
 def quantize_triton(

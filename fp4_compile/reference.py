@@ -26,8 +26,8 @@ operation below is one FP32 operation unless stated otherwise):
    <= 5 -> 4, else 6 (ties go to the even code). The sign bit is set for v < 0, so -0.0 encodes as
    code 0 and values in [-0.25, 0) as code 8 (-0).
    ``stochastic`` rounding (gradients only) rounds |v| up to the next grid point with probability
-   (|v| - lo) / (hi - lo), from a CPU ``torch.Generator`` seeded with ``seed``: reproducible on any
-   device.
+   (|v| - lo) / (hi - lo), u < that probability with u from ``sr_stream.sr_uniforms(shape, seed)``
+   (a counter-based integer hash of (seed, flat index), exact on any device).
 
 Dequantization: ``(E2M1(code) * float(decode_scale)) * global_decode``. The first product is exact
 (at most 6 significant bits: exact in BF16), the second is one FP32 rounding.
@@ -52,6 +52,7 @@ from .format import (
     NVFP4Tensor,
     pack_codes,
 )
+from .sr_stream import sr_uniforms
 
 GLOBAL_SCALE_MODES = ("per_tensor", "per_row", "static")
 ROUNDING_MODES = ("rne", "stochastic")
@@ -146,8 +147,7 @@ def e2m1_round_stochastic(v: torch.Tensor, seed: int) -> torch.Tensor:
     hi_idx = torch.searchsorted(grid, mag.contiguous(), right=False).clamp(max=7)
     lo_idx = torch.where(grid[hi_idx] == mag, hi_idx, (hi_idx - 1).clamp(min=0))
     lo, hi = grid[lo_idx], grid[hi_idx]
-    gen = torch.Generator(device="cpu").manual_seed(int(seed))
-    u = torch.rand(v.shape, generator=gen, dtype=torch.float32).to(v.device)
+    u = sr_uniforms(v.shape, seed, v.device)
     span = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
     up = u < (mag - lo) / span
     idx = torch.where(up, hi_idx, lo_idx).to(torch.uint8)

@@ -12,7 +12,7 @@ import torch.fx as fx
 from ..recipe import NVFP4Recipe
 from .patterns import is_linear, scalar_arg
 from .report import LoweringReport
-from .targets import emit_bf16_linear, emit_nvfp4_linear, emit_quantize_weight
+from .targets import call_site, emit_bf16_linear, emit_nvfp4_linear, emit_quantize_weight
 
 
 def quantized_weight_node(graph: fx.Graph, weight: fx.Node, cache: dict, recipe: NVFP4Recipe):
@@ -33,7 +33,9 @@ def lower_linears(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRepor
         bias = scalar_arg(node, 2, "bias")
         if decision.precision == "nvfp4":
             wq = quantized_weight_node(graph, weight, cache, recipe)
-            new = emit_nvfp4_linear(graph, node, x, weight, wq, bias, recipe)
+            new = emit_nvfp4_linear(
+                graph, node, x, weight, wq, bias, recipe, call_site(graph, decision)
+            )
             decision.lowered_to = "fp4_compile.nvfp4_linear"
         else:
             new = emit_bf16_linear(graph, node, x, weight, bias)

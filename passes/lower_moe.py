@@ -14,7 +14,7 @@ from .graph_utils import erase_dead, fake
 from .lower_linears import quantized_weight_node
 from .patterns import is_cast, scalar_arg
 from .report import LoweringReport
-from .targets import emit_bf16_grouped, emit_nvfp4_grouped
+from .targets import call_site, emit_bf16_grouped, emit_nvfp4_grouped
 
 
 def _is_last_two_transpose(node) -> bool:
@@ -59,7 +59,9 @@ def lower_moe(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -
             continue
         if decision.precision == "nvfp4":
             wq = quantized_weight_node(graph, weight, cache, recipe)
-            new = emit_nvfp4_grouped(graph, node, x, weight, wq, offsets, recipe)
+            new = emit_nvfp4_grouped(
+                graph, node, x, weight, wq, offsets, recipe, call_site(graph, decision)
+            )
             decision.lowered_to = "fp4_compile.nvfp4_grouped_mm"
         else:
             new = emit_bf16_grouped(graph, node, x, weight, offsets)

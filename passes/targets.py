@@ -53,15 +53,26 @@ def emit_quantize_weight(graph, weight, recipe: NVFP4Recipe):
     return codes, scales_u8, gd
 
 
-def emit_nvfp4_linear(graph, node, x, weight, wq, bias, recipe: NVFP4Recipe):
+def call_site(graph, decision) -> int:
+    """The stochastic-rounding call-site id of a lowered GEMM: its module path and kind, plus a
+    running index for repeated uses of one module in a graph (so every site is distinct)."""
+    from ..sr_stream import site_id
+
+    seen = graph._minite_sites = getattr(graph, "_minite_sites", {})
+    name = f"{decision.module}:{decision.kind}"
+    seen[name] = seen.get(name, -1) + 1
+    return site_id(f"{name}:{seen[name]}")
+
+
+def emit_nvfp4_linear(graph, node, x, weight, wq, bias, recipe: NVFP4Recipe, site: int = 0):
     codes, scales, gd = wq
-    args = (x, weight, codes, scales, gd, bias, None, recipe_arg(recipe), None)
+    args = (x, weight, codes, scales, gd, bias, None, recipe_arg(recipe), None, site)
     return insert_call(graph, _ops().nvfp4_linear.default, args, before=node, like=node)
 
 
-def emit_nvfp4_grouped(graph, node, x, weight, wq, offsets, recipe: NVFP4Recipe):
+def emit_nvfp4_grouped(graph, node, x, weight, wq, offsets, recipe: NVFP4Recipe, site: int = 0):
     codes, scales, gd = wq
-    args = (x, weight, codes, scales, gd, offsets, None, recipe_arg(recipe), None)
+    args = (x, weight, codes, scales, gd, offsets, None, recipe_arg(recipe), None, site)
     return insert_call(graph, _ops().nvfp4_grouped_mm.default, args, before=node, like=node)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..sr_stream import set_sr_state, sr_state
 from .checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -81,6 +82,9 @@ class GRPOTrainer:
             if state is not None:
                 ref.load_state_dict(state["ref_model"])
             self.ref_model = ref.requires_grad_(False)
+        # The stochastic-rounding streams of the NVFP4 backward are a per-call-site counter
+        # (fp4_compile.sr_stream): part of the run's state, saved and restored with it.
+        set_sr_state(state.get("sr_state") if state is not None else None)
         if state is not None:
             self.optimizer.load_state_dict(state["optimizer"])
             self.step = state["step"]
@@ -106,6 +110,7 @@ class GRPOTrainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rng": rng_state(),
+            "sr_state": sr_state(),
             "recipe": self.recipe.to_dict(),
             "config": self.cfg.to_dict(),
             "tokenizer": self.tok.to_dict(),

@@ -1,0 +1,117 @@
+"""The stochastic-rounding stream: uniforms in [0, 1) from a counter-based integer hash of
+(seed, element index), computed on the tensor's own device with exact integer arithmetic, so
+CPU and GPU give the same bits without drawing on the host (a CPU `torch.Generator` plus a
+host-to-device copy cost tens of ms per gradient GEMM at learner sizes).
+
+u[i] = (h(seed, i) >> 8) * 2^-24, with h two rounds of the "lowbias32" mixer over uint32
+(emulated in int64; every product is split so that it stays below 2^63, hence no overflow).
+
+And the per-call seeds: the lowering gives every NVFP4 GEMM a call-site id (`site_id` of its
+module path); at run time `call_seed` mixes it with that site's call counter, so two layers, two
+steps or two micro-batches never reuse the same rounding noise. The counters are part of a run's
+state: `sr_state()` / `set_sr_state(...)` save and restore them (the GRPO trainer's checkpoints
+do).
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+
+import torch
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(h: torch.Tensor, c: int) -> torch.Tensor:
+    """(h * c) mod 2^32 for int64 h in [0, 2^32), without int64 overflow."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (h * lo + (((h * hi) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x7FEB352D)
+    h = h ^ (h >> 15)
+    h = _mul32(h, 0x846CA68B)
+    return h ^ (h >> 16)
+
+
+def _mix32_int(h: int) -> int:
+    h ^= h >> 16
+    h = (h * 0x7FEB352D) & _M32
+    h ^= h >> 15
+    h = (h * 0x846CA68B) & _M32
+    return h ^ (h >> 16)
+
+
+def _key(seed: int) -> int:
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    return _mix32_int(_mix32_int(seed & _M32) ^ ((seed >> 32) & _M32) ^ 0x9E3779B9)
+
+
+def sr_uniforms(shape, seed: int, device) -> torch.Tensor:
+    """FP32 uniforms in [0, 1) of `shape` on `device`, a pure function of (seed, flat index)."""
+    key = _key(int(seed))
+    n = 1
+    for s in shape:
+        n *= int(s)
+    idx = torch.arange(n, dtype=torch.int64, device=device)
+    h = _mix32((idx & _M32) ^ key)
+    h = _mix32(h ^ ((idx >> 32) & _M32) ^ (key >> 1))
+    return ((h >> 8).to(torch.float32) * (1.0 / 16777216.0)).reshape(tuple(shape))
+
+
+def site_id(name: str) -> int:
+    """A stable 31-bit id of a GEMM call site (its module path and kind), for `call_seed`."""
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
+def site_seed(base: int, site: int) -> int:
+    """The stream key of one call site under the recipe's base seed (a constant at trace time)."""
+    return _mix32_int(_key(int(base)) ^ (int(site) & _M32))
+
+
+_lock = threading.Lock()
+_counters: dict[int, int] = {}
+
+
+def call_seed(site_key: int) -> int:
+    """A fresh stochastic-rounding seed for one call of the backward GEMMs at a call site
+    (`site_key` from `site_seed`); that site's counter advances by one. Per-site counters make
+    the seeds independent of the order in which the backward runs the sites (eager autograd
+    and a compiled backward graph may order them differently). Layout (< 2^63): bits 36-62 from
+    the site key, bits 12-35 the site's call count, bits 0-11 zero, left to the call's
+    sub-streams (dgrad seed, wgrad seed + 1, MoE wgrad seed + 1 + e for up to 4094 experts)."""
+    with _lock:
+        n = _counters.get(site_key, 0)
+        _counters[site_key] = n + 1
+    return nth_call_seed(site_key, n)
+
+
+def nth_call_seed(site_key: int, n: int) -> int:
+    """The seed `call_seed(site_key)` returns on the site's n-th call (0-based): a pure function."""
+    return ((_mix32_int(site_key & _M32) & 0x7FFFFFF) << 36) | ((n & 0xFFFFFF) << 12)
+
+
+def sr_state() -> dict[int, int]:
+    """The call count of every call site so far in this process (save it with a run)."""
+    with _lock:
+        return dict(_counters)
+
+
+def set_sr_state(state: dict[int, int] | None) -> None:
+    """Restore the counters (None or {} starts every stream over): resuming a run with its saved
+    state continues its rounding streams exactly; a run that starts fresh in a process that
+    already trained must reset them to reproduce."""
+    if state is not None and not isinstance(state, dict):
+        raise TypeError(f"state must be a dict or None, got {type(state).__name__}")
+    clean = {}
+    for k, v in (state or {}).items():
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(f"state[{k!r}] must be a non-negative int, got {v!r}")
+        clean[int(k)] = v
+    with _lock:
+        _counters.clear()
+        _counters.update(clean)
