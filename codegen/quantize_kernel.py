@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ..format import BLOCK_SIZE, NVFP4Tensor
 from ..reference import _validate_input, global_amax
-from ..sr_stream import sr_uniforms
+from ..sr_stream import sr_key
 from .configs import pick
 from .runtime import arch_of, check_kernel_device, compile_options, interpreting
 
@@ -63,9 +63,29 @@ def _e2m1_value(code):
 
 
 @triton.jit
+def _mix32(h):
+    """The "lowbias32" mixer on uint32 (products wrap mod 2^32), as `sr_stream._mix32`."""
+    h = h ^ (h >> 16)
+    h = h * 0x7FEB352D
+    h = h ^ (h >> 15)
+    h = h * 0x846CA68B
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def _sr_uniform(flat, key, key_hi):
+    """`sr_stream.sr_uniforms` at int64 flat indices, in registers: bitwise the same stream."""
+    lo = (flat & 0xFFFFFFFF).to(tl.uint32)
+    hi = (flat >> 32).to(tl.uint32)
+    h = _mix32(lo ^ key)
+    h = _mix32(h ^ hi ^ key_hi)
+    return (h >> 8).to(tl.float32) * 5.9604644775390625e-08  # 2**-24, exact
+
+
+@triton.jit
 def _quantize_kernel(
-    x_ptr, u_ptr, mult_ptr, gd_ptr, codes_ptr, scales_ptr, ongrid_ptr,
-    R, K, stride_xr, mult_stride, gd_stride,
+    x_ptr, mult_ptr, gd_ptr, codes_ptr, scales_ptr, ongrid_ptr,
+    R, K, stride_xr, mult_stride, gd_stride, sr_key, sr_key_hi,
     TILE16: tl.constexpr, STOCHASTIC: tl.constexpr, ONGRID: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -95,7 +115,8 @@ def _quantize_kernel(
     v = tl.minimum(tl.maximum(x * enc_full, -6.0), 6.0)
     mag = tl.abs(v)
     if STOCHASTIC:
-        u = tl.load(u_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
+        flat = rows[:, None].to(tl.int64) * K + cols[None, :]
+        u = _sr_uniform(flat, sr_key.to(tl.uint32), sr_key_hi.to(tl.uint32))
         # hi = first grid point >= mag (searchsorted, right=False), lo = the one below unless equal
         hi_idx = ((mag > 0.0).to(tl.int32) + (mag > 0.5) + (mag > 1.0) + (mag > 1.5) + (mag > 2.0)
                   + (mag > 3.0) + (mag > 4.0))  # fmt: skip
@@ -152,11 +173,6 @@ def global_stage(x: torch.Tensor, global_scale: str | torch.Tensor):
     return gd, mult
 
 
-def uniforms(shape, seed: int, device: torch.device) -> torch.Tensor:
-    """The reference's stochastic-rounding stream, drawn on `device` (`fp4_compile.sr_stream`)."""
-    return sr_uniforms(shape, seed, device)
-
-
 def quantize_triton(
     x: torch.Tensor,
     *,
@@ -198,7 +214,7 @@ def quantize_triton(
     else:
         gd2, mult2 = gd.reshape(-1), mult.reshape(-1)
     dev = x.device
-    u = uniforms(shape, seed, dev) if rounding == "stochastic" else x2  # dummy pointer when RNE
+    key = sr_key(seed) if rounding == "stochastic" else 0
     if out == "packed":
         codes = torch.empty((r, k // 2), dtype=torch.uint8, device=dev)
         scales = torch.empty((r, k // BLOCK_SIZE), dtype=torch.uint8, device=dev)
@@ -210,8 +226,8 @@ def quantize_triton(
     if r and k:
         grid = (triton.cdiv(r, cfg.block_m), triton.cdiv(k, cfg.block_k))
         _quantize_kernel[grid](
-            x2, u, mult2, gd2, codes, scales, ongrid,
-            r, k, x2.stride(0), 1 if per_row else 0, 1 if per_row else 0,
+            x2, mult2, gd2, codes, scales, ongrid,
+            r, k, x2.stride(0), 1 if per_row else 0, 1 if per_row else 0, key, key >> 1,
             TILE16=block == "16x16", STOCHASTIC=rounding == "stochastic", ONGRID=out == "ongrid",
             BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
             **cfg.launch_kwargs(), **compile_options(dev),
@@ -227,4 +243,4 @@ def quantize_triton(
     )
 
 
-__all__ = ["quantize_triton", "global_stage", "uniforms", "interpreting"]
+__all__ = ["quantize_triton", "global_stage", "interpreting"]

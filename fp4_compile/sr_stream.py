@@ -45,6 +45,11 @@ def _mix32_int(h: int) -> int:
     return h ^ (h >> 16)
 
 
+def sr_key(seed: int) -> int:
+    """The 32-bit stream key of a seed (what a kernel drawing the stream in registers needs)."""
+    return _key(int(seed))
+
+
 def _key(seed: int) -> int:
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")

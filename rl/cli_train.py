@@ -1,4 +1,4 @@
-"""`minite train RECIPE [--variant strict|te|bf16] [key=value ...] [--resume | --fresh]`.
+"""`minite train RECIPE [--variant strict|te|bf16] [--nproc N] [key=value ...] [--resume | --fresh]`.
 
 Wired into the `minite` console script (fp4_compile/cli.py) by two calls:
 `add_train_parser(subparsers)` and, for args.command == "train", `run_train(args)`.
@@ -7,6 +7,7 @@ Wired into the `minite` console script (fp4_compile/cli.py) by two calls:
 from __future__ import annotations
 
 import argparse
+import os
 
 from .config import VARIANTS
 from .recipes import RECIPES
@@ -34,6 +35,12 @@ def _add_options(p: argparse.ArgumentParser, *, defaults: bool = True) -> None:
         help="discard out_dir's checkpoints and start over",
     )
     p.add_argument("--no-progress", action="store_true", default=d(False), help="no progress bar")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=d(1),
+        help="learner processes (FSDP2 data parallel via torchrun; gloo on CPU, NCCL on GPUs)",
+    )
     p.add_argument(
         "--print-config",
         action="store_true",
@@ -81,11 +88,43 @@ def run_train(args: argparse.Namespace) -> int:
     from .trainer import train
 
     args = _parse_rest(args)
+    if args.nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
     cfg = get_recipe(args.recipe, args.variant).with_overrides(list(args.overrides))
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
-    result = train(cfg, resume=args.resume, fresh=args.fresh, progress=not args.no_progress)
-    print(result["summary"])
-    print("plots: " + ", ".join(str(p) for p in result["plots"]))
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return _launch(args)
+    from .distributed import init_from_env, rank_world
+
+    init_from_env(cfg.device)
+    try:
+        result = train(cfg, resume=args.resume, fresh=args.fresh, progress=not args.no_progress)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    if rank_world()[0] == 0 and result["summary"]:
+        print(result["summary"])
+        print("plots: " + ", ".join(str(p) for p in result["plots"]))
     return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """Re-run this command under torchrun with `--nproc` processes on this machine."""
+    import subprocess
+    import sys
+
+    from .distributed import NCCL_ENV
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={args.nproc}", "-m", "fp4_compile.cli", "train", args.recipe,
+           "--variant", args.variant]  # fmt: skip
+    cmd += ["--resume"] if args.resume else []
+    cmd += ["--fresh"] if args.fresh else []
+    cmd += ["--no-progress"] if args.no_progress else []
+    cmd += list(args.overrides)
+    env = {**NCCL_ENV, **os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.run(cmd, env=env, check=False).returncode

@@ -68,3 +68,139 @@ def global_token_count(mask: torch.Tensor) -> torch.Tensor:
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(n)
     return n.clamp(min=1.0).to(mask.dtype)
+
+
+# ---- the data-parallel trainer's plumbing (all no-ops in a single process) --------------------
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def rank_world() -> tuple[int, int]:
+    """(rank, world size) of the initialized process group, or (0, 1)."""
+    dist = _dist()
+    return (dist.get_rank(), dist.get_world_size()) if dist else (0, 1)
+
+
+def barrier() -> None:
+    dist = _dist()
+    if dist:
+        dist.barrier()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks (a copy; the input is left as it is)."""
+    dist = _dist()
+    out = t.detach().clone()
+    if dist:
+        dist.all_reduce(out)
+    return out
+
+
+def _global_order(per_rank: list, num_groups: int, group: int) -> list[int]:
+    """Indices into the concatenation of every rank's local rows that put them back in the
+    single-process order (rank r holds groups r, r + world, ..., `group` rows each)."""
+    world = len(per_rank)
+    where = {}
+    offset = 0
+    for r in range(world):
+        for k, g in enumerate(rank_groups(num_groups, r, world)):
+            where[g] = offset + k * group
+        offset += per_rank[r]
+    return [where[g] + j for g in range(num_groups) for j in range(group)]
+
+
+def gather_groups(t: torch.Tensor, local_groups: list[int], group: int) -> torch.Tensor:
+    """Every rank's rows of `t` ([local sequences, ...], whole GRPO groups), gathered on every
+    rank in the single-process order. Ranks must hold equally many groups."""
+    dist = _dist()
+    if not dist:
+        return t
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t.contiguous())
+    num_groups = len(local_groups) * dist.get_world_size()
+    order = _global_order([p.shape[0] for p in parts], num_groups, group)
+    return torch.cat(parts)[torch.tensor(order, device=t.device)]
+
+
+def gather_group_objects(items: list, local_groups: list[int], group: int) -> list:
+    """`gather_groups` for a list of picklable per-sequence items."""
+    dist = _dist()
+    if not dist:
+        return list(items)
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, list(items))
+    flat = [x for p in parts for x in p]
+    num_groups = len(local_groups) * dist.get_world_size()
+    return [flat[i] for i in _global_order([len(p) for p in parts], num_groups, group)]
+
+
+def _full_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True)
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded model state dict on every rank (a collective), CPU tensors, the same keys
+    as a single process's `state_dict()`."""
+    inner = getattr(model, "_orig_mod", model)
+    return {k: full_tensor(v.detach()).cpu() for k, v in inner.state_dict().items()}
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer) -> dict:
+    """The unsharded optimizer state (parameters keyed by name; a collective)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    inner = getattr(model, "_orig_mod", model)
+    state = get_optimizer_state_dict(inner, optimizer, options=_full_options())
+    return _to_cpu(state)
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer, state: dict) -> None:
+    """Load `full_optimizer_state`'s result into a sharded optimizer (every rank)."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    inner = getattr(model, "_orig_mod", model)
+    set_optimizer_state_dict(inner, optimizer, optim_state_dict=state, options=_full_options())
+
+
+def _to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return full_tensor(obj).cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu(v) for v in obj]
+    return obj
+
+
+# Keep NVLink multicast (NVLS) off on the lent GPUs; NCCL and symmetric memory read these.
+NCCL_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def init_from_env(device: str) -> tuple[int, int]:
+    """Under torchrun (WORLD_SIZE > 1): initialize the process group, gloo for CPU and NCCL for
+    CUDA (one GPU per local rank, NVLink multicast off). Returns (rank, world)."""
+    import os
+
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 or dist.is_initialized():
+        return rank_world()
+    if device.startswith("cuda"):
+        for k, v in NCCL_ENV.items():
+            os.environ.setdefault(k, v)
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl")
+    else:
+        dist.init_process_group("gloo")
+    return rank_world()

@@ -133,8 +133,13 @@ def policy_loss(
     is_weight: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    global_tokens: torch.Tensor | None = None,
+    global_seqs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The clipped GRPO objective as a loss to minimize -> (loss, stats as 0-d device tensors)."""
+    """The clipped GRPO objective as a loss to minimize -> (loss, stats as 0-d device tensors).
+    `global_tokens` / `global_seqs` (the mask's token count and the number of sequences with a
+    target, summed over data-parallel ranks) replace the local denominators: each rank then
+    returns its additive share of the global loss and stats (sum them over ranks)."""
     if logp.shape != old_logp.shape or logp.shape != mask.shape:
         raise ValueError(
             f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask "
@@ -167,14 +172,15 @@ def policy_loss(
         kl = d.exp() - d - 1.0
         if kl_coef > 0:
             token_loss = token_loss + kl_coef * kl
-    n = m.sum().clamp(min=1.0)
+    n = m.sum().clamp(min=1.0) if global_tokens is None else global_tokens.to(m.dtype)
     if aggregation == "token":
         loss = (token_loss * m).sum() / n
     else:
         per_seq_n = m.sum(dim=1)
         has = (per_seq_n > 0).to(m.dtype)
         per_seq = (token_loss * m).sum(dim=1) / per_seq_n.clamp(min=1.0)
-        loss = (per_seq * has).sum() / has.sum().clamp(min=1.0)
+        seqs = has.sum().clamp(min=1.0) if global_seqs is None else global_seqs.to(m.dtype)
+        loss = (per_seq * has).sum() / seqs
     was_clipped = clipped * adv < ratio * adv  # the clipped branch was the minimum
     stats = {
         "loss/policy": loss.detach(),

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..sr_stream import set_sr_state, sr_state
+from . import distributed as ddp
 from .checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -60,22 +61,37 @@ class GRPOTrainer:
         self.task = make_task(
             cfg.task, num_digits=cfg.num_digits, partial_credit=cfg.partial_credit
         )
+        self.rank, self.world = ddp.rank_world()
+        if cfg.prompts_per_step % self.world:
+            raise ValueError(
+                f"prompts_per_step ({cfg.prompts_per_step}) must be a multiple of the number of "
+                f"processes ({self.world}): every rank trains on whole GRPO groups"
+            )
         self.num_seqs = cfg.prompts_per_step * cfg.group_size
+        self.local_groups = ddp.rank_groups(cfg.prompts_per_step, self.rank, self.world)
+        self.num_local = len(self.local_groups) * cfg.group_size
         self.max_new_tokens = self.task.max_answer_chars + 1  # the answer and its EOS
         self.width = 1 + self.task.max_prompt_chars + self.max_new_tokens
         self.model = build_model(cfg, self.tok.padded_vocab_size(16))
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-            weight_decay=cfg.weight_decay,
-        )  # fmt: skip
         self.step = 0
         self.warm_start: dict = {}
         state = None
         if resume_from is not None:
             state = load_checkpoint(resume_from, kind="grpo", expect=self._identity())
+            if state.get("world", 1) != self.world:
+                raise CheckpointError(
+                    f"{str(resume_from)!r} was written by {state.get('world', 1)} process(es); "
+                    f"resume it with --nproc {state.get('world', 1)} (this run has {self.world})"
+                )
             self.model.load_state_dict(state["model"])
         else:
-            self.warm_start = load_or_warm_start(self.model, cfg, self.task, self.tok, log=log)
+            # rank 0 computes (or loads) the cached warm start first; the others then load it
+            for turn in ((0,), tuple(range(1, self.world))):
+                if self.rank in turn:
+                    self.warm_start = load_or_warm_start(
+                        self.model, cfg, self.task, self.tok, log=log
+                    )
+                ddp.barrier()
         self.ref_model = None
         if cfg.kl_coef > 0:  # the reference policy is the warm-started model
             ref = copy.deepcopy(self.model)
@@ -85,16 +101,25 @@ class GRPOTrainer:
         # The stochastic-rounding streams of the NVFP4 backward are a per-call-site counter
         # (fp4_compile.sr_stream): part of the run's state, saved and restored with it.
         set_sr_state(state.get("sr_state") if state is not None else None)
-        if state is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.step = state["step"]
-            set_rng_state(state["rng"])
         # The engine owns its own copy of the weights (as a separate rollout would) and gets the
-        # learner's after every optimizer step.
+        # learner's after every optimizer step (full weights, gathered from the shards).
         self.engine = RolloutEngine(
             copy.deepcopy(self.model), recipe=self.recipe, device=self.device,
-            max_batch=self.num_seqs, max_seq_len=self.width, compile=cfg.compile,
+            max_batch=self.num_local, max_seq_len=self.width, compile=cfg.compile,
         )  # fmt: skip
+        if self.world > 1:
+            ddp.shard_model(self.model)  # FSDP2: parameters, gradients, optimizer state sharded
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+            weight_decay=cfg.weight_decay,
+        )  # fmt: skip
+        if state is not None:
+            if self.world > 1:
+                ddp.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
+            else:
+                self.optimizer.load_state_dict(state["optimizer"])
+            self.step = state["step"]
+            set_rng_state(state["rng"])
         self.learner = _compile(self.model, self.recipe) if cfg.compile else self.model
         self.ref = None
         if self.ref_model is not None:
@@ -105,10 +130,18 @@ class GRPOTrainer:
         return {"fingerprint": self.recipe.fingerprint(), "numerics": self.cfg.numerics_dict()}
 
     def state_dict(self) -> dict:
+        """The run's state, full (not sharded): a collective when the learner is sharded (call
+        it on every rank); every rank gets the same model weights."""
+        if self.world > 1:
+            model_sd = ddp.full_model_state(self.model)
+            optim_sd = ddp.full_optimizer_state(self.model, self.optimizer)
+        else:
+            model_sd, optim_sd = self.model.state_dict(), self.optimizer.state_dict()
         state = {
             "step": self.step,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "world": self.world,
+            "model": model_sd,
+            "optimizer": optim_sd,
             "rng": rng_state(),
             "sr_state": sr_state(),
             "recipe": self.recipe.to_dict(),
@@ -121,8 +154,13 @@ class GRPOTrainer:
         return state
 
     def save(self, folder: str | Path) -> Path:
-        path = save_checkpoint(step_path(folder, self.step), self.state_dict(), kind="grpo")
-        prune_checkpoints(folder, keep=self.cfg.keep_checkpoints)
+        """Write a step checkpoint (rank 0 writes; every rank takes part in gathering it)."""
+        state = self.state_dict()
+        path = step_path(folder, self.step)
+        if self.rank == 0:
+            save_checkpoint(path, state, kind="grpo")
+            prune_checkpoints(folder, keep=self.cfg.keep_checkpoints)
+        ddp.barrier()
         return path
 
     # ---- one step ------------------------------------------------------------------------
@@ -152,11 +190,17 @@ class GRPOTrainer:
         cfg, tok, step = self.cfg, self.tok, self.step
         group = cfg.group_size
         t_start = time.perf_counter()
-        problems = self.task.problems(
+        all_problems = self.task.problems(
             cfg.prompts_per_step, seed=derive_seed(cfg.seed, "prompts", step)
         )
+        # this rank's GRPO groups (all of them in one process); sampling seeds by global index
+        problems = [all_problems[g] for g in self.local_groups]
         prompts = [tok.encode(p.prompt) for p in problems for _ in range(group)]
-        seeds = [derive_seed(cfg.seed, "sample", step, i) for i in range(self.num_seqs)]
+        seeds = [
+            derive_seed(cfg.seed, "sample", step, g * group + j)
+            for g in self.local_groups
+            for j in range(group)
+        ]
         out = self.engine.generate(
             prompts, max_new_tokens=self.max_new_tokens, temperature=cfg.temperature, seed=seeds,
             eos_token_id=tok.eos_id,
@@ -164,22 +208,29 @@ class GRPOTrainer:
         t_rollout = time.perf_counter() - t_start
         completions = [tok.decode(t) for t in out.tokens]
         rewards = [self.task.reward(problems[i // group], c) for i, c in enumerate(completions)]
-        exact = [float(c == problems[i // group].answer) for i, c in enumerate(completions)]
 
         t_learn = time.perf_counter()
         ids, mask, rollout_logp = self._pack(prompts, out)
         rewards_N = torch.tensor(rewards, dtype=torch.float32, device=self.device)
         adv = group_advantages(rewards_N, group_size=group, scale=cfg.advantage_scale)
         dev: dict[str, torch.Tensor] = {}
+        norm = {}
+        if self.world > 1:  # global denominators: each rank's loss is its share of the global one
+            norm = {"global_tokens": ddp.global_token_count(mask),
+                    "global_seqs": ddp.global_token_count((mask.sum(1) > 0).to(mask.dtype))}  # fmt: skip
         for update in range(cfg.updates_per_batch):
             logp = self._logprobs(self.learner, ids)
             if update == 0:
                 old_logp = logp.detach()
-                dev.update(mismatch_tensors(old_logp.contiguous(), rollout_logp, mask))
-                is_weight, keep, corr = rollout_correction(
-                    old_logp, rollout_logp, mask, tis_cap=cfg.tis_cap,
-                    mis_token_bounds=cfg.mis_token_bounds, mis_seq_bounds=cfg.mis_seq_bounds,
-                )  # fmt: skip
+                # the mismatch over the GLOBAL batch, in the single-process order
+                lt, lr, lm = (ddp.gather_groups(t, self.local_groups, group)
+                              for t in (old_logp.contiguous(), rollout_logp, mask))  # fmt: skip
+                dev.update(mismatch_tensors(lt, lr, lm))
+                bounds = dict(tis_cap=cfg.tis_cap, mis_token_bounds=cfg.mis_token_bounds,
+                              mis_seq_bounds=cfg.mis_seq_bounds)  # fmt: skip
+                is_weight, keep, corr = rollout_correction(old_logp, rollout_logp, mask, **bounds)
+                if self.world > 1:  # its statistics over the global batch
+                    corr = rollout_correction(lt, lr, lm, **bounds)[2]
                 dev.update(corr)
                 ref_logp = None
                 if self.ref is not None:
@@ -188,15 +239,17 @@ class GRPOTrainer:
             loss, stats = policy_loss(
                 logp, old_logp, adv, keep, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                 aggregation=cfg.aggregation, is_weight=is_weight, ref_logp=ref_logp,
-                kl_coef=cfg.kl_coef,
+                kl_coef=cfg.kl_coef, **norm,
             )  # fmt: skip
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            # FSDP2 averages gradients over ranks: scale the rank's share back to the sum
+            (loss * self.world if self.world > 1 else loss).backward()
             max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
             self.optimizer.step()
+        stats = {k: ddp.all_reduce_sum(v) for k, v in stats.items()} if self.world > 1 else stats
         dev.update(stats)
-        dev["grad/norm"] = grad_norm
+        dev["grad/norm"] = ddp.full_tensor(grad_norm)
         self.engine.update_weights(self.model)
         names = sorted(dev)
         values = torch.stack(
@@ -204,16 +257,22 @@ class GRPOTrainer:
         ).tolist()  # the sync
         t_end = time.perf_counter()
 
-        gen_tokens = sum(len(t) for t in out.tokens)
-        real_tokens = sum(len(p) for p in prompts) + gen_tokens
+        # host-side results of every rank, back in the single-process order
+        local = [(len(t), len(p), r, c, f) for t, p, r, c, f in
+                 zip(out.tokens, prompts, rewards, completions, out.finish_reasons)]  # fmt: skip
+        gathered = ddp.gather_group_objects(local, self.local_groups, group)
+        gen_tokens = sum(g[0] for g in gathered)
+        real_tokens = sum(g[1] for g in gathered) + gen_tokens
+        rewards_all = [g[2] for g in gathered]
+        exact = [float(g[3] == all_problems[i // group].answer) for i, g in enumerate(gathered)]
         record = {"step": step}
-        record["reward/mean"] = sum(rewards) / len(rewards)
+        record["reward/mean"] = sum(rewards_all) / len(rewards_all)
         record["reward/exact_frac"] = sum(exact) / len(exact)
-        for name in sorted({p.task for p in problems}):
-            idx = [i for i in range(self.num_seqs) if problems[i // group].task == name]
-            record[f"reward/{name}"] = sum(rewards[i] for i in idx) / len(idx)
+        for name in sorted({p.task for p in all_problems}):
+            idx = [i for i in range(self.num_seqs) if all_problems[i // group].task == name]
+            record[f"reward/{name}"] = sum(rewards_all[i] for i in idx) / len(idx)
         record["rollout/mean_new_tokens"] = gen_tokens / self.num_seqs
-        record["rollout/eos_frac"] = out.finish_reasons.count("eos") / self.num_seqs
+        record["rollout/eos_frac"] = [g[4] for g in gathered].count("eos") / self.num_seqs
         record.update(zip(names, values))
         record["perf/rollout_s"] = t_rollout
         record["perf/learner_s"] = t_end - t_learn
@@ -222,7 +281,9 @@ class GRPOTrainer:
         record["perf/learner_tokens_per_s"] = (
             real_tokens * cfg.updates_per_batch / max(t_end - t_learn, 1e-9)
         )
-        record["sample"] = f"{problems[0].prompt}{completions[0]}"
+        record["sample"] = f"{all_problems[0].prompt}{gathered[0][3]}"
+        if self.world > 1:
+            record["world"] = self.world
         self.step += 1
         return record
 
@@ -237,7 +298,9 @@ def train(
 
     out_dir = Path(cfg.out_dir)
     ckpt_dir = out_dir / "checkpoints"
+    rank, world = ddp.rank_world()
     latest = latest_checkpoint(ckpt_dir)
+    ddp.barrier()  # every rank has looked before rank 0 deletes anything
     if resume and fresh:
         raise ValueError("resume and fresh exclude each other")
     if resume and latest is None:
@@ -248,29 +311,40 @@ def train(
                 f"{str(out_dir)!r} already holds a run (latest {latest.name}); pass --resume to "
                 "continue it, --fresh to start over, or out_dir=... for another folder"
             )
-        for p in ckpt_dir.glob("step_*.ckpt"):
-            p.unlink()
+        if rank == 0:
+            for p in ckpt_dir.glob("step_*.ckpt"):
+                p.unlink()
+    ddp.barrier()
+    if rank != 0:  # rank 0 logs, plots and writes for the run
+        log, progress = (lambda *a, **k: None), False
     t0 = time.perf_counter()
     trainer = GRPOTrainer(cfg, resume_from=latest if resume else None, log=log)
     if resume:
         log(f"resumed from {latest} at step {trainer.step}")
     t_setup = time.perf_counter() - t0
-    logger = RunLogger(out_dir, resume_step=trainer.step if resume else None, log=log)
+    logger = None
+    if rank == 0:
+        logger = RunLogger(out_dir, resume_step=trainer.step if resume else None, log=log)
     bar = ProgressBar(cfg.steps, start=trainer.step, every=cfg.log_every) if progress else None
     try:
         while trainer.step < cfg.steps:
             record = trainer.train_step()
-            logger.log(record)
+            if logger is not None:
+                logger.log(record)
             if bar is not None:
                 bar.update(record["step"], record)
             if trainer.step % cfg.checkpoint_every == 0 or trainer.step == cfg.steps:
                 trainer.save(ckpt_dir)
     finally:
-        logger.close()
+        if logger is not None:
+            logger.close()
+    if logger is None:
+        return {"records": [], "summary": "", "plots": [], "out_dir": out_dir, "trainer": trainer}
     records = logger.records
     plots = write_plots(records, out_dir) if records else []
     extra = {
         "recipe": f"{cfg.name} / {cfg.variant} (fingerprint {trainer.recipe.fingerprint()})",
+        "processes": f"{world} (FSDP2)" if world > 1 else "1",
         "setup (warm start, build) s": f"{t_setup:.1f}",
         "wall time s": f"{time.perf_counter() - t0:.1f}",
         "out_dir": str(out_dir),

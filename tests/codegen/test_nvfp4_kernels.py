@@ -57,10 +57,10 @@ def test_quantize_kernel_stochastic_and_experts():
     from fp4_compile.codegen.quantize_kernel import quantize_triton
 
     x = _x(32, 64, dtype=torch.float32)
-    want = ref.quantize(x, global_scale="per_tensor", rounding="stochastic", seed=9)
-    assert_nvfp4_equal(
-        quantize_triton(x, global_scale="per_tensor", rounding="stochastic", seed=9), want
-    )
+    for seed in (9, 2**62 + 4097):  # a small seed and a call seed's size (sr_stream.call_seed)
+        want = ref.quantize(x, global_scale="per_tensor", rounding="stochastic", seed=seed)
+        got = quantize_triton(x, global_scale="per_tensor", rounding="stochastic", seed=seed)
+        assert_nvfp4_equal(got, want)
     w = _x(3, 32, 48)
     assert_nvfp4_equal(
         quantize_triton(w, block="16x16", global_scale="per_expert"), ref.quantize_experts(w)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from fp4_compile import NVFP4Recipe
 from fp4_compile.backend import lowering_only_backend
 from fp4_compile.random_models import random_stack
+from fp4_compile.sr_stream import set_sr_state
 from fp4_compile.testing import assert_bitwise_equal
 
 PRESETS = {"strict": NVFP4Recipe.strict(), "te": NVFP4Recipe.te(), "bf16": NVFP4Recipe.bf16()}
@@ -20,6 +21,7 @@ PRESETS = {"strict": NVFP4Recipe.strict(), "te": NVFP4Recipe.te(), "bf16": NVFP4
 def _run(model, x, backend, **kw):
     torch._dynamo.reset()
     model.zero_grad(set_to_none=True)
+    set_sr_state(None)  # both runs draw the same stochastic-rounding streams
     compiled = torch.compile(model, backend=backend, fullgraph=True, **kw)
     y = compiled(x)
     y.float().pow(2).sum().backward()

@@ -203,3 +203,35 @@ def test_correction_errors(kwargs, match):
     z = torch.zeros(1, 2)
     with pytest.raises(ValueError, match=match):
         rollout_correction(z, z, torch.ones(1, 2), **kwargs)
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_policy_loss_shards_with_global_denominators_sum_to_the_whole(aggregation):
+    """Data-parallel split: each half's loss and stats with the GLOBAL token / sequence counts
+    add up to the loss and stats of the whole batch."""
+    g = torch.Generator().manual_seed(3)
+    logp = -torch.rand(4, 6, generator=g, dtype=torch.float64)
+    old = logp + 0.1 * torch.randn(4, 6, generator=g, dtype=torch.float64)
+    adv = torch.tensor([1.0, -0.5, 0.25, -2.0], dtype=torch.float64)
+    mask = torch.tensor(
+        [[1] * 6, [1] * 2 + [0] * 4, [0] * 6, [1] * 4 + [0] * 2], dtype=torch.float64
+    )
+    whole, whole_stats = policy_loss(logp, old, adv, mask, aggregation=aggregation)
+    tokens, seqs = mask.sum(), (mask.sum(1) > 0).to(mask.dtype).sum()
+    parts = [
+        policy_loss(
+            logp[i],
+            old[i],
+            adv[i],
+            mask[i],
+            aggregation=aggregation,
+            global_tokens=tokens,
+            global_seqs=seqs,
+        )  # fmt: skip
+        for i in (slice(0, 2), slice(2, 4))
+    ]
+    assert float(parts[0][0] + parts[1][0]) == pytest.approx(float(whole), rel=1e-12)
+    for k in whole_stats:
+        if k != "loss/policy":
+            total = parts[0][1][k] + parts[1][1][k]
+            assert float(total) == pytest.approx(float(whole_stats[k]), rel=1e-12), k
