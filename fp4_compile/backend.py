@@ -117,6 +117,33 @@ def pinned_matmul_precision() -> Iterator[None]:
         ) = saved
 
 
+@contextlib.contextmanager
+def deterministic_lowering() -> Iterator[None]:
+    """Compile forward AND backward now with torch's deterministic-algorithms flag on (warn
+    only), restored afterwards. Inductor lowers accumulating scatters (`index_put` with
+    accumulate: the backward of the embedding and of the MoE token gather) to atomic adds on the
+    GPU, whose order changes from run to run; with the flag on it calls ATen's sorted,
+    deterministic kernels instead. The backward is lowered here, not lazily at the first
+    backward call, so that the flag is on while it is."""
+    from torch._functorch import config as functorch_config
+
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    eager_bwd = (
+        functorch_config.patch(force_non_lazy_backward_lowering=True)
+        if hasattr(functorch_config, "force_non_lazy_backward_lowering")
+        else contextlib.nullcontext()
+    )
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with eager_bwd:
+            yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+
+
 def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **unused):
     """torch.compile(model, backend="minite", options={"recipe": NVFP4Recipe.strict()})."""
     from torch._inductor.compile_fx import compile_fx
@@ -128,8 +155,7 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     sink = opts.get("report_sink")
     if sink is not None:
         sink.append(report)
-    with pinned_matmul_precision():
-        # config_patches also wrap the lazily compiled backward graph.
+    with pinned_matmul_precision(), deterministic_lowering():
         return compile_fx(gm, example_inputs, config_patches=inductor_patches(recipe))
 
 
