@@ -69,3 +69,56 @@ def write_results(name: str, payload: dict, markdown: str) -> list[Path]:
     paths[0].write_text(json.dumps(payload, indent=1, default=str))
     paths[1].write_text(markdown)
     return paths
+
+
+def profile_call(fn, wall_ms: float, top: int = 20) -> dict:
+    """One call of `fn` under torch.profiler: GPU busy time (sum of kernel time) vs the call's
+    wall time measured without the profiler (a host-bound call has a low ratio), the kernels
+    with the most GPU time, and the operators with the most CPU time (fp4_compile:: ops include
+    their host-side work)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+
+    def dev_us(e):
+        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+
+    kernels = [e for e in events if dev_us(e) > 0]
+    busy_ms = sum(dev_us(e) for e in kernels) / 1e3
+    by_gpu = sorted(kernels, key=dev_us, reverse=True)[:top]
+    ops = [e for e in events if e.key.startswith(("fp4_compile::", "aten::", "Optimizer"))]
+    by_cpu = sorted(ops, key=lambda e: e.cpu_time_total, reverse=True)[:top]
+    return {
+        "gpu_busy_ms": busy_ms,
+        "wall_ms": wall_ms,
+        "gpu_busy_frac": busy_ms / wall_ms if wall_ms else None,
+        "top_gpu": [{"name": e.key[:90], "ms": dev_us(e) / 1e3, "calls": e.count} for e in by_gpu],
+        "top_cpu_ops": [
+            {"name": e.key[:90], "cpu_total_ms": e.cpu_time_total / 1e3, "calls": e.count}
+            for e in by_cpu
+        ],
+    }
+
+
+def profile_markdown(label: str, prof: dict, what: str) -> list[str]:
+    """The markdown section of one `profile_call` result."""
+    return [
+        "",
+        f"## where the time goes: {label}",
+        f"GPU busy {prof['gpu_busy_ms']:.1f} ms of a {prof['wall_ms']:.1f} ms {what} "
+        f"({100 * prof['gpu_busy_frac']:.0f}%; below 100%: host time, launches and syncs)",
+        "",
+        "| GPU kernel | ms | calls |",
+        "| --- | --- | --- |",
+        *[f"| `{k['name']}` | {k['ms']:.2f} | {k['calls']} |" for k in prof["top_gpu"]],
+        "",
+        "| operator (CPU time incl. children) | ms | calls |",
+        "| --- | --- | --- |",
+        *[
+            f"| `{k['name']}` | {k['cpu_total_ms']:.2f} | {k['calls']} |"
+            for k in prof["top_cpu_ops"]
+        ],
+    ]

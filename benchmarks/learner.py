@@ -12,7 +12,13 @@ import argparse
 
 import torch
 
-from benchmarks.common import cuda_time_ms, environment, write_results
+from benchmarks.common import (
+    cuda_time_ms,
+    environment,
+    profile_call,
+    profile_markdown,
+    write_results,
+)
 from fp4_compile import NVFP4Recipe
 from fp4_compile.models import qwen3_30b_a3b_layers
 from fp4_compile.testing import count_bytes_differ
@@ -37,39 +43,8 @@ def measure(label, model, compiled, ids, tokens, *, profile=False):
     peak = torch.cuda.max_memory_allocated() / 2**30
     row = {"label": label, "step_ms": ms, "tokens_per_s": tokens / (ms / 1e3), "peak_gib": peak}
     if profile:
-        row["profile"] = profile_step(step, ms)
+        row["profile"] = profile_call(step, ms)
     return row
-
-
-def profile_step(step, step_ms: float, top: int = 20) -> dict:
-    """One step under torch.profiler: GPU busy time (sum of kernel time) vs the step's wall
-    time (a CPU-bound step has a low ratio), the kernels with the most GPU time, and the
-    operators with the most CPU time (fp4_compile:: ops include their host-side work)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    events = prof.key_averages()
-
-    def dev_us(e):
-        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
-
-    kernels = [e for e in events if dev_us(e) > 0]
-    busy_ms = sum(dev_us(e) for e in kernels) / 1e3
-    by_gpu = sorted(kernels, key=dev_us, reverse=True)[:top]
-    ops = [e for e in events if e.key.startswith(("fp4_compile::", "aten::", "Optimizer"))]
-    by_cpu = sorted(ops, key=lambda e: e.cpu_time_total, reverse=True)[:top]
-    return {
-        "gpu_busy_ms": busy_ms,
-        "step_ms": step_ms,
-        "gpu_busy_frac": busy_ms / step_ms if step_ms else None,
-        "top_gpu": [{"name": e.key[:90], "ms": dev_us(e) / 1e3, "calls": e.count} for e in by_gpu],
-        "top_cpu_ops": [
-            {"name": e.key[:90], "cpu_total_ms": e.cpu_time_total / 1e3, "calls": e.count}
-            for e in by_cpu
-        ],
-    }
 
 
 def main() -> None:
@@ -138,26 +113,8 @@ def main() -> None:
             f"| {r['label']} | {r['step_ms']:.1f} | {r['tokens_per_s']:.0f} | {r['ratio_vs_bf16']:.2f}x | {r['peak_gib']:.1f} |"
         )
     for r in rows:
-        prof = r.get("profile")
-        if not prof:
-            continue
-        md += [
-            "",
-            f"## where the time goes: {r['label']}",
-            f"GPU busy {prof['gpu_busy_ms']:.1f} ms of a {prof['step_ms']:.1f} ms step "
-            f"({100 * prof['gpu_busy_frac']:.0f}%: the rest is host time, launches and syncs)",
-            "",
-            "| GPU kernel | ms | calls |",
-            "| --- | --- | --- |",
-            *[f"| `{k['name']}` | {k['ms']:.2f} | {k['calls']} |" for k in prof["top_gpu"]],
-            "",
-            "| operator (CPU time incl. children) | ms | calls |",
-            "| --- | --- | --- |",
-            *[
-                f"| `{k['name']}` | {k['cpu_total_ms']:.2f} | {k['calls']} |"
-                for k in prof["top_cpu_ops"]
-            ],
-        ]
+        if r.get("profile"):
+            md += profile_markdown(r["label"], r["profile"], "step")
     text = "\n".join(md) + "\n"
     print(text)
     write_results("learner", {"env": env, "args": vars(args), "rows": rows}, text)

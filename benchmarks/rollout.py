@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from benchmarks.common import environment, write_results
+from benchmarks.common import environment, profile_call, profile_markdown, write_results
 from fp4_compile import NVFP4Recipe
 from fp4_compile.models import qwen3_30b_a3b_layers
 from fp4_compile.rl import RolloutEngine
@@ -26,6 +26,20 @@ def _engine_rate(engine, batch, prompt, new_tokens):
     engine.generate(prompts, max_new_tokens=new_tokens, seed=0)
     torch.cuda.synchronize()
     return batch * new_tokens / (time.perf_counter() - t0)
+
+
+def _profile_engine(engine, batch, prompt, new_tokens=32):
+    prompts = [[1 + (i * 7 + j) % 8000 for j in range(prompt)] for i in range(batch)]
+
+    def call():
+        engine.generate(prompts, max_new_tokens=new_tokens, seed=0)
+
+    call()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    call()
+    torch.cuda.synchronize()
+    return profile_call(call, (time.perf_counter() - t0) * 1e3)
 
 
 def _hf_rate(model, batch, prompt, new_tokens):
@@ -53,6 +67,14 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--batches", default="1,16,64,256")
+    parser.add_argument(
+        "--profile-batch",
+        type=int,
+        default=0,
+        help="also profile one generate call (32 new tokens) at this batch per engine",
+    )
+    parser.add_argument("--skip-hf", action="store_true", help="no transformers generate baseline")
+    parser.add_argument("--name", default="rollout_h200", help="results file stem")
     args = parser.parse_args()
     env = environment()
     batches = [int(b) for b in args.batches.split(",")]
@@ -61,7 +83,7 @@ def main() -> None:
         ("minite bf16 recipe", dict(recipe=NVFP4Recipe.bf16())),
         ("same engine, stock kernels (not invariant)", dict(compile=False)),
     )
-    table, errors = {}, {}
+    table, errors, profiles = {}, {}, {}
     for label, kw in configs:
         torch._dynamo.reset()
         model = qwen3_30b_a3b_layers(layers=args.layers, device="cuda").eval()
@@ -76,11 +98,13 @@ def main() -> None:
                 table[label][b] = float("nan")
                 errors[f"{label} batch {b}"] = f"{type(e).__name__}: {e}"[:2000]
         print(label, table[label], flush=True)
+        if args.profile_batch:
+            profiles[label] = _profile_engine(engine, args.profile_batch, args.prompt)
         del model, engine
         torch.cuda.empty_cache()
     model = qwen3_30b_a3b_layers(layers=args.layers, device="cuda").eval()
-    table["transformers generate BF16"] = {}
-    for b in batches:
+    for b in batches if not args.skip_hf else ():
+        table.setdefault("transformers generate BF16", {})
         try:
             table["transformers generate BF16"][b] = _hf_rate(
                 model, b, args.prompt, args.new_tokens
@@ -105,11 +129,21 @@ def main() -> None:
         )
     md.append("\nratios are against minite bf16 recipe (same engine, invariant kernels)")
     md.extend(f"- ERROR {k}: {v[:300]}" for k, v in errors.items())
+    for label, prof in profiles.items():
+        md += profile_markdown(
+            f"{label}, batch {args.profile_batch}, 32 new tokens", prof, "generate call"
+        )
     text = "\n".join(md) + "\n"
     print(text)
     write_results(
-        "rollout_h200",
-        {"env": env, "args": vars(args), "tokens_per_s": table, "errors": errors},
+        args.name,
+        {
+            "env": env,
+            "args": vars(args),
+            "tokens_per_s": table,
+            "errors": errors,
+            "profiles": profiles,
+        },
         text,
     )
 
