@@ -39,14 +39,13 @@ def run_variant(recipe: str, variant: str, out: Path, overrides: list[str], budg
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=budget_s)
         rc, log = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as e:
+        partial = e.stdout or ""  # bytes even with text=True
         rc, log = (
             "timeout",
-            (e.stdout or b"").decode(errors="replace")
-            if isinstance(e.stdout, bytes)
-            else (e.stdout or ""),
+            partial.decode(errors="replace") if isinstance(partial, bytes) else partial,
         )
     wall = time.perf_counter() - t0
-    (out / f"{recipe}-{variant}.log").write_text(log if isinstance(log, str) else str(log))
+    (out / f"{recipe}-{variant}.log").write_text(log)
     records = []
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
@@ -69,7 +68,7 @@ def run_variant(recipe: str, variant: str, out: Path, overrides: list[str], budg
         row["rollout_tok_s"] = _median([r["perf/rollout_tokens_per_s"] for r in steady])
         row["learner_tok_s"] = _median([r["perf/learner_tokens_per_s"] for r in steady])
     else:
-        row["log_tail"] = (log if isinstance(log, str) else str(log))[-3000:]
+        row["log_tail"] = log[-3000:]
     print(row, flush=True)
     return row
 

@@ -47,18 +47,15 @@ def _mix32_int(h: int) -> int:
 
 def sr_key(seed: int) -> int:
     """The 32-bit stream key of a seed (what a kernel drawing the stream in registers needs)."""
-    return _key(int(seed))
-
-
-def _key(seed: int) -> int:
-    if not isinstance(seed, int) or seed < 0:
+    seed = int(seed)
+    if seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     return _mix32_int(_mix32_int(seed & _M32) ^ ((seed >> 32) & _M32) ^ 0x9E3779B9)
 
 
 def sr_uniforms(shape, seed: int, device) -> torch.Tensor:
     """FP32 uniforms in [0, 1) of `shape` on `device`, a pure function of (seed, flat index)."""
-    key = _key(int(seed))
+    key = sr_key(seed)
     n = 1
     for s in shape:
         n *= int(s)
@@ -75,7 +72,7 @@ def site_id(name: str) -> int:
 
 def site_seed(base: int, site: int) -> int:
     """The stream key of one call site under the recipe's base seed (a constant at trace time)."""
-    return _mix32_int(_key(int(base)) ^ (int(site) & _M32))
+    return _mix32_int(sr_key(base) ^ (int(site) & _M32))
 
 
 _lock = threading.Lock()
