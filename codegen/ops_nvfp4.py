@@ -301,7 +301,11 @@ def nvfp4_grouped_mm_backward(
                                              w_e.global_decode.reshape(()), n, k)  # fmt: skip
                     dx[s:t] = ref.nvfp4_mm(dyq[s:t], impl.transpose_tiled(w_e))
             dx = dx.to(x.dtype)
-    if needs_w:
+    if needs_w and cuda and rec.wgrad == "nvfp4":  # all experts at once, == the loop below
+        from .grouped_wgrad import grouped_wgrad
+
+        dw = grouped_wgrad(grad_out, x, offsets, rec, seed)
+    elif needs_w:
         dw = torch.zeros((num_experts, n, k), dtype=torch.float32, device=x.device)
         wgrad = impl.cuda_wgrad if cuda else impl.cpu_wgrad
         for e, s, t in _groups(offsets):

@@ -86,9 +86,14 @@ def _sr_uniform(flat, key, key_hi):
 def _quantize_kernel(
     x_ptr, mult_ptr, gd_ptr, codes_ptr, scales_ptr, ongrid_ptr,
     R, K, stride_xr, mult_stride, gd_stride, sr_key, sr_key_hi,
+    group_ptr, seg_start_ptr, seg_width_ptr, key_ptr, key_hi_ptr, group_stride,
     TILE16: tl.constexpr, STOCHASTIC: tl.constexpr, ONGRID: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    SEGMENTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
+    # SEGMENTED: the columns are groups laid end to end (16-aligned segments, one per expert);
+    # group_ptr[b] is the group of 16-column block b. Global scales are per group (x per row:
+    # mult[g * group_stride + row * mult_stride]), and the SR stream of a group is that of its
+    # own [R, width] matrix: flat index row * width + (col - start), key key_ptr[g].
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -102,21 +107,38 @@ def _quantize_kernel(
         tmax = tl.max(tl.reshape(vmax, (BLOCK_M // 16, 16, NB)), axis=1)
         vmax = tl.reshape(tl.broadcast_to(tmax[:, None, :], (BLOCK_M // 16, 16, NB)), (BLOCK_M, NB))
     rmask = rows < R
-    mult = tl.load(mult_ptr + rows * mult_stride, mask=rmask, other=1.0)
-    gd = tl.load(gd_ptr + rows * gd_stride, mask=rmask, other=1.0)
-    d = vmax * mult[:, None]  # ONE rounding (step 6)
+    if SEGMENTED:
+        bcols = pid_k * NB + tl.arange(0, NB)
+        bmask = rmask[:, None] & (bcols < K // 16)[None, :]
+        grp = tl.load(group_ptr + bcols, mask=bcols < K // 16, other=0)
+        goff = grp[None, :] * group_stride + rows[:, None] * mult_stride  # [BM, NB]
+        mult = tl.load(mult_ptr + goff, mask=bmask, other=1.0)
+        gd = tl.load(gd_ptr + goff, mask=bmask, other=1.0)
+    else:
+        mult = tl.load(mult_ptr + rows * mult_stride, mask=rmask, other=1.0)[:, None]
+        gd = tl.load(gd_ptr + rows * gd_stride, mask=rmask, other=1.0)[:, None]
+    d = vmax * mult  # ONE rounding (step 6)
     d = tl.minimum(tl.maximum(d, -448.0), 448.0)
     s_code, s_val = _e4m3_rne(d)
     enc = tl.minimum(
-        tl.math.div_rn(tl.full(s_val.shape, 1.0, tl.float32), s_val * gd[:, None]),
+        tl.math.div_rn(tl.full(s_val.shape, 1.0, tl.float32), s_val * gd),
         3.4028234663852886e38,
     )
     enc_full = tl.reshape(tl.broadcast_to(enc[:, :, None], (BLOCK_M, NB, 16)), (BLOCK_M, BLOCK_K))
     v = tl.minimum(tl.maximum(x * enc_full, -6.0), 6.0)
     mag = tl.abs(v)
     if STOCHASTIC:
-        flat = rows[:, None].to(tl.int64) * K + cols[None, :]
-        u = _sr_uniform(flat, sr_key.to(tl.uint32), sr_key_hi.to(tl.uint32))
+        if SEGMENTED:
+            gcol = tl.load(group_ptr + cols // 16, mask=cols < K, other=0)
+            start = tl.load(seg_start_ptr + gcol)
+            width = tl.load(seg_width_ptr + gcol)
+            flat = rows[:, None].to(tl.int64) * width[None, :] + (cols - start)[None, :]
+            klo = tl.load(key_ptr + gcol).to(tl.uint32)[None, :]
+            khi = tl.load(key_hi_ptr + gcol).to(tl.uint32)[None, :]
+            u = _sr_uniform(flat, klo, khi)
+        else:
+            flat = rows[:, None].to(tl.int64) * K + cols[None, :]
+            u = _sr_uniform(flat, sr_key.to(tl.uint32), sr_key_hi.to(tl.uint32))
         # hi = first grid point >= mag (searchsorted, right=False), lo = the one below unless equal
         hi_idx = ((mag > 0.0).to(tl.int32) + (mag > 0.5) + (mag > 1.0) + (mag > 1.5) + (mag > 2.0)
                   + (mag > 3.0) + (mag > 4.0))  # fmt: skip
@@ -228,8 +250,9 @@ def quantize_triton(
         _quantize_kernel[grid](
             x2, mult2, gd2, codes, scales, ongrid,
             r, k, x2.stride(0), 1 if per_row else 0, 1 if per_row else 0, key, key >> 1,
+            gd2, gd2, gd2, gd2, gd2, 0,  # no segments
             TILE16=block == "16x16", STOCHASTIC=rounding == "stochastic", ONGRID=out == "ongrid",
-            BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
+            SEGMENTED=False, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
             **cfg.launch_kwargs(), **compile_options(dev),
         )  # fmt: skip
     if out == "ongrid":
@@ -243,4 +266,45 @@ def quantize_triton(
     )
 
 
-__all__ = ["quantize_triton", "global_stage", "interpreting"]
+def quantize_segments_ongrid(
+    x_RC: torch.Tensor,
+    block_group: torch.Tensor,
+    seg_start: torch.Tensor,
+    seg_width: torch.Tensor,
+    amax: torch.Tensor,
+    *,
+    keys: torch.Tensor | None = None,
+    ongrid_dtype: torch.dtype = torch.bfloat16,
+):
+    """1x16 quantize of x [R, C] whose columns are G segments laid end to end (16-aligned), each
+    quantized as its own [R, width_g] matrix: equal, bitwise, to `quantize_triton(x[:, seg_g],
+    out="ongrid")` per segment. block_group int32 [C/16] (the segment of each 16-column block),
+    seg_start / seg_width int64 [G], amax FP32 [G] (per tensor) or [G, R] (per row), keys int64
+    [G] (`sr_stream.sr_key` of each segment's seed: stochastic rounding) or None (RNE).
+    -> (on-grid [R, C], global decode [G] or [G, R])."""
+    check_kernel_device(x_RC, "x")
+    if x_RC.dim() != 2 or x_RC.stride(-1) != 1 or x_RC.shape[1] % BLOCK_SIZE:
+        raise ValueError(f"x must be [R, C] with unit column stride, C % 16 == 0: {x_RC.shape}")
+    r, c = x_RC.shape
+    if amax.dim() not in (1, 2) or (amax.dim() == 2 and amax.shape[1] != r):
+        raise ValueError(f"amax must be [G] or [G, R={r}], got {tuple(amax.shape)}")
+    gd, mult = global_stage(x_RC, amax.to(torch.float32))
+    gd, mult = gd.contiguous(), mult.contiguous()
+    ongrid = torch.empty((r, c), dtype=ongrid_dtype, device=x_RC.device)
+    cfg = pick(arch_of(x_RC.device), "any", "nvfp4_quantize", r)
+    key_lo = keys if keys is not None else seg_start
+    key_hi = keys >> 1 if keys is not None else seg_start
+    if r and c:
+        grid = (triton.cdiv(r, cfg.block_m), triton.cdiv(c, cfg.block_k))
+        _quantize_kernel[grid](
+            x_RC, mult, gd, ongrid, ongrid, ongrid,
+            r, c, x_RC.stride(0), 1 if amax.dim() == 2 else 0, 0, 0, 0,
+            block_group, seg_start, seg_width, key_lo, key_hi, r if amax.dim() == 2 else 1,
+            TILE16=False, STOCHASTIC=keys is not None, ONGRID=True, SEGMENTED=True,
+            BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
+            **cfg.launch_kwargs(), **compile_options(x_RC.device),
+        )  # fmt: skip
+    return ongrid, gd
+
+
+__all__ = ["quantize_triton", "quantize_segments_ongrid", "global_stage", "interpreting"]

@@ -1,0 +1,145 @@
+"""MoE weight gradient in NVFP4, all experts in one pass: dW_e = q(dY_e^T) @ q(X_e^T)^T.
+
+Shape legend: T tokens sorted by expert, N out-features, K in-features, E experts, C the padded
+token columns (every expert's segment padded with zero tokens to a multiple of 16, segments laid
+end to end; C = T + 15 E rounded up to 16, a bound known without reading the offsets on the
+host).
+
+Bitwise equal to the per-expert loop `nvfp4_impl.cuda_wgrad(dY[s:t], X[s:t], recipe, seed + 1 + e)`
+(the CPU reference's math), by construction:
+- quantize: each 16-column block belongs to one segment, so the 1x16 blocks are the loop's
+  blocks; the global scale of a segment is the amax over its own tokens (per tensor, or per row
+  of dY_e^T); the stochastic-rounding stream of a segment is the one its own [N, width] matrix
+  draws (`quantize_kernel.quantize_segments_ongrid`);
+- GEMM: the program of (expert e, tile) walks e's segment in BLOCK_K chunks from the segment
+  start, with the config the loop's dense launch picks for M = N: the same tiles, zeros where the
+  loop's masked loads give zeros, the same MMA sequence, the same epilogue `(acc * gd_a) * gd_b`.
+Launches: a handful of torch ops for the layout and the amaxes, 2 quantize kernels, 1 GEMM,
+against 3 kernels and about 20 torch ops per expert for the loop (and no host read of offsets).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..format import BLOCK_SIZE
+from ..sr_stream import sr_key
+from .configs import pick
+from .runtime import arch_of, check_kernel_device, compile_options, interpreting
+
+
+@triton.jit
+def _grouped_wgrad_kernel(
+    a_ptr, b_ptr, gda_ptr, gdb_ptr, out_ptr, start_ptr, width_ptr,
+    N, K, stride_an, stride_bk, gda_e, gda_r, stride_oe, stride_on,
+    DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.program_id(2)
+    start = tl.load(start_ptr + e)
+    width = tl.load(width_ptr + e)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    cmask = cols < K
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, width, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        kmask = kk < width
+        a = tl.load(a_ptr + rows[:, None] * stride_an + (start + kk)[None, :],
+                    mask=rmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
+        b = tl.load(b_ptr + cols[None, :] * stride_bk + (start + kk)[:, None],
+                    mask=cmask[None, :] & kmask[:, None], other=0.0)  # fmt: skip
+        if DOT_F32:
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    gda = tl.load(gda_ptr + e * gda_e + rows * gda_r, mask=rmask, other=1.0)
+    gdb = tl.load(gdb_ptr + e)
+    out = (acc * gda[:, None]) * gdb
+    e64 = e.to(tl.int64)
+    tl.store(out_ptr + e64 * stride_oe + rows[:, None] * stride_on + cols[None, :], out,
+             mask=rmask[:, None] & cmask[None, :])  # fmt: skip
+
+
+def segment_layout(offsets: torch.Tensor, num_tokens: int) -> dict:
+    """Device tensors of the padded layout: per token its column `dest` [T] and expert [T]; per
+    expert `start`, `width` (int64 [E]); per 16-column block its expert `block_group` (int32)."""
+    ends = offsets.to(torch.int64)
+    counts = ends - torch.cat([ends.new_zeros(1), ends[:-1]])
+    width = (counts + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
+    pend = torch.cumsum(width, 0)
+    start = pend - width
+    num_experts = ends.shape[0]
+    cols = -(-(num_tokens + (BLOCK_SIZE - 1) * num_experts) // BLOCK_SIZE) * BLOCK_SIZE
+    tok = torch.arange(num_tokens, device=offsets.device)
+    expert = torch.searchsorted(ends, tok, right=True)
+    dest = start[expert] + tok - (ends - counts)[expert]
+    blocks = torch.arange(0, cols, BLOCK_SIZE, device=offsets.device)
+    group = torch.searchsorted(pend, blocks, right=True).clamp_(max=num_experts - 1)
+    return {"dest": dest, "expert": expert, "start": start, "width": width, "cols": cols,
+            "block_group": group.to(torch.int32)}  # fmt: skip
+
+
+def _padded_transpose(t_TD: torch.Tensor, layout: dict) -> torch.Tensor:
+    """[T, D] -> [D, C]: token t in column dest[t], zero columns elsewhere."""
+    out = t_TD.new_zeros((t_TD.shape[1], layout["cols"]))
+    return out.index_copy_(1, layout["dest"], t_TD.t())
+
+
+def _segment_amax(t_TD: torch.Tensor, layout: dict, num_experts: int, per_row: bool):
+    """Per-expert amax of |t| over its tokens: [E] (per tensor) or [E, D] (per row of t^T)."""
+    a = t_TD.abs().to(torch.float32)
+    expert = layout["expert"]
+    if per_row:
+        out = a.new_zeros((num_experts, t_TD.shape[1]))
+        return out.scatter_reduce_(0, expert[:, None].expand_as(a), a, "amax")
+    out = a.new_zeros((num_experts,))
+    return out.scatter_reduce_(0, expert, a.amax(dim=1), "amax")
+
+
+def grouped_wgrad(
+    dy_TN: torch.Tensor, x_TK: torch.Tensor, offsets: torch.Tensor, recipe, seed: int
+) -> torch.Tensor:
+    """dW float32 [E, N, K] of the NVFP4 wgrad (recipe.wgrad == "nvfp4"), expert e drawing the
+    stochastic-rounding seed `seed + 1 + e` (as `ops_nvfp4.nvfp4_grouped_mm_backward`)."""
+    check_kernel_device(dy_TN, "grad_out")
+    from .quantize_kernel import quantize_segments_ongrid
+
+    if recipe.wgrad != "nvfp4":
+        raise ValueError(f"grouped_wgrad is the NVFP4 wgrad; recipe.wgrad={recipe.wgrad!r}")
+    mode = recipe.grad.global_scale
+    if mode not in ("per_tensor", "per_row"):
+        raise ValueError(f"recipe.grad.global_scale={mode!r}: grouped wgrad needs a data amax")
+    num_experts = offsets.shape[0]
+    (t, n), k = dy_TN.shape, x_TK.shape[1]
+    dev = dy_TN.device
+    lay = segment_layout(offsets, t)
+    keys = None
+    if recipe.grad.rounding == "stochastic":
+        keys = torch.tensor([sr_key(seed + 1 + e) for e in range(num_experts)], dtype=torch.int64)
+        keys = keys.to(dev)
+    seg = (lay["block_group"], lay["start"], lay["width"])
+    a, gd_a = quantize_segments_ongrid(
+        _padded_transpose(dy_TN, lay), *seg,
+        _segment_amax(dy_TN, lay, num_experts, mode == "per_row"), keys=keys,
+    )  # fmt: skip
+    b, gd_b = quantize_segments_ongrid(
+        _padded_transpose(x_TK, lay), *seg, _segment_amax(x_TK, lay, num_experts, False)
+    )
+    cfg = pick(arch_of(dev), "bf16" if dev.type == "cuda" else "fp32", "nvfp4_gemm", n)
+    out = torch.empty((num_experts, n, k), dtype=torch.float32, device=dev)
+    if n and k and num_experts:
+        grid = (triton.cdiv(n, cfg.block_m), triton.cdiv(k, cfg.block_n), num_experts)
+        _grouped_wgrad_kernel[grid](
+            a, b, gd_a, gd_b, out, lay["start"], lay["width"],
+            n, k, a.stride(0), b.stride(0), gd_a.stride(0), 1 if gd_a.dim() == 2 else 0,
+            out.stride(0), out.stride(1),
+            DOT_F32=interpreting() or dev.type != "cuda",
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            **cfg.launch_kwargs(), **compile_options(dev),
+        )  # fmt: skip
+    return out
