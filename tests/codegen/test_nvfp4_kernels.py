@@ -149,7 +149,8 @@ def test_backward_kernels_match_cpu_path():
 
 
 @pytest.mark.parametrize(
-    "grad", [("per_tensor", "stochastic"), ("per_row", "rne"), ("per_row", "stochastic")],
+    "grad",
+    [("per_tensor", "stochastic"), ("per_row", "rne"), ("per_row", "stochastic")],
     ids=["per_tensor-sr", "per_row-rne", "per_row-sr"],
 )
 def test_grouped_wgrad_equals_per_expert_loop(grad):

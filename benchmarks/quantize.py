@@ -1,0 +1,69 @@
+# ruff: noqa: B023  (each benchmarked closure is timed immediately, inside its own iteration)
+"""NVFP4 quantize (`fp4_compile::quantize` kernels) vs device-to-device copy bandwidth, same run.
+
+    python -m benchmarks.quantize
+
+Bytes counted for the quantizer: the input read plus the output written (packed codes + E4M3
+scales, or the on-grid BF16 tensor the GEMMs consume). The copy baseline (`clone`) reads and
+writes the input once. Launch and CUDA-graph figures as in `benchmarks.kernel_timing`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.common import write_results
+from benchmarks.kernel_timing import both, fmt, header
+
+SHAPES = ((4096, 2048), (32768, 2048), (8192, 8192))
+MODES = (("per_row", "rne", "packed"), ("per_row", "rne", "ongrid"),
+         ("per_tensor", "stochastic", "ongrid"))  # fmt: skip
+
+
+def measure(m, k) -> list[dict]:
+    from fp4_compile.codegen.quantize_kernel import quantize_triton
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    copy = both(lambda: x.clone())
+    copy_bytes = 2 * x.numel() * 2
+    rows = []
+    for gs, rounding, out in MODES:
+        seed = 7 if rounding == "stochastic" else None
+        t = both(lambda: quantize_triton(x, global_scale=gs, rounding=rounding, seed=seed, out=out))
+        q_bytes = x.numel() * (2 + (2 if out == "ongrid" else 0.5 + 1 / 16))
+        row = {"M": m, "K": k, "global_scale": gs, "rounding": rounding, "out": out,
+               "copy_ms": copy, "quantize_ms": t}  # fmt: skip
+        for i, how in enumerate(("launch", "graph")):
+            c, q = copy[i], t[i]
+            row[f"copy_GBps_{how}"] = None if not c else copy_bytes / c / 1e6
+            row[f"quantize_GBps_{how}"] = None if not q else q_bytes / q / 1e6
+            row[f"fraction_{how}"] = (
+                None if not (c and q) else row[f"quantize_GBps_{how}"] / row[f"copy_GBps_{how}"]
+            )
+        print(row, flush=True)
+        rows.append(row)
+    return rows
+
+
+def markdown(lines, rows) -> str:
+    lines += ["| M | K | global scale | rounding | out | copy GB/s (graph) | quantize ms launch / "
+              "graph | quantize GB/s launch / graph | fraction of copy launch / graph |",
+              "| --- " * 9 + "|"]  # fmt: skip
+    for r in rows:
+        q = r["quantize_ms"]
+        lines.append(f"| {r['M']} | {r['K']} | {r['global_scale']} | {r['rounding']} | {r['out']} | "
+                     f"{fmt(r['copy_GBps_graph'], '.0f')} | {fmt(q[0])} / {fmt(q[1])} | "
+                     f"{fmt(r['quantize_GBps_launch'], '.0f')} / {fmt(r['quantize_GBps_graph'], '.0f')} | "
+                     f"{fmt(r['fraction_launch'], '.2f')} / {fmt(r['fraction_graph'], '.2f')} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    env, lines = header("NVFP4 quantize vs device copy")
+    rows = [r for m, k in SHAPES for r in measure(m, k)]
+    for path in write_results("quantize", {"env": env, "rows": rows}, markdown(lines, rows)):
+        print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
