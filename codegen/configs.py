@@ -8,13 +8,15 @@ Why the bits do not depend on the batch (M), the contract the learner/rollout al
    BLOCK_K chunks, whatever M is.
 2. BLOCK_K is the same for every config of an op (asserted below), so the chunking of K never
    follows M. Configs may change BLOCK_M / BLOCK_N / warps / stages with M (for speed).
-3. Changing BLOCK_M / BLOCK_N can change the MMA instruction (mma.sync for BLOCK_M < 64, wgmma
-   at >= 64 on sm_90). FIELD_NOTES.md records that on the H200 (Triton 3.6) configs of BLOCK_M
-   16..128, BLOCK_N 32..256, BLOCK_K 64..256 gave identical bits for on-grid BF16 operands: each
-   MMA adds its k-slice into the FP32 accumulator with the same per-instruction rounding.
-   This is a measured property, not a guarantee: `benchmarks/nvfp4_gpu_check.py` re-checks it
-   for THESE configs (row i of op(x[:m]) == row i of op(x) for m in {1,2,3,7,16,64,129,256},
-   which crosses every M bucket below) and records the result under benchmarks/results/.
+3. Changing BLOCK_M can change the MMA instruction on sm_90: mma.sync below 64 rows, wgmma at
+   64 and above. The two do NOT round alike: on the H200 a grouped call whose M bucket was 16
+   (mma.sync) and the per-expert call at 64 (wgmma) differed in 5 of 1088 outputs on
+   cancellation-heavy data (tests/codegen/test_nvfp4_kernels.py on CUDA, 2026-12-02), although
+   random-normal data at N = K = 8192 had shown identical bits. So every sm_90 bucket has
+   BLOCK_M >= 64 (asserted below): one instruction family (wgmma m64nNk16) for every M.
+   BLOCK_N and the warp count may still follow M; that, too, is measured, not guaranteed:
+   the CUDA run of tests/codegen (cancellation-heavy rows across every bucket) and
+   `benchmarks/nvfp4_gpu_check.py` re-check THESE configs and record the result.
 4. Rows never interact: masked rows load zeros, and the epilogue is per element.
 
 What was verified where: on CPU, the interpreter configs (one per op) are checked for batch
@@ -41,7 +43,6 @@ class TileConfig:
 
 # (max_m inclusive or None for "any larger", config). Buckets are chosen from M, a static shape.
 _GEMM_SM90 = (
-    (16, TileConfig(16, 64, 64, num_warps=4, num_stages=4)),
     (64, TileConfig(64, 64, 64, num_warps=4, num_stages=4)),
     (None, TileConfig(128, 128, 64, num_warps=8, num_stages=3)),
 )
@@ -62,6 +63,8 @@ PINNED: dict[tuple[str, str, str], tuple] = {
 for _key, _table in PINNED.items():
     assert len({c.block_k for _, c in _table}) == 1, f"{_key}: BLOCK_K must not depend on M"
     assert all(c.block_k % 32 == 0 and c.block_m % 16 == 0 for _, c in _table), _key
+    if _key[0] == "sm_90" and _key[2] == "nvfp4_gemm":  # one MMA family (wgmma), see 3. above
+        assert all(c.block_m >= 64 for _, c in _table), f"{_key}: BLOCK_M < 64 is mma.sync"
 
 
 def pick(arch: str, dtype: str, op: str, m: int) -> TileConfig:

@@ -2,9 +2,10 @@
 
 What may and may not follow the batch:
 - linear: BLOCK_K is one value per architecture (asserted), the K loop is sequential, no
-  split-K; BLOCK_M / BLOCK_N may follow M (FIELD_NOTES.md: identical bits across tile shapes on
-  the H200 for a sequential K loop; `benchmarks/invariant_gpu_check.py` re-checks THESE
-  buckets, rows of op(x[:m]) == rows of op(x) for m up to 256).
+  split-K; BLOCK_N and warps may follow M, BLOCK_M stays >= 64 on sm_90 (asserted): below 64
+  rows Triton emits mma.sync, which rounds differently from wgmma on cancellation-heavy data
+  (measured on the H200, see codegen/configs.py). `benchmarks/invariant_gpu_check.py` and the
+  CUDA run of tests/codegen re-check THESE buckets (rows of op(x[:m]) == rows of op(x)).
 - attention: ONE config for the learner's forward, prefill and decode. One config is not
   enough by itself: the compiler picks register layouts per kernel VARIANT (the learner's causal
   launch and the rollout's masked launch are two compiled kernels), and a `tl.sum` tree follows
@@ -34,7 +35,6 @@ class KernelConfig:
 # (max_m inclusive, or None for "any larger", config)
 LINEAR = {
     "sm_90": (
-        (16, KernelConfig(16, 64, 64, num_warps=4, num_stages=4)),
         (64, KernelConfig(64, 64, 64, num_warps=4, num_stages=4)),
         (None, KernelConfig(128, 128, 64, num_warps=8, num_stages=3)),
     ),
@@ -48,6 +48,8 @@ LOGPROBS_BLOCK_V = {"sm_90": 4096, "interpreter": 256}
 
 for _arch, _table in LINEAR.items():
     assert len({c.block_k for _, c in _table}) == 1, f"{_arch}: linear BLOCK_K must not follow M"
+    if _arch.startswith("sm_9"):
+        assert all(c.block_m >= 64 for _, c in _table), f"{_arch}: BLOCK_M < 64 is mma.sync"
 
 
 def _known(arch: str, table: dict, op: str):

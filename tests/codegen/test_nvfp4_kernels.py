@@ -106,6 +106,20 @@ def test_gemm_batch_invariance():
         assert_bitwise_equal(impl.cuda_linear(x[4 : 4 + m], *args), full[:m], f"m={m}")
 
 
+@pytest.mark.parametrize("k", [32, 256])
+def test_gemm_rows_invariant_across_every_bucket(k):
+    """Bitwise, on cancellation-heavy rows (magnitudes 1e-4..1e2): row i of op(x[:m]) == row i of
+    op(x) for m on both sides of every pinned M bucket (on CUDA: 64 | 65, the 128-row configs
+    beyond). This caught mma.sync (BLOCK_M 16) vs wgmma rounding on the H200."""
+    n = 64
+    x, w = _x(300, k, seed=21), _x(n, k, dtype=torch.float32, seed=22)
+    wq = ref.quantize(w, block="16x16")
+    args = (wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, None, None, STRICT, None)
+    full = impl.cuda_linear(x, *args)
+    for m in (1, 16, 17, 63, 64, 65, 129, 257):
+        assert_bitwise_equal(impl.cuda_linear(x[:m], *args), full[:m], f"m={m}")
+
+
 @pytest.mark.parametrize("shape", [(4, 32, 64), (4, 64, 32)], ids=["gate_up", "down"])
 def test_grouped_kernel_equals_loop(shape):
     """Bitwise: one grouped launch == per-expert dense launches (empty groups included)."""
