@@ -66,8 +66,9 @@ def _grouped_wgrad_kernel(
 
 
 def segment_layout(offsets: torch.Tensor, num_tokens: int) -> dict:
-    """Device tensors of the padded layout: per token its column `dest` [T] and expert [T]; per
-    expert `start`, `width` (int64 [E]); per 16-column block its expert `block_group` (int32)."""
+    """Device tensors of the padded layout: per column its token `src` [C] (-1: padding), per
+    token its expert [T]; per expert `start`, `width` (int64 [E]); per 16-column block its
+    expert `block_group` (int32)."""
     ends = offsets.to(torch.int64)
     counts = ends - torch.cat([ends.new_zeros(1), ends[:-1]])
     width = (counts + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
@@ -80,14 +81,10 @@ def segment_layout(offsets: torch.Tensor, num_tokens: int) -> dict:
     dest = start[expert] + tok - (ends - counts)[expert]
     blocks = torch.arange(0, cols, BLOCK_SIZE, device=offsets.device)
     group = torch.searchsorted(pend, blocks, right=True).clamp_(max=num_experts - 1)
-    return {"dest": dest, "expert": expert, "start": start, "width": width, "cols": cols,
+    src = torch.full((cols,), -1, dtype=torch.int64, device=offsets.device)
+    src[dest] = tok  # unique destinations: deterministic
+    return {"src": src, "expert": expert, "start": start, "width": width, "cols": cols,
             "block_group": group.to(torch.int32)}  # fmt: skip
-
-
-def _padded_transpose(t_TD: torch.Tensor, layout: dict) -> torch.Tensor:
-    """[T, D] -> [D, C]: token t in column dest[t], zero columns elsewhere."""
-    out = t_TD.new_zeros((t_TD.shape[1], layout["cols"]))
-    return out.index_copy_(1, layout["dest"], t_TD.t())
 
 
 def _segment_amax(t_TD: torch.Tensor, layout: dict, num_experts: int, per_row: bool):
@@ -124,11 +121,11 @@ def grouped_wgrad(
         keys = keys.to(dev)
     seg = (lay["block_group"], lay["start"], lay["width"])
     a, gd_a = quantize_segments_ongrid(
-        _padded_transpose(dy_TN, lay), *seg,
-        _segment_amax(dy_TN, lay, num_experts, mode == "per_row"), keys=keys,
+        dy_TN, lay["src"], *seg, _segment_amax(dy_TN, lay, num_experts, mode == "per_row"),
+        keys=keys,
     )  # fmt: skip
     b, gd_b = quantize_segments_ongrid(
-        _padded_transpose(x_TK, lay), *seg, _segment_amax(x_TK, lay, num_experts, False)
+        x_TK, lay["src"], *seg, _segment_amax(x_TK, lay, num_experts, False)
     )
     cfg = pick(arch_of(dev), "bf16" if dev.type == "cuda" else "fp32", "nvfp4_gemm", n)
     out = torch.empty((num_experts, n, k), dtype=torch.float32, device=dev)

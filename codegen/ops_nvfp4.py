@@ -26,6 +26,7 @@ from .. import reference as ref
 from ..format import BLOCK_SIZE
 from ..sr_stream import call_seed, site_seed
 from . import nvfp4_impl as impl
+from .weight_cache import active_cache
 
 _LIB = "fp4_compile"
 
@@ -60,6 +61,13 @@ def quantize(
     seed: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gs = _quantize_global(x, global_scale, static_amax)
+    cache = active_cache()
+    if cache is not None and block == "16x16" and rounding == "rne" and isinstance(gs, str):
+        return cache.get(x, gs, lambda: _quantize_impl(x, block, gs, rounding, seed))
+    return _quantize_impl(x, block, gs, rounding, seed)
+
+
+def _quantize_impl(x, block, gs, rounding, seed):
     if x.device.type == "cuda":
         from .quantize_kernel import quantize_triton
 

@@ -86,20 +86,28 @@ def _sr_uniform(flat, key, key_hi):
 def _quantize_kernel(
     x_ptr, mult_ptr, gd_ptr, codes_ptr, scales_ptr, ongrid_ptr,
     R, K, stride_xr, mult_stride, gd_stride, sr_key, sr_key_hi,
-    group_ptr, seg_start_ptr, seg_width_ptr, key_ptr, key_hi_ptr, group_stride,
+    group_ptr, seg_start_ptr, seg_width_ptr, key_ptr, key_hi_ptr, group_stride, src_ptr,
+    stride_xc,
     TILE16: tl.constexpr, STOCHASTIC: tl.constexpr, ONGRID: tl.constexpr,
     SEGMENTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     # SEGMENTED: the columns are groups laid end to end (16-aligned segments, one per expert);
     # group_ptr[b] is the group of 16-column block b. Global scales are per group (x per row:
     # mult[g * group_stride + row * mult_stride]), and the SR stream of a group is that of its
-    # own [R, width] matrix: flat index row * width + (col - start), key key_ptr[g].
+    # own [R, width] matrix: flat index row * width + (col - start), key key_ptr[g]. Column c
+    # reads x[row, src[c]] (x strided: stride_xr, stride_xc), or zero where src[c] < 0: the
+    # quantizer gathers and transposes tokens itself (no padded copy of the operand).
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rows[:, None] < R) & (cols[None, :] < K)
-    x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask, other=0.0)
+    if SEGMENTED:
+        src = tl.load(src_ptr + cols, mask=cols < K, other=-1)
+        x = tl.load(x_ptr + rows[:, None] * stride_xr + src[None, :] * stride_xc,
+                    mask=mask & (src >= 0)[None, :], other=0.0)  # fmt: skip
+    else:
+        x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
     NB: tl.constexpr = BLOCK_K // 16
     vmax = tl.max(tl.reshape(tl.abs(x), (BLOCK_M, NB, 16)), axis=2)  # [BM, NB]
@@ -250,7 +258,7 @@ def quantize_triton(
         _quantize_kernel[grid](
             x2, mult2, gd2, codes, scales, ongrid,
             r, k, x2.stride(0), 1 if per_row else 0, 1 if per_row else 0, key, key >> 1,
-            gd2, gd2, gd2, gd2, gd2, 0,  # no segments
+            gd2, gd2, gd2, gd2, gd2, 0, gd2, 0,  # no segments
             TILE16=block == "16x16", STOCHASTIC=rounding == "stochastic", ONGRID=out == "ongrid",
             SEGMENTED=False, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
             **cfg.launch_kwargs(), **compile_options(dev),
@@ -267,7 +275,8 @@ def quantize_triton(
 
 
 def quantize_segments_ongrid(
-    x_RC: torch.Tensor,
+    x_TD: torch.Tensor,
+    src: torch.Tensor,
     block_group: torch.Tensor,
     seg_start: torch.Tensor,
     seg_width: torch.Tensor,
@@ -276,33 +285,37 @@ def quantize_segments_ongrid(
     keys: torch.Tensor | None = None,
     ongrid_dtype: torch.dtype = torch.bfloat16,
 ):
-    """1x16 quantize of x [R, C] whose columns are G segments laid end to end (16-aligned), each
-    quantized as its own [R, width_g] matrix: equal, bitwise, to `quantize_triton(x[:, seg_g],
-    out="ongrid")` per segment. block_group int32 [C/16] (the segment of each 16-column block),
-    seg_start / seg_width int64 [G], amax FP32 [G] (per tensor) or [G, R] (per row), keys int64
-    [G] (`sr_stream.sr_key` of each segment's seed: stochastic rounding) or None (RNE).
-    -> (on-grid [R, C], global decode [G] or [G, R])."""
-    check_kernel_device(x_RC, "x")
-    if x_RC.dim() != 2 or x_RC.stride(-1) != 1 or x_RC.shape[1] % BLOCK_SIZE:
-        raise ValueError(f"x must be [R, C] with unit column stride, C % 16 == 0: {x_RC.shape}")
-    r, c = x_RC.shape
+    """1x16 quantize of the padded transpose X [D, C] of x [T, D]: column c of X is token
+    src[c] of x, or zeros where src[c] < 0 (int64 [C], C % 16 == 0). The columns are G segments
+    laid end to end (16-aligned), each quantized as its own [D, width_g] matrix: equal, bitwise,
+    to `quantize_triton(X[:, seg_g], out="ongrid")` per segment. block_group int32 [C/16] (the
+    segment of each 16-column block), seg_start / seg_width int64 [G], amax FP32 [G] (per
+    tensor) or [G, D] (per row of X), keys int64 [G] (`sr_stream.sr_key` of each segment's seed:
+    stochastic rounding) or None (RNE). -> (on-grid [D, C], global decode [G] or [G, D])."""
+    check_kernel_device(x_TD, "x")
+    if x_TD.dim() != 2 or src.dim() != 1 or src.shape[0] % BLOCK_SIZE:
+        raise ValueError(
+            f"x must be [T, D] and src [C] with C % 16 == 0: {x_TD.shape}, {src.shape}"
+        )
+    r, c = x_TD.shape[1], src.shape[0]
     if amax.dim() not in (1, 2) or (amax.dim() == 2 and amax.shape[1] != r):
-        raise ValueError(f"amax must be [G] or [G, R={r}], got {tuple(amax.shape)}")
-    gd, mult = global_stage(x_RC, amax.to(torch.float32))
+        raise ValueError(f"amax must be [G] or [G, D={r}], got {tuple(amax.shape)}")
+    gd, mult = global_stage(x_TD, amax.to(torch.float32))
     gd, mult = gd.contiguous(), mult.contiguous()
-    ongrid = torch.empty((r, c), dtype=ongrid_dtype, device=x_RC.device)
-    cfg = pick(arch_of(x_RC.device), "any", "nvfp4_quantize", r)
+    ongrid = torch.empty((r, c), dtype=ongrid_dtype, device=x_TD.device)
+    cfg = pick(arch_of(x_TD.device), "any", "nvfp4_quantize", r)
     key_lo = keys if keys is not None else seg_start
     key_hi = keys >> 1 if keys is not None else seg_start
     if r and c:
         grid = (triton.cdiv(r, cfg.block_m), triton.cdiv(c, cfg.block_k))
         _quantize_kernel[grid](
-            x_RC, mult, gd, ongrid, ongrid, ongrid,
-            r, c, x_RC.stride(0), 1 if amax.dim() == 2 else 0, 0, 0, 0,
+            x_TD, mult, gd, ongrid, ongrid, ongrid,
+            r, c, x_TD.stride(1), 1 if amax.dim() == 2 else 0, 0, 0, 0,
             block_group, seg_start, seg_width, key_lo, key_hi, r if amax.dim() == 2 else 1,
+            src, x_TD.stride(0),
             TILE16=False, STOCHASTIC=keys is not None, ONGRID=True, SEGMENTED=True,
             BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
-            **cfg.launch_kwargs(), **compile_options(x_RC.device),
+            **cfg.launch_kwargs(), **compile_options(x_TD.device),
         )  # fmt: skip
     return ongrid, gd
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..codegen.weight_cache import WeightCache
 from ..dynamo_guard import no_silent_eager_fallback
 from ..recipe import NVFP4Recipe, as_recipe
 from .distributed import full_tensor
@@ -51,6 +52,9 @@ class RolloutEngine:
     ):
         from ..export import RolloutArtifact, load_rollout
 
+        # quantized weights, once per weight version (codegen/weight_cache.py); update_weights
+        # clears it
+        self.weight_cache = WeightCache()
         if isinstance(source, (str, Path)):
             source = load_rollout(source, expected_fingerprint=expected_fingerprint, device=device)
         if isinstance(source, RolloutArtifact):
@@ -114,7 +118,11 @@ class RolloutEngine:
 
     def update_weights(self, model) -> None:
         """Take the learner's new weights in place (no re-export). The lowering quantizes the
-        weights inside the graph with the learner's quantizer, so the bytes are identical."""
+        weights inside the graph with the learner's quantizer, so the bytes are identical.
+        Call it after every optimizer step, also when the engine shares the learner's module:
+        it drops the engine's quantized-weight cache (fused optimizers update parameters in
+        place without bumping their version counters, so the cache cannot see the change)."""
+        self.weight_cache.clear()
         src = getattr(model, "_orig_mod", model)
         if src is self.model:
             return
@@ -145,7 +153,7 @@ class RolloutEngine:
 
     def _step(self, ids_BT, positions_BT, kv_len_B, cache: StaticKVCache):
         tensors = [t for pair in zip(cache.keys, cache.values) for t in pair]
-        with no_silent_eager_fallback():
+        with no_silent_eager_fallback(), self.weight_cache:
             return self.step(ids_BT, positions_BT, kv_len_B, *tensors)
 
     @torch.no_grad()

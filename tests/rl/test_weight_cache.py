@@ -1,0 +1,63 @@
+"""The rollout engine quantizes each weight once per weight version (codegen/weight_cache.py):
+cached rollouts are bitwise the uncached ones, and update_weights drops the cache, also when the
+engine shares the learner's module and a fused optimizer changed it without a version bump."""
+
+import torch
+
+from fp4_compile import NVFP4Recipe
+from fp4_compile.codegen.weight_cache import WeightCache, active_cache
+from fp4_compile.models import tiny_qwen3_moe
+from fp4_compile.rl import RolloutEngine
+from fp4_compile.testing import assert_bitwise_equal
+
+PROMPTS = [[3, 5, 7], [11, 2], [4, 4, 4, 9, 1]]
+
+
+def _generate(engine):
+    return engine.generate(PROMPTS, max_new_tokens=6, seed=3)
+
+
+def _assert_same(a, b, what):
+    assert a.tokens == b.tokens, what
+    for i, (x, y) in enumerate(zip(a.logprobs, b.logprobs)):
+        assert_bitwise_equal(x, y, f"{what}: request {i}")
+
+
+def test_cache_hits_are_bitwise_the_uncached_result():
+    torch.manual_seed(0)
+    model = tiny_qwen3_moe(layers=2).eval()
+    recipe = NVFP4Recipe.strict()
+    engine = RolloutEngine(model, recipe=recipe, max_batch=4, max_seq_len=32)
+    first = _generate(engine)
+    misses = engine.weight_cache.misses
+    assert misses > 0 and engine.weight_cache.hits > 0, "decode steps must hit the cache"
+    again = _generate(engine)
+    assert engine.weight_cache.misses == misses, "no weight re-quantized while unchanged"
+    engine.weight_cache.clear()
+    with WeightCache() as other:  # an inner, empty cache: every weight quantized afresh
+        assert active_cache() is other
+    assert active_cache() is None
+    _assert_same(first, again, "cached vs first")
+
+
+def test_update_weights_drops_the_cache_for_a_shared_module():
+    torch.manual_seed(0)
+    model = tiny_qwen3_moe(layers=2)
+    recipe = NVFP4Recipe.strict()
+    engine = RolloutEngine(model, recipe=recipe, max_batch=4, max_seq_len=32)
+    before = _generate(engine)
+    params = [p for p in model.parameters() if p.dim() >= 2]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    versions = [p._version for p in params]
+    torch.optim.AdamW(params, lr=0.05, fused=True).step()  # in place, no version bump
+    assert [p._version for p in params] == versions, "premise: the fused step bumps nothing"
+    stale = _generate(engine)  # the BF16 modules see the new weights, the NVFP4 ones do not
+    want = _generate(RolloutEngine(model, recipe=recipe, max_batch=4, max_seq_len=32))
+    differs = stale.tokens != want.tokens or any(
+        not torch.equal(a, b) for a, b in zip(stale.logprobs, want.logprobs)
+    )
+    assert differs, "without update_weights the cache serves the old NVFP4 bytes (the premise)"
+    engine.update_weights(model)
+    _assert_same(_generate(engine), want, "after update_weights == a fresh engine")
+    assert want.tokens != before.tokens, "the update must change the rollout (else no test)"
