@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..format import BLOCK_SIZE
-from ..sr_stream import sr_key
+from ..sr_stream import sr_keys
 from .configs import pick
 from .runtime import arch_of, check_kernel_device, compile_options, interpreting
 
@@ -89,13 +89,14 @@ def segment_layout(offsets: torch.Tensor, num_tokens: int) -> dict:
 
 def _segment_amax(t_TD: torch.Tensor, layout: dict, num_experts: int, per_row: bool):
     """Per-expert amax of |t| over its tokens: [E] (per tensor) or [E, D] (per row of t^T)."""
-    a = t_TD.abs().to(torch.float32)
+    a = t_TD.abs()  # max is exact in any dtype: convert the reduced values only
     expert = layout["expert"]
     if per_row:
+        a = a.to(torch.float32)
         out = a.new_zeros((num_experts, t_TD.shape[1]))
         return out.scatter_reduce_(0, expert[:, None].expand_as(a), a, "amax")
-    out = a.new_zeros((num_experts,))
-    return out.scatter_reduce_(0, expert, a.amax(dim=1), "amax")
+    out = a.new_zeros((num_experts,), dtype=torch.float32)
+    return out.scatter_reduce_(0, expert, a.amax(dim=1).to(torch.float32), "amax")
 
 
 def grouped_wgrad(
@@ -115,10 +116,7 @@ def grouped_wgrad(
     (t, n), k = dy_TN.shape, x_TK.shape[1]
     dev = dy_TN.device
     lay = segment_layout(offsets, t)
-    keys = None
-    if recipe.grad.rounding == "stochastic":
-        keys = torch.tensor([sr_key(seed + 1 + e) for e in range(num_experts)], dtype=torch.int64)
-        keys = keys.to(dev)
+    keys = sr_keys(seed + 1, num_experts, dev) if recipe.grad.rounding == "stochastic" else None
     seg = (lay["block_group"], lay["start"], lay["width"])
     a, gd_a = quantize_segments_ongrid(
         dy_TN, lay["src"], *seg, _segment_amax(dy_TN, lay, num_experts, mode == "per_row"),

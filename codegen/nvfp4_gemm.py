@@ -111,6 +111,53 @@ def _nvfp4_gemm_kernel(
              out.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])  # fmt: skip
 
 
+@triton.jit
+def _ongrid_kernel(codes_ptr, scales_ptr, out_ptr, R, K, BLOCK_R: tl.constexpr,
+                   BLOCK_K: tl.constexpr):  # fmt: skip
+    """out[r, k] = E2M1(code) * E4M3(scale of block k // 16), exact (rows flattened)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    kb = tl.program_id(1) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+    ks = tl.program_id(1) * (BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
+    r64 = rows.to(tl.int64)[:, None]
+    rmask = (rows < R)[:, None]
+    byte = tl.load(codes_ptr + r64 * (K // 2) + kb[None, :], mask=rmask & (kb < K // 2)[None, :],
+                   other=0).to(tl.int32)  # fmt: skip
+    codes = tl.reshape(tl.join(byte & 15, byte >> 4), (BLOCK_R, BLOCK_K))
+    sbyte = tl.load(scales_ptr + r64 * (K // 16) + ks[None, :],
+                    mask=rmask & (ks < K // 16)[None, :], other=0).to(tl.int32)  # fmt: skip
+    sval = _e4m3_value(sbyte)
+    s_full = tl.reshape(tl.broadcast_to(sval[:, :, None], (BLOCK_R, BLOCK_K // 16, 16)),
+                        (BLOCK_R, BLOCK_K))  # fmt: skip
+    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + r64 * K + cols[None, :],
+             (_e2m1_value(codes) * s_full).to(out_ptr.dtype.element_ty),
+             mask=rmask & (cols < K)[None, :])  # fmt: skip
+
+
+def ongrid_weight(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
+    """The on-grid BF16 copy of a quantized weight, [.., N, K] from codes [.., N, K/2] and E4M3
+    scale bytes [.., N, K/16]: equal to `NVFP4Tensor.on_grid(torch.bfloat16)`, in one launch."""
+    check_kernel_device(codes, "w_codes")
+    k = codes.shape[-1] * 2
+    if scale_bytes.shape[-1] * 16 != k or not (
+        codes.is_contiguous() and scale_bytes.is_contiguous()
+    ):
+        raise ValueError(
+            f"codes {tuple(codes.shape)} / scales {tuple(scale_bytes.shape)}: contiguous, K/2 and K/16"
+        )
+    r = codes.numel() // max(codes.shape[-1], 1)
+    interp = interpreting()
+    out = torch.empty((*codes.shape[:-1], k), device=codes.device,
+                      dtype=torch.float32 if interp else torch.bfloat16)  # fmt: skip
+    if r and k:
+        block_k = 32 if interp else 128
+        grid = (triton.cdiv(r, 16 if interp else 32), triton.cdiv(k, block_k))
+        _ongrid_kernel[grid](codes, scale_bytes.view(torch.uint8), out, r, k,
+                             BLOCK_R=16 if interp else 32, BLOCK_K=block_k,
+                             **({} if interp else {"num_warps": 4}))  # fmt: skip
+    return out.to(torch.bfloat16) if interp else out
+
+
 def _dot_key(device: torch.device) -> str:
     return "bf16" if device.type == "cuda" else "fp32"
 

@@ -161,9 +161,11 @@ def cuda_linear(x2, w_codes, w_scales, w_gd, w_ongrid, bias, recipe, x_amax, off
 
 
 def _ongrid_weight(w_codes, w_scales, w_gd, w_ongrid, n, k):
+    from .nvfp4_gemm import ongrid_weight
+
     if w_ongrid is not None:
         return w_ongrid
-    return weight_tensor(w_codes, w_scales, w_gd, n, k).on_grid(torch.bfloat16)
+    return ongrid_weight(w_codes, w_scales)
 
 
 def cuda_dgrad(dy2, w_codes, w_scales, w_gd, w_ongrid, weight, recipe, seed, offsets=None):

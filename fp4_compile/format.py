@@ -16,6 +16,7 @@ This module holds no numerics beyond exact table lookups; `reference.py` holds t
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +33,14 @@ BLOCK_SHAPES = ("1x16", "16x16")
 
 
 def e2m1_values(device: torch.device | str = "cpu") -> torch.Tensor:
-    """All 16 code values as float32, index = code (codes 8..15 are the negatives, 8 is -0.0)."""
+    """All 16 code values as float32, index = code (codes 8..15 are the negatives, 8 is -0.0).
+    Cached per device: a host-to-device copy per call would wait for the device's queue. The
+    table is shared: never write to it."""
+    return _e2m1_table(str(torch.device(device)))
+
+
+@functools.cache
+def _e2m1_table(device: str) -> torch.Tensor:
     mags = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=device)
     return torch.cat([mags, -mags])
 

@@ -53,6 +53,15 @@ def sr_key(seed: int) -> int:
     return _mix32_int(_mix32_int(seed & _M32) ^ ((seed >> 32) & _M32) ^ 0x9E3779B9)
 
 
+def sr_keys(first_seed: int, count: int, device) -> torch.Tensor:
+    """int64 [count]: `sr_key(first_seed + i)` for i < count, computed on `device` (no
+    host-to-device copy, which would wait for the device's queue)."""
+    if first_seed < 0 or first_seed + count > 2**63 - 1:
+        raise ValueError(f"seeds {first_seed}..+{count} out of the non-negative int64 range")
+    s = torch.arange(count, dtype=torch.int64, device=device) + first_seed
+    return _mix32(_mix32(s & _M32) ^ ((s >> 32) & _M32) ^ 0x9E3779B9)
+
+
 def sr_uniforms(shape, seed: int, device) -> torch.Tensor:
     """FP32 uniforms in [0, 1) of `shape` on `device`, a pure function of (seed, flat index)."""
     key = sr_key(seed)

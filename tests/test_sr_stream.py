@@ -81,3 +81,13 @@ def test_backward_draws_fresh_noise_each_call_and_reproduces_after_reset():
     assert_bitwise_equal(again[0], g1[0], "dX after reset")
     assert_bitwise_equal(again[1], g1[1], "dW after reset")
     set_sr_state(None)
+
+
+def test_sr_keys_on_device_equal_sr_key():
+    from fp4_compile.sr_stream import sr_key, sr_keys
+
+    for first in (0, 7, 2**40 + 4097, 2**62 + 3 * 4096):
+        got = sr_keys(first, 130, "cpu").tolist()
+        assert got == [sr_key(first + i) for i in range(130)], first
+    with pytest.raises(ValueError, match="out of the non-negative"):
+        sr_keys(-1, 2, "cpu")

@@ -203,3 +203,15 @@ def test_grouped_wgrad_equals_per_expert_loop(grad):
                              zip([0, 5, 5, 22, 29], offsets.tolist())])  # fmt: skip
         assert bool(((dw_op - dw).abs() <= scale.float() * 2.0**-16).all()), "op dW vs kernel"
         assert int((dw_op != dw).sum()) < dw.numel() // 2, "the comparison must see the same SR"
+
+
+def test_ongrid_weight_kernel_equals_on_grid():
+    """Bitwise: the one-launch dequantize == NVFP4Tensor.on_grid(bf16), dense and experts, with
+    subnormal E4M3 scales."""
+    from fp4_compile.codegen.nvfp4_gemm import ongrid_weight
+
+    for shape in ((48, 96), (3, 32, 64)):
+        w = _x(*shape, dtype=torch.float32, seed=31)
+        wq = ref.quantize_experts(w) if len(shape) == 3 else ref.quantize(w, block="16x16")
+        got = ongrid_weight(wq.codes, wq.block_scales.view(torch.uint8))
+        assert_bitwise_equal(got, wq.on_grid(torch.bfloat16), f"on-grid {shape}")
