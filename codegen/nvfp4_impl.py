@@ -44,10 +44,10 @@ def recipe_from_json(recipe_json: str) -> NVFP4Recipe:
     return recipe
 
 
-@torch.compiler.assume_constant_result
 def recipe_to_json(recipe: NVFP4Recipe) -> str:
-    """The op's recipe string; a compile-time constant for Dynamo (recipes are frozen)."""
-    return json.dumps(recipe.to_dict(), sort_keys=True, separators=(",", ":"))
+    """The op's recipe string (`recipe.op_json`, computed at construction: a constant attribute
+    for Dynamo, recipes being frozen)."""
+    return recipe.op_json
 
 
 def act_global(recipe: NVFP4Recipe, x_amax: torch.Tensor | None):

@@ -132,6 +132,11 @@ class NVFP4Recipe:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        # the ops' recipe string, computed once: code traced by Dynamo reads it as a constant
+        # attribute (calling a function of the recipe needs the object reconstructed, which
+        # torch 2.11's Dynamo cannot do for frozen dataclasses)
+        op_json = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        object.__setattr__(self, "op_json", op_json)
 
     # ---- presets -------------------------------------------------------------------------
     @classmethod
