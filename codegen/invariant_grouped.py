@@ -1,8 +1,14 @@
 """`fp4_compile::invariant_grouped_mm`: the BF16 MoE experts GEMM of the bf16 recipe (and of
 BF16-kept MoE layers): tokens sorted by expert with int32 group-end offsets (torch._grouped_mm's
-convention), weights [E, N, K]. Each group runs the batch-invariant `invariant_linear`, so every
-row equals `invariant_linear(row, weight[e])` whatever the other rows. One launch per non-empty
-expert (reads the offsets on the host): a baseline, not a fast path.
+convention), weights [E, N, K].
+
+CPU: each group runs `invariant_linear` (the reference), so every row equals
+`invariant_linear(row, weight[e])` whatever the other rows. CUDA: ONE launch for all experts, the
+grouped W4A4 kernel in its BF16-operand mode with unit global scales (`nvfp4_gemm.launch_gemm`:
+`(acc * 1) * 1` is `acc`), always with the same pinned tile config (no M bucket): a row's bits
+depend only on its own values and its expert's weight, never on the batch. A loop of per-expert
+launches cost 12286 launches and 1.9 s of host time per 32-token rollout at batch 64 on the H200
+(`benchmarks/results/2026-12-02_rollout_h200_profile_before_weight_cache.md`).
 
 Shape legend: T tokens sorted by expert, K in-features, N out-features, E experts.
 """
@@ -29,6 +35,8 @@ def invariant_grouped_mm(
         raise ValueError(
             f"offsets must be int32 [E={w_ENK.shape[0]}], got {offsets.dtype}{list(offsets.shape)}"
         )
+    if x_TK.device.type == "cuda":
+        return grouped_kernel(x_TK, w_ENK, offsets, out_dtype)
     out = x_TK.new_zeros((x_TK.shape[0], w_ENK.shape[1]), dtype=out_dtype)
     for e, start, end in _groups(offsets):
         if end > start:
@@ -36,6 +44,16 @@ def invariant_grouped_mm(
                 x_TK[start:end], w_ENK[e], None, out_dtype
             )
     return out
+
+
+def grouped_kernel(x_TK, w_ENK, offsets, out_dtype) -> torch.Tensor:
+    """The one-launch BF16 grouped GEMM (CUDA, or CPU tensors under TRITON_INTERPRET=1)."""
+    from .nvfp4_gemm import launch_gemm
+
+    one = torch.ones((1,), dtype=torch.float32, device=x_TK.device)
+    # rows_per_group=1: the same pinned config for every call (batch invariance by construction)
+    return launch_gemm(x_TK, one, w_ENK, one, out_dtype=out_dtype, offsets=offsets,
+                       rows_per_group=1)  # fmt: skip
 
 
 @invariant_grouped_mm.register_fake

@@ -215,3 +215,25 @@ def test_ongrid_weight_kernel_equals_on_grid():
         wq = ref.quantize_experts(w) if len(shape) == 3 else ref.quantize(w, block="16x16")
         got = ongrid_weight(wq.codes, wq.block_scales.view(torch.uint8))
         assert_bitwise_equal(got, wq.on_grid(torch.bfloat16), f"on-grid {shape}")
+
+
+def test_invariant_grouped_kernel_equals_per_expert_linear():
+    """Bitwise: the one-launch BF16 grouped GEMM (the bf16 recipe's MoE experts on CUDA) == a
+    loop of the invariant linear kernel per expert, empty experts included; and its rows do not
+    depend on the other rows (one expert's rows alone give the same bits)."""
+    from fp4_compile.codegen import invariant_kernels as ik
+    from fp4_compile.codegen.invariant_grouped import grouped_kernel
+
+    w = _x(4, 48, 64, dtype=torch.float32, seed=41).to(torch.bfloat16)
+    x = _x(29, 64, seed=42)
+    offsets = torch.tensor([5, 5, 22, 29], dtype=torch.int32, device=DEV)
+    y = grouped_kernel(x, w, offsets, torch.bfloat16)
+    start = 0
+    for i, end in enumerate(offsets.tolist()):
+        if end > start:
+            want = ik.linear(x[start:end], w[i], None, torch.bfloat16)
+            assert_bitwise_equal(y[start:end], want, f"expert {i}")
+        start = end
+    alone = grouped_kernel(x[5:22], w, torch.tensor([0, 0, 17, 17], dtype=torch.int32,
+                                                    device=DEV), torch.bfloat16)  # fmt: skip
+    assert_bitwise_equal(alone, y[5:22], "expert 2 alone vs in the batch")
