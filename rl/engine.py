@@ -18,7 +18,10 @@ from .distributed import full_tensor
 from .kv_cache import StaticKVCache
 from .logprobs import token_logprobs
 from .rollout_step import RolloutStep
-from .sampling import RequestSampler, filter_logits, sample
+from .sampling import check_filter, filter_logits, gumbel_noise, request_keys, sample
+
+# generate checks "has every request finished?" (a host sync) once per this many tokens
+_EOS_CHECK_EVERY = 8
 
 
 @dataclass
@@ -188,7 +191,8 @@ class RolloutEngine:
         seeds = [seed + i for i in range(num)] if isinstance(seed, int) else list(seed)
         if len(seeds) != num:
             raise ValueError(f"seed list has {len(seeds)} entries for {num} prompts")
-        sampler = RequestSampler(seeds, self.vocab_size)
+        check_filter(top_k, top_p)
+        keys = request_keys(seeds, self.device)
         cache = self._new_cache(num)
         width = int(lengths.max())
         ids = torch.zeros((num, width), dtype=torch.long)
@@ -200,38 +204,40 @@ class RolloutEngine:
         )
         last = logits[torch.arange(num), (lengths - 1).to(self.device)]  # [B, V]
 
-        tokens: list[list[int]] = [[] for _ in range(num)]
-        logps: list[list[torch.Tensor]] = [[] for _ in range(num)]
-        done = [False] * num
-        reasons = ["length"] * num
-        cur = lengths.clone()
+        # Every row runs every step (a finished request's later tokens are dropped below; rows
+        # never interact), so the loop needs no host sync except the periodic all-finished check.
+        tokens_BN = torch.zeros((num, max_new_tokens), dtype=torch.long, device=self.device)
+        logps_BN = torch.zeros((num, max_new_tokens), dtype=torch.float32, device=self.device)
+        finished = torch.zeros(num, dtype=torch.bool, device=self.device)
+        cur = lengths.to(self.device)
+        steps = max_new_tokens
         for step in range(max_new_tokens):
-            active = [i for i in range(num) if not done[i]]
             scaled = last.float() / temperature
-            filtered = filter_logits(scaled[active], top_k=top_k, top_p=top_p)
-            picked = sample(filtered, sampler.gumbel(active))
-            chosen = torch.zeros(num, dtype=torch.long)
-            chosen[active] = picked
-            lp = token_logprobs(last, chosen.to(self.device), temperature)
-            for j, i in enumerate(active):
-                tok = int(picked[j])
-                tokens[i].append(tok)
-                logps[i].append(lp[i])
-                if eos_token_id is not None and tok == eos_token_id:
-                    done[i], reasons[i] = True, "eos"
-            if step == max_new_tokens - 1 or all(done):
+            filtered = filter_logits(scaled, top_k=top_k, top_p=top_p)
+            picked = sample(filtered, gumbel_noise(keys, step, self.vocab_size))
+            tokens_BN[:, step] = picked
+            logps_BN[:, step] = token_logprobs(last, picked, temperature)
+            if eos_token_id is not None:
+                finished |= picked == eos_token_id
+                if step % _EOS_CHECK_EVERY == _EOS_CHECK_EVERY - 1 and bool(finished.all()):
+                    steps = step + 1
+                    break
+            if step == max_new_tokens - 1:
                 break
-            pos = cur[:, None].clone()
-            logits = self._step(
-                chosen[:, None].to(self.device),
-                pos.to(self.device),
-                (cur + 1).to(self.device),
-                cache,
-            )
+            logits = self._step(picked[:, None].contiguous(), cur[:, None].contiguous(), cur + 1, cache)
             last = logits[:, 0]
-            cur += 1
-        return RolloutOutput(
-            tokens=tokens,
-            logprobs=[torch.stack(lp).float().cpu() if lp else torch.empty(0) for lp in logps],
-            finish_reasons=reasons,
-        )
+            cur = cur + 1
+        tokens_all = tokens_BN[:, :steps].cpu()
+        logps_all = logps_BN[:, :steps].cpu()
+        tokens, logps, reasons = [], [], []
+        for i in range(num):
+            row = tokens_all[i]
+            n, reason = steps, "length"
+            if eos_token_id is not None:
+                hits = (row == eos_token_id).nonzero()
+                if len(hits):
+                    n, reason = int(hits[0]) + 1, "eos"
+            tokens.append(row[:n].tolist())
+            logps.append(logps_all[i, :n].clone())
+            reasons.append(reason)
+        return RolloutOutput(tokens=tokens, logprobs=logps, finish_reasons=reasons)

@@ -1,0 +1,42 @@
+"""The device-side Gumbel sampler: a pure function of (request seed, draw index, token id)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fp4_compile.rl.sampling import gumbel_noise, request_keys, sample
+
+
+def test_noise_row_depends_only_on_its_own_seed_and_step():
+    keys = request_keys([7, 8, 9], "cpu")
+    both = gumbel_noise(keys, 3, 50)
+    alone = gumbel_noise(request_keys([8], "cpu"), 3, 50)
+    assert torch.equal(both[1], alone[0])
+    assert not torch.equal(both[0], both[1])
+    assert not torch.equal(gumbel_noise(keys, 4, 50), both)
+    assert torch.equal(gumbel_noise(keys, 3, 50), both)
+
+
+def test_noise_is_standard_gumbel():
+    noise = gumbel_noise(request_keys(list(range(16)), "cpu"), 0, 20000).double()
+    assert torch.isfinite(noise).all()
+    euler_gamma, var = 0.5772156649, math.pi**2 / 6
+    assert abs(noise.mean().item() - euler_gamma) < 0.01
+    assert abs(noise.var().item() - var) < 0.03
+
+
+def test_sampled_token_frequencies_follow_softmax():
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]]).expand(4000, 4)
+    picked = sample(logits, gumbel_noise(request_keys(list(range(4000)), "cpu"), 0, 4))
+    freq = torch.bincount(picked, minlength=4).double() / 4000
+    assert torch.allclose(freq, torch.softmax(logits[0].double(), 0), atol=0.025)
+
+
+def test_bad_seeds_are_named():
+    with pytest.raises(ValueError, match=r"seed\[1\]"):
+        request_keys([0, -1], "cpu")
+    with pytest.raises(TypeError, match=r"seed\[0\]"):
+        request_keys([1.5], "cpu")
