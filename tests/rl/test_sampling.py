@@ -40,3 +40,23 @@ def test_bad_seeds_are_named():
         request_keys([0, -1], "cpu")
     with pytest.raises(TypeError, match=r"seed\[0\]"):
         request_keys([1.5], "cpu")
+
+
+def test_eos_ends_each_request_at_its_first_eos():
+    from fp4_compile import NVFP4Recipe
+    from fp4_compile.models import tiny_qwen3
+    from fp4_compile.rl import RolloutEngine
+
+    torch.manual_seed(0)
+    model = tiny_qwen3(layers=1).eval()
+    engine = RolloutEngine(model, recipe=NVFP4Recipe.bf16(), max_batch=4, max_seq_len=64)
+    prompts = [[3, 5, 7], [11, 2], [4, 4, 9]]
+    free = engine.generate(prompts, max_new_tokens=20, seed=5)
+    eos = free.tokens[0][2]  # a token request 0 draws at its third step
+    out = engine.generate(prompts, max_new_tokens=20, seed=5, eos_token_id=eos)
+    for i, row in enumerate(free.tokens):
+        n = row.index(eos) + 1 if eos in row else len(row)
+        assert out.tokens[i] == row[:n], i
+        assert out.finish_reasons[i] == ("eos" if eos in row else "length"), i
+        assert torch.equal(out.logprobs[i], free.logprobs[i][:n]), i
+    assert out.finish_reasons[0] == "eos" and len(out.tokens[0]) <= 3
