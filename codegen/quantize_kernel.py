@@ -3,8 +3,9 @@
 Shape legend: R rows (leading dims flattened), K the last dim (a multiple of 16).
 
 Bitwise equal to `fp4_compile.reference.quantize`, step for step (see its docstring):
-- The global stage (amax, global_encode, global_decode, multiplier) is a handful of torch ops on
-  [] or [R, 1] tensors, the very functions of the reference, run by the launcher.
+- The global stage (amax, global_encode, global_decode, multiplier): per row, one Triton launch
+  (`quantize_global.py`, bitwise the torch ops); otherwise a handful of torch ops on [] or
+  [E, 1, 1] tensors, the very functions of the reference, run by the launcher.
 - The kernel does steps 5-8: vec_max (max |x| over 16 elements or a 16x16 tile), ONE FP32
   multiply by the multiplier, clamp to 448, E4M3 round-to-nearest-even done with INTEGER bit
   operations (`_e4m3_rne`: the interpreter's fp32->fp8 cast is wrong, and integer code is the same
@@ -236,7 +237,13 @@ def quantize_triton(
     if x2.stride(-1) != 1:
         raise ValueError(f"{name} must have a unit stride along its last dim")
     r = x2.shape[0]
-    gd, mult = global_stage(x, global_scale)
+    if isinstance(global_scale, str) and global_scale == "per_row":
+        from .quantize_global import row_global_stage  # one launch instead of ~9 torch ops
+
+        gd_r, mult = row_global_stage(x2)
+        gd = gd_r.reshape(*shape[:-1], 1)
+    else:
+        gd, mult = global_stage(x, global_scale)
     per_row = gd.dim() > 0
     if gd.dim() == 3:  # per expert [E, 1, 1]: one value per row of the flattened [E*N, K]
         gd2 = gd.expand(*shape[:-1], 1).reshape(-1)
