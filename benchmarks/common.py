@@ -86,8 +86,15 @@ def profile_call(fn, wall_ms: float, top: int = 20) -> dict:
     def dev_us(e):
         return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
 
-    kernels = [e for e in events if dev_us(e) > 0]
+    # kernels and memcpys only: CPU operators also carry the device time of what they launched
+    # (counting both would count every kernel twice)
+    kernels = [e for e in events if str(e.device_type).endswith("CUDA") and dev_us(e) > 0]
     busy_ms = sum(dev_us(e) for e in kernels) / 1e3
+    classes: dict[str, list[float]] = {}
+    for e in kernels:
+        c = classes.setdefault(kernel_class(e.key), [0.0, 0])
+        c[0] += dev_us(e) / 1e3
+        c[1] += e.count
     by_gpu = sorted(kernels, key=dev_us, reverse=True)[:top]
     ops = [e for e in events if e.key.startswith(("fp4_compile::", "aten::", "Optimizer"))]
     by_cpu = sorted(ops, key=lambda e: e.cpu_time_total, reverse=True)[:top]
@@ -95,12 +102,42 @@ def profile_call(fn, wall_ms: float, top: int = 20) -> dict:
         "gpu_busy_ms": busy_ms,
         "wall_ms": wall_ms,
         "gpu_busy_frac": busy_ms / wall_ms if wall_ms else None,
+        "by_class": [
+            {"class": k, "ms": v[0], "calls": v[1]}
+            for k, v in sorted(classes.items(), key=lambda kv: -kv[1][0])
+        ],
         "top_gpu": [{"name": e.key[:90], "ms": dev_us(e) / 1e3, "calls": e.count} for e in by_gpu],
         "top_cpu_ops": [
             {"name": e.key[:90], "cpu_total_ms": e.cpu_time_total / 1e3, "calls": e.count}
             for e in by_cpu
         ],
     }
+
+
+_KERNEL_CLASSES = (  # (class, substrings of kernel names), first match wins
+    (
+        "NVFP4 quantize / dequantize",
+        ("_quantize_kernel", "_row_global_kernel", "_dequant", "ongrid"),
+    ),
+    ("NVFP4 GEMM (Triton)", ("_nvfp4_gemm_kernel", "_grouped_wgrad_kernel")),
+    ("invariant BF16 GEMM (Triton)", ("_linear_kernel", "_grouped_linear")),
+    ("attention", ("attention", "_attn", "flash", "sdpa", "fmha")),
+    ("cuBLAS/CUTLASS GEMM", ("gemm", "cutlass", "xmma", "sm90_", "Kernel2")),
+    ("optimizer", ("multi_tensor_apply", "adam")),
+    ("copies", ("copy", "Memcpy", "Memset", "cat", "index", "scatter", "gather")),
+    ("norms, logprobs, routing", ("rms", "logprob", "routing", "sort", "topk")),
+    ("reductions", ("reduce", "sum", "amax", "max")),
+    ("Inductor-fused elementwise", ("triton_poi", "triton_per", "triton_red")),
+)
+
+
+def kernel_class(name: str) -> str:
+    """The op class of a GPU kernel, for the breakdown tables (name substrings; 'other' else)."""
+    low = name.lower()
+    for cls, keys in _KERNEL_CLASSES:
+        if any(k.lower() in low for k in keys):
+            return cls
+    return "other elementwise"
 
 
 def profile_markdown(label: str, prof: dict, what: str) -> list[str]:
@@ -110,6 +147,10 @@ def profile_markdown(label: str, prof: dict, what: str) -> list[str]:
         f"## where the time goes: {label}",
         f"GPU busy {prof['gpu_busy_ms']:.1f} ms of a {prof['wall_ms']:.1f} ms {what} "
         f"({100 * prof['gpu_busy_frac']:.0f}%; below 100%: host time, launches and syncs)",
+        "",
+        "| op class (GPU kernels) | ms | calls |",
+        "| --- | --- | --- |",
+        *[f"| {c['class']} | {c['ms']:.2f} | {c['calls']} |" for c in prof.get("by_class", [])],
         "",
         "| GPU kernel | ms | calls |",
         "| --- | --- | --- |",

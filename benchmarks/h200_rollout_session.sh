@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # The model-level GPU session: kernel tests, learner, learner == rollout alignment, rollout speed.
 # Results (md + json) and logs are packed into $OUT/session.tgz.
-#   MINITE_COMMIT=<sha> bash benchmarks/h200_rollout_session.sh
+#   MINITE_COMMIT=<sha> [PARTS="pytest learner alignment rollout"] bash benchmarks/h200_rollout_session.sh
+# One device call (600 s) fits about two parts; ALIGN_BATCHES (default 1,64) picks batch sizes.
 set -u
 R="${OUT:-/tmp/out}/r"
 mkdir -p "$R"
 export OUT="$R"
+PARTS="${PARTS:-pytest learner alignment rollout}"
 run() { local t=$1 name=$2; shift 2; echo "== $name"; timeout "$t" "$@" > "$R/$name.log" 2>&1; echo "rc=$? $name"; tail -4 "$R/$name.log"; }
-run 90 pytest_nvfp4_cuda python3 -m pytest -q tests/codegen/test_nvfp4_kernels.py tests/codegen/test_nvfp4_ops.py
-run 120 learner python3 -m benchmarks.learner --profile
-run 100 alignment python3 -m benchmarks.alignment_gpu --batches "${ALIGN_BATCHES:-1,64}"
-run 270 rollout python3 -m benchmarks.rollout --profile-batch 64
+for part in $PARTS; do
+  case "$part" in
+    pytest) run "${PYTEST_S:-240}" pytest_cuda python3 -m pytest -q tests/codegen/test_quantize_global.py \
+              tests/codegen/test_nvfp4_kernels.py tests/codegen/test_nvfp4_ops.py tests/rl/test_sampling.py ;;
+    learner) run 150 learner python3 -m benchmarks.learner --profile ;;
+    alignment) run "${ALIGN_S:-300}" alignment python3 -m benchmarks.alignment_gpu --batches "${ALIGN_BATCHES:-1,64}" ;;
+    rollout) run 300 rollout python3 -m benchmarks.rollout --profile-batch 64 ;;
+    *) echo "unknown part $part"; exit 2 ;;
+  esac
+done
 tar czf "$R/../session.tgz" -C "$R" .
 rm -rf "$R"

@@ -41,7 +41,9 @@ def _row_global_kernel(
         x = x.to(tl.float32)
         amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
         nan = tl.maximum(nan, tl.max((x != x).to(tl.int32), axis=1))
-    enc = tl.minimum(tl.math.div_rn(tl.full((BLOCK_R,), 2688.0, tl.float32), amax), 3.4028234663852886e38)
+    enc = tl.minimum(
+        tl.math.div_rn(tl.full((BLOCK_R,), 2688.0, tl.float32), amax), 3.4028234663852886e38
+    )
     enc = tl.where(enc == 0.0, 1.0, enc)
     gd = tl.math.div_rn(tl.full((BLOCK_R,), 1.0, tl.float32), enc)
     mult = enc * one_sixth

@@ -224,7 +224,9 @@ class RolloutEngine:
                     break
             if step == max_new_tokens - 1:
                 break
-            logits = self._step(picked[:, None].contiguous(), cur[:, None].contiguous(), cur + 1, cache)
+            logits = self._step(
+                picked[:, None].contiguous(), cur[:, None].contiguous(), cur + 1, cache
+            )
             last = logits[:, 0]
             cur = cur + 1
         tokens_all = tokens_BN[:, :steps].cpu()
