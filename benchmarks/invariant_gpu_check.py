@@ -73,6 +73,14 @@ def checks(dev) -> list[dict]:
                 "ok": bool((lp.double() - ref).abs().max() < 1e-4)})  # fmt: skip
     router_logits = inv.linear(x, (rnd(EXPERTS, HIDDEN) * 0.02).bfloat16())
     _rows_invariant(lambda a: inv.route(a, 8), router_logits, "routing E=128 k=8", res)
+    from fp4_compile.codegen import invariant_cpu
+
+    w_gpu, i_gpu = inv.route(router_logits, 8)
+    w_cpu, i_cpu = invariant_cpu.routing(router_logits.cpu(), 8, True)
+    err = float((w_gpu.cpu() - w_cpu).abs().max())
+    res.append({"check": "routing kernel vs CPU construction: same experts, max |dw|",
+                "value": f"{int((i_gpu.cpu() != i_cpu).sum())} experts differ, {err:.2g}",
+                "ok": bool(torch.equal(i_gpu.cpu(), i_cpu) and err <= 2e-6)})  # fmt: skip
 
     # attention, Qwen3-30B-A3B shapes
     b, t, s_max = 2, 1024, 2048

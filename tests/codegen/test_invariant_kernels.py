@@ -118,3 +118,23 @@ def test_logprobs_kernel(ik):
     ref_lp, ref_ent = cpu.logprobs(logits, tokens, 0.8)
     assert (lp - ref_lp).abs().max() <= 1e-5 * (1 + ref_lp.abs().max())
     assert (ent - ref_ent).abs().max() <= 1e-5 * (1 + ref_ent.abs().max())
+
+
+def test_routing_kernel(ik):
+    g = _gen(4)
+    logits = (torch.randn(37, 128, generator=g) * 2).bfloat16()
+    for norm in (True, False):
+        w, idx = ik.routing(logits, 8, norm)
+        for n in (1, 2, 5):
+            wn, idn = ik.routing(logits[:n], 8, norm)
+            assert_bitwise_equal(wn, w[:n], f"weights m={n}")
+            assert torch.equal(idn, idx[:n]), n
+        ref_w, ref_idx = cpu.routing(logits, 8, norm)
+        assert torch.equal(idx, ref_idx)
+        assert (w - ref_w).abs().max() <= 2e-6
+    ties = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0], [2.0, 2.0, 2.0, 2.0, 2.0]])
+    w, idx = ik.routing(ties, 3, False)
+    assert idx.tolist() == [[1, 2, 4], [0, 1, 2]]
+    assert torch.allclose(w[1], torch.full((3,), 0.2))
+    with pytest.raises(ValueError, match="top_k"):
+        ik.routing(ties, 6, True)

@@ -23,6 +23,7 @@ def test_qwen3_counts():
         "fp4_compile.linear (bf16, invariant)": 1,  # lm_head
         "rms_norm": 9,  # 4 per layer (input, post, q_norm, k_norm) + final
         "attention": 2,
+        "embedding": 1,
     }
     lm = [g for g in rep.gemms if g.module == "lm_head"]
     assert lm and lm[0].precision == "bf16" and "lm_head" in lm[0].reason
@@ -34,6 +35,7 @@ def test_qwen3_moe_counts():
     assert rep.counts["fp4_compile.nvfp4_linear"] == 8  # q k v o per layer
     assert rep.counts["fp4_compile.linear (bf16, invariant)"] == 3  # 2 routers + lm_head
     assert rep.counts["routing_topk"] == 2 and rep.counts["rms_norm"] == 9
+    assert rep.counts["embedding"] == 1
     routers = [g for g in rep.gemms if g.module.endswith("mlp.gate")]
     assert len(routers) == 2 and all(g.precision == "bf16" for g in routers)
 
@@ -45,6 +47,7 @@ def test_llama_counts():
         "fp4_compile.linear (bf16, invariant)": 1,
         "rms_norm": 3,
         "attention": 1,
+        "embedding": 1,
     }
 
 

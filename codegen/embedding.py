@@ -1,0 +1,63 @@
+"""`fp4_compile::embedding`: the token-embedding lookup weight[ids], with an opaque backward.
+
+The backward of an embedding is an accumulating scatter (rows of the gradient added into the
+rows of their token ids, repeated tokens summed). Traced, it is whatever kernel runs it: ATen's
+`embedding_dense_backward` in eager, a decomposition into `index_put(accumulate=True)` under
+Inductor (ATen's sorted fallback with the backend's deterministic flag, atomic adds without).
+The two sum repeated tokens differently, so a compiled model's embedding gradient differed
+from the same lowered graph run eagerly on the H200 (`benchmarks/results/*backend_gpu_check*`).
+As one opaque op both paths run the same backward: `embedding_dense_backward` itself.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _check(weight: torch.Tensor, ids: torch.Tensor) -> None:
+    if weight.dim() != 2 or not weight.dtype.is_floating_point:
+        raise TypeError(
+            f"embedding weight must be a 2-D float tensor, got {weight.dtype}{list(weight.shape)}"
+        )
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"embedding ids must be int64 or int32, got {ids.dtype}")
+
+
+@torch.library.custom_op("fp4_compile::embedding", mutates_args=())
+def embedding(weight: torch.Tensor, ids: torch.Tensor, padding_idx: int) -> torch.Tensor:
+    _check(weight, ids)
+    return F.embedding(ids, weight)
+
+
+@embedding.register_fake
+def _(weight, ids, padding_idx):
+    _check(weight, ids)
+    return weight.new_empty((*ids.shape, weight.shape[1]))
+
+
+@torch.library.custom_op("fp4_compile::embedding_backward", mutates_args=())
+def embedding_backward(
+    grad: torch.Tensor, ids: torch.Tensor, num_weights: int, padding_idx: int
+) -> torch.Tensor:
+    return torch.ops.aten.embedding_dense_backward(grad, ids, num_weights, padding_idx, False)
+
+
+@embedding_backward.register_fake
+def _(grad, ids, num_weights, padding_idx):
+    return grad.new_empty((num_weights, grad.shape[-1]))
+
+
+def _setup(ctx, inputs, output):
+    weight, ids, padding_idx = inputs
+    ctx.save_for_backward(ids)
+    ctx.num_weights, ctx.padding_idx = weight.shape[0], padding_idx
+
+
+def _backward(ctx, grad):
+    (ids,) = ctx.saved_tensors
+    grad_w = embedding_backward(grad.contiguous(), ids, ctx.num_weights, ctx.padding_idx)
+    return grad_w, None, None
+
+
+embedding.register_autograd(_backward, setup_context=_setup)
