@@ -21,7 +21,6 @@ import triton
 import triton.language as tl
 
 from . import invariant_configs as cfgs
-from . import invariant_cpu as cpu
 from .runtime import arch_of, check_kernel_device, interpreting
 
 
