@@ -42,6 +42,25 @@ def _profile_engine(engine, batch, prompt, new_tokens=32):
     return profile_call(call, (time.perf_counter() - t0) * 1e3)
 
 
+def _graphs_bitwise(engine, prompt, batch=64, new_tokens=32) -> dict:
+    """The same generate call with and without the CUDA graph: tokens and log-probs equal?"""
+    v = engine.vocab_size - 1
+    prompts = [[1 + (i * 5 + j) % v for j in range(prompt - i % 7)] for i in range(batch)]
+    with_graph = engine.generate(prompts, max_new_tokens=new_tokens, seed=11)
+    engine.cuda_graphs = False
+    try:
+        plain = engine.generate(prompts, max_new_tokens=new_tokens, seed=11)
+    finally:
+        engine.cuda_graphs = True
+    same_tokens = with_graph.tokens == plain.tokens
+    differ = sum(
+        int((a.view(torch.int32) != b.view(torch.int32)).sum())
+        for a, b in zip(with_graph.logprobs, plain.logprobs)
+    )
+    return {"batch": batch, "new_tokens": new_tokens, "tokens_equal": same_tokens,
+            "logprobs_differing": differ, "ok": same_tokens and differ == 0}  # fmt: skip
+
+
 def _hf_rate(model, batch, prompt, new_tokens):
     ids = torch.tensor(
         [[1 + (i * 7 + j) % 8000 for j in range(prompt)] for i in range(batch)], device="cuda"
@@ -75,16 +94,25 @@ def main() -> None:
     )
     parser.add_argument("--skip-hf", action="store_true", help="no transformers generate baseline")
     parser.add_argument("--name", default="rollout_h200", help="results file stem")
+    parser.add_argument(
+        "--configs", default="all", help="'all' or engine config labels separated by ';'"
+    )
     args = parser.parse_args()
     env = environment()
     batches = [int(b) for b in args.batches.split(",")]
-    configs = (
-        ("minite strict NVFP4", dict(recipe=NVFP4Recipe.strict())),
-        ("minite bf16 recipe", dict(recipe=NVFP4Recipe.bf16())),
-        ("same engine, stock kernels (not invariant)", dict(compile=False)),
-    )
+    configs = {
+        "minite strict NVFP4": dict(recipe=NVFP4Recipe.strict()),
+        "minite bf16 recipe": dict(recipe=NVFP4Recipe.bf16()),
+        "same engine, stock kernels (not invariant)": dict(compile=False),
+        "minite strict NVFP4, CUDA graphs": dict(recipe=NVFP4Recipe.strict(), cuda_graphs=True),
+        "minite bf16 recipe, CUDA graphs": dict(recipe=NVFP4Recipe.bf16(), cuda_graphs=True),
+        "same engine, stock kernels, CUDA graphs": dict(compile=False, cuda_graphs=True),
+    }
+    if args.configs != "all":
+        configs = {k: configs[k] for k in args.configs.split(";")}
     table, errors, profiles = {}, {}, {}
-    for label, kw in configs:
+    graph_check = {}
+    for label, kw in configs.items():
         torch._dynamo.reset()
         model = qwen3_30b_a3b_layers(layers=args.layers, device="cuda").eval()
         engine = RolloutEngine(
@@ -98,7 +126,12 @@ def main() -> None:
                 table[label][b] = float("nan")
                 errors[f"{label} batch {b}"] = f"{type(e).__name__}: {e}"[:2000]
         print(label, table[label], flush=True)
-        if args.profile_batch:
+        if kw.get("cuda_graphs"):
+            try:
+                graph_check[label] = _graphs_bitwise(engine, args.prompt)
+            except Exception as e:
+                errors[f"{label} graph check"] = f"{type(e).__name__}: {e}"[:2000]
+        if args.profile_batch and not kw.get("cuda_graphs"):
             profiles[label] = _profile_engine(engine, args.profile_batch, args.prompt)
         del model, engine
         torch.cuda.empty_cache()
@@ -112,7 +145,7 @@ def main() -> None:
         except Exception as e:
             table["transformers generate BF16"][b] = float("nan")
             errors[f"hf batch {b}"] = f"{type(e).__name__}: {e}"[:2000]
-    base = table["minite bf16 recipe"]
+    base = table.get("minite bf16 recipe") or next(iter(table.values()))
     md = [
         f"# rollout decode tokens/s, {env['gpu']} (emulated NVFP4, sm_90), torch {env['torch']}, "
         f"triton {env['triton']}, commit {env['commit']}",
@@ -128,6 +161,12 @@ def main() -> None:
             + " |"
         )
     md.append("\nratios are against minite bf16 recipe (same engine, invariant kernels)")
+    for label, chk in graph_check.items():
+        md.append(
+            f"- {label}: generate with vs without the CUDA graph (batch {chk['batch']}, "
+            f"{chk['new_tokens']} tokens): tokens equal {chk['tokens_equal']}, log-probs "
+            f"differing {chk['logprobs_differing']} -> {'PASS' if chk['ok'] else 'FAIL'}"
+        )
     md.extend(f"- ERROR {k}: {v[:300]}" for k, v in errors.items())
     for label, prof in profiles.items():
         md += profile_markdown(
@@ -142,6 +181,7 @@ def main() -> None:
             "args": vars(args),
             "tokens_per_s": table,
             "errors": errors,
+            "cuda_graph_bitwise": graph_check,
             "profiles": profiles,
         },
         text,

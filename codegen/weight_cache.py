@@ -19,6 +19,7 @@ the engine shares the learner's module).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
@@ -31,9 +32,20 @@ class WeightCache:
         self._entries: dict[tuple, tuple[int, tuple[torch.Tensor, ...]]] = {}
         self.hits = 0
         self.misses = 0
+        self._hits_only = False
 
     def clear(self) -> None:
         self._entries.clear()
+
+    @contextlib.contextmanager
+    def hits_only(self):
+        """While active, a miss raises instead of computing: a CUDA-graph capture records kernels
+        without running them, so an entry computed inside one would hold unwritten memory."""
+        self._hits_only = True
+        try:
+            yield self
+        finally:
+            self._hits_only = False
 
     def __enter__(self) -> WeightCache:
         self._outer = getattr(_active, "cache", None)
@@ -49,6 +61,11 @@ class WeightCache:
         if entry is not None and entry[0] == x._version:
             self.hits += 1
         else:
+            if self._hits_only:
+                raise RuntimeError(
+                    f"weight cache miss for a {tuple(x.shape)} {x.dtype} weight while only hits "
+                    "are allowed (inside a CUDA-graph capture): run one step without capture first"
+                )
             self.misses += 1
             entry = (x._version, tuple(t.clone() for t in compute()))
             self._entries[key] = entry

@@ -14,6 +14,7 @@ import torch
 from ..codegen.weight_cache import WeightCache
 from ..dynamo_guard import no_silent_eager_fallback
 from ..recipe import NVFP4Recipe, as_recipe
+from .cuda_graph import DecodeGraph
 from .distributed import full_tensor
 from .kv_cache import StaticKVCache
 from .logprobs import token_logprobs
@@ -40,6 +41,11 @@ class RolloutEngine:
     `source` is a transformers causal LM (the learner's module, not a compiled wrapper). The
     engine compiles it with the `minite` backend and the SAME recipe as the learner, and runs
     prefill and decode through that lowering with a per-sequence static KV cache.
+
+    cuda_graphs=True (CUDA only): within each `generate` call the decode step is captured once
+    as a CUDA graph (after one ordinary decode step) and replayed for every later token: the
+    same kernels with the same arguments, so the same bits, without the per-op host cost that
+    bounds decode at small batch (rl/cuda_graph.py).
     """
 
     def __init__(
@@ -52,12 +58,16 @@ class RolloutEngine:
         max_seq_len: int = 512,
         compile: bool = True,
         expected_fingerprint: str | None = None,
+        cuda_graphs: bool = False,
     ):
         from ..export import RolloutArtifact, load_rollout
 
         # quantized weights, once per weight version (codegen/weight_cache.py); update_weights
         # clears it
         self.weight_cache = WeightCache()
+        if not isinstance(cuda_graphs, bool):
+            raise TypeError(f"cuda_graphs must be a bool, got {cuda_graphs!r}")
+        self.cuda_graphs = cuda_graphs
         if isinstance(source, (str, Path)):
             source = load_rollout(source, expected_fingerprint=expected_fingerprint, device=device)
         if isinstance(source, RolloutArtifact):
@@ -74,6 +84,10 @@ class RolloutEngine:
         else:
             raise TypeError(
                 f"RolloutEngine needs a causal LM module, a RolloutArtifact or an artifact path, got {type(source).__name__}"
+            )
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError(
+                f"cuda_graphs=True needs a CUDA device, the engine runs on {self.device}"
             )
 
     def _set_shapes(self, cfg, dtype) -> None:
@@ -211,6 +225,7 @@ class RolloutEngine:
         finished = torch.zeros(num, dtype=torch.bool, device=self.device)
         cur = lengths.to(self.device)
         steps = max_new_tokens
+        graph = None  # the decode step as one CUDA graph (cuda_graphs=True), for this call
         for step in range(max_new_tokens):
             scaled = last.float() / temperature
             filtered = filter_logits(scaled, top_k=top_k, top_p=top_p)
@@ -224,9 +239,14 @@ class RolloutEngine:
                     break
             if step == max_new_tokens - 1:
                 break
-            logits = self._step(
-                picked[:, None].contiguous(), cur[:, None].contiguous(), cur + 1, cache
-            )
+            if graph is None and self.cuda_graphs and step >= 1:  # step 0 compiled and warmed
+                graph = DecodeGraph(self._step, self.weight_cache, cache, num, self.device)
+            if graph is not None:
+                logits = graph(picked, cur)
+            else:
+                logits = self._step(
+                    picked[:, None].contiguous(), cur[:, None].contiguous(), cur + 1, cache
+                )
             last = logits[:, 0]
             cur = cur + 1
         tokens_all = tokens_BN[:, :steps].cpu()

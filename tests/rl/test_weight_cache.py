@@ -61,3 +61,36 @@ def test_update_weights_drops_the_cache_for_a_shared_module():
     engine.update_weights(model)
     _assert_same(_generate(engine), want, "after update_weights == a fresh engine")
     assert want.tokens != before.tokens, "the update must change the rollout (else no test)"
+
+
+def test_hits_only_refuses_a_miss_and_allows_hits():
+    cache = WeightCache()
+    w = torch.ones(16, 16)
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return (w * 2,)
+
+    with cache.hits_only():
+        try:
+            cache.get(w, "per_tensor", compute)
+        except RuntimeError as e:
+            assert "miss" in str(e)
+        else:
+            raise AssertionError("a miss inside hits_only() must raise")
+    assert not calls
+    (first,) = cache.get(w, "per_tensor", compute)
+    with cache.hits_only():
+        (again,) = cache.get(w, "per_tensor", compute)
+    assert torch.equal(first, again) and len(calls) == 1
+
+
+def test_cuda_graphs_need_a_cuda_device():
+    import pytest
+
+    model = tiny_qwen3_moe(layers=1).eval()
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        RolloutEngine(model, recipe=NVFP4Recipe.strict(), device="cpu", cuda_graphs=True)
+    with pytest.raises(TypeError, match="cuda_graphs"):
+        RolloutEngine(model, recipe=NVFP4Recipe.strict(), device="cpu", cuda_graphs="yes")
