@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The model-level GPU session: kernel tests, learner, learner == rollout alignment, rollout speed.
 # Results (md + json) and logs are packed into $OUT/session.tgz.
-#   MINITE_COMMIT=<sha> [PARTS="pytest learner alignment rollout"] bash benchmarks/h200_rollout_session.sh
+#   MINITE_COMMIT=<sha> [PARTS="pytest learner alignment rollout graphs invariant backend"] \
+#     bash benchmarks/h200_rollout_session.sh
 # One device call (600 s) fits about two parts; ALIGN_BATCHES (default 1,64) picks batch sizes.
 set -u
 R="${OUT:-/tmp/out}/r"
@@ -15,7 +16,10 @@ for part in $PARTS; do
               tests/codegen/test_nvfp4_kernels.py tests/codegen/test_nvfp4_ops.py tests/rl/test_sampling.py ;;
     learner) run 150 learner python3 -m benchmarks.learner --profile ;;
     alignment) run "${ALIGN_S:-300}" alignment python3 -m benchmarks.alignment_gpu --batches "${ALIGN_BATCHES:-1,64}" ;;
-    rollout) run 300 rollout python3 -m benchmarks.rollout --profile-batch 64 ;;
+    rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --profile-batch 64 ;;
+    graphs) run 200 cuda_graphs python3 -m benchmarks.cuda_graph_gpu_check ;;
+    invariant) run 120 invariant python3 -m benchmarks.invariant_gpu_check ;;
+    backend) run 200 backend python3 -m benchmarks.backend_gpu_check ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
 done
