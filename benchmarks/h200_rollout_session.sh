@@ -16,7 +16,7 @@ for part in $PARTS; do
               tests/codegen/test_nvfp4_kernels.py tests/codegen/test_nvfp4_ops.py tests/rl/test_sampling.py ;;
     learner) run 150 learner python3 -m benchmarks.learner --profile ;;
     alignment) run "${ALIGN_S:-300}" alignment python3 -m benchmarks.alignment_gpu --batches "${ALIGN_BATCHES:-1,64}" ;;
-    rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --profile-batch 64 ;;
+    rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --profile-batch 64 ${ROLLOUT_ARGS:-} ;;
     graphs) run 200 cuda_graphs python3 -m benchmarks.cuda_graph_gpu_check ;;
     invariant) run 120 invariant python3 -m benchmarks.invariant_gpu_check ;;
     backend) run 200 backend python3 -m benchmarks.backend_gpu_check ;;
