@@ -25,11 +25,17 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--batches", default="1,8,64,256")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run on a tiny model")
+    parser.add_argument("--variants", default="strict,te", help="recipes, comma-separated")
+    parser.add_argument(
+        "--cuda-graphs", action="store_true", help="the engine decodes with CUDA graphs"
+    )
     args = parser.parse_args()
     device = "cpu" if args.tiny else "cuda"
     env = environment()
     rows = []
-    for variant, recipe in (("strict", NVFP4Recipe.strict()), ("te", NVFP4Recipe.te())):
+    presets = {"strict": NVFP4Recipe.strict(), "te": NVFP4Recipe.te()}
+    for variant in args.variants.split(","):
+        recipe = presets[variant]
         torch._dynamo.reset()
         model = (
             tiny_qwen3_moe(layers=2, dtype=torch.bfloat16)
@@ -37,7 +43,9 @@ def main() -> None:
             else qwen3_30b_a3b_layers(layers=args.layers, device=device)
         ).eval()
         vocab = model.config.vocab_size
-        engine = RolloutEngine(model, recipe=recipe, max_batch=256, max_seq_len=128)
+        engine = RolloutEngine(
+            model, recipe=recipe, max_batch=256, max_seq_len=128, cuda_graphs=args.cuda_graphs
+        )
         learner = torch.compile(model, backend="minite", options={"recipe": recipe})
         for batch in [int(b) for b in args.batches.split(",")]:
             g = torch.Generator().manual_seed(batch)
@@ -85,7 +93,8 @@ def main() -> None:
     md = [
         f"# learner vs rollout log-probs on {env['gpu']} (emulated NVFP4, sm_90)",
         f"torch {env['torch']}, triton {env['triton']}, commit {env['commit']}; Qwen3-30B-A3B-shaped, "
-        f"{args.layers} layers, vocab 8192, {args.new_tokens} new tokens, prompts 4-63 tokens",
+        f"{args.layers} layers, vocab 8192, {args.new_tokens} new tokens, prompts 4-63 tokens; "
+        f"engine decode {'with CUDA graphs' if args.cuda_graphs else 'without CUDA graphs'}",
         "",
         "| recipe | batch | bitwise-equal tokens | max abs dlogp | kl | token_mult_prob_error |",
         "| --- | --- | --- | --- | --- | --- |",

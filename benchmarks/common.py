@@ -88,7 +88,16 @@ def profile_call(fn, wall_ms: float, top: int = 20) -> dict:
 
     # kernels and memcpys only: CPU operators also carry the device time of what they launched
     # (counting both would count every kernel twice)
-    kernels = [e for e in events if str(e.device_type).endswith("CUDA") and dev_us(e) > 0]
+    # (and user annotations such as "Optimizer.step#AdamW.step", which the profiler also puts
+    # on the GPU timeline)
+    kernels = [
+        e
+        for e in events
+        if str(e.device_type).endswith("CUDA")
+        and dev_us(e) > 0
+        and "#" not in e.key
+        and not e.key.startswith(("ProfilerStep", "Optimizer."))
+    ]
     busy_ms = sum(dev_us(e) for e in kernels) / 1e3
     classes: dict[str, list[float]] = {}
     for e in kernels:

@@ -15,11 +15,11 @@ for part in $PARTS; do
     pytest) run "${PYTEST_S:-240}" pytest_cuda python3 -m pytest -q tests/codegen/test_quantize_global.py \
               tests/codegen/test_nvfp4_kernels.py tests/codegen/test_nvfp4_ops.py tests/rl/test_sampling.py ;;
     learner) run 150 learner python3 -m benchmarks.learner --profile ;;
-    alignment) run "${ALIGN_S:-300}" alignment python3 -m benchmarks.alignment_gpu --batches "${ALIGN_BATCHES:-1,64}" ;;
+    alignment) run "${ALIGN_S:-300}" alignment python3 -m benchmarks.alignment_gpu --batches "${ALIGN_BATCHES:-1,64}" ${ALIGN_ARGS:-} ;;
     rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --profile-batch 64 ${ROLLOUT_ARGS:-} ;;
     graphs) run 200 cuda_graphs python3 -m benchmarks.cuda_graph_gpu_check ;;
-    invariant) run 120 invariant python3 -m benchmarks.invariant_gpu_check ;;
-    backend) run 200 backend python3 -m benchmarks.backend_gpu_check ;;
+    invariant) run "${INV_S:-120}" invariant python3 -m benchmarks.invariant_gpu_check ;;
+    backend) run "${BACKEND_S:-200}" backend python3 -m benchmarks.backend_gpu_check ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
 done
