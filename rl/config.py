@@ -93,6 +93,9 @@ class TrainConfig:
     compile: bool = True
     """True: learner and engine run through the minite backend (the product). False: eager
     FP32 transformers on both sides (loop-logic tests only: no NVFP4 at all)."""
+    rollout_cuda_graphs: bool = False
+    """CUDA only: the rollout engine decodes through one CUDA graph per generate call (same
+    kernels, same bits: `RolloutEngine(cuda_graphs=True)`; 2-5x decode tokens/s on the H200)."""
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     log_every: int = 1
@@ -135,6 +138,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.rollout_cuda_graphs and not self.device.startswith("cuda"):
+            raise ValueError(
+                f"rollout_cuda_graphs=True needs a CUDA device, got device={self.device!r}"
+            )
 
     def recipe(self) -> NVFP4Recipe:
         return {"strict": NVFP4Recipe.strict, "te": NVFP4Recipe.te, "bf16": NVFP4Recipe.bf16}[

@@ -106,6 +106,7 @@ class GRPOTrainer:
         self.engine = RolloutEngine(
             copy.deepcopy(self.model), recipe=self.recipe, device=self.device,
             max_batch=self.num_local, max_seq_len=self.width, compile=cfg.compile,
+            cuda_graphs=cfg.rollout_cuda_graphs,
         )  # fmt: skip
         if self.world > 1:
             ddp.shard_model(self.model)  # FSDP2: parameters, gradients, optimizer state sharded

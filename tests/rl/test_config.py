@@ -47,6 +47,7 @@ def test_overrides_are_typed():
         ("aggregation=batch", "aggregation must be one of"),
         ("group_size=1", "group_size must be >= 2"),
         ("variant=fp8", "variant must be one of"),
+        ("rollout_cuda_graphs=true", "rollout_cuda_graphs=True needs a CUDA device"),
     ],
 )
 def test_override_errors_name_the_setting(pair, match):
