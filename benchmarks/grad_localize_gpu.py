@@ -35,7 +35,24 @@ def _backward_calls(model, backend, ids, **kw):
     loss = compiled(input_ids=ids, use_cache=False).logits.float().logsumexp(-1).mean()
     with OpRecorder() as rec:
         loss.backward()
-    return rec.calls
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return rec.calls, grads
+
+
+def _grad_diffs(a: dict, b: dict) -> list[dict]:
+    rows = []
+    for name, ga in a.items():
+        gb = b[name]
+        differ = (
+            (ga.view(torch.int16) != gb.view(torch.int16))
+            if ga.dtype == torch.bfloat16
+            else (ga != gb)
+        )
+        if differ.any():
+            d = (ga.float() - gb.float()).abs()
+            rows.append({"param": name, "elements_differ": int(differ.sum()),
+                         "numel": ga.numel(), "max_abs_diff": float(d.max())})  # fmt: skip
+    return rows
 
 
 def main() -> None:
@@ -54,11 +71,12 @@ def main() -> None:
         model = tiny_qwen3_moe(layers=2, dtype=torch.bfloat16).to(dev)
         twin = copy.deepcopy(model)
         ids = torch.randint(0, 100, (3, 24), device=dev)
-        eager = _backward_calls(twin, lowering_only_backend(recipe), ids)
-        compiled = _backward_calls(model, "minite", ids, options={"recipe": recipe})
+        eager, eager_grads = _backward_calls(twin, lowering_only_backend(recipe), ids)
+        compiled, grads = _backward_calls(model, "minite", ids, options={"recipe": recipe})
         rows = compare_runs(eager, compiled)
         culprit = first_culprit(rows)
-        payload["runs"][name] = {"rows": rows, "first_culprit": culprit}
+        grad_rows = _grad_diffs(eager_grads, grads)
+        payload["runs"][name] = {"rows": rows, "first_culprit": culprit, "grads": grad_rows}
         md += [f"## {name}", f"first op with equal inputs and different outputs: "
                f"{culprit['key'] if culprit else 'none'}", "",
                "| # | op | paired | inputs equal (differing) | outputs equal | layouts equal |",
@@ -69,6 +87,15 @@ def main() -> None:
                 f"{r.get('inputs_equal', '')} {r.get('differing_inputs', '')} | "
                 f"{r.get('outputs_equal', '')} | {r.get('layouts_equal', '')} |"
             )
+        md += ["", "layouts that differ (eager lowered | compiled):"]
+        for i, r in enumerate(rows):
+            if r.get("layouts"):
+                md += [f"- #{i} `{r['op'].removeprefix('fp4_compile.')}`: "
+                       + "; ".join(f"in{j}: {x} | {y}" for j, (x, y) in
+                                   enumerate(zip(*r["layouts"])) if x != y)]  # fmt: skip
+        md += ["", f"parameter gradients that differ: {len(grad_rows)} of {len(grads)}"]
+        md += [f"- `{g['param']}`: {g['elements_differ']}/{g['numel']} elements, max |d| "
+               f"{g['max_abs_diff']:.3g}" for g in grad_rows]  # fmt: skip
         md.append("")
     text = "\n".join(md) + "\n"
     print(text)
