@@ -22,7 +22,7 @@ import torch
 
 from benchmarks.common import environment, write_results
 from fp4_compile import NVFP4Recipe
-from fp4_compile.backend import lowering_only_backend
+from fp4_compile.backend import lowering_only_backend, numerics_knobs
 from fp4_compile.models import qwen3_30b_a3b_layers, tiny_llama, tiny_qwen3, tiny_qwen3_moe
 from fp4_compile.sr_stream import set_sr_state, sr_uniforms
 from fp4_compile.testing import count_bytes_differ
@@ -142,6 +142,8 @@ def main() -> None:
         "(PASS needs 0) and parameter gradients (reported); the compiled backward run twice (PASS needs 0 differing);",
         "strict/bf16 also row alone == row in batch (PASS needs 0). NVFP4 is emulated NVFP4 (sm_90).",
         "",
+        f"Inductor eager-numerics knobs present in this torch (set by minite): {numerics_knobs()}",
+        "",
         f"SR stream: {sr['check']}: {sr['result']} ({sr['bytes_differ']} bytes differ; {sr['cuda_ms']} ms per draw on the GPU)",
         "",
         "| model | recipe | result | fwd bytes differ | grads (differ from eager) | rerun grads differ | row alone differ | compile+fwd+bwd s | note |",
@@ -157,7 +159,8 @@ def main() -> None:
         )
     text = "\n".join(md) + "\n"
     print(text)
-    write_results("backend_gpu_check", {"env": env, "sr_stream": sr, "rows": rows}, text)
+    payload = {"env": env, "sr_stream": sr, "numerics_knobs": numerics_knobs(), "rows": rows}
+    write_results("backend_gpu_check", payload, text)
 
 
 if __name__ == "__main__":

@@ -20,10 +20,14 @@ import fp4_compile.codegen  # noqa: F401  (registers the ops)
 from benchmarks.common import environment, write_results
 from fp4_compile import NVFP4Recipe
 from fp4_compile.backend import lowering_only_backend
-from fp4_compile.models import tiny_qwen3_moe
+from fp4_compile.models import tiny_llama, tiny_qwen3_moe
 from fp4_compile.op_recorder import OpRecorder, compare_runs, first_culprit
 from fp4_compile.sr_stream import set_sr_state
 
+MODELS = {
+    "moe": ("tiny Qwen3-MoE (bf16)", lambda: tiny_qwen3_moe(layers=2, dtype=torch.bfloat16)),
+    "llama": ("tiny Llama (fp32)", lambda: tiny_llama()),
+}
 PRESETS = {"strict": NVFP4Recipe.strict, "te": NVFP4Recipe.te, "bf16": NVFP4Recipe.bf16}
 
 
@@ -59,16 +63,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cpu", action="store_true", help="smoke run on the CPU")
     parser.add_argument("--recipes", default="strict,bf16")
+    parser.add_argument("--models", default="moe", help="comma list of: " + ",".join(MODELS))
     args = parser.parse_args()
     dev = "cpu" if args.cpu else "cuda"
     env = environment()
     md = [f"# backward op-by-op: compiled vs eager lowered, {env.get('gpu', dev)}, torch "
           f"{env['torch']}, commit {env['commit']} (emulated NVFP4 on sm_90)", ""]  # fmt: skip
     payload = {"env": env, "runs": {}}
-    for name in args.recipes.split(","):
-        recipe = PRESETS[name]()
+    runs = [(m, r) for m in args.models.split(",") for r in args.recipes.split(",")]
+    for model_key, recipe_name in runs:
+        title, build = MODELS[model_key]
+        name = f"{title}, {recipe_name}"
+        recipe = PRESETS[recipe_name]()
         torch.manual_seed(0)
-        model = tiny_qwen3_moe(layers=2, dtype=torch.bfloat16).to(dev)
+        model = build().to(dev)
         twin = copy.deepcopy(model)
         ids = torch.randint(0, 100, (3, 24), device=dev)
         eager, eager_grads = _backward_calls(twin, lowering_only_backend(recipe), ids)

@@ -85,10 +85,48 @@ INVARIANCE_INDUCTOR_CONFIG = {
 }
 
 
+# Eager numerics of the traced elementwise ops (SiLU, residual adds, rotary, casts) on the GPU:
+# Triton lowers x / y to the approximate `div.full` where eager CUDA rounds (`div.rn`), and may
+# flush denormals; then an FP32 model's backward differs from the same graph run eagerly by an
+# ulp here and there (tiny Llama FP32 on the H200: 3-4 of 12 gradients,
+# benchmarks/results/2026-12-03_backend_gpu_check.md). Older Inductors lack some of these knobs:
+# `numerics_knobs()` says which this torch has, and the GPU checks print it.
+EAGER_NUMERICS_KNOBS = {
+    "eager_numerics.division_rounding": True,
+    "eager_numerics.disable_ftz": True,
+    "eager_numerics.use_pytorch_libdevice": True,
+}
+
+
+def _has_config(key: str) -> bool:
+    from torch._inductor import config
+
+    node = config
+    for part in key.split("."):
+        if not hasattr(node, part):
+            return False
+        node = getattr(node, part)
+    return True
+
+
+def numerics_knobs() -> dict:
+    """{knob: True if this torch's Inductor has it (and minite sets it), else False}."""
+    return {key: _has_config(key) for key in EAGER_NUMERICS_KNOBS}
+
+
 def inductor_patches(recipe: NVFP4Recipe) -> dict:
     patches = dict(INVARIANCE_INDUCTOR_CONFIG)
+    patches.update({k: v for k, v in EAGER_NUMERICS_KNOBS.items() if _has_config(k)})
     patches["post_grad_custom_post_pass"] = _cache_key_pass(recipe)
     return patches
+
+
+def aoti_inductor_configs() -> dict:
+    """The same pinned settings for AOTInductor packages (`aoti_compile_and_package`), so an
+    exported rollout's traced ops round like the learner's."""
+    configs = dict(INVARIANCE_INDUCTOR_CONFIG)
+    configs.update({k: v for k, v in EAGER_NUMERICS_KNOBS.items() if _has_config(k)})
+    return configs
 
 
 @contextlib.contextmanager

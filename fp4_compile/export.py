@@ -192,7 +192,14 @@ def _save(artifact: RolloutArtifact, folder: Path, recipe: NVFP4Recipe, *, aot: 
     if aot:
         from torch._inductor import aoti_compile_and_package
 
-        aoti_compile_and_package(program, package_path=str(folder / PROGRAM))
+        from .backend import aoti_inductor_configs, pinned_matmul_precision
+
+        with pinned_matmul_precision():
+            aoti_compile_and_package(
+                program,
+                package_path=str(folder / PROGRAM),
+                inductor_configs=aoti_inductor_configs(),
+            )
     else:
         torch.export.save(program, str(folder / PROGRAM))
     (folder / "model_config.json").write_text(

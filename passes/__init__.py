@@ -22,6 +22,7 @@ from .lower_row_scales import lower_row_scales
 from .lower_small_reductions import lower_small_reductions
 from .report import GemmDecision, LoweringReport
 from .select_gemms import select_gemms
+from .stable_sorts import stable_sorts
 from .verify import LoweringError, op_census, verify
 
 PIPELINE = (
@@ -29,6 +30,7 @@ PIPELINE = (
     lower_linears,  # linear -> nvfp4_linear (weights quantized once, shared) | invariant BF16 linear
     lower_moe,  # grouped experts -> nvfp4_grouped_mm | invariant BF16 grouped mm
     lower_routing,  # softmax + top-k of the router -> invariant routing (deterministic ties)
+    stable_sorts,  # sort / argsort -> stable: one token order per expert on every implementation
     lower_rms_norm,  # RMSNorm pattern -> invariant rms_norm
     lower_attention,  # SDPA -> invariant attention (fixed key blocks from position 0)
     lower_small_reductions,  # small float sums (MoE top-k combine) -> fixed-order ordered_sum

@@ -165,6 +165,16 @@ def verify(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> N
                     f"{op_name(node)} at {where} reduces {extent if extent else 'an unknown number of'} elements "
                     f"on a stock kernel (only <= {TINY_REDUCTION} are allowed in a batch-invariant recipe)"
                 )
+        elif (
+            recipe.batch_invariant
+            and node.op in ("call_function", "call_method")
+            and "sort" in op_name(node)
+            and not node.kwargs.get("stable", False)
+        ):
+            problems.append(
+                f"{op_name(node)} at {where} is an unstable sort (equal keys in an order no "
+                "value fixes); the stable_sorts pass should have made it stable"
+            )
     report.census = op_census(gm)
     if problems:
         raise LoweringError(

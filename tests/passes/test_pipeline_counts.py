@@ -36,6 +36,7 @@ def test_qwen3_moe_counts():
     assert rep.counts["fp4_compile.linear (bf16, invariant)"] == 3  # 2 routers + lm_head
     assert rep.counts["routing_topk"] == 2 and rep.counts["rms_norm"] == 9
     assert rep.counts["embedding"] == 1
+    assert rep.counts["stable_sort"] == 2  # the experts' sort of (token, expert) pairs, per layer
     routers = [g for g in rep.gemms if g.module.endswith("mlp.gate")]
     assert len(routers) == 2 and all(g.precision == "bf16" for g in routers)
 
