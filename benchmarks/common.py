@@ -106,6 +106,15 @@ def profile_call(fn, wall_ms: float, top: int = 20) -> dict:
         c[1] += e.count
     by_gpu = sorted(kernels, key=dev_us, reverse=True)[:top]
     ops = [e for e in events if e.key.startswith(("fp4_compile::", "aten::", "Optimizer"))]
+
+    def dev_total_us(e):
+        return getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+
+    minite_ops = sorted(
+        (e for e in events if e.key.startswith("fp4_compile::") and dev_total_us(e) > 0),
+        key=dev_total_us,
+        reverse=True,
+    )
     by_cpu = sorted(ops, key=lambda e: e.cpu_time_total, reverse=True)[:top]
     return {
         "gpu_busy_ms": busy_ms,
@@ -116,6 +125,10 @@ def profile_call(fn, wall_ms: float, top: int = 20) -> dict:
             for k, v in sorted(classes.items(), key=lambda kv: -kv[1][0])
         ],
         "top_gpu": [{"name": e.key[:90], "ms": dev_us(e) / 1e3, "calls": e.count} for e in by_gpu],
+        "gpu_by_minite_op": [
+            {"name": e.key[:90], "gpu_ms": dev_total_us(e) / 1e3, "calls": e.count}
+            for e in minite_ops
+        ],
         "top_cpu_ops": [
             {"name": e.key[:90], "cpu_total_ms": e.cpu_time_total / 1e3, "calls": e.count}
             for e in by_cpu
@@ -164,6 +177,13 @@ def profile_markdown(label: str, prof: dict, what: str) -> list[str]:
         "| GPU kernel | ms | calls |",
         "| --- | --- | --- |",
         *[f"| `{k['name']}` | {k['ms']:.2f} | {k['calls']} |" for k in prof["top_gpu"]],
+        "",
+        "| fp4_compile op (GPU time of the kernels it launched, nested ops included) | ms | calls |",
+        "| --- | --- | --- |",
+        *[
+            f"| `{k['name']}` | {k['gpu_ms']:.2f} | {k['calls']} |"
+            for k in prof.get("gpu_by_minite_op", [])
+        ],  # fmt: skip
         "",
         "| operator (CPU time incl. children) | ms | calls |",
         "| --- | --- | --- |",

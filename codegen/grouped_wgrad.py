@@ -59,7 +59,7 @@ def _grouped_wgrad_kernel(
             acc = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
     gda = tl.load(gda_ptr + e * gda_e + rows * gda_r, mask=rmask, other=1.0)
     gdb = tl.load(gdb_ptr + e)
-    out = (acc * gda[:, None]) * gdb
+    out = ((acc * gda[:, None]) * gdb).to(out_ptr.dtype.element_ty)
     e64 = e.to(tl.int64)
     tl.store(out_ptr + e64 * stride_oe + rows[:, None] * stride_on + cols[None, :], out,
              mask=rmask[:, None] & cmask[None, :])  # fmt: skip
@@ -89,21 +89,29 @@ def segment_layout(offsets: torch.Tensor, num_tokens: int) -> dict:
 
 def _segment_amax(t_TD: torch.Tensor, layout: dict, num_experts: int, per_row: bool):
     """Per-expert amax of |t| over its tokens: [E] (per tensor) or [E, D] (per row of t^T)."""
-    a = t_TD.abs()  # max is exact in any dtype: convert the reduced values only
     expert = layout["expert"]
     if per_row:
-        a = a.to(torch.float32)
+        a = t_TD.abs().to(torch.float32)  # max is exact in any dtype
         out = a.new_zeros((num_experts, t_TD.shape[1]))
         return out.scatter_reduce_(0, expert[:, None].expand_as(a), a, "amax")
-    out = a.new_zeros((num_experts,), dtype=torch.float32)
-    return out.scatter_reduce_(0, expert, a.amax(dim=1).to(torch.float32), "amax")
+    from .abs_max import segment_abs_max  # one read of t instead of abs + amax
+
+    return segment_abs_max(t_TD, expert, num_experts)
 
 
 def grouped_wgrad(
-    dy_TN: torch.Tensor, x_TK: torch.Tensor, offsets: torch.Tensor, recipe, seed: int
+    dy_TN: torch.Tensor,
+    x_TK: torch.Tensor,
+    offsets: torch.Tensor,
+    recipe,
+    seed: int,
+    out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """dW float32 [E, N, K] of the NVFP4 wgrad (recipe.wgrad == "nvfp4"), expert e drawing the
-    stochastic-rounding seed `seed + 1 + e` (as `ops_nvfp4.nvfp4_grouped_mm_backward`)."""
+    """dW [E, N, K] in `out_dtype` of the NVFP4 wgrad (recipe.wgrad == "nvfp4"), expert e
+    drawing the stochastic-rounding seed `seed + 1 + e` (as `ops_nvfp4.nvfp4_grouped_mm_backward`).
+    The kernel stores `out_dtype` directly: its FP32 epilogue, then one round-to-nearest-even
+    cast, the bits of `.to(out_dtype)` of the FP32 result (in the interpreter, whose casts
+    truncate, torch casts the FP32 result)."""
     check_kernel_device(dy_TN, "grad_out")
     from .quantize_kernel import quantize_segments_ongrid
 
@@ -126,7 +134,9 @@ def grouped_wgrad(
         x_TK, lay["src"], *seg, _segment_amax(x_TK, lay, num_experts, False)
     )
     cfg = pick(arch_of(dev), "bf16" if dev.type == "cuda" else "fp32", "nvfp4_gemm", n)
-    out = torch.empty((num_experts, n, k), dtype=torch.float32, device=dev)
+    interp = interpreting() or dev.type != "cuda"
+    out = torch.empty((num_experts, n, k), dtype=torch.float32 if interp else out_dtype,
+                      device=dev)  # fmt: skip
     if n and k and num_experts:
         grid = (triton.cdiv(n, cfg.block_m), triton.cdiv(k, cfg.block_n), num_experts)
         _grouped_wgrad_kernel[grid](
@@ -137,4 +147,4 @@ def grouped_wgrad(
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             **cfg.launch_kwargs(), **compile_options(dev),
         )  # fmt: skip
-    return out
+    return out.to(out_dtype)

@@ -168,7 +168,21 @@ def _ongrid_weight(w_codes, w_scales, w_gd, w_ongrid, n, k):
     return ongrid_weight(w_codes, w_scales)
 
 
-def cuda_dgrad(dy2, w_codes, w_scales, w_gd, w_ongrid, weight, recipe, seed, offsets=None):
+def grad_amax(dy2, recipe):
+    """The gradient's per-tensor amax (FP32 []) when the recipe scales it per tensor, else None:
+    dgrad and wgrad quantize the same dY (along N and along T), so one read serves both."""
+    if recipe.grad.global_scale != "per_tensor":
+        return None
+    from .abs_max import tensor_abs_max
+
+    return tensor_abs_max(dy2)
+
+
+def cuda_dgrad(dy2, w_codes, w_scales, w_gd, w_ongrid, weight, recipe, seed, offsets=None, *,
+               out_dtype=torch.float32, dy_amax=None):  # fmt: skip
+    """dX [T, K] in `out_dtype`: the GEMM stores it directly (its FP32 epilogue, then one
+    round-to-nearest-even cast, as `.to(out_dtype)` would). `dy_amax`: dY's per-tensor amax
+    when the caller has it (`grad_amax`)."""
     from .nvfp4_gemm import launch_gemm
     from .quantize_kernel import quantize_triton
 
@@ -176,24 +190,27 @@ def cuda_dgrad(dy2, w_codes, w_scales, w_gd, w_ongrid, weight, recipe, seed, off
     if recipe.dgrad == "bf16":
         if offsets is not None:
             raise NotImplementedError("grouped dgrad in bf16 is done per expert by the caller")
-        return torch.mm(dy2.to(torch.bfloat16), weight.to(torch.bfloat16)).to(torch.float32)
-    a, gd_a = quantize_triton(dy2, block="1x16", global_scale=recipe.grad.global_scale,
+        return torch.mm(dy2.to(torch.bfloat16), weight.to(torch.bfloat16)).to(out_dtype)
+    scale = recipe.grad.global_scale if dy_amax is None else dy_amax
+    a, gd_a = quantize_triton(dy2, block="1x16", global_scale=scale,
                               rounding=recipe.grad.rounding, seed=seed, out="ongrid")  # fmt: skip
     w_t = _ongrid_weight(w_codes, w_scales, w_gd, w_ongrid, n, k).transpose(-1, -2)  # view
     rows = None if offsets is None else max(1, -(-dy2.shape[0] // w_codes.shape[0]))
-    return launch_gemm(a, gd_a, w_t, w_gd, out_dtype=torch.float32, offsets=offsets,
+    return launch_gemm(a, gd_a, w_t, w_gd, out_dtype=out_dtype, offsets=offsets,
                        rows_per_group=rows)  # fmt: skip
 
 
-def cuda_wgrad(dy2, x2, recipe, seed):
+def cuda_wgrad(dy2, x2, recipe, seed, *, out_dtype=torch.float32, dy_amax=None):
+    """dW [N, K] in `out_dtype` (stored directly by the GEMM, as in cuda_dgrad)."""
     from .nvfp4_gemm import launch_gemm
     from .quantize_kernel import quantize_triton
 
     if recipe.wgrad == "bf16":
-        return torch.mm(dy2.to(torch.bfloat16).t(), x2.to(torch.bfloat16)).to(torch.float32)
+        return torch.mm(dy2.to(torch.bfloat16).t(), x2.to(torch.bfloat16)).to(out_dtype)
+    scale = recipe.grad.global_scale if dy_amax is None else dy_amax  # zero padding: same amax
     a, gd_a = quantize_triton(pad_tokens(dy2.t().contiguous()), block="1x16",
-                              global_scale=recipe.grad.global_scale, rounding=recipe.grad.rounding,
+                              global_scale=scale, rounding=recipe.grad.rounding,
                               seed=seed, out="ongrid")  # fmt: skip
     b, gd_b = quantize_triton(pad_tokens(x2.t().contiguous()), block="1x16",
                               global_scale="per_tensor", out="ongrid")  # fmt: skip
-    return launch_gemm(a, gd_a, b, gd_b, out_dtype=torch.float32)
+    return launch_gemm(a, gd_a, b, gd_b, out_dtype=out_dtype)

@@ -147,7 +147,7 @@ def nvfp4_linear_backward(
     needs_w: bool,
     needs_bias: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (dX in x.dtype or [0], dW float32 [N, K] or [0], dbias float32 [N] or [0]).
+    """-> (dX in x.dtype or [0], dW [N, K] in weight.dtype or [0], dbias float32 [N] or [0]).
     `seed` is the call site's stream key (`sr_stream.site_seed`); each call draws a fresh seed
     from it (`sr_stream.call_seed`), so steps and layers never share rounding noise."""
     rec = impl.recipe_from_json(recipe)
@@ -157,17 +157,20 @@ def nvfp4_linear_backward(
     cuda = x.device.type == "cuda"
     empty = x.new_empty((0,), dtype=torch.float32)
     dx, dw, db = x.new_empty((0,)), empty, empty
+    dy_amax = impl.grad_amax(dy2, rec) if cuda and needs_x and needs_w else None
     if needs_x:
         if cuda:
-            dx2 = impl.cuda_dgrad(
-                dy2, w_codes, w_scales, w_global_decode, w_ongrid, weight, rec, seed
-            )
+            dx2 = impl.cuda_dgrad(dy2, w_codes, w_scales, w_global_decode, w_ongrid, weight, rec,
+                                  seed, out_dtype=x.dtype, dy_amax=dy_amax)  # fmt: skip
         else:
             w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
             dx2 = impl.cpu_dgrad(dy2, w, weight, rec, seed)
         dx = dx2.to(x.dtype).reshape(x.shape)
     if needs_w:
-        dw = (impl.cuda_wgrad if cuda else impl.cpu_wgrad)(dy2, x2, rec, seed + 1)
+        if cuda:
+            dw = impl.cuda_wgrad(dy2, x2, rec, seed + 1, out_dtype=weight.dtype, dy_amax=dy_amax)
+        else:
+            dw = impl.cpu_wgrad(dy2, x2, rec, seed + 1).to(weight.dtype)
     if needs_bias:
         db = dy2.to(torch.float32).sum(0)
     return dx, dw, db
@@ -178,7 +181,7 @@ def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, w_ongrid, recipe,
       needs_x, needs_w, needs_bias):  # fmt: skip
     n, k = w_codes.shape[-2], w_codes.shape[-1] * 2
     dx = x.new_empty(x.shape) if needs_x else x.new_empty((0,))
-    dw = x.new_empty((n, k) if needs_w else (0,), dtype=torch.float32)
+    dw = x.new_empty((n, k) if needs_w else (0,), dtype=weight.dtype)
     db = x.new_empty((n,) if needs_bias else (0,), dtype=torch.float32)
     return dx, dw, db
 
@@ -283,7 +286,7 @@ def nvfp4_grouped_mm_backward(
     needs_x: bool,
     needs_w: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (dX [T, K] in x.dtype or [0], dW float32 [E, N, K] or [0]). dY is quantized over all T
+    """-> (dX [T, K] in x.dtype or [0], dW [E, N, K] in weight.dtype or [0]). dY is quantized over all T
     tokens for dgrad; wgrad quantizes each expert's dY_e^T and X_e^T separately (seed + 1 + e).
     `seed` is the call site's stream key, as in nvfp4_linear_backward."""
     rec = impl.recipe_from_json(recipe)
@@ -291,11 +294,11 @@ def nvfp4_grouped_mm_backward(
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True)
     num_experts = w_codes.shape[0]
     cuda = x.device.type == "cuda"
-    dx, dw = x.new_empty((0,)), x.new_empty((0,), dtype=torch.float32)
+    dx, dw = x.new_empty((0,)), x.new_empty((0,), dtype=weight.dtype)
     if needs_x:
         if cuda and rec.dgrad == "nvfp4":
             dx = impl.cuda_dgrad(grad_out, w_codes, w_scales, w_global_decode, w_ongrid, weight,
-                                 rec, seed, offsets=offsets).to(x.dtype)  # fmt: skip
+                                 rec, seed, offsets=offsets, out_dtype=x.dtype)  # fmt: skip
         else:
             dx = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
             dyq = None if rec.dgrad == "bf16" else impl._q_grad(grad_out, rec, seed)
@@ -312,12 +315,13 @@ def nvfp4_grouped_mm_backward(
     if needs_w and cuda and rec.wgrad == "nvfp4":  # all experts at once, == the loop below
         from .grouped_wgrad import grouped_wgrad
 
-        dw = grouped_wgrad(grad_out, x, offsets, rec, seed)
+        dw = grouped_wgrad(grad_out, x, offsets, rec, seed, out_dtype=weight.dtype)
     elif needs_w:
         dw = torch.zeros((num_experts, n, k), dtype=torch.float32, device=x.device)
         wgrad = impl.cuda_wgrad if cuda else impl.cpu_wgrad
         for e, s, t in _groups(offsets):
             dw[e] = wgrad(grad_out[s:t], x[s:t], rec, seed + 1 + e)
+        dw = dw.to(weight.dtype)
     return dx, dw
 
 
@@ -326,7 +330,7 @@ def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, offsets, w_ongrid
       needs_x, needs_w):  # fmt: skip
     e, n, k = w_codes.shape[0], w_codes.shape[1], w_codes.shape[2] * 2
     dx = x.new_empty(x.shape) if needs_x else x.new_empty((0,))
-    dw = x.new_empty((e, n, k) if needs_w else (0,), dtype=torch.float32)
+    dw = x.new_empty((e, n, k) if needs_w else (0,), dtype=weight.dtype)
     return dx, dw
 
 

@@ -191,6 +191,10 @@ def global_stage(x: torch.Tensor, global_scale: str | torch.Tensor):
         amax = global_scale.reshape(()) if global_scale.dim() == 0 else global_scale
     elif global_scale == "per_expert":  # [E, N, K] -> one amax per expert, [E, 1, 1]
         amax = x.abs().amax(dim=(-2, -1), keepdim=True).to(torch.float32)
+    elif global_scale == "per_tensor":
+        from .abs_max import tensor_abs_max  # one read of x; == global_amax(x, "per_tensor")
+
+        amax = tensor_abs_max(x)
     else:
         amax = global_amax(x, global_scale)
     # The reference's steps 2-4 without host->device copies: constants are filled on the device

@@ -237,3 +237,32 @@ def test_invariant_grouped_kernel_equals_per_expert_linear():
     alone = grouped_kernel(x[5:22], w, torch.tensor([0, 0, 17, 17], dtype=torch.int32,
                                                     device=DEV), torch.bfloat16)  # fmt: skip
     assert_bitwise_equal(alone, y[5:22], "expert 2 alone vs in the batch")
+
+
+def test_backward_kernels_store_16_bit_outputs_and_share_the_grad_amax():
+    """Bitwise: dX / dW stored by the GEMMs in BF16 == their FP32 result cast by torch (one
+    round-to-nearest-even either way; on CUDA the kernel's own cast); dgrad / wgrad given dY's
+    per-tensor amax (`grad_amax`, one read for both) == computing it themselves; the grouped
+    wgrad likewise."""
+    from fp4_compile.codegen.grouped_wgrad import grouped_wgrad
+
+    m, n, k = 40, 32, 48
+    x, w = _x(m, k, seed=21), _x(n, k, dtype=torch.float32, seed=22)
+    dy = _x(m, n, seed=23)
+    wq = ref.quantize(w, block="16x16")
+    sc = wq.block_scales.view(torch.uint8)
+    amax = impl.grad_amax(dy, STRICT)
+    assert_bitwise_equal(amax, dy.abs().amax().float(), "grad amax")
+    dx32 = impl.cuda_dgrad(dy, wq.codes, sc, wq.global_decode, None, w, STRICT, 5)
+    dx16 = impl.cuda_dgrad(dy, wq.codes, sc, wq.global_decode, None, w, STRICT, 5,
+                           out_dtype=torch.bfloat16, dy_amax=amax)  # fmt: skip
+    assert dx16.dtype == torch.bfloat16
+    assert_bitwise_equal(dx16, dx32.to(torch.bfloat16), "dX bf16")
+    dw32 = impl.cuda_wgrad(dy, x, STRICT, 6)
+    dw16 = impl.cuda_wgrad(dy, x, STRICT, 6, out_dtype=torch.bfloat16, dy_amax=amax)
+    assert_bitwise_equal(dw16, dw32.to(torch.bfloat16), "dW bf16")
+    offsets = torch.tensor([0, 11, 27, 40], dtype=torch.int32, device=DEV)
+    g32 = grouped_wgrad(dy, x, offsets, STRICT, 99)
+    g16 = grouped_wgrad(dy, x, offsets, STRICT, 99, out_dtype=torch.bfloat16)
+    assert g16.dtype == torch.bfloat16
+    assert_bitwise_equal(g16, g32.to(torch.bfloat16), "grouped dW bf16")

@@ -1,0 +1,69 @@
+"""max |x| in ONE read of x: per row (`row_abs_max`), per tensor (`tensor_abs_max`), per expert
+segment of tokens sorted by expert (`segment_abs_max`). The global stage of a per-tensor NVFP4
+quantize (the gradient's, in every wgrad and dgrad) and the per-expert amaxes of the grouped
+wgrad took `x.abs()` (a full-size write and read) and then a reduction: on the H200 learner
+(2026-12-03_learner.md) the abs kernels alone were 2.0 ms of a 73.8 ms step.
+
+Bitwise equal to `x.abs().amax(...).to(torch.float32)`: |x| of a BF16/FP16/FP32 value is exact
+in FP32 and max is exact in any order, so the tiling cannot change a bit; a NaN anywhere in a
+row makes its amax NaN, as torch's amax does (the NaN payload may differ)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .runtime import arch_of, check_kernel_device, compile_options
+
+# (rows per program, column chunk, warps) per architecture, no autotuning; an architecture
+# without an entry uses the sm_90 tiling (max is exact in any order: no bit can change).
+_CONFIG = {"sm_90": (4, 1024, 4), "interpreter": (4, 64, 1)}
+
+
+@triton.jit
+def _row_abs_max_kernel(x_ptr, out_ptr, R, K, stride_xr, BLOCK_R: tl.constexpr,
+                        BLOCK_K: tl.constexpr):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < R
+    amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    nan = tl.zeros((BLOCK_R,), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        mask = rmask[:, None] & (cols < K)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask, other=0.0)
+        x = x.to(tl.float32)
+        amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+        nan = tl.maximum(nan, tl.max((x != x).to(tl.int32), axis=1))
+    tl.store(out_ptr + rows, tl.where(nan > 0, float("nan"), amax), mask=rmask)
+
+
+def row_abs_max(x2: torch.Tensor) -> torch.Tensor:
+    """x2 [R, K] with a unit stride along K -> max |x| per row, FP32 [R] (0 for K = 0)."""
+    check_kernel_device(x2, "x")
+    if x2.dim() != 2 or (x2.shape[1] > 1 and x2.stride(1) != 1):
+        raise ValueError(f"x must be [R, K] with a unit stride along K, got {tuple(x2.shape)}")
+    r, k = x2.shape
+    out = torch.zeros(r, dtype=torch.float32, device=x2.device)
+    block_r, block_k, warps = _CONFIG.get(arch_of(x2.device), _CONFIG["sm_90"])
+    if r and k:
+        _row_abs_max_kernel[(triton.cdiv(r, block_r),)](
+            x2, out, r, k, x2.stride(0), BLOCK_R=block_r, BLOCK_K=block_k, num_warps=warps,
+            **compile_options(x2.device),
+        )  # fmt: skip
+    return out
+
+
+def tensor_abs_max(x: torch.Tensor) -> torch.Tensor:
+    """max |x| over the whole tensor, FP32 [] (0 for an empty tensor)."""
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    rows = row_abs_max(x.reshape(-1, x.shape[-1]) if x.dim() > 1 else x.reshape(1, -1))
+    return rows.amax()
+
+
+def segment_abs_max(x_TD: torch.Tensor, expert_T: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """max |x| over the rows of each expert (rows sorted by expert, `expert_T` int64 [T] the
+    expert of each row) -> FP32 [E], 0 for an expert without rows."""
+    out = torch.zeros(num_experts, dtype=torch.float32, device=x_TD.device)
+    return out.scatter_reduce_(0, expert_T, row_abs_max(x_TD), "amax")

@@ -1,0 +1,60 @@
+"""The one-read max |x| kernels == torch's `x.abs().amax(...)` in FP32, bitwise, on ordinary
+rows and on edge rows (all zeros, an inf, a NaN, FP32-huge, subnormal), per row, per tensor and
+per expert segment."""
+
+import os
+
+import pytest
+import torch
+
+from fp4_compile.testing import assert_bitwise_equal
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _rows(r, k, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(r, k, generator=g) * torch.logspace(-6, 3, r)[:, None]
+    x[0] = 0.0
+    x[1, k // 2] = float("-inf")
+    x[3] = 1e-30 if dtype == torch.float32 else 1e-7
+    x[4, -1] = -3.0e38 if dtype == torch.float32 else -60000.0
+    return x.to(dtype).to(DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("k", [1, 16, 200, 2100])
+def test_row_and_tensor_abs_max_equal_torch(dtype, k):
+    from fp4_compile.codegen.abs_max import row_abs_max, tensor_abs_max
+
+    x = _rows(37, k, dtype, seed=k)
+    assert_bitwise_equal(row_abs_max(x), x.abs().amax(dim=1).float(), "row amax")
+    assert_bitwise_equal(tensor_abs_max(x), x.abs().amax().float(), "tensor amax")
+    assert_bitwise_equal(tensor_abs_max(x[5:9].reshape(-1)), x[5:9].abs().amax().float(), "1-D")
+    x[2, 0] = float("nan")
+    rows = row_abs_max(x)
+    assert torch.isnan(rows[2]) and not torch.isnan(rows[torch.arange(37, device=DEV) != 2]).any()
+    assert torch.isnan(tensor_abs_max(x))
+    assert tensor_abs_max(x[:0]).item() == 0.0
+
+
+def test_segment_abs_max_equals_torch():
+    from fp4_compile.codegen.abs_max import segment_abs_max
+
+    x = _rows(30, 64, torch.bfloat16, seed=1)
+    expert = torch.tensor([0] * 7 + [2] * 13 + [3] * 10, device=DEV)
+    got = segment_abs_max(x, expert, 5)
+    want = torch.stack([x[expert == e].abs().amax().float() if (expert == e).any()
+                        else torch.zeros((), device=DEV) for e in range(5)])  # fmt: skip
+    assert_bitwise_equal(got, want, "segment amax")
+
+
+def test_row_abs_max_refuses_strided_rows():
+    from fp4_compile.codegen.abs_max import row_abs_max
+
+    with pytest.raises(ValueError, match="unit stride"):
+        row_abs_max(torch.zeros(4, 32, device=DEV).t())
