@@ -2,6 +2,7 @@
 # The model-level GPU session: kernel tests, learner, learner == rollout alignment, rollout speed.
 # Results (md + json) and logs are packed into $OUT/session.tgz.
 #   MINITE_COMMIT=<sha> [PARTS="pytest learner alignment rollout graphs invariant backend gradloc"] \
+#   GRADLOC_ARGS="--models moe,llama --recipes strict,te,bf16" picks the runs of the gradloc part.
 #     bash benchmarks/h200_rollout_session.sh
 # One device call (600 s) fits about two parts; ALIGN_BATCHES (default 1,64) picks batch sizes.
 set -u
@@ -12,7 +13,7 @@ PARTS="${PARTS:-pytest learner alignment rollout}"
 run() { local t=$1 name=$2; shift 2; echo "== $name"; timeout "$t" "$@" > "$R/$name.log" 2>&1; echo "rc=$? $name"; tail -4 "$R/$name.log"; }
 for part in $PARTS; do
   case "$part" in
-    pytest) run "${PYTEST_S:-240}" pytest_cuda python3 -m pytest -q tests/codegen/test_quantize_global.py \
+    pytest) run "${PYTEST_S:-240}" pytest_cuda python3 -m pytest -q tests/codegen/test_quantize_global.py tests/codegen/test_abs_max.py \
               tests/codegen/test_nvfp4_kernels.py tests/codegen/test_nvfp4_ops.py tests/rl/test_sampling.py ;;
     learner) run 150 learner python3 -m benchmarks.learner --profile ;;
     alignment) run "${ALIGN_S:-300}" alignment python3 -m benchmarks.alignment_gpu --batches "${ALIGN_BATCHES:-1,64}" ${ALIGN_ARGS:-} ;;
@@ -20,7 +21,7 @@ for part in $PARTS; do
     graphs) run 200 cuda_graphs python3 -m benchmarks.cuda_graph_gpu_check ;;
     invariant) run "${INV_S:-120}" invariant python3 -m benchmarks.invariant_gpu_check ;;
     backend) run "${BACKEND_S:-200}" backend python3 -m benchmarks.backend_gpu_check ;;
-    gradloc) run "${GRADLOC_S:-150}" grad_localize python3 -m benchmarks.grad_localize_gpu ;;
+    gradloc) run "${GRADLOC_S:-150}" grad_localize python3 -m benchmarks.grad_localize_gpu ${GRADLOC_ARGS:-} ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
 done
