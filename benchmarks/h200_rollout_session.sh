@@ -2,8 +2,8 @@
 # The model-level GPU session: kernel tests, learner, learner == rollout alignment, rollout speed.
 # Results (md + json) and logs are packed into $OUT/session.tgz.
 #   MINITE_COMMIT=<sha> [PARTS="pytest learner alignment rollout graphs invariant backend gradloc"] \
-#   GRADLOC_ARGS="--models moe,llama --recipes strict,te,bf16" picks the runs of the gradloc part.
 #     bash benchmarks/h200_rollout_session.sh
+#   GRADLOC_ARGS="--models moe,llama --recipes strict,te,bf16" picks the runs of the gradloc part.
 # One device call (600 s) fits about two parts; ALIGN_BATCHES (default 1,64) picks batch sizes.
 set -u
 R="${OUT:-/tmp/out}/r"
