@@ -15,7 +15,8 @@ graphs call exactly these numerics; `triton_op` would not compile on CPU):
   invariant_logprobs_backward(...) -> dlogits
 - invariant_routing(logits, top_k, norm_topk_prob) -> (weights, experts)
 CPU: `invariant_cpu` (invariant by construction). CUDA: the Triton kernels of
-`invariant_kernels` (imported lazily), backward passes in plain PyTorch on either device.
+`invariant_kernels` (imported lazily); backward passes in plain PyTorch, except the RMSNorm
+backward, one Triton launch on CUDA (`rms_norm_backward`).
 """
 
 from __future__ import annotations
@@ -132,8 +133,14 @@ def _(x, residual, weight, eps):
 def invariant_rms_norm_backward(
     grad_y: torch.Tensor, h: torch.Tensor, weight: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dh, dweight); dweight is an empty tensor when weight is None."""
-    dh, dw = cpu.rms_norm_backward(grad_y, h, weight, eps)
+    """(dh, dweight); dweight is an empty tensor when weight is None. CUDA: one Triton launch
+    (`rms_norm_backward`); CPU: plain PyTorch."""
+    if h.is_cuda:
+        from .rms_norm_backward import rms_norm_backward
+
+        dh, dw = rms_norm_backward(grad_y, h, weight, eps)
+    else:
+        dh, dw = cpu.rms_norm_backward(grad_y, h, weight, eps)
     return dh, (h.new_empty(0) if dw is None else dw)
 
 
