@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The model-level GPU session: kernel tests, learner, learner == rollout alignment, rollout speed.
 # Results (md + json) and logs are packed into $OUT/session.tgz.
-#   MINITE_COMMIT=<sha> [PARTS="pytest learner alignment rollout graphs invariant backend gradloc"] \
+#   MINITE_COMMIT=<sha> [PARTS="pytest learner alignment rollout graphs invariant backend gradloc quantize"] \
 #     bash benchmarks/h200_rollout_session.sh
 #   GRADLOC_ARGS="--models moe,llama --recipes strict,te,bf16" picks the runs of the gradloc part.
 # One device call (600 s) fits about two parts; ALIGN_BATCHES (default 1,64) picks batch sizes.
@@ -21,6 +21,7 @@ for part in $PARTS; do
     graphs) run 200 cuda_graphs python3 -m benchmarks.cuda_graph_gpu_check ;;
     invariant) run "${INV_S:-120}" invariant python3 -m benchmarks.invariant_gpu_check ;;
     backend) run "${BACKEND_S:-200}" backend python3 -m benchmarks.backend_gpu_check ;;
+    quantize) run "${QUANT_S:-90}" quantize python3 -m benchmarks.quantize ;;
     gradloc) run "${GRADLOC_S:-150}" grad_localize python3 -m benchmarks.grad_localize_gpu ${GRADLOC_ARGS:-} ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac

@@ -98,28 +98,32 @@ def _quantize_kernel(
     # own [R, width] matrix: flat index row * width + (col - start), key key_ptr[g]. Column c
     # reads x[row, src[c]] (x strided: stride_xr, stride_xc), or zero where src[c] < 0: the
     # quantizer gathers and transposes tokens itself (no padded copy of the operand).
+    # Tensors are [BLOCK_M, NB, 16] (NB = BLOCK_K // 16 blocks of 16 columns): the block max is a
+    # reduction over the last axis and its scales broadcast back along it, in the same register
+    # layout (no reshape, no shuffle through shared memory for the 1x16 path).
+    NB: tl.constexpr = BLOCK_K // 16
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = (rows[:, None] < R) & (cols[None, :] < K)
+    blk = pid_k * NB + tl.arange(0, NB)  # global 16-column block index [NB]
+    rows3 = rows[:, None, None]
+    cols3 = blk[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]  # [1, NB, 16]
+    rmask = rows < R
+    mask = (rows3 < R) & (cols3 < K)
     if SEGMENTED:
-        src = tl.load(src_ptr + cols, mask=cols < K, other=-1)
-        x = tl.load(x_ptr + rows[:, None] * stride_xr + src[None, :] * stride_xc,
-                    mask=mask & (src >= 0)[None, :], other=0.0)  # fmt: skip
+        src = tl.load(src_ptr + cols3, mask=cols3 < K, other=-1)
+        x = tl.load(x_ptr + rows3 * stride_xr + src * stride_xc, mask=mask & (src >= 0),
+                    other=0.0)  # fmt: skip
     else:
-        x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask, other=0.0)
+        x = tl.load(x_ptr + rows3 * stride_xr + cols3, mask=mask, other=0.0)
     x = x.to(tl.float32)
-    NB: tl.constexpr = BLOCK_K // 16
-    vmax = tl.max(tl.reshape(tl.abs(x), (BLOCK_M, NB, 16)), axis=2)  # [BM, NB]
+    vmax = tl.max(tl.abs(x), axis=2)  # [BM, NB]
     if TILE16:
         tmax = tl.max(tl.reshape(vmax, (BLOCK_M // 16, 16, NB)), axis=1)
         vmax = tl.reshape(tl.broadcast_to(tmax[:, None, :], (BLOCK_M // 16, 16, NB)), (BLOCK_M, NB))
-    rmask = rows < R
     if SEGMENTED:
-        bcols = pid_k * NB + tl.arange(0, NB)
-        bmask = rmask[:, None] & (bcols < K // 16)[None, :]
-        grp = tl.load(group_ptr + bcols, mask=bcols < K // 16, other=0)
+        bmask = rmask[:, None] & (blk < K // 16)[None, :]
+        grp = tl.load(group_ptr + blk, mask=blk < K // 16, other=0)
         goff = grp[None, :] * group_stride + rows[:, None] * mult_stride  # [BM, NB]
         mult = tl.load(mult_ptr + goff, mask=bmask, other=1.0)
         gd = tl.load(gd_ptr + goff, mask=bmask, other=1.0)
@@ -128,25 +132,24 @@ def _quantize_kernel(
         gd = tl.load(gd_ptr + rows * gd_stride, mask=rmask, other=1.0)[:, None]
     d = vmax * mult  # ONE rounding (step 6)
     d = tl.minimum(tl.maximum(d, -448.0), 448.0)
-    s_code, s_val = _e4m3_rne(d)
+    s_code, s_val = _e4m3_rne(d)  # [BM, NB]
     enc = tl.minimum(
         tl.math.div_rn(tl.full(s_val.shape, 1.0, tl.float32), s_val * gd),
         3.4028234663852886e38,
     )
-    enc_full = tl.reshape(tl.broadcast_to(enc[:, :, None], (BLOCK_M, NB, 16)), (BLOCK_M, BLOCK_K))
-    v = tl.minimum(tl.maximum(x * enc_full, -6.0), 6.0)
+    v = tl.minimum(tl.maximum(x * enc[:, :, None], -6.0), 6.0)
     mag = tl.abs(v)
     if STOCHASTIC:
         if SEGMENTED:
-            gcol = tl.load(group_ptr + cols // 16, mask=cols < K, other=0)
-            start = tl.load(seg_start_ptr + gcol)
-            width = tl.load(seg_width_ptr + gcol)
-            flat = rows[:, None].to(tl.int64) * width[None, :] + (cols - start)[None, :]
-            klo = tl.load(key_ptr + gcol).to(tl.uint32)[None, :]
-            khi = tl.load(key_hi_ptr + gcol).to(tl.uint32)[None, :]
+            gblk = tl.load(group_ptr + blk, mask=blk < K // 16, other=0)[None, :, None]
+            start = tl.load(seg_start_ptr + gblk)
+            width = tl.load(seg_width_ptr + gblk)
+            flat = rows3.to(tl.int64) * width + (cols3 - start)
+            klo = tl.load(key_ptr + gblk).to(tl.uint32)
+            khi = tl.load(key_hi_ptr + gblk).to(tl.uint32)
             u = _sr_uniform(flat, klo, khi)
         else:
-            flat = rows[:, None].to(tl.int64) * K + cols[None, :]
+            flat = rows3.to(tl.int64) * K + cols3
             u = _sr_uniform(flat, sr_key.to(tl.uint32), sr_key_hi.to(tl.uint32))
         # hi = first grid point >= mag (searchsorted, right=False), lo = the one below unless equal
         hi_idx = ((mag > 0.0).to(tl.int32) + (mag > 0.5) + (mag > 1.0) + (mag > 1.5) + (mag > 2.0)
@@ -161,25 +164,17 @@ def _quantize_kernel(
                + (mag > 2.5) + (mag >= 3.5) + (mag > 5.0))  # fmt: skip
     code = idx | ((v < 0.0).to(tl.int32) << 3)
     if ONGRID:
-        s_full = tl.reshape(
-            tl.broadcast_to(s_val[:, :, None], (BLOCK_M, NB, 16)), (BLOCK_M, BLOCK_K)
-        )
-        val = _e2m1_value(code) * s_full  # exact
-        tl.store(
-            ongrid_ptr + rows[:, None] * K + cols[None, :],
-            val.to(ongrid_ptr.dtype.element_ty),
-            mask=mask,
-        )
+        val = _e2m1_value(code) * s_val[:, :, None]  # exact
+        tl.store(ongrid_ptr + rows3 * K + cols3, val.to(ongrid_ptr.dtype.element_ty), mask=mask)
     else:
         lo_c, hi_c = tl.split(tl.reshape(code, (BLOCK_M, BLOCK_K // 2, 2)))
         byte = (lo_c | (hi_c << 4)).to(tl.uint8)
         ccols = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
         cmask = (rows[:, None] < R) & (ccols[None, :] < K // 2)
         tl.store(codes_ptr + rows[:, None] * (K // 2) + ccols[None, :], byte, mask=cmask)
-        scols = pid_k * NB + tl.arange(0, NB)
-        smask = (rows[:, None] < R) & (scols[None, :] < K // 16)
+        smask = (rows[:, None] < R) & (blk[None, :] < K // 16)
         tl.store(
-            scales_ptr + rows[:, None] * (K // 16) + scols[None, :], s_code.to(tl.uint8), mask=smask
+            scales_ptr + rows[:, None] * (K // 16) + blk[None, :], s_code.to(tl.uint8), mask=smask
         )
 
 
