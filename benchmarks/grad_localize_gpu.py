@@ -20,14 +20,17 @@ import fp4_compile.codegen  # noqa: F401  (registers the ops)
 from benchmarks.common import environment, write_results
 from fp4_compile import NVFP4Recipe
 from fp4_compile.backend import lowering_only_backend
-from fp4_compile.models import tiny_llama, tiny_qwen3_moe
+from fp4_compile.models import qwen3_30b_a3b_layers, tiny_llama, tiny_qwen3_moe
 from fp4_compile.op_recorder import OpRecorder, compare_runs, first_culprit
 from fp4_compile.sr_stream import set_sr_state
 
 MODELS = {
     "moe": ("tiny Qwen3-MoE (bf16)", lambda: tiny_qwen3_moe(layers=2, dtype=torch.bfloat16)),
     "llama": ("tiny Llama (fp32)", lambda: tiny_llama()),
+    # the backend check's 30B-shaped rows: 2 x 128 tokens
+    "30b": ("Qwen3-30B-A3B-shaped x2 (bf16)", lambda: qwen3_30b_a3b_layers(layers=2)),
 }
+TOKENS = {"30b": (2, 128)}
 PRESETS = {"strict": NVFP4Recipe.strict, "te": NVFP4Recipe.te, "bf16": NVFP4Recipe.bf16}
 
 
@@ -78,7 +81,7 @@ def main() -> None:
         torch.manual_seed(0)
         model = build().to(dev)
         twin = copy.deepcopy(model)
-        ids = torch.randint(0, 100, (3, 24), device=dev)
+        ids = torch.randint(0, 100, TOKENS.get(model_key, (3, 24)), device=dev)
         eager, eager_grads = _backward_calls(twin, lowering_only_backend(recipe), ids)
         compiled, grads = _backward_calls(model, "minite", ids, options={"recipe": recipe})
         rows = compare_runs(eager, compiled)
