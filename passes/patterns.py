@@ -63,6 +63,21 @@ def is_mul(n) -> bool:
     return _is(n, functions=(operator.mul, torch.mul), methods=("mul",), overloads=(aten.mul,))
 
 
+def is_sum(n) -> bool:
+    return _is(n, functions=(torch.sum,), methods=("sum",), overloads=(aten.sum,))
+
+
+def is_div(n) -> bool:
+    import operator
+
+    return _is(
+        n,
+        functions=(operator.truediv, operator.itruediv, torch.div, torch.true_divide),
+        methods=("div", "div_", "__truediv__", "__itruediv__"),
+        overloads=(aten.div, aten.div_),
+    )
+
+
 def is_cast(n) -> bool:
     """A dtype conversion (Tensor.to / .float() / aten._to_copy / prims convert)."""
     return _is(

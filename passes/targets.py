@@ -172,12 +172,11 @@ def emit_attention(graph, node, q, k, v, mask, is_causal: bool, scale):
     return _cast(graph, node, out, out_dtype, node)
 
 
-def emit_routing(graph, node, logits, k: int):
-    """(top-k softmax probabilities FP32, expert ids) with lower-index tie-breaking; the graph's
-    own renormalization (if any) follows unchanged."""
-    return insert_call(
-        graph, _ops().invariant_routing.default, (logits, int(k), False), before=node, like=node
-    )
+def emit_routing(graph, node, logits, k: int, *, norm_topk_prob: bool = False):
+    """(top-k softmax probabilities FP32, expert ids) with lower-index tie-breaking, the values
+    renormalized to sum 1 when `norm_topk_prob` (the pass then removes the graph's own)."""
+    args = (logits, int(k), bool(norm_topk_prob))
+    return insert_call(graph, _ops().invariant_routing.default, args, before=node, like=node)
 
 
 def quantized_weight_inputs(program) -> list[tuple[str, bool]]:

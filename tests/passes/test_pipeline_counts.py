@@ -41,6 +41,23 @@ def test_qwen3_moe_counts():
     assert len(routers) == 2 and all(g.precision == "bf16" for g in routers)
 
 
+def test_qwen3_moe_renormalized_routing_is_absorbed():
+    """norm_topk_prob (Qwen3-30B-A3B): the renormalization becomes part of the routing op, so no
+    stock sum over the k values is left for autograd to differentiate (its backward sum ran in
+    different orders under eager and Inductor on the H200)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                         moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=4,
+                         norm_topk_prob=True)  # fmt: skip
+    torch.manual_seed(0)
+    rep = _explain(Qwen3MoeForCausalLM(cfg))
+    assert rep.counts["routing_topk"] == 2 and rep.counts["routing_renorm"] == 2
+    # one fixed-order sum per layer is left: the top-k combine (not the renormalization's)
+    assert rep.counts["ordered_sum"] == 2
+
+
 def test_llama_counts():
     rep = _explain(tiny_llama(layers=1))
     assert rep.counts == {
