@@ -71,12 +71,13 @@ def check_model(name, build, preset, ids):
             with torch.no_grad():
                 alone = compiled(input_ids=ids[1:2], use_cache=False).logits
             row["row_alone_vs_batch_bytes_differ"] = count_bytes_differ(alone[0], y[1])
-        # the GPU contract: forward bitwise == the eager lowered graph, rows invariant, and the
-        # compiled backward deterministic; compiled-vs-eager GRADIENTS are bitwise on CPU (CI)
-        # and reported here (Inductor's fused pointwise code is not ATen's CUDA code)
+        # the GPU contract: forward AND every gradient bitwise == the eager lowered graph, rows
+        # invariant, the compiled backward deterministic. (Results before 814d568 passed rows on
+        # the forward alone and reported the gradients.)
         row["grads_equal_eager"] = not row["grad_tensors_differ"]
         ok = (
             row["forward_bytes_differ"] == 0
+            and row["grads_equal_eager"]
             and not row["rerun_grad_tensors_differ"]
             and not row["grads_missing"]
             and row["grads_finite"]
@@ -139,7 +140,7 @@ def main() -> None:
         f"# backend on the GPU: {env['gpu']}, torch {env['torch']}, triton {env['triton']}, commit {env['commit']}",
         "",
         'Compiled with backend="minite" (fullgraph, Inductor) vs the same lowered graph run eagerly: forward bytes',
-        "(PASS needs 0) and parameter gradients (reported); the compiled backward run twice (PASS needs 0 differing);",
+        "and parameter gradients (PASS needs 0 differing); the compiled backward run twice (PASS needs 0 differing);",
         "strict/bf16 also row alone == row in batch (PASS needs 0). NVFP4 is emulated NVFP4 (sm_90).",
         "",
         f"Inductor eager-numerics knobs present in this torch (set by minite): {numerics_knobs()}",

@@ -88,9 +88,10 @@ INVARIANCE_INDUCTOR_CONFIG = {
 # Eager numerics of the traced elementwise ops (SiLU, residual adds, rotary, casts) on the GPU:
 # Triton lowers x / y to the approximate `div.full` where eager CUDA rounds (`div.rn`), and may
 # flush denormals; then an FP32 model's backward differs from the same graph run eagerly by an
-# ulp here and there (tiny Llama FP32 on the H200: 3-4 of 12 gradients,
-# benchmarks/results/2026-12-03_backend_gpu_check.md). Older Inductors lack some of these knobs:
-# `numerics_knobs()` says which this torch has, and the GPU checks print it.
+# ulp here and there (tiny Llama FP32 on the H200: 3-4 of 12 gradients in
+# benchmarks/results/2026-12-03_backend_gpu_check_before_stable_sort.md, 0 with these knobs).
+# Older Inductors lack some of them (torch 2.11: no use_pytorch_libdevice): `numerics_knobs()`
+# says which this torch has, and the GPU checks print it.
 EAGER_NUMERICS_KNOBS = {
     "eager_numerics.division_rounding": True,
     "eager_numerics.disable_ftz": True,
