@@ -186,10 +186,16 @@ def global_stage(x: torch.Tensor, global_scale: str | torch.Tensor):
         amax = global_scale.reshape(()) if global_scale.dim() == 0 else global_scale
     elif global_scale == "per_expert":  # [E, N, K] -> one amax per expert, [E, 1, 1]
         amax = x.abs().amax(dim=(-2, -1), keepdim=True).to(torch.float32)
-    elif global_scale == "per_tensor":
-        from .abs_max import tensor_abs_max  # one read of x; == global_amax(x, "per_tensor")
+    elif global_scale == "per_tensor" and x.numel():
+        # two launches instead of about ten: max |x| per row in one read of x, then the per-row
+        # global stage over those maxima as ONE row (its max is the tensor's amax; the same
+        # enc / gd / mult roundings as below), bitwise the torch ops of this function
+        from .abs_max import row_abs_max
+        from .quantize_global import row_global_stage
 
-        amax = tensor_abs_max(x)
+        rows = row_abs_max(x.reshape(-1, x.shape[-1]) if x.dim() > 1 else x.reshape(1, -1))
+        gd, mult = row_global_stage(rows.reshape(1, -1))
+        return gd.reshape(()), mult.reshape(())
     else:
         amax = global_amax(x, global_scale)
     # The reference's steps 2-4 without host->device copies: constants are filled on the device

@@ -42,3 +42,28 @@ def test_row_global_stage_rejects_strided_rows():
 
     with pytest.raises(ValueError, match="x2"):
         row_global_stage(torch.zeros(4, 32, device=DEV).t())
+
+
+@pytest.mark.parametrize("case", ["normal", "zeros", "inf", "tiny"])
+def test_per_tensor_global_stage_equals_torch_ops(case):
+    """The two-launch per-tensor stage (row maxima, then the per-row stage over them) == the
+    torch ops on torch's `x.abs().amax()`, bitwise; a NaN anywhere gives NaN scales."""
+    from fp4_compile.codegen.quantize_kernel import global_stage
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(40, 96, generator=g) * 3.0
+    if case == "zeros":
+        x.zero_()
+    elif case == "inf":
+        x[7, 3] = float("inf")
+    elif case == "tiny":
+        x = x * 1e-30
+    x = x.to(DEV)
+    gd, mult = global_stage(x, "per_tensor")
+    gd_ref, mult_ref = global_stage(x, x.abs().amax().float())  # the torch ops, static amax
+    assert gd.shape == () and mult.shape == ()
+    assert_bitwise_equal(gd, gd_ref, "global decode")
+    assert_bitwise_equal(mult, mult_ref, "multiplier")
+    x[1, 1] = float("nan")
+    gd, mult = global_stage(x, "per_tensor")
+    assert torch.isnan(gd) and torch.isnan(mult)
