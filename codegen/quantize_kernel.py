@@ -4,8 +4,9 @@ Shape legend: R rows (leading dims flattened), K the last dim (a multiple of 16)
 
 Bitwise equal to `fp4_compile.reference.quantize`, step for step (see its docstring):
 - The global stage (amax, global_encode, global_decode, multiplier): per row, one Triton launch
-  (`quantize_global.py`, bitwise the torch ops); otherwise a handful of torch ops on [] or
-  [E, 1, 1] tensors, the very functions of the reference, run by the launcher.
+  (`quantize_global.py`, bitwise the torch ops); per tensor, two (`abs_max.row_abs_max`, then
+  that per-row stage over the row maxima as one row); otherwise (static or per-expert amaxes) a
+  handful of torch ops on [] or [E, 1, 1] tensors, the very functions of the reference.
 - The kernel does steps 5-8: vec_max (max |x| over 16 elements or a 16x16 tile), ONE FP32
   multiply by the multiplier, clamp to 448, E4M3 round-to-nearest-even done with INTEGER bit
   operations (`_e4m3_rne`: the interpreter's fp32->fp8 cast is wrong, and integer code is the same
