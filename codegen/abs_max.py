@@ -22,10 +22,10 @@ _CONFIG = {"sm_90": (4, 1024, 4), "interpreter": (4, 64, 1)}
 
 
 @triton.jit
-def _row_abs_max_kernel(x_ptr, out_ptr, R, K, stride_xr, BLOCK_R: tl.constexpr,
-                        BLOCK_K: tl.constexpr):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = rows < R
+def row_abs_max_nan(x_ptr, rows, rmask, K, stride_xr, BLOCK_R: tl.constexpr,
+                    BLOCK_K: tl.constexpr):  # fmt: skip
+    """(max |x| FP32 [BLOCK_R], any-NaN flag int32 [BLOCK_R]) of the given rows: the loop shared
+    with the per-row global stage of `quantize_global`."""
     amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
     nan = tl.zeros((BLOCK_R,), dtype=tl.int32)
     for k0 in range(0, K, BLOCK_K):
@@ -35,6 +35,15 @@ def _row_abs_max_kernel(x_ptr, out_ptr, R, K, stride_xr, BLOCK_R: tl.constexpr,
         x = x.to(tl.float32)
         amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
         nan = tl.maximum(nan, tl.max((x != x).to(tl.int32), axis=1))
+    return amax, nan
+
+
+@triton.jit
+def _row_abs_max_kernel(x_ptr, out_ptr, R, K, stride_xr, BLOCK_R: tl.constexpr,
+                        BLOCK_K: tl.constexpr):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < R
+    amax, nan = row_abs_max_nan(x_ptr, rows, rmask, K, stride_xr, BLOCK_R, BLOCK_K)
     tl.store(out_ptr + rows, tl.where(nan > 0, float("nan"), amax), mask=rmask)
 
 

@@ -17,13 +17,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .abs_max import _CONFIG, row_abs_max_nan
 from .quantize_kernel import _ONE_SIXTH_F32
 from .runtime import arch_of, compile_options
 
-# (rows per program, column chunk of the amax loop, warps) per architecture, no autotuning. The
-# tiling cannot change a bit (max is exact in any order, the rest is per row), so an
-# architecture without its own entry uses the sm_90 tiling.
-_CONFIG = {"sm_90": (4, 1024, 4), "interpreter": (4, 64, 1)}
+# The amax loop and its tiling are abs_max's (max is exact in any order: no bit can change).
 
 
 @triton.jit
@@ -33,15 +31,7 @@ def _row_global_kernel(
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
-    amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    nan = tl.zeros((BLOCK_R,), dtype=tl.int32)
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        mask = rmask[:, None] & (cols < K)[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask, other=0.0)
-        x = x.to(tl.float32)
-        amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
-        nan = tl.maximum(nan, tl.max((x != x).to(tl.int32), axis=1))
+    amax, nan = row_abs_max_nan(x_ptr, rows, rmask, K, stride_xr, BLOCK_R, BLOCK_K)
     enc = tl.minimum(
         tl.math.div_rn(tl.full((BLOCK_R,), 2688.0, tl.float32), amax), 3.4028234663852886e38
     )
