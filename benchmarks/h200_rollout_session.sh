@@ -13,7 +13,7 @@ PARTS="${PARTS:-pytest learner alignment rollout}"
 run() { local t=$1 name=$2; shift 2; echo "== $name"; timeout "$t" "$@" > "$R/$name.log" 2>&1; echo "rc=$? $name"; tail -4 "$R/$name.log"; }
 for part in $PARTS; do
   case "$part" in
-    pytest) run "${PYTEST_S:-240}" pytest_cuda python3 -m pytest -q tests/codegen/test_quantize_global.py tests/codegen/test_abs_max.py tests/codegen/test_rms_norm_backward.py \
+    pytest) run "${PYTEST_S:-240}" pytest_cuda python3 -m pytest -q tests/codegen/test_attention_backward.py tests/codegen/test_quantize_global.py tests/codegen/test_abs_max.py tests/codegen/test_rms_norm_backward.py \
               tests/codegen/test_nvfp4_kernels.py tests/codegen/test_nvfp4_ops.py tests/rl/test_sampling.py ;;
     learner) run 150 learner python3 -m benchmarks.learner --profile ;;
     alignment) run "${ALIGN_S:-300}" alignment python3 -m benchmarks.alignment_gpu --batches "${ALIGN_BATCHES:-1,64}" ${ALIGN_ARGS:-} ;;

@@ -44,6 +44,14 @@ ATTENTION = {
     "sm_90": KernelConfig(64, 64, 0, num_warps=4, num_stages=2),
     "interpreter": KernelConfig(16, 16, 0, num_warps=1),
 }
+# backward of attention (determinism only): (dQ launch: rows x keys, dK/dV launch: rows x keys)
+ATTENTION_BACKWARD = {
+    "sm_90": (
+        KernelConfig(64, 64, 0, num_warps=4, num_stages=2),
+        KernelConfig(64, 64, 0, num_warps=8, num_stages=2),
+    ),
+    "interpreter": (KernelConfig(16, 16, 0, num_warps=1), KernelConfig(16, 16, 0, num_warps=1)),
+}
 LOGPROBS_BLOCK_V = {"sm_90": 4096, "interpreter": 256}
 
 for _arch, _table in LINEAR.items():
@@ -70,6 +78,10 @@ def linear_config(arch: str, m: int) -> KernelConfig:
 
 def attention_config(arch: str) -> KernelConfig:
     return _known(arch, ATTENTION, "attention")
+
+
+def attention_backward_configs(arch: str) -> tuple[KernelConfig, KernelConfig]:
+    return _known(arch, ATTENTION_BACKWARD, "attention backward")
 
 
 def logprobs_block_v(arch: str) -> int:

@@ -16,7 +16,8 @@ graphs call exactly these numerics; `triton_op` would not compile on CPU):
 - invariant_routing(logits, top_k, norm_topk_prob) -> (weights, experts)
 CPU: `invariant_cpu` (invariant by construction). CUDA: the Triton kernels of
 `invariant_kernels` (imported lazily); backward passes in plain PyTorch, except the RMSNorm
-backward, one Triton launch on CUDA (`rms_norm_backward`).
+backward (one Triton launch on CUDA, `rms_norm_backward`) and the attention backward (two
+launches on CUDA, `attention_backward`).
 """
 
 from __future__ import annotations
@@ -221,9 +222,16 @@ def invariant_attention_backward(
     causal: bool,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    grads = cpu.attention_backward(
-        grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale
-    )
+    if q.is_cuda:
+        from .attention_backward import attention_backward  # lazy: imports triton
+
+        grads = attention_backward(
+            grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale
+        )
+    else:
+        grads = cpu.attention_backward(
+            grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale
+        )
     return tuple(g.contiguous() for g in grads)
 
 

@@ -66,6 +66,18 @@ def test_quantize_kernel_stochastic_and_experts():
     assert_nvfp4_equal(
         quantize_triton(w, block="16x16", global_scale="per_expert"), ref.quantize_experts(w)
     )
+    # the per-expert amax (row maxima, then per expert): a NaN poisons its own expert only, an
+    # inf gives that expert the unit encode, the others are unchanged
+    from fp4_compile.codegen.quantize_kernel import global_stage
+
+    w[1, 5, 7], w[2, 31, 0] = float("nan"), float("inf")
+    gd, mult = global_stage(w, "per_expert")
+    want_amax = w.abs().amax(dim=(-2, -1), keepdim=True).float()
+    want_enc = ref.global_encode_from_amax(want_amax)
+    want_gd = torch.ones_like(want_enc) / want_enc
+    assert gd.shape == (3, 1, 1) and bool(gd[1].isnan().all()) and float(gd[2]) == 1.0
+    assert_bitwise_equal(gd[[0, 2]], want_gd[[0, 2]], "per-expert global decode")
+    assert_bitwise_equal(mult[[0, 2]], (want_enc * (1 / 6.0))[[0, 2]].float(), "multiplier")
 
 
 def _budget(xq, wq, y_ref):

@@ -1,0 +1,116 @@
+"""The Triton attention backward (`codegen/attention_backward.py`): compiled on CUDA, else in the
+Triton interpreter (conftest sets TRITON_INTERPRET=1 without a GPU).
+
+Contracts: dq, dk, dv within 2x the error of stock SDPA's bf16 backward against float64 autograd
+(the budget of `test_invariant_attention.test_backward_vs_fp64`), over causal / ragged kv_len /
+GQA / mask / a query offset; bitwise run to run; zero gradients for dead key slots; in the
+interpreter (FP32 dots) within the FP32-reference's own error plus one bf16 ulp.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp4_compile.codegen import invariant_cpu as cpu
+from fp4_compile.codegen.runtime import interpreting
+from fp4_compile.testing import assert_bitwise_equal
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and not interpreting(), reason="needs CUDA or the interpreter"
+)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(scope="module")
+def ab():
+    pytest.importorskip("triton")
+    from fp4_compile.codegen import attention_backward
+
+    return attention_backward
+
+
+def _inputs(b, hq, hkv, tq, tk, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, tq, d, generator=g).bfloat16()
+    k = torch.randn(b, hkv, tk, d, generator=g).bfloat16()
+    v = torch.randn(b, hkv, tk, d, generator=g).bfloat16()
+    go = torch.randn(b, hq, tq, d, generator=g).bfloat16()
+    return q, k, v, go
+
+
+def _fp64_grads(q, k, v, go, vis, scale, dtype):
+    """Autograd of softmax attention in `dtype` (float64 oracle) over visible keys."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    a, bk, c = leaves
+    g = a.shape[1] // bk.shape[1]
+    s = (a @ bk.repeat_interleave(g, 1).transpose(-1, -2)) * scale
+    p = torch.softmax(s.masked_fill(~vis, float("-inf")), -1).nan_to_num(0.0)
+    (p @ c.repeat_interleave(g, 1)).backward(go.to(dtype))
+    return [t.grad.double() for t in leaves]
+
+
+CASES = {
+    # name: (b, hq, hkv, tq, tk, d, q_start, kv_len, causal, masked)
+    "causal_ragged_gqa": (2, 4, 2, 45, 45, 32, [0, 0], [45, 30], True, False),
+    "causal_offset": (2, 4, 1, 20, 50, 32, [30, 10], [50, 30], True, False),
+    "masked_noncausal": (2, 2, 2, 33, 40, 16, [0, 0], [40, 37], False, True),
+}
+
+
+def _run_case(ab, name):
+    b, hq, hkv, tq, tk, d, qs, kl, causal, masked = CASES[name]
+    q, k, v, go = _inputs(b, hq, hkv, tq, tk, d, seed=len(name))
+    q_start, kv_len = torch.tensor(qs), torch.tensor(kl)
+    mask = None
+    if masked:
+        mask = torch.rand(b, 1, tq, tk, generator=torch.Generator().manual_seed(3)) < 0.7
+    scale = d**-0.5
+    vis = cpu.visible_keys(q_start, kv_len, mask, causal, tq, tk).expand(b, hq, tq, tk)
+    out, lse = cpu.attention(q, k, v, q_start, kv_len, mask, causal, scale)
+    args = [t.to(DEV) if isinstance(t, torch.Tensor) else t
+            for t in (go, q, k, v, out, lse, q_start, kv_len, mask)]  # fmt: skip
+    got = ab.attention_backward(*args, causal, scale)
+    again = ab.attention_backward(*args, causal, scale)
+    for name_, a, b_ in zip("qkv", got, again):
+        assert_bitwise_equal(a, b_, f"d{name_} run to run")
+    ref = cpu.attention_backward(go, q, k, v, out, lse, q_start, kv_len, mask, causal, scale)
+    oracle = _fp64_grads(q, k, v, go, vis, scale, torch.float64)
+    stock = _fp64_grads(q, k, v, go, vis, scale, torch.bfloat16)
+    return [t.cpu() for t in got], ref, oracle, stock, kv_len
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_backward_within_stock_budget(ab, name):
+    got, _, oracle, stock, _ = _run_case(ab, name)
+    for n, g, o, s in zip("qkv", got, oracle, stock):
+        assert g.dtype == torch.bfloat16
+        err, budget = (g.double() - o).abs().max(), 2 * (s - o).abs().max()
+        assert err <= budget, f"{name} d{n}: error {err:.3g} over budget {budget:.3g}"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_dead_key_slots_get_zeros(ab, name):
+    got, _, _, _, kv_len = _run_case(ab, name)
+    for n, g in zip("kv", got[1:]):
+        for i, n_live in enumerate(kv_len.tolist()):
+            assert bool((g[i, :, n_live:] == 0).all()), f"{name} d{n}: slots past kv_len"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="FP32 dots only in the interpreter")
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_interpreter_matches_fp32_reference(ab, name):
+    """FP32 dots: the kernel and the reference differ only in accumulation order, so after the
+    bf16 rounding they are at most one bf16 ulp (of the value) apart."""
+    got, ref, _, _, _ = _run_case(ab, name)
+    for n, g, r in zip("qkv", got, ref):
+        ulp = torch.maximum(r.float().abs(), g.float().abs()) * 2**-7 + 1e-30
+        assert bool(((g.float() - r.float()).abs() <= ulp).all()), f"{name} d{n}"
+
+
+def test_bad_head_dim(ab):
+    q, k, v, go = (t.to(DEV) for t in _inputs(1, 2, 2, 4, 4, 24, seed=0))
+    z = torch.zeros(1, dtype=torch.int64, device=DEV)
+    lse = torch.zeros(1, 2, 4, device=DEV)
+    with pytest.raises(ValueError, match="power-of-two head dim"):
+        ab.attention_backward(go, q, k, v, q, lse, z, z + 4, None, True, 0.2)
