@@ -25,6 +25,46 @@ from .runtime import arch_of, compile_options
 
 
 @triton.jit
+def _scales_from_amax(amax, is_nan, one_sixth, BLOCK: tl.constexpr):
+    """(global_decode, multiplier) of FP32 amaxes: the reference's steps 2-4 (`reference.
+    global_scales`), one IEEE rounding per operation; NaN where `is_nan`."""
+    enc = tl.minimum(
+        tl.math.div_rn(tl.full((BLOCK,), 2688.0, tl.float32), amax), 3.4028234663852886e38
+    )
+    enc = tl.where(enc == 0.0, 1.0, enc)
+    gd = tl.math.div_rn(tl.full((BLOCK,), 1.0, tl.float32), enc)
+    mult = enc * one_sixth  # fp32(1/6): one rounding
+    return tl.where(is_nan, float("nan"), gd), tl.where(is_nan, float("nan"), mult)
+
+
+@triton.jit
+def _amax_global_kernel(amax_ptr, gd_ptr, mult_ptr, n, one_sixth, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = i < n
+    amax = tl.load(amax_ptr + i, mask=live, other=1.0)
+    gd, mult = _scales_from_amax(amax, amax != amax, one_sixth, BLOCK)
+    tl.store(gd_ptr + i, gd, mask=live)
+    tl.store(mult_ptr + i, mult, mask=live)
+
+
+def amax_global_stage(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP32 amax (any shape) -> (global_decode, multiplier) of the same shape in ONE launch,
+    bitwise `reference.global_scales` (about seven torch launches otherwise)."""
+    if amax.dtype != torch.float32:
+        raise TypeError(f"amax must be float32, got {amax.dtype}")
+    flat = amax.reshape(-1).contiguous()
+    gd = torch.empty_like(flat)
+    mult = torch.empty_like(flat)
+    if flat.numel():
+        block = 128
+        _amax_global_kernel[(triton.cdiv(flat.numel(), block),)](
+            flat, gd, mult, flat.numel(), _ONE_SIXTH_F32, BLOCK=block, num_warps=1,
+            **compile_options(amax.device),
+        )  # fmt: skip
+    return gd.reshape(amax.shape), mult.reshape(amax.shape)
+
+
+@triton.jit
 def _row_global_kernel(
     x_ptr, gd_ptr, mult_ptr, R, K, stride_xr, one_sixth,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -32,15 +72,7 @@ def _row_global_kernel(
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
     amax, nan = row_abs_max_nan(x_ptr, rows, rmask, K, stride_xr, BLOCK_R, BLOCK_K)
-    enc = tl.minimum(
-        tl.math.div_rn(tl.full((BLOCK_R,), 2688.0, tl.float32), amax), 3.4028234663852886e38
-    )
-    enc = tl.where(enc == 0.0, 1.0, enc)
-    gd = tl.math.div_rn(tl.full((BLOCK_R,), 1.0, tl.float32), enc)
-    mult = enc * one_sixth
-    is_nan = nan > 0
-    gd = tl.where(is_nan, float("nan"), gd)
-    mult = tl.where(is_nan, float("nan"), mult)
+    gd, mult = _scales_from_amax(amax, nan > 0, one_sixth, BLOCK_R)
     tl.store(gd_ptr + rows, gd, mask=rmask)
     tl.store(mult_ptr + rows, mult, mask=rmask)
 

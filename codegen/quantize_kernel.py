@@ -29,7 +29,6 @@ from ..sr_stream import sr_key
 from .configs import pick
 from .runtime import arch_of, check_kernel_device, compile_options, interpreting
 
-_FLT_MAX = 3.4028234663852886e38
 _ONE_SIXTH_F32 = float(torch.tensor(1.0 / 6.0, dtype=torch.float32))  # fp32(1/6), exactly
 
 
@@ -180,9 +179,9 @@ def _quantize_kernel(
 
 
 def global_stage(x: torch.Tensor, global_scale: str | torch.Tensor):
-    """Steps 1-4 in torch (the reference's own functions): -> (global_decode, multiplier), each []
-    or [..., R, 1] (or [E, 1, 1] for "per_expert" / a static amax of shape [E, 1, 1]).
-    Cheap next to the kernel; a per-tensor amax is one torch reduction."""
+    """Steps 1-4 of `reference.quantize`, bitwise: -> (global_decode, multiplier), each [] or
+    [..., R, 1] (or [E, 1, 1] for "per_expert" / a static amax of shape [E, 1, 1]). The amax in
+    one read of x (`abs_max`), the scales in one launch (`quantize_global.amax_global_stage`)."""
     if isinstance(global_scale, torch.Tensor):
         amax = global_scale.reshape(()) if global_scale.dim() == 0 else global_scale
     elif global_scale == "per_expert":  # [E, N, K] -> one amax per expert, [E, 1, 1]
@@ -207,15 +206,10 @@ def global_stage(x: torch.Tensor, global_scale: str | torch.Tensor):
         return gd.reshape(()), mult.reshape(())
     else:
         amax = global_amax(x, global_scale)
-    # The reference's steps 2-4 without host->device copies: constants are filled on the device
-    # (`scalar / tensor` would be reciprocal-then-multiply in torch: two roundings); each op is
-    # one FP32 operation, tensor * python-float multiplies by fp32(1/6) exactly once.
-    amax = amax.to(torch.float32)
-    enc = torch.clamp(torch.full_like(amax, 2688.0) / amax, max=_FLT_MAX)
-    enc = torch.where(enc == 0, torch.ones_like(enc), enc)
-    gd = torch.ones_like(enc) / enc
-    mult = enc * _ONE_SIXTH_F32
-    return gd, mult
+    # steps 2-4 in one launch, bitwise `reference.global_scales` (no host->device copy)
+    from .quantize_global import amax_global_stage
+
+    return amax_global_stage(amax.to(torch.float32))
 
 
 def quantize_triton(

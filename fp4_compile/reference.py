@@ -102,6 +102,16 @@ def global_encode_from_amax(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(enc == 0, torch.ones_like(enc), enc)
 
 
+def global_scales(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Steps 2-4: FP32 amax -> (global_encode, global_decode = 1 / encode, multiplier =
+    encode * fp32(1/6)), each one IEEE-rounded FP32 operation, elementwise."""
+    global_encode = global_encode_from_amax(amax)
+    one = torch.tensor(1.0, dtype=torch.float32, device=amax.device)
+    global_decode = one / global_encode
+    multiplier = global_encode * torch.tensor(1.0 / 6.0, dtype=torch.float32, device=amax.device)
+    return global_encode, global_decode, multiplier
+
+
 def global_amax(x: torch.Tensor, mode: str) -> torch.Tensor:
     """Step 1: amax in x's dtype, then FP32; [] for per_tensor, [..., R, 1] for per_row."""
     if mode == "per_tensor":
@@ -209,9 +219,7 @@ def quantize(
 
     if amax is None:
         amax = global_amax(x, global_scale)
-    global_encode = global_encode_from_amax(amax)
-    global_decode = torch.tensor(1.0, dtype=torch.float32, device=x.device) / global_encode
-    multiplier = global_encode * torch.tensor(1.0 / 6.0, dtype=torch.float32, device=x.device)
+    _, global_decode, multiplier = global_scales(amax)
 
     vec_max = _block_amax(x, block)  # [..., K/16]
     decode_scale = vec_max * multiplier  # multiplier broadcasts: [] or [..., R, 1]

@@ -1,11 +1,14 @@
-"""The one-launch per-row global stage == the torch ops of `global_stage(x, "per_row")`, bitwise,
-on ordinary rows and on the edge rows (all zeros, an inf, a NaN, subnormal-tiny, FP32 huge)."""
+"""The quantizer's global stage (steps 1-4 of `reference.quantize`) in Triton == the reference's
+functions (`global_amax`, `global_scales`), bitwise: per row in one launch, per tensor in two,
+from a given amax in one; on ordinary rows and on the edge rows (all zeros, an inf, a NaN,
+subnormal-tiny, FP32 huge)."""
 
 import os
 
 import pytest
 import torch
 
+from fp4_compile import reference as ref
 from fp4_compile.testing import assert_bitwise_equal
 
 pytestmark = pytest.mark.skipif(
@@ -19,7 +22,6 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.parametrize("k", [16, 144, 2048])
 def test_row_global_stage_equals_torch(dtype, k):
     from fp4_compile.codegen.quantize_global import row_global_stage
-    from fp4_compile.codegen.quantize_kernel import global_stage
 
     g = torch.Generator().manual_seed(k)
     x = torch.randn(37, k, generator=g) * torch.logspace(-6, 3, 37)[:, None]
@@ -30,7 +32,7 @@ def test_row_global_stage_equals_torch(dtype, k):
     x[4, -1] = -3.0e38 if dtype == torch.float32 else -60000.0
     x = x.to(dtype).to(DEV)
     gd, mult = row_global_stage(x)
-    gd_ref, mult_ref = global_stage(x, "per_row")
+    _, gd_ref, mult_ref = ref.global_scales(ref.global_amax(x, "per_row"))
     ok = torch.arange(37, device=DEV) != 2  # the NaN row: NaN either way (payloads may differ)
     assert_bitwise_equal(gd[ok], gd_ref.reshape(-1)[ok], "global decode")
     assert_bitwise_equal(mult[ok], mult_ref.reshape(-1)[ok], "multiplier")
@@ -47,7 +49,7 @@ def test_row_global_stage_rejects_strided_rows():
 @pytest.mark.parametrize("case", ["normal", "zeros", "inf", "tiny"])
 def test_per_tensor_global_stage_equals_torch_ops(case):
     """The two-launch per-tensor stage (row maxima, then the per-row stage over them) == the
-    torch ops on torch's `x.abs().amax()`, bitwise; a NaN anywhere gives NaN scales."""
+    reference on torch's `x.abs().amax()`, bitwise; a NaN anywhere gives NaN scales."""
     from fp4_compile.codegen.quantize_kernel import global_stage
 
     g = torch.Generator().manual_seed(5)
@@ -60,10 +62,33 @@ def test_per_tensor_global_stage_equals_torch_ops(case):
         x = x * 1e-30
     x = x.to(DEV)
     gd, mult = global_stage(x, "per_tensor")
-    gd_ref, mult_ref = global_stage(x, x.abs().amax().float())  # the torch ops, static amax
+    _, gd_ref, mult_ref = ref.global_scales(ref.global_amax(x, "per_tensor"))
     assert gd.shape == () and mult.shape == ()
     assert_bitwise_equal(gd, gd_ref, "global decode")
     assert_bitwise_equal(mult, mult_ref, "multiplier")
     x[1, 1] = float("nan")
     gd, mult = global_stage(x, "per_tensor")
     assert torch.isnan(gd) and torch.isnan(mult)
+
+
+def test_amax_global_stage_equals_reference():
+    """Scales from given amaxes (static amax, per expert) in one launch == `global_scales`:
+    zero, inf, NaN, subnormal, huge, negative and ordinary amaxes, any shape."""
+    from fp4_compile.codegen.quantize_global import amax_global_stage
+    from fp4_compile.codegen.quantize_kernel import global_stage
+
+    edge = [0.0, float("inf"), float("nan"), 1e-45, 1e-38, 3.4e38, -2.5, 1.0, 448.0, 6.0]
+    amax = torch.cat([torch.tensor(edge), torch.rand(300, generator=torch.Generator()) * 50])
+    amax = amax.to(DEV)
+    for shaped in (amax, amax.reshape(310, 1, 1), amax[:1].reshape(())):
+        gd, mult = amax_global_stage(shaped)
+        _, gd_ref, mult_ref = ref.global_scales(shaped)
+        assert gd.shape == shaped.shape and mult.shape == shaped.shape
+        ok = ~torch.isnan(shaped)
+        assert_bitwise_equal(gd[ok], gd_ref[ok], "global decode")
+        assert_bitwise_equal(mult[ok], mult_ref[ok], "multiplier")
+        assert bool(torch.isnan(gd[~ok]).all() and torch.isnan(mult[~ok]).all())
+    gd, mult = global_stage(torch.zeros(3, 4, device=DEV), amax[:4].reshape(4, 1))  # static
+    assert_bitwise_equal(gd, ref.global_scales(amax[:4].reshape(4, 1))[1], "static amax")
+    with pytest.raises(TypeError, match="amax must be float32"):
+        amax_global_stage(amax.double())
