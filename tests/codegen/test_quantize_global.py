@@ -88,7 +88,8 @@ def test_amax_global_stage_equals_reference():
         assert_bitwise_equal(gd[ok], gd_ref[ok], "global decode")
         assert_bitwise_equal(mult[ok], mult_ref[ok], "multiplier")
         assert bool(torch.isnan(gd[~ok]).all() and torch.isnan(mult[~ok]).all())
-    gd, mult = global_stage(torch.zeros(3, 4, device=DEV), amax[:4].reshape(4, 1))  # static
-    assert_bitwise_equal(gd, ref.global_scales(amax[:4].reshape(4, 1))[1], "static amax")
+    static = amax[3:7].reshape(4, 1)  # no NaN here: NaN payloads may differ (checked above)
+    gd, mult = global_stage(torch.zeros(3, 4, device=DEV), static)
+    assert_bitwise_equal(gd, ref.global_scales(static)[1], "static amax")
     with pytest.raises(TypeError, match="amax must be float32"):
         amax_global_stage(amax.double())
