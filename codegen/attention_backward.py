@@ -26,19 +26,8 @@ import triton
 import triton.language as tl
 
 from . import invariant_configs as cfgs
+from .invariant_kernels import visible
 from .runtime import arch_of, check_kernel_device, interpreting
-
-
-@triton.jit
-def _visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
-             CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):  # fmt: skip
-    vis = key_live[None, :] & row_live[:, None]
-    if CAUSAL:
-        vis = vis & (j[None, :] <= pos[:, None])
-    if HAS_MASK:
-        vis = vis & tl.load(m_ptr + b * smb + hq[:, None] * smh + qi[:, None] * smt + j[None, :],
-                            mask=row_live[:, None] & key_live[None, :], other=0).to(tl.int1)  # fmt: skip
-    return vis
 
 
 @triton.jit
@@ -76,7 +65,7 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q
         k = tl.load(k_ptr + kv_off, mask=key_live[:, None], other=0.0)
         v = tl.load(v_ptr + kv_off, mask=key_live[:, None], other=0.0)
         s = tl.dot(q.to(DOT), tl.trans(k).to(DOT), input_precision="ieee") * scale
-        vis = _visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
+        vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
                        CAUSAL, HAS_MASK)  # fmt: skip
         p = tl.where(vis, tl.exp(s - lse[:, None]), 0.0)
         dp = tl.dot(do.to(DOT), tl.trans(v).to(DOT), input_precision="ieee")
@@ -122,7 +111,7 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
         delta = tl.load(delta_ptr + stat, mask=row_live, other=0.0)
         pos = q_start + qi
         s = tl.dot(q.to(DOT), tl.trans(k).to(DOT), input_precision="ieee") * scale
-        vis = _visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
+        vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
                        CAUSAL, HAS_MASK)  # fmt: skip
         p = tl.where(vis, tl.exp(s - lse[:, None]), 0.0)
         dv = tl.dot(tl.trans(p).to(DOT), do.to(DOT), dv, input_precision="ieee")

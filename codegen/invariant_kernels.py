@@ -125,6 +125,20 @@ def _round_bf16(x):
 
 
 @triton.jit
+def visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
+            CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):  # fmt: skip
+    """[rows, keys] booleans: key j is live, the row is live, causal (j <= the row's position)
+    and the mask (if any); shared by the forward and the backward kernels."""
+    vis = key_live[None, :] & row_live[:, None]
+    if CAUSAL:
+        vis = vis & (j[None, :] <= pos[:, None])
+    if HAS_MASK:
+        vis = vis & tl.load(m_ptr + b * smb + hq[:, None] * smh + qi[:, None] * smt + j[None, :],
+                            mask=row_live[:, None] & key_live[None, :], other=0).to(tl.int1)  # fmt: skip
+    return vis
+
+
+@triton.jit
 def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr,
                       sqb, sqh, sqt, skb, skh, skt, sob, soh, sot, smb, smh, smt,
                       Tq, G, scale, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
@@ -156,12 +170,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr
         v = tl.load(v_ptr + b * skb + kvh * skh + j[:, None] * skt + d[None, :],
                     mask=key_live[:, None], other=0.0).to(tl.float32)  # fmt: skip
         s = tl.dot(q.to(DOT), tl.trans(k).to(DOT), input_precision="ieee") * scale
-        vis = key_live[None, :] & row_live[:, None]
-        if CAUSAL:
-            vis = vis & (j[None, :] <= pos[:, None])
-        if HAS_MASK:
-            vis = vis & tl.load(m_ptr + b * smb + hq[:, None] * smh + qi[:, None] * smt + j[None, :],
-                                mask=row_live[:, None] & key_live[None, :], other=0).to(tl.int1)  # fmt: skip
+        vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
+                      CAUSAL, HAS_MASK)  # fmt: skip
         s = tl.where(vis, s, float("-inf"))
         any_vis = tl.max(vis.to(tl.int32), axis=1) > 0
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
