@@ -160,8 +160,9 @@ def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, c
             BLOCK_M=cfg_dq.block_m, BLOCK_N=cfg_dq.block_n, **cfg_dq.launch_kwargs(),
         )  # fmt: skip
     if b and tk:
-        if not tq:
-            dk.zero_(), dv.zero_()
+        if not tq:  # no query sees any key
+            dk.zero_()
+            dv.zero_()
         else:
             _dkdv_kernel[(triton.cdiv(tk, cfg_dkdv.block_n), b, hkv)](
                 q, k, v, do, lse, delta, dk, dv, qs, kl, mask_arg, *strides, tq, g, scale, tk,
