@@ -35,11 +35,15 @@ def _grouped_wgrad_kernel(
     a_ptr, b_ptr, gda_ptr, gdb_ptr, out_ptr, start_ptr, width_ptr,
     N, K, stride_an, stride_bk, gda_e, gda_r, stride_oe, stride_on,
     DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SEGMENT_ALIGN: tl.constexpr,
 ):  # fmt: skip
+    # SEGMENT_ALIGN: every segment start is a multiple of it (16: widths are padded to 16).
+    # Said to the compiler, it makes the loads along the token columns vector loads; without it
+    # a start read from memory has unknown alignment and every element is its own load.
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.program_id(2)
-    start = tl.load(start_ptr + e)
+    start = tl.multiple_of(tl.load(start_ptr + e), SEGMENT_ALIGN)
     width = tl.load(width_ptr + e)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -145,6 +149,6 @@ def grouped_wgrad(
             out.stride(0), out.stride(1),
             DOT_F32=interpreting() or dev.type != "cuda",
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            **cfg.launch_kwargs(), **compile_options(dev),
+            SEGMENT_ALIGN=BLOCK_SIZE, **cfg.launch_kwargs(), **compile_options(dev),
         )  # fmt: skip
     return out.to(out_dtype)

@@ -1,0 +1,277 @@
+# ruff: noqa: B023  (each benchmarked closure is timed immediately, inside its own iteration)
+"""Offline tuner of the pinned kernel configs (`codegen/configs.py`) on the learner's shapes.
+
+    python -m benchmarks.tune_kernels [--only quantize,wgrad,grouped,dense]
+
+Qwen3-30B-A3B-shaped learner step (4096 tokens, top-8 of 128 experts, ~256 tokens per expert,
+routing drawn at random so the groups are uneven as in training). For every candidate config it
+times the kernel (`triton.testing.do_bench` median) and compares its output BYTES with the
+pinned config's: a candidate that changes any bit is reported and must not be pinned (the
+GEMM's K chunk, BLOCK_K, is never varied; see configs.py). Baselines in the same run: the
+device copy for the quantizer, `torch._grouped_mm` / `torch.mm` BF16 for the GEMMs.
+Nothing here is read at run time: a winner is copied into configs.py by hand, then re-checked by
+the CUDA tests and `benchmarks.backend_gpu_check`. Figures: "emulated NVFP4 (sm_90)".
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import environment
+from fp4_compile import NVFP4Recipe
+from fp4_compile.codegen import configs
+from fp4_compile.codegen.configs import TileConfig
+from fp4_compile.testing import count_bytes_differ
+
+TOKENS, EXPERTS, TOPK, HIDDEN, MOE_I = 4096, 128, 8, 2048, 768
+
+QUANT_CANDIDATES = (
+    TileConfig(16, 0, 256, num_warps=4, num_stages=1),  # pinned at the time of writing
+    TileConfig(16, 0, 128, num_warps=2, num_stages=1),
+    TileConfig(16, 0, 512, num_warps=4, num_stages=1),
+    TileConfig(32, 0, 128, num_warps=4, num_stages=1),
+    TileConfig(32, 0, 256, num_warps=4, num_stages=1),
+    TileConfig(32, 0, 256, num_warps=8, num_stages=1),
+    TileConfig(64, 0, 128, num_warps=4, num_stages=1),
+    TileConfig(64, 0, 128, num_warps=8, num_stages=1),
+    TileConfig(64, 0, 256, num_warps=8, num_stages=1),
+    TileConfig(128, 0, 64, num_warps=4, num_stages=1),
+)
+GEMM_CANDIDATES = (
+    TileConfig(128, 128, 64, num_warps=8, num_stages=3),  # pinned (M > 64) at the time of writing
+    TileConfig(64, 128, 64, num_warps=4, num_stages=4),
+    TileConfig(64, 256, 64, num_warps=8, num_stages=3),
+    TileConfig(128, 256, 64, num_warps=8, num_stages=3),
+    TileConfig(128, 128, 64, num_warps=4, num_stages=4),
+    TileConfig(128, 128, 64, num_warps=8, num_stages=4),
+    TileConfig(64, 128, 64, num_warps=8, num_stages=4),
+)
+
+
+@contextlib.contextmanager
+def pinned(key, cfg: TileConfig):
+    """Every M bucket of `key` replaced by `cfg` for the duration (restored after)."""
+    saved = configs.PINNED[key]
+    configs.PINNED[key] = ((None, cfg),)
+    try:
+        yield
+    finally:
+        configs.PINNED[key] = saved
+
+
+def bench(fn) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+
+
+def routing_offsets(seed: int = 0) -> torch.Tensor:
+    """int32 [E] group ends of a random top-8 routing of TOKENS tokens (uneven groups)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    scores = torch.randn(TOKENS, EXPERTS, device="cuda", generator=g)
+    experts = scores.topk(TOPK, dim=-1).indices.reshape(-1)
+    counts = torch.bincount(experts, minlength=EXPERTS)
+    return torch.cumsum(counts, 0).to(torch.int32)
+
+
+def _bytes(out) -> torch.Tensor:
+    if isinstance(out, tuple):
+        return torch.cat([t.reshape(-1).contiguous().view(torch.uint8) for t in out])
+    return out.reshape(-1).contiguous().view(torch.uint8)
+
+
+def sweep(section: str, case: str, key, candidates, run, rows: list, baseline_ms=None):
+    """Time `run()` under every candidate; compare its bytes with the first (pinned) one."""
+    ref = None
+    for cfg in candidates:
+        row = {"section": section, "case": case, "config": cfg.__dict__.copy(),
+               "baseline_ms": baseline_ms}  # fmt: skip
+        try:
+            with pinned(key, cfg):
+                out = _bytes(run())
+                row["ms"] = bench(run)
+            if ref is None:
+                ref = out
+            row["bytes_differ_vs_pinned"] = count_bytes_differ(out, ref)
+        except Exception as exc:  # a config that fails to compile or launch is recorded
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+
+
+def quantize_section(rows):
+    from fp4_compile.codegen.grouped_wgrad import grouped_wgrad  # noqa: F401  (kernel module)
+    from fp4_compile.codegen.quantize_kernel import quantize_segments_ongrid, quantize_triton
+
+    key = ("sm_90", "any", "nvfp4_quantize")
+    x = torch.randn(TOKENS * TOPK, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    copy_ms = bench(lambda: x.clone())
+    cases = {
+        "activation [32768, 2048] per_row rne ongrid": lambda: quantize_triton(
+            x, global_scale="per_row", out="ongrid"
+        ),
+        "gradient [32768, 2048] per_tensor SR ongrid": lambda: quantize_triton(
+            x, global_scale="per_tensor", rounding="stochastic", seed=5, out="ongrid"
+        ),
+    }
+    w = torch.randn(EXPERTS, 2 * MOE_I, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    cases["weight [128, 1536, 2048] per_expert 16x16 packed"] = lambda: (
+        lambda q: (q.codes, q.block_scales, q.global_decode)
+    )(quantize_triton(w, block="16x16", global_scale="per_expert"))
+    from fp4_compile.codegen.grouped_wgrad import segment_layout
+    from fp4_compile.sr_stream import sr_keys
+
+    offsets = routing_offsets()
+    lay = segment_layout(offsets, x.shape[0])
+    amax = torch.ones(EXPERTS, device="cuda")
+    keys = sr_keys(11, EXPERTS, "cuda")
+    cases["wgrad dY^T segments [2048, C] SR ongrid"] = lambda: quantize_segments_ongrid(
+        x, lay["src"], lay["block_group"], lay["start"], lay["width"], amax, keys=keys
+    )
+    for case, run in cases.items():
+        sweep("quantize", case, key, QUANT_CANDIDATES, run, rows, baseline_ms=copy_ms)
+
+
+def wgrad_section(rows):
+    import triton
+
+    from fp4_compile.codegen import grouped_wgrad as gw
+    from fp4_compile.codegen.quantize_kernel import quantize_segments_ongrid
+
+    offsets = routing_offsets()
+    for name, n, k in (("gate_up", 2 * MOE_I, HIDDEN), ("down", HIDDEN, MOE_I)):
+        dy = torch.randn(TOKENS * TOPK, n, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(TOKENS * TOPK, k, device="cuda", dtype=torch.bfloat16)
+        base = bench(lambda: torch._grouped_mm(dy.t(), x, offs=offsets))
+        lay = gw.segment_layout(offsets, dy.shape[0])
+        seg = (lay["block_group"], lay["start"], lay["width"])
+        a, gd_a = quantize_segments_ongrid(dy, lay["src"], *seg, torch.ones(EXPERTS, device="cuda"))
+        b, gd_b = quantize_segments_ongrid(x, lay["src"], *seg, torch.ones(EXPERTS, device="cuda"))
+        out = torch.empty((EXPERTS, n, k), dtype=torch.bfloat16, device="cuda")
+        for align in (1, 16):
+
+            def run(align=align):
+                cfg = configs.pick("sm_90", "bf16", "nvfp4_gemm", n)
+                grid = (triton.cdiv(n, cfg.block_m), triton.cdiv(k, cfg.block_n), EXPERTS)
+                gw._grouped_wgrad_kernel[grid](
+                    a, b, gd_a, gd_b, out, lay["start"], lay["width"],
+                    n, k, a.stride(0), b.stride(0), gd_a.stride(0), 0,
+                    out.stride(0), out.stride(1),
+                    DOT_F32=False, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                    BLOCK_K=cfg.block_k, SEGMENT_ALIGN=align, **cfg.launch_kwargs(),
+                    enable_fp_fusion=False,
+                )  # fmt: skip
+                return out
+
+            cands = GEMM_CANDIDATES if align == 16 else GEMM_CANDIDATES[:1]
+            sweep("wgrad kernel", f"{name} [128,{n},{k}] align {align}",
+                  ("sm_90", "bf16", "nvfp4_gemm"), cands, run, rows, baseline_ms=base)  # fmt: skip
+
+
+def grouped_section(rows):
+    from fp4_compile.codegen import nvfp4_impl as impl
+    from fp4_compile.codegen.nvfp4_gemm import launch_gemm
+    from fp4_compile.codegen.quantize_kernel import quantize_triton
+
+    recipe = NVFP4Recipe.strict()
+    offsets = routing_offsets()
+    key = ("sm_90", "bf16", "nvfp4_gemm")
+    for name, n, k in (("gate_up", 2 * MOE_I, HIDDEN), ("down", HIDDEN, MOE_I)):
+        w = torch.randn(EXPERTS, n, k, device="cuda", dtype=torch.bfloat16)
+        wq = quantize_triton(w, block="16x16", global_scale="per_expert")
+        codes, sc, gd = wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode
+        w_og = wq.on_grid(torch.bfloat16)
+        x = torch.randn(TOKENS * TOPK, k, device="cuda", dtype=torch.bfloat16)
+        base = bench(lambda: torch._grouped_mm(x, w.transpose(-1, -2), offs=offsets))
+        for label, wog in (("packed", None), ("ongrid", w_og)):
+
+            def run(wog=wog):
+                return impl.cuda_linear(x, codes, sc, gd, wog, None, recipe, None, offsets=offsets)
+
+            sweep("grouped forward", f"{name} [128,{n},{k}] {label}", key, GEMM_CANDIDATES, run,
+                  rows, baseline_ms=base)  # fmt: skip
+        dy = torch.randn(TOKENS * TOPK, n, device="cuda", dtype=torch.bfloat16)
+        a, gd_a = quantize_triton(dy, global_scale="per_tensor", out="ongrid")
+        base = bench(lambda: torch._grouped_mm(dy, w, offs=offsets))
+        rows_per = -(-a.shape[0] // EXPERTS)
+
+        def run():
+            return launch_gemm(a, gd_a, w_og.transpose(-1, -2), gd, out_dtype=torch.bfloat16,
+                               offsets=offsets, rows_per_group=rows_per)  # fmt: skip
+
+        sweep("grouped dgrad", f"{name} W^T on-grid", key, GEMM_CANDIDATES, run, rows,
+              baseline_ms=base)  # fmt: skip
+
+
+def dense_section(rows):
+    from fp4_compile.codegen.nvfp4_gemm import launch_gemm
+    from fp4_compile.codegen.quantize_kernel import quantize_triton
+
+    key = ("sm_90", "bf16", "nvfp4_gemm")
+    for name, n, k in (("q_proj", 4096, HIDDEN), ("o_proj", HIDDEN, 4096)):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16)
+        wq = quantize_triton(w, block="16x16", global_scale="per_tensor")
+        a, gd_a = quantize_triton(x, global_scale="per_row", out="ongrid")
+        base = bench(lambda: torch.mm(x, w.t()))
+        b = (wq.codes, wq.block_scales.view(torch.uint8))
+
+        def run():
+            return launch_gemm(a, gd_a, b, wq.global_decode, out_dtype=torch.bfloat16)
+
+        sweep("dense forward", f"{name} M {TOKENS} packed", key, GEMM_CANDIDATES, run, rows,
+              baseline_ms=base)  # fmt: skip
+
+
+SECTIONS = {"wgrad": wgrad_section, "quantize": quantize_section,
+            "grouped": grouped_section, "dense": dense_section}  # fmt: skip
+
+
+def markdown(env, rows) -> str:
+    lines = [f"# kernel config sweep, {env['gpu']} (emulated NVFP4 (sm_90))", "",
+             f"torch {env['torch']}, triton {env['triton']}, commit {env['commit']}, "
+             f"{env['date']}. ms = do_bench median; baseline = device copy (quantize) or BF16 "
+             "torch._grouped_mm / mm (GEMMs), same run; `differ` = output bytes that differ "
+             "from the pinned config's (first row of each case).", "",
+             "| section | case | BLOCK_M x N x K, warps, stages | ms | baseline ms | baseline / ms "
+             "| differ |", "| --- " * 7 + "|"]  # fmt: skip
+    for r in rows:
+        c = r["config"]
+        cfg = f"{c['block_m']}x{c['block_n']}x{c['block_k']}, {c['num_warps']}w, {c['num_stages']}s"
+        if "error" in r:
+            lines.append(
+                f"| {r['section']} | {r['case']} | {cfg} | ERROR {r['error'][:80]} | | | |"
+            )
+            continue
+        ratio = r["baseline_ms"] / r["ms"] if r.get("baseline_ms") else float("nan")
+        lines.append(f"| {r['section']} | {r['case']} | {cfg} | {r['ms']:.4f} | "
+                     f"{r['baseline_ms']:.4f} | {ratio:.2f} | {r['bytes_differ_vs_pinned']} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("this tuner needs a CUDA GPU")
+    env = environment()
+    out = Path(os.environ.get("OUT", "benchmarks/results"))
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{env['date']}_tune_kernels"
+    rows: list = []
+    for name in args.only.split(","):
+        SECTIONS[name](rows)
+        stem.with_suffix(".json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+        stem.with_suffix(".md").write_text(markdown(env, rows))
+    print(markdown(env, rows))
+
+
+if __name__ == "__main__":
+    main()
