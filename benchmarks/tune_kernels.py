@@ -32,7 +32,7 @@ from fp4_compile.testing import count_bytes_differ
 TOKENS, EXPERTS, TOPK, HIDDEN, MOE_I = 4096, 128, 8, 2048, 768
 
 QUANT_CANDIDATES = (
-    TileConfig(16, 0, 256, num_warps=4, num_stages=1),  # pinned at the time of writing
+    TileConfig(16, 0, 256, num_warps=4, num_stages=1),
     TileConfig(16, 0, 128, num_warps=2, num_stages=1),
     TileConfig(16, 0, 512, num_warps=4, num_stages=1),
     TileConfig(32, 0, 128, num_warps=4, num_stages=1),
@@ -44,7 +44,7 @@ QUANT_CANDIDATES = (
     TileConfig(128, 0, 64, num_warps=4, num_stages=1),
 )
 GEMM_CANDIDATES = (
-    TileConfig(128, 128, 64, num_warps=8, num_stages=3),  # pinned (M > 64) at the time of writing
+    TileConfig(128, 128, 64, num_warps=8, num_stages=3),
     TileConfig(64, 128, 64, num_warps=4, num_stages=4),
     TileConfig(64, 256, 64, num_warps=8, num_stages=3),
     TileConfig(128, 256, 64, num_warps=8, num_stages=3),
@@ -87,9 +87,11 @@ def _bytes(out) -> torch.Tensor:
 
 
 def sweep(section: str, case: str, key, candidates, run, rows: list, baseline_ms=None):
-    """Time `run()` under every candidate; compare its bytes with the first (pinned) one."""
+    """Time `run()` under the pinned config of `key` (its largest-M bucket), then under every
+    other candidate; compare each output's bytes with the pinned one's."""
     ref = None
-    for cfg in candidates:
+    pinned_now = configs.pick(*key, 2**31)
+    for cfg in (pinned_now, *(c for c in candidates if c != pinned_now)):
         row = {"section": section, "case": case, "config": cfg.__dict__.copy(),
                "baseline_ms": baseline_ms}  # fmt: skip
         try:
@@ -157,7 +159,7 @@ def wgrad_section(rows):
         for align in (1, 16):
 
             def run(align=align):
-                cfg = configs.pick("sm_90", "bf16", "nvfp4_gemm", n)
+                cfg = configs.pick("sm_90", "bf16", "nvfp4_wgrad", n)
                 grid = (triton.cdiv(n, cfg.block_m), triton.cdiv(k, cfg.block_n), EXPERTS)
                 gw._grouped_wgrad_kernel[grid](
                     a, b, gd_a, gd_b, out, lay["start"], lay["width"],
@@ -171,7 +173,7 @@ def wgrad_section(rows):
 
             cands = GEMM_CANDIDATES if align == 16 else GEMM_CANDIDATES[:1]
             sweep("wgrad kernel", f"{name} [128,{n},{k}] align {align}",
-                  ("sm_90", "bf16", "nvfp4_gemm"), cands, run, rows, baseline_ms=base)  # fmt: skip
+                  ("sm_90", "bf16", "nvfp4_wgrad"), cands, run, rows, baseline_ms=base)  # fmt: skip
 
 
 def grouped_section(rows):
@@ -190,6 +192,7 @@ def grouped_section(rows):
         x = torch.randn(TOKENS * TOPK, k, device="cuda", dtype=torch.bfloat16)
         base = bench(lambda: torch._grouped_mm(x, w.transpose(-1, -2), offs=offsets))
         for label, wog in (("packed", None), ("ongrid", w_og)):
+            key = ("sm_90", "bf16", "nvfp4_gemm" if wog is None else "nvfp4_gemm_ongrid")
 
             def run(wog=wog):
                 return impl.cuda_linear(x, codes, sc, gd, wog, None, recipe, None, offsets=offsets)
@@ -205,6 +208,7 @@ def grouped_section(rows):
             return launch_gemm(a, gd_a, w_og.transpose(-1, -2), gd, out_dtype=torch.bfloat16,
                                offsets=offsets, rows_per_group=rows_per)  # fmt: skip
 
+        key = ("sm_90", "bf16", "nvfp4_gemm_ongrid")
         sweep("grouped dgrad", f"{name} W^T on-grid", key, GEMM_CANDIDATES, run, rows,
               baseline_ms=base)  # fmt: skip
 

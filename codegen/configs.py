@@ -47,15 +47,35 @@ _GEMM_SM90 = (
     (None, TileConfig(128, 128, 64, num_warps=8, num_stages=3)),
 )
 _GEMM_INTERPRETER = ((None, TileConfig(16, 32, 32, num_warps=1, num_stages=1)),)
+# B on-grid BF16 (no in-register dequantize): wider N tiles pay off at M > 64 (H200, learner
+# shapes, benchmarks/results/2026-12-03_tune_kernels.md: MoE gate_up forward 0.86 -> 0.73 ms,
+# dgrad 0.67 -> 0.52 ms, down dgrad 0.50 -> 0.33 ms; down forward 0.45 -> 0.60 ms; 0 bytes
+# differ from 128x128).
+_GEMM_ONGRID_SM90 = (
+    (64, TileConfig(64, 64, 64, num_warps=4, num_stages=4)),
+    (None, TileConfig(128, 256, 64, num_warps=8, num_stages=3)),
+)
+# Weight gradients (learner only; the dense wgrad and the one-pass MoE wgrad share it, so the
+# MoE wgrad equals the per-expert loop by construction): MoE gate_up 2.01 -> 1.64 ms, down
+# 0.95 -> 0.83 ms on the H200 (same file; 0 bytes differ).
+_WGRAD_SM90 = ((None, TileConfig(128, 256, 64, num_warps=8, num_stages=3)),)
 
 # Quantize: BLOCK_M rows x BLOCK_K columns per program (BLOCK_M a multiple of 16 for 16x16 tiles).
 _QUANT_SM90 = ((None, TileConfig(16, 0, 256, num_warps=4, num_stages=1)),)
 _QUANT_INTERPRETER = ((None, TileConfig(16, 0, 64, num_warps=1, num_stages=1)),)
 
+GEMM_OPS = ("nvfp4_gemm", "nvfp4_gemm_ongrid", "nvfp4_wgrad")
+
 PINNED: dict[tuple[str, str, str], tuple] = {
     # op "nvfp4_gemm": A on-grid (bf16 on CUDA), B packed E2M1 + E4M3 scales or on-grid bf16.
     ("sm_90", "bf16", "nvfp4_gemm"): _GEMM_SM90,
     ("interpreter", "fp32", "nvfp4_gemm"): _GEMM_INTERPRETER,
+    # op "nvfp4_gemm_ongrid": the same GEMM with B on-grid BF16 (same values, same bits).
+    ("sm_90", "bf16", "nvfp4_gemm_ongrid"): _GEMM_ONGRID_SM90,
+    ("interpreter", "fp32", "nvfp4_gemm_ongrid"): _GEMM_INTERPRETER,
+    # op "nvfp4_wgrad": dW = q(dY^T) @ q(X^T)^T, both operands on-grid.
+    ("sm_90", "bf16", "nvfp4_wgrad"): _WGRAD_SM90,
+    ("interpreter", "fp32", "nvfp4_wgrad"): _GEMM_INTERPRETER,
     ("sm_90", "any", "nvfp4_quantize"): _QUANT_SM90,
     ("interpreter", "any", "nvfp4_quantize"): _QUANT_INTERPRETER,
 }
@@ -63,8 +83,11 @@ PINNED: dict[tuple[str, str, str], tuple] = {
 for _key, _table in PINNED.items():
     assert len({c.block_k for _, c in _table}) == 1, f"{_key}: BLOCK_K must not depend on M"
     assert all(c.block_k % 32 == 0 and c.block_m % 16 == 0 for _, c in _table), _key
-    if _key[0] == "sm_90" and _key[2] == "nvfp4_gemm":  # one MMA family (wgmma), see 3. above
+    if _key[0] == "sm_90" and _key[2] in GEMM_OPS:  # one MMA family (wgmma), see 3. above
         assert all(c.block_m >= 64 for _, c in _table), f"{_key}: BLOCK_M < 64 is mma.sync"
+for _arch in ("sm_90", "interpreter"):  # packed, on-grid and wgrad GEMMs chunk K alike
+    assert len({c.block_k for k, t in PINNED.items() if k[0] == _arch and k[2] in GEMM_OPS
+                for _, c in t}) == 1, f"{_arch}: the GEMM ops must share BLOCK_K"  # fmt: skip
 
 
 def pick(arch: str, dtype: str, op: str, m: int) -> TileConfig:

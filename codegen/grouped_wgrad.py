@@ -13,7 +13,8 @@ Bitwise equal to the per-expert loop `nvfp4_impl.cuda_wgrad(dY[s:t], X[s:t], rec
   draws (`quantize_kernel.quantize_segments_ongrid`);
 - GEMM: the program of (expert e, tile) walks e's segment in BLOCK_K chunks from the segment
   start, with the config the loop's dense launch picks for M = N: the same tiles, zeros where the
-  loop's masked loads give zeros, the same MMA sequence, the same epilogue `(acc * gd_a) * gd_b`.
+  loop's masked loads give zeros, the same MMA sequence (both take the pinned "nvfp4_wgrad"
+  config), the same epilogue `(acc * gd_a) * gd_b`.
 Launches: a handful of torch ops for the layout and the amaxes, 2 quantize kernels, 1 GEMM,
 against 3 kernels and about 20 torch ops per expert for the loop (and no host read of offsets).
 """
@@ -137,7 +138,7 @@ def grouped_wgrad(
     b, gd_b = quantize_segments_ongrid(
         x_TK, lay["src"], *seg, _segment_amax(x_TK, lay, num_experts, False)
     )
-    cfg = pick(arch_of(dev), "bf16" if dev.type == "cuda" else "fp32", "nvfp4_gemm", n)
+    cfg = pick(arch_of(dev), "bf16" if dev.type == "cuda" else "fp32", "nvfp4_wgrad", n)
     interp = interpreting() or dev.type != "cuda"
     out = torch.empty((num_experts, n, k), dtype=torch.float32 if interp else out_dtype,
                       device=dev)  # fmt: skip

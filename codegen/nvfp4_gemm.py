@@ -172,10 +172,13 @@ def launch_gemm(
     out_dtype: torch.dtype,
     offsets: torch.Tensor | None = None,
     rows_per_group: int | None = None,
+    config_op: str | None = None,
 ) -> torch.Tensor:
     """Launch the GEMM. b: on-grid [N, K] / [E, N, K] (any strides), or packed (codes, scale
     bytes) [.., N, K/2] and [.., N, K/16]. offsets (int32 [E] group ends) selects the grouped
-    kernel; `rows_per_group` (a static estimate of M per expert) picks the config bucket."""
+    kernel; `rows_per_group` (a static estimate of M per expert) picks the config bucket of the
+    pinned table `config_op` (default: "nvfp4_gemm" for packed B, "nvfp4_gemm_ongrid" for
+    on-grid B; the weight gradient passes "nvfp4_wgrad")."""
     check_kernel_device(a_MK, "x")
     dev = a_MK.device
     m, k = a_MK.shape
@@ -202,7 +205,8 @@ def launch_gemm(
         raise ValueError(
             f"global scales: gd_a {tuple(gd_a.shape)} for M={m}, gd_b {tuple(gd_b.shape)}"
         )
-    cfg = pick(arch_of(dev), _dot_key(dev), "nvfp4_gemm", rows_per_group or m)
+    op = config_op or ("nvfp4_gemm" if packed else "nvfp4_gemm_ongrid")
+    cfg = pick(arch_of(dev), _dot_key(dev), op, rows_per_group or m)
     interp = interpreting()
     out = torch.empty((m, n), dtype=torch.float32 if interp else out_dtype, device=dev)
     if m == 0 or n == 0:

@@ -145,17 +145,30 @@ def cpu_wgrad(dy2, x2, recipe, seed):
 # CUDA: the Triton kernels
 
 
+# Rows per weight (per expert for MoE) from which the forward dequantizes a packed weight once
+# into its on-grid BF16 copy and runs the on-grid GEMM: decoding E2M1 x E4M3 in registers is
+# ALU-bound and is repeated for every BLOCK_M rows. On the H200 at the learner's shapes
+# (benchmarks/results/2026-12-03_tune_kernels.md, ~256 tokens per expert): MoE gate_up 1.53 ms
+# packed vs 0.73 ms on-grid (+ about 0.2 ms to dequantize), down 0.80 vs 0.45 ms; at 64-128
+# tokens per expert the dequantize costs more than it saves (2026-12-02_grouped_gemm.md).
+# Packed and on-grid GEMMs give the same bits on CUDA (same operand values, same K order;
+# tests/codegen re-checks it on cancellation-heavy rows on both sides of this threshold): the
+# rollout's decode (packed, few rows) and the learner (on-grid) stay equal. Not in the Triton
+# interpreter, whose FP32 `tl.dot` is numpy's and sums a transposed operand in another order.
+ONGRID_FORWARD_MIN_ROWS = 256
+
+
 def cuda_linear(x2, w_codes, w_scales, w_gd, w_ongrid, bias, recipe, x_amax, offsets=None):
-    from .nvfp4_gemm import launch_gemm
+    from .nvfp4_gemm import launch_gemm, ongrid_weight
     from .quantize_kernel import quantize_triton
 
     a, gd_a = quantize_triton(
         x2, block="1x16", global_scale=act_global(recipe, x_amax), out="ongrid"
     )
+    rows = x2.shape[0] if offsets is None else max(1, -(-x2.shape[0] // w_codes.shape[0]))
+    if w_ongrid is None and rows >= ONGRID_FORWARD_MIN_ROWS and x2.device.type == "cuda":
+        w_ongrid = ongrid_weight(w_codes, w_scales)
     b = w_ongrid if w_ongrid is not None else (w_codes, w_scales)
-    rows = None
-    if offsets is not None:
-        rows = max(1, -(-x2.shape[0] // w_codes.shape[0]))
     return launch_gemm(a, gd_a, b, w_gd, bias=bias, out_dtype=x2.dtype, offsets=offsets,
                        rows_per_group=rows)  # fmt: skip
 
@@ -213,4 +226,4 @@ def cuda_wgrad(dy2, x2, recipe, seed, *, out_dtype=torch.float32, dy_amax=None):
                               seed=seed, out="ongrid")  # fmt: skip
     b, gd_b = quantize_triton(pad_tokens(x2.t().contiguous()), block="1x16",
                               global_scale="per_tensor", out="ongrid")  # fmt: skip
-    return launch_gemm(a, gd_a, b, gd_b, out_dtype=out_dtype)
+    return launch_gemm(a, gd_a, b, gd_b, out_dtype=out_dtype, config_op="nvfp4_wgrad")

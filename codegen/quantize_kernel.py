@@ -64,6 +64,27 @@ def _e2m1_value(code):
 
 
 @triton.jit
+def _e2m1_scaled(mag):
+    """|v| in [0, 6] -> (y, base): the E2M1 grid has spacing 0.5 on [0, 2), 1 on [2, 4) and 2
+    on [4, 6], so y = |v| / spacing (exact: a power of two) lies in [0, 4] with the grid points
+    at integers n, and the E2M1 index of n is base + n (base 0, 2, 4). Rounding y to an integer
+    rounds |v| on the grid (ties to even: the even integer is the even E2M1 code), which is the
+    threshold table of `reference.e2m1_round_rne`, in a handful of instructions."""
+    small = mag < 2.0
+    mid = mag < 4.0
+    y = mag * tl.where(small, 2.0, tl.where(mid, 1.0, 0.5))
+    return y, tl.where(small, 0, tl.where(mid, 2, 4))
+
+
+@triton.jit
+def _e2m1_magnitude(idx):
+    """E2M1 index 0..7 -> its magnitude as FP32 (0, 0.5, 1, 1.5, 2, 3, 4, 6), exact."""
+    return tl.where(
+        idx <= 4, idx.to(tl.float32) * 0.5, tl.where(idx == 7, 6.0, (idx - 2).to(tl.float32))
+    )
+
+
+@triton.jit
 def _mix32(h):
     """The "lowbias32" mixer on uint32 (products wrap mod 2^32), as `sr_stream._mix32`."""
     h = h ^ (h >> 16)
@@ -139,6 +160,7 @@ def _quantize_kernel(
     )
     v = tl.minimum(tl.maximum(x * enc[:, :, None], -6.0), 6.0)
     mag = tl.abs(v)
+    y, base = _e2m1_scaled(mag)
     if STOCHASTIC:
         if SEGMENTED:
             gblk = tl.load(group_ptr + blk, mask=blk < K // 16, other=0)[None, :, None]
@@ -151,20 +173,24 @@ def _quantize_kernel(
         else:
             flat = rows3.to(tl.int64) * K + cols3
             u = _sr_uniform(flat, sr_key.to(tl.uint32), sr_key_hi.to(tl.uint32))
-        # hi = first grid point >= mag (searchsorted, right=False), lo = the one below unless equal
-        hi_idx = ((mag > 0.0).to(tl.int32) + (mag > 0.5) + (mag > 1.0) + (mag > 1.5) + (mag > 2.0)
-                  + (mag > 3.0) + (mag > 4.0))  # fmt: skip
-        hi = tl.abs(_e2m1_value(hi_idx))
-        lo_idx = tl.where(hi == mag, hi_idx, tl.maximum(hi_idx - 1, 0))
-        lo = tl.abs(_e2m1_value(lo_idx))
-        span = tl.where(hi > lo, hi - lo, 1.0)
-        idx = tl.where(u < tl.math.div_rn(mag - lo, span), hi_idx, lo_idx)
+        # the grid points around |v| are floor(y) and floor(y) + 1 (in units of the spacing), and
+        # y - floor(y) is exactly the reference's (|v| - lo) / (hi - lo): round up when u < it
+        # (|v| on the grid: 0, never up)
+        lo = tl.floor(y)
+        n = lo.to(tl.int32) + (u < y - lo).to(tl.int32)
     else:
-        idx = ((mag > 0.25).to(tl.int32) + (mag >= 0.75) + (mag > 1.25) + (mag >= 1.75)
-               + (mag > 2.5) + (mag >= 3.5) + (mag > 5.0))  # fmt: skip
+        # y + 2**23 rounds y to an integer, ties to even, in ONE rounding (the FP32 ulp there
+        # is 1); its low mantissa bits are that integer (0..4)
+        n = (y + 8388608.0).to(tl.int32, bitcast=True) & 7
+    # NaN (the interpreter's clamp keeps it) compares false everywhere in the reference: code 0
+    idx = tl.where(mag == mag, base + n, 0)
     code = idx | ((v < 0.0).to(tl.int32) << 3)
     if ONGRID:
-        val = _e2m1_value(code) * s_val[:, :, None]  # exact
+        sign = (v < 0.0).to(tl.int32) << 31  # code 8 is -0.0, as `_e2m1_value`
+        mag_q = (_e2m1_magnitude(idx).to(tl.int32, bitcast=True) | sign).to(
+            tl.float32, bitcast=True
+        )
+        val = mag_q * s_val[:, :, None]  # exact
         tl.store(ongrid_ptr + rows3 * K + cols3, val.to(ongrid_ptr.dtype.element_ty), mask=mask)
     else:
         lo_c, hi_c = tl.split(tl.reshape(code, (BLOCK_M, BLOCK_K // 2, 2)))

@@ -53,6 +53,40 @@ def test_quantize_kernel_bitwise(dtype, block, mode):
     assert_bitwise_equal(gd, want.global_decode, "global decode")
 
 
+def _e2m1_edge_values() -> torch.Tensor:
+    """FP32 [R, 16] blocks whose encode scale is exactly 1 (block max 6, static amax 6 * 448:
+    global decode 1, E4M3 scale 1), so v = x: every E2M1 grid point and rounding threshold,
+    one ulp either side of each, both signs, -0.0 and subnormals, 15 per block after the 6."""
+    pts = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0,
+                        5.0, 6.0, 1e-40, 0.1, 0.6, 2.2, 4.4, 5.5, 5.9])  # fmt: skip
+    near = torch.cat([pts, torch.nextafter(pts, pts + 1), torch.nextafter(pts, pts - 1).abs()])
+    vals = torch.cat([near, -near, torch.tensor([-0.0])]).clamp(max=6.0)
+    vals = torch.cat([vals, vals.new_zeros((-vals.numel()) % 15)]).reshape(-1, 15)
+    return torch.cat([vals.new_full((vals.shape[0], 1), 6.0), vals], dim=1)
+
+
+def test_quantize_kernel_e2m1_ties_and_thresholds():
+    """Bitwise: at every E2M1 threshold (ties to even) and grid point, one ulp either side,
+    the kernel's codes and on-grid values == reference, for RNE and stochastic rounding (on
+    the grid: never rounded away; between points: the reference's probability)."""
+    from fp4_compile.codegen.quantize_kernel import quantize_triton
+
+    x = _e2m1_edge_values().to(DEV)
+    amax = torch.tensor(6.0 * 448.0, device=DEV)
+    want = ref.quantize(x, global_scale=amax)
+    assert bool((want.block_scales.float() == 1.0).all()) and float(want.global_decode) == 1.0
+    assert_nvfp4_equal(quantize_triton(x, global_scale=amax), want)
+    og, _ = quantize_triton(x, global_scale=amax, out="ongrid")
+    assert_bitwise_equal(og, want.on_grid(torch.bfloat16), "on-grid")
+    for seed in (3, 2**61 + 77):
+        want = ref.quantize(x, global_scale=amax, rounding="stochastic", seed=seed)
+        got = quantize_triton(x, global_scale=amax, rounding="stochastic", seed=seed)
+        assert_nvfp4_equal(got, want)
+        og, _ = quantize_triton(x, global_scale=amax, rounding="stochastic", seed=seed,
+                                out="ongrid")  # fmt: skip
+        assert_bitwise_equal(og, want.on_grid(torch.bfloat16), "on-grid SR")
+
+
 def test_quantize_kernel_stochastic_and_experts():
     """Bitwise: stochastic rounding with the reference's seeded stream; per-expert weights."""
     from fp4_compile.codegen.quantize_kernel import quantize_triton
