@@ -29,8 +29,13 @@ MODELS = {
     "llama": ("tiny Llama (fp32)", lambda: tiny_llama()),
     # the backend check's 30B-shaped rows: 2 x 128 tokens
     "30b": ("Qwen3-30B-A3B-shaped x2 (bf16)", lambda: qwen3_30b_a3b_layers(layers=2)),
+    # the same at the backend check's --tokens 4096 (32 x 128 tokens)
+    "30b4k": (
+        "Qwen3-30B-A3B-shaped x2 (bf16), 4096 tokens",
+        lambda: qwen3_30b_a3b_layers(layers=2),
+    ),
 }
-TOKENS = {"30b": (2, 128)}
+TOKENS = {"30b": (2, 128), "30b4k": (32, 128)}
 PRESETS = {"strict": NVFP4Recipe.strict, "te": NVFP4Recipe.te, "bf16": NVFP4Recipe.bf16}
 
 
