@@ -19,9 +19,16 @@ Why the bits do not depend on the batch (M), the contract the learner/rollout al
    `benchmarks/nvfp4_gpu_check.py` re-check THESE configs and record the result.
 4. Rows never interact: masked rows load zeros, and the epilogue is per element.
 
+5. The GEMM tables ("nvfp4_gemm" for packed B, "nvfp4_gemm_ongrid" for on-grid B,
+   "nvfp4_wgrad") share BLOCK_K (asserted below): packed and on-grid weights give the same bits,
+   so the learner (on-grid from 256 rows per weight, `nvfp4_impl.ONGRID_FORWARD_MIN_ROWS`) and
+   the rollout's decode (packed) agree.
+
 What was verified where: on CPU, the interpreter configs (one per op) are checked for batch
 invariance by tests/codegen; on the H200 the sm_90 buckets are checked by the GPU script.
-An offline tuner may rewrite the tables below; nothing reads them at runtime except `pick`.
+The offline tuner `python -m benchmarks.tune_kernels` times candidates on the learner's shapes
+and counts the bytes each changes against the pinned config; a winner is copied here by hand.
+Nothing reads the tables at runtime except `pick`.
 """
 
 from __future__ import annotations
