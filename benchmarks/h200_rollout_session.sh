@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The model-level GPU session: kernel tests, learner, learner == rollout alignment, rollout speed.
 # Results (md + json) and logs are packed into $OUT/session.tgz.
-#   MINITE_COMMIT=<sha> [PARTS="pytest learner alignment rollout graphs invariant backend gradloc quantize"] \
+#   MINITE_COMMIT=<sha> [PARTS="pytest learner alignment rollout graphs invariant backend gradloc quantize tune probe"] \
 #     bash benchmarks/h200_rollout_session.sh
-#   GRADLOC_ARGS="--models moe,llama --recipes strict,te,bf16" picks the runs of the gradloc part.
+#   GRADLOC_ARGS="--models moe,llama --recipes strict,te,bf16" picks the runs of the gradloc part;
+#   BACKEND_ARGS="--tokens 4096" runs the backend check's 30B rows on the learner's on-grid path;
+#   TUNE_ARGS="--only wgrad" picks the sections of the config sweep.
 # One device call (600 s) fits about two parts; ALIGN_BATCHES (default 1,64) picks batch sizes.
 set -u
 R="${OUT:-/tmp/out}/r"
@@ -20,9 +22,11 @@ for part in $PARTS; do
     rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --profile-batch 64 ${ROLLOUT_ARGS:-} ;;
     graphs) run 200 cuda_graphs python3 -m benchmarks.cuda_graph_gpu_check ;;
     invariant) run "${INV_S:-120}" invariant python3 -m benchmarks.invariant_gpu_check ;;
-    backend) run "${BACKEND_S:-200}" backend python3 -m benchmarks.backend_gpu_check ;;
+    backend) run "${BACKEND_S:-200}" backend python3 -m benchmarks.backend_gpu_check ${BACKEND_ARGS:-} ;;
     quantize) run "${QUANT_S:-90}" quantize python3 -m benchmarks.quantize ;;
     gradloc) run "${GRADLOC_S:-150}" grad_localize python3 -m benchmarks.grad_localize_gpu ${GRADLOC_ARGS:-} ;;
+    tune) run "${TUNE_S:-330}" tune_kernels python3 -m benchmarks.tune_kernels ${TUNE_ARGS:-} ;;
+    probe) run "${PROBE_S:-170}" learner_cuda_graphs_probe python3 -m benchmarks.learner_cuda_graphs_probe ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
 done
