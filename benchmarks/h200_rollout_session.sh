@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The model-level GPU session: kernel tests, learner, learner == rollout alignment, rollout speed.
 # Results (md + json) and logs are packed into $OUT/session.tgz.
-#   MINITE_COMMIT=<sha> [PARTS="pytest learner alignment rollout graphs invariant backend gradloc quantize tune probe"] \
+#   MINITE_COMMIT=<sha> [PARTS="pytest learner alignment rollout graphs invariant backend gradloc quantize tune"] \
 #     bash benchmarks/h200_rollout_session.sh
 #   GRADLOC_ARGS="--models moe,llama --recipes strict,te,bf16" picks the runs of the gradloc part;
 #   BACKEND_ARGS="--tokens 4096" runs the backend check's 30B rows on the learner's on-grid path;
@@ -17,7 +17,7 @@ for part in $PARTS; do
   case "$part" in
     pytest) run "${PYTEST_S:-240}" pytest_cuda python3 -m pytest -q tests/codegen/test_attention_backward.py tests/codegen/test_quantize_global.py tests/codegen/test_abs_max.py tests/codegen/test_rms_norm_backward.py \
               tests/codegen/test_nvfp4_kernels.py tests/codegen/test_nvfp4_ops.py tests/rl/test_sampling.py ;;
-    learner) run 150 learner python3 -m benchmarks.learner --profile ;;
+    learner) run "${LEARNER_S:-330}" learner python3 -m benchmarks.learner --profile ${LEARNER_ARGS:-} ;;
     alignment) run "${ALIGN_S:-300}" alignment python3 -m benchmarks.alignment_gpu --batches "${ALIGN_BATCHES:-1,64}" ${ALIGN_ARGS:-} ;;
     rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --profile-batch 64 ${ROLLOUT_ARGS:-} ;;
     graphs) run 200 cuda_graphs python3 -m benchmarks.cuda_graph_gpu_check ;;
@@ -26,7 +26,6 @@ for part in $PARTS; do
     quantize) run "${QUANT_S:-90}" quantize python3 -m benchmarks.quantize ;;
     gradloc) run "${GRADLOC_S:-150}" grad_localize python3 -m benchmarks.grad_localize_gpu ${GRADLOC_ARGS:-} ;;
     tune) run "${TUNE_S:-330}" tune_kernels python3 -m benchmarks.tune_kernels ${TUNE_ARGS:-} ;;
-    probe) run "${PROBE_S:-170}" learner_cuda_graphs_probe python3 -m benchmarks.learner_cuda_graphs_probe ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
 done

@@ -1,9 +1,10 @@
 """Learner throughput: forward + backward + AdamW step, minite strict NVFP4 vs torch.compile
-(Inductor) BF16 on the same Qwen3-30B-A3B-shaped layers, same run. Figures on the H200 are
+(Inductor) BF16 on the same Qwen3-30B-A3B-shaped layers, same run; eager launches and CUDA
+graphs (each against the BF16 baseline of the same mode). Figures on the H200 are
 "emulated NVFP4 (sm_90)". Also checks, on the GPU, that the compiled NVFP4 forward of a batch
 equals the forward of each sequence alone (bitwise).
 
-    python -m benchmarks.learner [--layers 2] [--batch 8] [--seq 512]
+    python -m benchmarks.learner [--layers 2] [--batch 8] [--seq 512] [--profile] [--no-cuda-graphs]
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument(
-        "--profile", action="store_true", help="profile one step of each config (baseline too)"
+        "--profile", action="store_true", help="profile one step of each eager config"
+    )
+    parser.add_argument(
+        "--no-cuda-graphs", action="store_true", help="skip the two CUDA-graph configs"
     )
     args = parser.parse_args()
     env = environment()
@@ -61,50 +65,60 @@ def main() -> None:
     ids = torch.randint(0, 8192, (args.batch, args.seq), device=device)
     tokens = args.batch * args.seq
     rows = []
-    for label, backend, options in (
-        ("torch.compile inductor BF16", "inductor", None),
-        ("minite strict NVFP4 (emulated NVFP4, sm_90)", "minite", {"recipe": NVFP4Recipe.strict()}),
-        ("minite bf16 recipe (invariant kernels)", "minite", {"recipe": NVFP4Recipe.bf16()}),
-    ):
+    strict = NVFP4Recipe.strict()
+    graphs = {"recipe": strict, "cuda_graphs": True}
+    # (label, backend, options, mode): each NVFP4 row's ratio is against the BF16 row of its mode
+    configs = [
+        ("torch.compile inductor BF16", "inductor", None, "eager"),
+        ("minite strict NVFP4 (emulated NVFP4, sm_90)", "minite", {"recipe": strict}, "eager"),
+        ("minite bf16 recipe (invariant kernels)", "minite", {"recipe": NVFP4Recipe.bf16()}, "eager"),
+        ("torch.compile inductor BF16, CUDA graphs", "inductor", None, "cuda graphs"),
+        ("minite strict NVFP4, CUDA graphs (emulated NVFP4, sm_90)", "minite", graphs, "cuda graphs"),
+    ]  # fmt: skip
+    if args.no_cuda_graphs:
+        configs = [c for c in configs if c[3] == "eager"]
+    for label, backend, options, mode in configs:
         torch._dynamo.reset()
         model = qwen3_30b_a3b_layers(layers=args.layers, device=device)
         kw = {"options": options} if options else {}
+        if backend == "inductor" and mode == "cuda graphs":
+            kw["mode"] = "reduce-overhead"
         compiled = torch.compile(model, backend=backend, **kw)
         try:
             rows.append(
                 measure(
-                    label,
-                    model,
-                    compiled,
-                    ids,
-                    tokens,
-                    profile=args.profile,
+                    label, model, compiled, ids, tokens, profile=args.profile and mode == "eager"
                 )
             )
+            rows[-1]["mode"] = mode
             if backend == "minite" and options["recipe"].quantize:
                 with torch.no_grad():
-                    full = compiled(input_ids=ids[:4, :128], use_cache=False).logits
-                    alone = compiled(input_ids=ids[2:3, :128], use_cache=False).logits
+                    full = compiled(input_ids=ids[:4, :128], use_cache=False).logits.clone()
+                    alone = compiled(input_ids=ids[2:3, :128], use_cache=False).logits.clone()
                 rows[-1]["row_alone_vs_batch_differ"] = count_bytes_differ(alone[0], full[2])
         except Exception as e:  # recorded, not hidden
             import traceback
 
-            rows.append({"label": label, "error": f"{type(e).__name__}: {e}"[:2000],
+            rows.append({"label": label, "mode": mode, "error": f"{type(e).__name__}: {e}"[:2000],
                          "traceback": traceback.format_exc()[-6000:]})  # fmt: skip
         print({k: v for k, v in rows[-1].items() if k != "profile"}, flush=True)
         del model, compiled
         torch.cuda.empty_cache()
-    base = rows[0].get("tokens_per_s")
+    base = {
+        r["mode"]: r.get("tokens_per_s") for r in rows if r["label"].startswith("torch.compile")
+    }
     for r in rows:
-        if "error" not in r and base:
-            r["ratio_vs_bf16"] = r["tokens_per_s"] / base
+        if "error" not in r and base.get(r["mode"]):
+            r["ratio_vs_bf16"] = r["tokens_per_s"] / base[r["mode"]]
     md = [
         f"# learner throughput, {env['gpu']}, torch {env['torch']}, triton {env['triton']}, commit {env['commit']}",
         f"Qwen3-30B-A3B-shaped, {args.layers} layers, vocab 8192, {args.batch}x{args.seq} tokens/step, fwd+bwd+AdamW",
         "",
         "GPU kernel ms: the kernels' device time in one profiled step (`--profile`), the floor of "
         "the step once host time is hidden; the step time itself follows the lent machine's host "
-        "when the GPU is not kept busy.",
+        "when the GPU is not kept busy. CUDA-graph rows (minite `options={'cuda_graphs': True}`, "
+        "Inductor `mode='reduce-overhead'`) replay each graph as one launch; their ratio is "
+        "against the BF16 row with CUDA graphs.",
         "",
         "| config | step ms | tokens/s | ratio vs BF16 | GPU kernel ms | peak GiB |",
         "| --- | --- | --- | --- | --- | --- |",

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..format import BLOCK_SIZE
-from ..sr_stream import sr_keys
+from ..sr_stream import sr_keys, sr_keys_of
 from .configs import pick
 from .runtime import arch_of, check_kernel_device, compile_options, interpreting
 
@@ -109,7 +109,7 @@ def grouped_wgrad(
     x_TK: torch.Tensor,
     offsets: torch.Tensor,
     recipe,
-    seed: int,
+    seed: int | torch.Tensor,
     out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """dW [E, N, K] in `out_dtype` of the NVFP4 wgrad (recipe.wgrad == "nvfp4"), expert e
@@ -129,7 +129,12 @@ def grouped_wgrad(
     (t, n), k = dy_TN.shape, x_TK.shape[1]
     dev = dy_TN.device
     lay = segment_layout(offsets, t)
-    keys = sr_keys(seed + 1, num_experts, dev) if recipe.grad.rounding == "stochastic" else None
+    keys = None
+    if recipe.grad.rounding == "stochastic":  # seed: an int, or int64 [1] held on the device
+        device_seed = isinstance(seed, torch.Tensor)
+        keys = (
+            sr_keys_of(seed, 1, num_experts) if device_seed else sr_keys(seed + 1, num_experts, dev)
+        )
     seg = (lay["block_group"], lay["start"], lay["width"])
     a, gd_a = quantize_segments_ongrid(
         dy_TN, lay["src"], *seg, _segment_amax(dy_TN, lay, num_experts, mode == "per_row"),

@@ -24,7 +24,7 @@ import torch
 
 from .. import reference as ref
 from ..format import BLOCK_SIZE
-from ..sr_stream import call_seed, site_seed
+from ..sr_stream import call_seed, device_call_seed, site_seed
 from . import nvfp4_impl as impl
 from .weight_cache import active_cache
 
@@ -33,6 +33,19 @@ _LIB = "fp4_compile"
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
+
+
+def capturing(device: torch.device) -> bool:
+    """True while `device`'s current stream is capturing a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def backward_seed(site_key: int, device: torch.device) -> int | torch.Tensor:
+    """This call's stochastic-rounding seed: from the site's host counter (`call_seed`), or,
+    inside a CUDA-graph capture, from its device counter (`device_call_seed`, int64 [1]): a
+    replay runs no Python, so only a counter the graph itself advances gives each replay
+    fresh noise."""
+    return device_call_seed(site_key, device) if capturing(device) else call_seed(site_key)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,7 +164,7 @@ def nvfp4_linear_backward(
     `seed` is the call site's stream key (`sr_stream.site_seed`); each call draws a fresh seed
     from it (`sr_stream.call_seed`), so steps and layers never share rounding noise."""
     rec = impl.recipe_from_json(recipe)
-    seed = call_seed(seed)
+    seed = backward_seed(seed, x.device)
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False)
     dy2, x2 = _flat(grad_out), _flat(x)
     cuda = x.device.type == "cuda"
@@ -290,7 +303,7 @@ def nvfp4_grouped_mm_backward(
     tokens for dgrad; wgrad quantizes each expert's dY_e^T and X_e^T separately (seed + 1 + e).
     `seed` is the call site's stream key, as in nvfp4_linear_backward."""
     rec = impl.recipe_from_json(recipe)
-    seed = call_seed(seed)
+    seed = backward_seed(seed, x.device)
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True)
     num_experts = w_codes.shape[0]
     cuda = x.device.type == "cuda"

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ..format import BLOCK_SIZE, NVFP4Tensor
 from ..reference import _validate_input, global_amax
-from ..sr_stream import sr_key
+from ..sr_stream import sr_key, sr_keys_of
 from .configs import pick
 from .runtime import arch_of, check_kernel_device, compile_options, interpreting
 
@@ -112,7 +112,10 @@ def _quantize_kernel(
     stride_xc,
     TILE16: tl.constexpr, STOCHASTIC: tl.constexpr, ONGRID: tl.constexpr,
     SEGMENTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    KEY_FROM_PTR: tl.constexpr = False,
 ):  # fmt: skip
+    # KEY_FROM_PTR (not segmented): the SR stream key is key_ptr[0] / key_hi_ptr[0] on the device
+    # (a seed held on the device: CUDA-graph replays, `sr_stream.device_call_seed`), not sr_key.
     # SEGMENTED: the columns are groups laid end to end (16-aligned segments, one per expert);
     # group_ptr[b] is the group of 16-column block b. Global scales are per group (x per row:
     # mult[g * group_stride + row * mult_stride]), and the SR stream of a group is that of its
@@ -169,6 +172,11 @@ def _quantize_kernel(
             flat = rows3.to(tl.int64) * width + (cols3 - start)
             klo = tl.load(key_ptr + gblk).to(tl.uint32)
             khi = tl.load(key_hi_ptr + gblk).to(tl.uint32)
+            u = _sr_uniform(flat, klo, khi)
+        elif KEY_FROM_PTR:
+            flat = rows3.to(tl.int64) * K + cols3
+            klo = tl.load(key_ptr).to(tl.uint32)
+            khi = tl.load(key_hi_ptr).to(tl.uint32)
             u = _sr_uniform(flat, klo, khi)
         else:
             flat = rows3.to(tl.int64) * K + cols3
@@ -244,13 +252,15 @@ def quantize_triton(
     block: str = "1x16",
     global_scale: str | torch.Tensor = "per_row",
     rounding: str = "rne",
-    seed: int | None = None,
+    seed: int | torch.Tensor | None = None,
     out: str = "packed",
     ongrid_dtype: torch.dtype = torch.bfloat16,
     name: str = "x",
 ):
     """Quantize with the Triton kernel. out="packed" -> NVFP4Tensor (bitwise == reference);
     out="ongrid" -> (on-grid values [..., K] in `ongrid_dtype`, global_decode).
+    `seed` (stochastic rounding): an int, or an int64 [1] tensor on x's device holding it (a
+    seed drawn on the device, `sr_stream.device_call_seed`): the same stream either way.
     global_scale "per_expert" (x [E, N, K], 16x16) equals `reference.quantize_experts`; a static
     amax of shape [E, 1, 1] gives one static scale per expert."""
     _validate_input(x, block, name)
@@ -285,7 +295,16 @@ def quantize_triton(
     else:
         gd2, mult2 = gd.reshape(-1), mult.reshape(-1)
     dev = x.device
-    key = sr_key(seed) if rounding == "stochastic" else 0
+    device_seed = rounding == "stochastic" and isinstance(seed, torch.Tensor)
+    if device_seed:
+        if seed.dtype != torch.int64 or seed.numel() != 1 or seed.device != dev:
+            raise ValueError(
+                f"a tensor seed must be int64 with one element on {dev}, got "
+                f"{seed.dtype}{list(seed.shape)} on {seed.device}"
+            )
+        keys = sr_keys_of(seed, 0, 1)
+        key_lo, key_hi, key = keys, keys >> 1, 0
+    key = sr_key(seed) if rounding == "stochastic" and not device_seed else 0
     if out == "packed":
         codes = torch.empty((r, k // 2), dtype=torch.uint8, device=dev)
         scales = torch.empty((r, k // BLOCK_SIZE), dtype=torch.uint8, device=dev)
@@ -299,10 +318,11 @@ def quantize_triton(
         _quantize_kernel[grid](
             x2, mult2, gd2, codes, scales, ongrid,
             r, k, x2.stride(0), 1 if per_row else 0, 1 if per_row else 0, key, key >> 1,
-            gd2, gd2, gd2, gd2, gd2, 0, gd2, 0,  # no segments
+            gd2, gd2, gd2, key_lo if device_seed else gd2, key_hi if device_seed else gd2,
+            0, gd2, 0,  # no segments
             TILE16=block == "16x16", STOCHASTIC=rounding == "stochastic", ONGRID=out == "ongrid",
             SEGMENTED=False, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
-            **cfg.launch_kwargs(), **compile_options(dev),
+            KEY_FROM_PTR=device_seed, **cfg.launch_kwargs(), **compile_options(dev),
         )  # fmt: skip
     if out == "ongrid":
         return ongrid.reshape(shape), gd

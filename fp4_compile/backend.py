@@ -17,7 +17,7 @@ import torch
 
 from .recipe import NVFP4Recipe, as_recipe
 
-_KNOWN_OPTIONS = ("recipe", "report_sink")
+_KNOWN_OPTIONS = ("recipe", "report_sink", "cuda_graphs")
 
 
 def parse_options(options) -> tuple[NVFP4Recipe, dict]:
@@ -30,7 +30,37 @@ def parse_options(options) -> tuple[NVFP4Recipe, dict]:
     unknown = sorted(set(options) - set(_KNOWN_OPTIONS))
     if unknown:
         raise ValueError(f"unknown minite backend options {unknown}; known: {list(_KNOWN_OPTIONS)}")
+    if not isinstance(options.get("cuda_graphs", False), bool):
+        raise TypeError(f"options['cuda_graphs'] must be a bool, got {options['cuda_graphs']!r}")
     return as_recipe(options.get("recipe")), options
+
+
+def _cuda_device(example_inputs) -> torch.device:
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+            return t.device
+    raise ValueError(
+        "options['cuda_graphs']=True needs a model on a CUDA device (CUDA graphs are CUDA-only); "
+        "the example inputs hold no CUDA tensor"
+    )
+
+
+def prepare_graph_seeds(gm: torch.fx.GraphModule, device: torch.device) -> int:
+    """Make the device stochastic-rounding counter of every NVFP4 GEMM site of the lowered graph
+    (their backward draws its seeds from it inside a CUDA-graph capture, `sr_stream`); returns
+    how many sites."""
+    from .codegen.nvfp4_impl import recipe_from_json
+    from .sr_stream import prepare_device_counters, site_seed
+
+    ops = torch.ops.fp4_compile
+    targets = (ops.nvfp4_linear.default, ops.nvfp4_grouped_mm.default)
+    keys = {
+        site_seed(recipe_from_json(n.args[7]).seed, n.args[9])
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target in targets
+    }
+    prepare_device_counters(sorted(keys), device)
+    return len(keys)
 
 
 def _pass_sources_digest() -> str:
@@ -184,18 +214,32 @@ def deterministic_lowering() -> Iterator[None]:
 
 
 def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **unused):
-    """torch.compile(model, backend="minite", options={"recipe": NVFP4Recipe.strict()})."""
+    """torch.compile(model, backend="minite", options={"recipe": NVFP4Recipe.strict()}).
+
+    options["cuda_graphs"] = True (CUDA only): Inductor replays the forward and the backward
+    as CUDA graphs (no host launches per op; the same kernels, the same bits); stochastic
+    rounding keeps drawing fresh seeds per call from device-side counters. The lowered CUDA
+    path must read no device data on the host (the MoE backward's per-expert loops of the
+    bf16 dgrad / wgrad settings do: capture fails there, loudly)."""
     from torch._inductor.compile_fx import compile_fx
 
     from .passes import run_pipeline
 
     recipe, opts = parse_options(options)
+    device = _cuda_device(example_inputs) if opts.get("cuda_graphs") else None
     report = run_pipeline(gm, recipe)
     sink = opts.get("report_sink")
     if sink is not None:
         sink.append(report)
+    patches = inductor_patches(recipe)
+    if device is not None:
+        # Inductor's CUDA graphs (what mode="reduce-overhead" turns on): the forward and the
+        # backward each replay as one graph launch. The backward's SR seeds then come from device
+        # counters, made here, outside any capture.
+        prepare_graph_seeds(gm, device)
+        patches["triton.cudagraphs"] = True
     with pinned_matmul_precision(), deterministic_lowering():
-        return compile_fx(gm, example_inputs, config_patches=inductor_patches(recipe))
+        return compile_fx(gm, example_inputs, config_patches=patches)
 
 
 def lowering_only_backend(recipe: NVFP4Recipe, sink: list | None = None):

@@ -11,6 +11,14 @@ module path); at run time `call_seed` mixes it with that site's call counter, so
 steps or two micro-batches never reuse the same rounding noise. The counters are part of a run's
 state: `sr_state()` / `set_sr_state(...)` save and restore them (the GRPO trainer's checkpoints
 do).
+
+Under CUDA graphs a replay runs no Python, so a host counter would hand every replay the seed of
+the captured call. A call made while a stream is capturing therefore takes its seed from a
+DEVICE counter instead (`device_call_seed`: an int64 tensor read and advanced by ops the graph
+replays), in its own stream family (`graph_site_key`: host-counted and graph calls of one site
+never share a seed). The counters are made before capture (`prepare_device_counters`, called by
+the backend at compile time: a tensor made inside a capture would live in the graph's memory
+pool) and are part of `sr_state()` too.
 """
 
 from __future__ import annotations
@@ -107,9 +115,10 @@ def nth_call_seed(site_key: int, n: int) -> int:
 
 
 def sr_state() -> dict[int, int]:
-    """The call count of every call site so far in this process (save it with a run)."""
+    """The call count of every call site so far in this process (save it with a run), device
+    counters included (read from the device: a sync, once per checkpoint)."""
     with _lock:
-        return dict(_counters)
+        return {**_counters, **_device_state()}
 
 
 def set_sr_state(state: dict[int, int] | None) -> None:
@@ -126,3 +135,56 @@ def set_sr_state(state: dict[int, int] | None) -> None:
     with _lock:
         _counters.clear()
         _counters.update(clean)
+        for (key, _), counter in _device_counters.items():  # their graph families, else 0
+            counter.fill_(_counters.pop(graph_site_key(key), 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# device-side call counters (CUDA graphs)
+
+_device_counters: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def graph_site_key(site_key: int) -> int:
+    """The key of a site's CUDA-graph stream family (distinct from its host-counted family)."""
+    return _mix32_int((int(site_key) & _M32) ^ 0x6A09E667)
+
+
+def prepare_device_counters(site_keys, device) -> None:
+    """Make the device counter of each site on `device` (int64 [1], starting at the count that
+    `sr_state()` holds for its graph family, else 0). Call outside any CUDA-graph capture."""
+    device = torch.device(device)
+    with _lock:
+        for key in site_keys:
+            slot = (int(key), str(device))
+            if slot not in _device_counters:
+                start = _counters.pop(graph_site_key(key), 0)
+                _device_counters[slot] = torch.full((1,), start, dtype=torch.int64, device=device)
+
+
+def device_call_seed(site_key: int, device) -> torch.Tensor:
+    """int64 [1] on `device`: `nth_call_seed(graph_site_key(site_key), n)` for the site's device
+    count n, which then advances by one, all as device ops (a CUDA graph replays them)."""
+    slot = (int(site_key), str(torch.device(device)))
+    counter = _device_counters.get(slot)
+    if counter is None:
+        raise RuntimeError(
+            f"no device stochastic-rounding counter for call site {site_key} on {slot[1]}: "
+            "a backward GEMM ran inside a CUDA-graph capture that the minite backend did not "
+            "prepare (compile with options={'cuda_graphs': True})"
+        )
+    high = nth_call_seed(graph_site_key(site_key), 0)
+    seed = ((counter & 0xFFFFFF) << 12) | high
+    counter.add_(1)
+    return seed
+
+
+def sr_keys_of(seeds: torch.Tensor, first: int, count: int) -> torch.Tensor:
+    """int64 [count] on the seeds' device: `sr_key(seeds[0] + first + i)` for i < count, bitwise
+    `sr_keys(seed + first, count, device)` for a device-held seed (int64 [1])."""
+    s = seeds.reshape(1) + (first + torch.arange(count, dtype=torch.int64, device=seeds.device))
+    return _mix32(_mix32(s & _M32) ^ ((s >> 32) & _M32) ^ 0x9E3779B9)
+
+
+def _device_state() -> dict[int, int]:
+    return {graph_site_key(k): int(c.item()) for (k, _), c in _device_counters.items()}

@@ -74,3 +74,53 @@ def test_compile_leaves_inductor_config_as_it_was():
     out = torch.compile(model, backend="minite", fullgraph=True)(torch.randn(4, 32))
     assert out.shape == (4, 16)
     assert (config.split_reductions, config.emulate_precision_casts) == before
+
+
+def test_cuda_graphs_option_is_validated_and_cuda_only():
+    """options['cuda_graphs'] must be a bool; on a CPU model it is refused, naming the option
+    (no silent run without graphs)."""
+    with pytest.raises(TypeError, match="cuda_graphs"):
+        parse_options({"cuda_graphs": "yes"})
+    assert parse_options({"cuda_graphs": True})[1]["cuda_graphs"] is True
+    model = torch.nn.Sequential(torch.nn.Linear(32, 16))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="minite", options={"cuda_graphs": True})
+    with pytest.raises(Exception, match="cuda_graphs"):
+        compiled(torch.randn(4, 32))
+    torch._dynamo.reset()
+
+
+def test_graph_seed_counters_cover_every_nvfp4_site(monkeypatch):
+    """prepare_graph_seeds makes one device SR counter per NVFP4 GEMM site of the lowered graph
+    (the keys the backward draws with), for linears and MoE experts alike."""
+    from fp4_compile import sr_stream
+    from fp4_compile.backend import prepare_graph_seeds
+    from fp4_compile.codegen.nvfp4_impl import recipe_from_json
+    from fp4_compile.models import tiny_qwen3_moe
+    from fp4_compile.passes import run_pipeline
+
+    monkeypatch.setattr(sr_stream, "_device_counters", {})
+    recipe = NVFP4Recipe.strict(seed=11)
+    seen = {}
+
+    def backend(gm, example_inputs, **_):
+        run_pipeline(gm, recipe)
+        seen["n"] = prepare_graph_seeds(gm, torch.device("cpu"))
+        ops = torch.ops.fp4_compile
+        seen["sites"] = {
+            sr_stream.site_seed(recipe_from_json(n.args[7]).seed, n.args[9])
+            for n in gm.graph.nodes
+            if n.target in (ops.nvfp4_linear.default, ops.nvfp4_grouped_mm.default)
+        }
+        seen["grouped"] = sum(n.target is ops.nvfp4_grouped_mm.default for n in gm.graph.nodes)
+        return gm.forward
+
+    model = tiny_qwen3_moe(layers=1)
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend, fullgraph=True)(
+        input_ids=torch.randint(0, 64, (1, 8)), use_cache=False
+    )
+    torch._dynamo.reset()
+    assert seen["grouped"] > 0 and seen["n"] == len(seen["sites"]) > seen["grouped"]
+    assert {k for k, _ in sr_stream._device_counters} == seen["sites"]
+    assert all(int(c) == 0 for c in sr_stream._device_counters.values())

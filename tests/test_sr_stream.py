@@ -91,3 +91,71 @@ def test_sr_keys_on_device_equal_sr_key():
         assert got == [sr_key(first + i) for i in range(130)], first
     with pytest.raises(ValueError, match="out of the non-negative"):
         sr_keys(-1, 2, "cpu")
+
+
+@pytest.fixture
+def fresh_device_counters(monkeypatch):
+    """The device counters are process state: each test gets its own (and leaves none)."""
+    from fp4_compile import sr_stream
+
+    monkeypatch.setattr(sr_stream, "_device_counters", {})
+    set_sr_state(None)
+    yield sr_stream
+    set_sr_state(None)
+
+
+def test_device_counters_give_the_graph_family_seeds(fresh_device_counters):
+    """Bitwise: the n-th device-drawn seed of a site == nth_call_seed of its graph family (not
+    the host family: graph and host calls never share a seed); the counters advance on the
+    device, are saved in sr_state() and restored by set_sr_state(); an unprepared site is a
+    clear error."""
+    sr = fresh_device_counters
+    a = site_seed(3, site_id("layers.0.mlp.experts:grouped:0"))
+    g = sr.graph_site_key(a)
+    assert g != a
+    with pytest.raises(RuntimeError, match="no device stochastic-rounding counter"):
+        sr.device_call_seed(a, "cpu")
+    sr.prepare_device_counters([a], "cpu")
+    seeds = [sr.device_call_seed(a, "cpu") for _ in range(3)]
+    assert all(s.dtype == torch.int64 and s.shape == (1,) for s in seeds)
+    assert [int(s) for s in seeds] == [nth_call_seed(g, n) for n in range(3)]
+    assert nth_call_seed(g, 0) not in {nth_call_seed(a, n) for n in range(3)}
+    assert call_seed(a) == nth_call_seed(a, 0)  # the host family is untouched
+    saved = sr_state()
+    assert saved[g] == 3 and saved[a] == 1
+    nxt = int(sr.device_call_seed(a, "cpu"))
+    set_sr_state(saved)
+    assert int(sr.device_call_seed(a, "cpu")) == nxt == nth_call_seed(g, 3)
+    set_sr_state(None)
+    assert int(sr.device_call_seed(a, "cpu")) == nth_call_seed(g, 0)
+    # a counter made after a state restore starts at the restored count
+    b = site_seed(3, site_id("layers.1.mlp.experts:grouped:0"))
+    set_sr_state({sr.graph_site_key(b): 5})
+    sr.prepare_device_counters([b], "cpu")
+    assert int(sr.device_call_seed(b, "cpu")) == nth_call_seed(sr.graph_site_key(b), 5)
+
+
+def test_sr_keys_of_a_device_seed_equal_sr_keys():
+    from fp4_compile.sr_stream import sr_keys, sr_keys_of
+
+    for seed in (0, 2**40 + 4096, 2**62 + 3 * 4096):
+        t = torch.tensor([seed], dtype=torch.int64)
+        assert_bitwise_equal(sr_keys_of(t, 1, 130), sr_keys(seed + 1, 130, "cpu"), str(seed))
+
+
+def test_backward_seed_switches_to_the_device_counter_while_capturing(
+    fresh_device_counters, monkeypatch
+):
+    """The NVFP4 backward ops draw host-counted seeds, except while a CUDA graph is being
+    captured: then the site's device counter (so every replay advances it)."""
+    from fp4_compile.codegen import ops_nvfp4
+
+    sr = fresh_device_counters
+    a = site_seed(0, site_id("layers.0.self_attn.q_proj:linear:0"))
+    cpu = torch.device("cpu")
+    assert ops_nvfp4.capturing(cpu) is False
+    assert ops_nvfp4.backward_seed(a, cpu) == nth_call_seed(a, 0)
+    sr.prepare_device_counters([a], cpu)
+    monkeypatch.setattr(ops_nvfp4, "capturing", lambda device: True)
+    s = ops_nvfp4.backward_seed(a, cpu)
+    assert isinstance(s, torch.Tensor) and int(s) == nth_call_seed(sr.graph_site_key(a), 0)

@@ -312,3 +312,33 @@ def test_backward_kernels_store_16_bit_outputs_and_share_the_grad_amax():
     g16 = grouped_wgrad(dy, x, offsets, STRICT, 99, out_dtype=torch.bfloat16)
     assert g16.dtype == torch.bfloat16
     assert_bitwise_equal(g16, g32.to(torch.bfloat16), "grouped dW bf16")
+
+
+def test_device_held_seeds_draw_the_same_streams():
+    """Bitwise: every stochastic-rounding consumer given its seed as an int64 [1] tensor on the
+    device (what a CUDA-graph capture passes, `sr_stream.device_call_seed`) == the same seed as
+    an int: the quantizer (packed and on-grid), the dense dgrad and wgrad, the MoE wgrad."""
+    from fp4_compile.codegen.grouped_wgrad import grouped_wgrad
+    from fp4_compile.codegen.quantize_kernel import quantize_triton
+
+    assert STRICT.grad.rounding == "stochastic"
+    seed = 2**62 + 5 * 4096
+    t = torch.tensor([seed], dtype=torch.int64, device=DEV)
+    x = _x(32, 64, dtype=torch.float32)
+    kw = {"global_scale": "per_tensor", "rounding": "stochastic"}
+    assert_nvfp4_equal(quantize_triton(x, seed=t, **kw), quantize_triton(x, seed=seed, **kw))
+    og_t, _ = quantize_triton(x, seed=t, out="ongrid", **kw)
+    og_i, _ = quantize_triton(x, seed=seed, out="ongrid", **kw)
+    assert_bitwise_equal(og_t, og_i, "on-grid")
+    with pytest.raises(ValueError, match="tensor seed must be int64"):
+        quantize_triton(x, seed=t.to(torch.int32), **kw)
+    dy, xs = _x(40, 32, seed=1), _x(40, 48, seed=2)
+    assert_bitwise_equal(impl.cuda_wgrad(dy, xs, STRICT, t + 1),
+                         impl.cuda_wgrad(dy, xs, STRICT, seed + 1), "wgrad")  # fmt: skip
+    w = _x(32, 48, dtype=torch.float32, seed=3)
+    wq = ref.quantize(w, block="16x16")
+    args = (wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, None, w, STRICT)
+    assert_bitwise_equal(impl.cuda_dgrad(dy, *args, t), impl.cuda_dgrad(dy, *args, seed), "dgrad")
+    offsets = torch.tensor([5, 5, 22, 40], dtype=torch.int32, device=DEV)
+    assert_bitwise_equal(grouped_wgrad(dy, xs, offsets, STRICT, t),
+                         grouped_wgrad(dy, xs, offsets, STRICT, seed), "MoE wgrad")  # fmt: skip
