@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..format import BLOCK_SIZE
-from ..sr_stream import sr_keys, sr_keys_of
+from ..sr_stream import sr_keys
 from .configs import pick
 from .runtime import arch_of, check_kernel_device, compile_options, interpreting
 
@@ -132,9 +132,12 @@ def grouped_wgrad(
     keys = None
     if recipe.grad.rounding == "stochastic":  # seed: an int, or int64 [1] held on the device
         device_seed = isinstance(seed, torch.Tensor)
-        keys = (
-            sr_keys_of(seed, 1, num_experts) if device_seed else sr_keys(seed + 1, num_experts, dev)
-        )
+        if device_seed:
+            from .sr_keys import device_sr_keys
+
+            keys = device_sr_keys(seed, 1, num_experts)
+        else:
+            keys = sr_keys(seed + 1, num_experts, dev)
     seg = (lay["block_group"], lay["start"], lay["width"])
     a, gd_a = quantize_segments_ongrid(
         dy_TN, lay["src"], *seg, _segment_amax(dy_TN, lay, num_experts, mode == "per_row"),

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ..format import BLOCK_SIZE, NVFP4Tensor
 from ..reference import _validate_input, global_amax
-from ..sr_stream import sr_key, sr_keys_of
+from ..sr_stream import sr_key
 from .configs import pick
 from .runtime import arch_of, check_kernel_device, compile_options, interpreting
 
@@ -302,8 +302,10 @@ def quantize_triton(
                 f"a tensor seed must be int64 with one element on {dev}, got "
                 f"{seed.dtype}{list(seed.shape)} on {seed.device}"
             )
-        keys = sr_keys_of(seed, 0, 1)
-        key_lo, key_hi, key = keys, keys >> 1, 0
+        from .sr_keys import device_sr_keys
+
+        keys = device_sr_keys(seed, 0, 1)
+        key_lo, key_hi = keys, keys >> 1
     key = sr_key(seed) if rounding == "stochastic" and not device_seed else 0
     if out == "packed":
         codes = torch.empty((r, k // 2), dtype=torch.uint8, device=dev)

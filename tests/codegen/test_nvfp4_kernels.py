@@ -342,3 +342,18 @@ def test_device_held_seeds_draw_the_same_streams():
     offsets = torch.tensor([5, 5, 22, 40], dtype=torch.int32, device=DEV)
     assert_bitwise_equal(grouped_wgrad(dy, xs, offsets, STRICT, t),
                          grouped_wgrad(dy, xs, offsets, STRICT, seed), "MoE wgrad")  # fmt: skip
+
+
+def test_device_sr_keys_kernel_equals_sr_keys():
+    """Bitwise: the one-launch key kernel == sr_stream.sr_keys (and sr_keys_of), over two
+    blocks of keys, for seeds of a graph call's size (bits up to 62); bad seeds are refused."""
+    from fp4_compile.codegen.sr_keys import device_sr_keys
+    from fp4_compile.sr_stream import sr_keys, sr_keys_of
+
+    for seed in (0, 2**40 + 4096, 2**62 + 3 * 4096 + 7):
+        t = torch.tensor([seed], dtype=torch.int64, device=DEV)
+        got = device_sr_keys(t, 1, 130)
+        assert_bitwise_equal(got.cpu(), sr_keys(seed + 1, 130, "cpu"), f"seed {seed}")
+        assert_bitwise_equal(got.cpu(), sr_keys_of(t.cpu(), 1, 130), f"seed {seed} (torch ops)")
+    with pytest.raises(ValueError, match="int64"):
+        device_sr_keys(torch.tensor([1.0], device=DEV), 0, 1)
