@@ -4,7 +4,8 @@ graphs (each against the BF16 baseline of the same mode). Figures on the H200 ar
 "emulated NVFP4 (sm_90)". Also checks, on the GPU, that the compiled NVFP4 forward of a batch
 equals the forward of each sequence alone (bitwise).
 
-    python -m benchmarks.learner [--layers 2] [--batch 8] [--seq 512] [--profile] [--no-cuda-graphs]
+    python -m benchmarks.learner [--layers 2] [--batch 8] [--seq 512] [--profile]
+        [--no-cuda-graphs | --only-cuda-graphs]
 """
 
 from __future__ import annotations
@@ -54,10 +55,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument(
-        "--profile", action="store_true", help="profile one step of each eager config"
+        "--profile", action="store_true", help="profile one step of each config"
     )
     parser.add_argument(
         "--no-cuda-graphs", action="store_true", help="skip the two CUDA-graph configs"
+    )
+    parser.add_argument(
+        "--only-cuda-graphs", action="store_true", help="run only the two CUDA-graph configs"
     )
     args = parser.parse_args()
     env = environment()
@@ -75,8 +79,12 @@ def main() -> None:
         ("torch.compile inductor BF16, CUDA graphs", "inductor", None, "cuda graphs"),
         ("minite strict NVFP4, CUDA graphs (emulated NVFP4, sm_90)", "minite", graphs, "cuda graphs"),
     ]  # fmt: skip
+    if args.no_cuda_graphs and args.only_cuda_graphs:
+        parser.error("--no-cuda-graphs and --only-cuda-graphs exclude each other")
     if args.no_cuda_graphs:
         configs = [c for c in configs if c[3] == "eager"]
+    if args.only_cuda_graphs:
+        configs = [c for c in configs if c[3] == "cuda graphs"]
     for label, backend, options, mode in configs:
         torch._dynamo.reset()
         model = qwen3_30b_a3b_layers(layers=args.layers, device=device)
@@ -89,7 +97,7 @@ def main() -> None:
         try:
             rows.append(
                 measure(
-                    label, model, compiled, ids, tokens, profile=args.profile and mode == "eager"
+                    label, model, compiled, ids, tokens, profile=args.profile
                 )
             )
             rows[-1]["mode"] = mode
