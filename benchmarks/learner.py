@@ -54,9 +54,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
-    parser.add_argument(
-        "--profile", action="store_true", help="profile one step of each config"
-    )
+    parser.add_argument("--profile", action="store_true", help="profile one step of each config")
     parser.add_argument(
         "--no-cuda-graphs", action="store_true", help="skip the two CUDA-graph configs"
     )
@@ -95,11 +93,7 @@ def main() -> None:
         counters = torch._dynamo.utils.counters["inductor"]
         skips_before = counters["cudagraph_skips"]
         try:
-            rows.append(
-                measure(
-                    label, model, compiled, ids, tokens, profile=args.profile
-                )
-            )
+            rows.append(measure(label, model, compiled, ids, tokens, profile=args.profile))
             rows[-1]["mode"] = mode
             if mode == "cuda graphs":  # Inductor skips a graph it cannot capture (a warning)
                 rows[-1]["cudagraph_skips"] = counters["cudagraph_skips"] - skips_before
