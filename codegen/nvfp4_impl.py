@@ -158,6 +158,13 @@ def cpu_wgrad(dy2, x2, recipe, seed):
 ONGRID_FORWARD_MIN_ROWS = 256
 
 
+def forward_uses_ongrid(device_type: str, rows: int) -> bool:
+    """Whether the forward of a weight seeing `rows` rows (per expert for MoE) runs the on-grid
+    GEMM (so a lowered graph may dequantize that weight once, `fp4_compile::ongrid_weight`, and
+    hand the copy to the forward and the backward alike)."""
+    return device_type == "cuda" and rows >= ONGRID_FORWARD_MIN_ROWS
+
+
 def cuda_linear(x2, w_codes, w_scales, w_gd, w_ongrid, bias, recipe, x_amax, offsets=None):
     from .nvfp4_gemm import launch_gemm, ongrid_weight
     from .quantize_kernel import quantize_triton
@@ -166,7 +173,7 @@ def cuda_linear(x2, w_codes, w_scales, w_gd, w_ongrid, bias, recipe, x_amax, off
         x2, block="1x16", global_scale=act_global(recipe, x_amax), out="ongrid"
     )
     rows = x2.shape[0] if offsets is None else max(1, -(-x2.shape[0] // w_codes.shape[0]))
-    if w_ongrid is None and rows >= ONGRID_FORWARD_MIN_ROWS and x2.device.type == "cuda":
+    if w_ongrid is None and forward_uses_ongrid(x2.device.type, rows):
         w_ongrid = ongrid_weight(w_codes, w_scales)
     b = w_ongrid if w_ongrid is not None else (w_codes, w_scales)
     return launch_gemm(a, gd_a, b, w_gd, bias=bias, out_dtype=x2.dtype, offsets=offsets,

@@ -11,6 +11,9 @@ boundary per GEMM and compiles on CPU, where `triton_op`/`wrap_triton` cannot):
 `site` (`sr_stream.site_id` of the GEMM's module path, set by the lowering) keys the backward's
 stochastic-rounding streams; it does not change the forward.
 - nvfp4_linear_backward / nvfp4_grouped_mm_backward: the backward GEMMs (autograd calls them).
+- ongrid_weight(w_codes, w_scales) -> the on-grid BF16 copy of a quantized weight (E2M1 x E4M3,
+  no global scale; exact), which the lowering passes as `w_ongrid` where the forward runs the
+  on-grid GEMM: dequantized once per step, saved for the dgrad instead of decoded again there.
 `w_scales` holds the E4M3 scale BYTES as uint8 (`.view(torch.uint8)`: float8 arguments break
 opcheck's schema test on CPU); `recipe` is the recipe's JSON (`nvfp4_impl.recipe_to_json`); `weight` is the high-precision master
 weight, passed so that autograd returns its gradient (straight-through); `w_ongrid` optionally holds
@@ -23,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from .. import reference as ref
-from ..format import BLOCK_SIZE
+from ..format import BLOCK_SIZE, decode_e2m1, unpack_codes
 from ..sr_stream import call_seed, device_call_seed, site_seed
 from . import nvfp4_impl as impl
 from .weight_cache import active_cache
@@ -109,6 +112,47 @@ def _(x, block, global_scale, static_amax, rounding, seed):
     else:
         gd = x.new_empty((), dtype=torch.float32)
     return codes, scales, gd
+
+
+# ---------------------------------------------------------------------------------------------
+# ongrid_weight
+
+
+def _check_packed_weight(w_codes, w_scales):
+    if not isinstance(w_codes, torch.Tensor) or w_codes.dtype != torch.uint8 or w_codes.dim() < 2:
+        raise TypeError(
+            f"w_codes must be packed E2M1 codes, uint8 [.., N, K/2], got "
+            f"{getattr(w_codes, 'dtype', w_codes)}{list(getattr(w_codes, 'shape', []))}"
+        )
+    k = w_codes.shape[-1] * 2
+    want = (*w_codes.shape[:-1], k // BLOCK_SIZE)
+    if not isinstance(w_scales, torch.Tensor) or w_scales.dtype != torch.uint8:
+        raise TypeError(f"w_scales must be the E4M3 scale bytes as uint8, got {w_scales!r:.80}")
+    if k % BLOCK_SIZE or tuple(w_scales.shape) != want:
+        raise ValueError(
+            f"w_scales shape {tuple(w_scales.shape)} does not match w_codes "
+            f"{tuple(w_codes.shape)} (want {want}, K a multiple of {BLOCK_SIZE})"
+        )
+    return k
+
+
+@torch.library.custom_op(f"{_LIB}::ongrid_weight", mutates_args=())
+def ongrid_weight(w_codes: torch.Tensor, w_scales: torch.Tensor) -> torch.Tensor:
+    k = _check_packed_weight(w_codes, w_scales)
+    if w_codes.device.type == "cuda":
+        from .nvfp4_gemm import ongrid_weight as kernel
+
+        return kernel(w_codes.contiguous(), w_scales.contiguous())
+    values = decode_e2m1(unpack_codes(w_codes))
+    scales = w_scales.view(torch.float8_e4m3fn).to(torch.float32)
+    out = values * scales.repeat_interleave(BLOCK_SIZE, dim=-1)  # exact (<= 6 significant bits)
+    return out.reshape(*w_codes.shape[:-1], k).to(torch.bfloat16)
+
+
+@ongrid_weight.register_fake
+def _(w_codes, w_scales):
+    k = _check_packed_weight(w_codes, w_scales)
+    return w_codes.new_empty((*w_codes.shape[:-1], k), dtype=torch.bfloat16)
 
 
 # ---------------------------------------------------------------------------------------------

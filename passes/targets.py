@@ -64,15 +64,49 @@ def call_site(graph, decision) -> int:
     return site_id(f"{name}:{seen[name]}")
 
 
+def forward_rows(x, num_experts: int | None = None) -> int | None:
+    """The rows a GEMM's weight sees in the forward (per expert, rounded up, for MoE), from x's
+    traced shape; None when the shape is symbolic (dynamic batch: decided at run time)."""
+    shape = fake(x).shape
+    if not all(isinstance(s, int) for s in shape):
+        return None
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    return rows if num_experts is None else max(1, -(-rows // num_experts))
+
+
+def emit_ongrid_weight(graph, node, x, wq, num_experts: int | None = None):
+    """The on-grid BF16 copy of a quantized weight (`fp4_compile::ongrid_weight`), when the
+    forward at x's traced shape runs the on-grid GEMM (`nvfp4_impl.forward_uses_ongrid`);
+    else None. One node per weight in the graph, passed as `w_ongrid` to every use: the
+    forward and, saved by autograd, the dgrad read it instead of decoding the packed weight
+    each (the same values: the bits do not change)."""
+    from ..codegen.nvfp4_impl import forward_uses_ongrid
+
+    rows = forward_rows(x, num_experts)
+    if rows is None or not forward_uses_ongrid(fake(x).device.type, rows):
+        return None
+    codes, scales, _ = wq
+    made = graph._minite_ongrid = getattr(graph, "_minite_ongrid", {})
+    if codes not in made:
+        made[codes] = insert_call(
+            graph, _ops().ongrid_weight.default, (codes, scales), after=scales, like=node
+        )
+    return made[codes]
+
+
 def emit_nvfp4_linear(graph, node, x, weight, wq, bias, recipe: NVFP4Recipe, site: int = 0):
     codes, scales, gd = wq
-    args = (x, weight, codes, scales, gd, bias, None, recipe_arg(recipe), None, site)
+    ongrid = emit_ongrid_weight(graph, node, x, wq)
+    args = (x, weight, codes, scales, gd, bias, None, recipe_arg(recipe), ongrid, site)
     return insert_call(graph, _ops().nvfp4_linear.default, args, before=node, like=node)
 
 
 def emit_nvfp4_grouped(graph, node, x, weight, wq, offsets, recipe: NVFP4Recipe, site: int = 0):
     codes, scales, gd = wq
-    args = (x, weight, codes, scales, gd, offsets, None, recipe_arg(recipe), None, site)
+    ongrid = emit_ongrid_weight(graph, node, x, wq, num_experts=fake(codes).shape[0])
+    args = (x, weight, codes, scales, gd, offsets, None, recipe_arg(recipe), ongrid, site)
     return insert_call(graph, _ops().nvfp4_grouped_mm.default, args, before=node, like=node)
 
 

@@ -264,3 +264,62 @@ def test_bad_inputs_name_the_argument():
         cg.nvfp4_grouped_mm(x, w[None], torch.tensor([4]), recipe=STRICT)
     with pytest.raises(ValueError, match="quantize"):
         cg.nvfp4_linear(x, w, recipe=NVFP4Recipe.bf16())
+
+
+def test_ongrid_weight_op_equals_on_grid_and_refuses_bad_input():
+    """Bitwise: fp4_compile::ongrid_weight == NVFP4Tensor.on_grid(bf16), dense and experts
+    (subnormal E4M3 scales included); opcheck; bad inputs name the argument."""
+    op = torch.ops.fp4_compile.ongrid_weight.default
+    for w in (_x(48, 96, dtype=torch.float32, seed=5), _x(3, 32, 64, dtype=torch.float32)):
+        wq = ref.quantize_experts(w) if w.dim() == 3 else ref.quantize(w, block="16x16")
+        scales = wq.block_scales.view(torch.uint8)
+        got = op(wq.codes, scales)
+        assert_bitwise_equal(got, wq.on_grid(torch.bfloat16), f"on-grid {tuple(w.shape)}")
+        torch.library.opcheck(op, (wq.codes, scales))
+    with pytest.raises(TypeError, match="w_codes"):
+        op(scales.view(torch.int8), scales)
+    with pytest.raises(ValueError, match="w_scales shape"):
+        op(wq.codes, scales[..., :1].contiguous())
+
+
+def _fake_graph(device: str, rows: int):
+    """A graph holding x [rows, 64] and w [32, 64] (fake, on `device`) and one linear of them."""
+    import torch.fx as fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    graph = fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    with mode:
+        x.meta["val"] = torch.empty(rows, 64, device=device, dtype=torch.bfloat16)
+        w.meta["val"] = torch.empty(32, 64, device=device, dtype=torch.bfloat16)
+        lin = graph.call_function(torch.ops.aten.linear.default, (x, w))
+        lin.meta["val"] = torch.empty(rows, 32, device=device, dtype=torch.bfloat16)
+    graph.output(lin)
+    return graph, x, w, lin
+
+
+@pytest.mark.parametrize(
+    "device,rows,want",
+    [("cuda", impl.ONGRID_FORWARD_MIN_ROWS, True), ("cuda", impl.ONGRID_FORWARD_MIN_ROWS - 1, False),
+     ("cpu", 4096, False)],
+)  # fmt: skip
+def test_lowering_passes_the_ongrid_weight_where_the_forward_uses_it(device, rows, want):
+    """The lowering dequantizes a weight ONCE in the graph (`ongrid_weight`) and passes it as
+    w_ongrid to every NVFP4 GEMM of it exactly where the forward runs the on-grid GEMM (CUDA,
+    >= ONGRID_FORWARD_MIN_ROWS rows at the traced shape), so autograd saves it for the dgrad;
+    elsewhere (few rows, CPU) the op decides at run time (w_ongrid None)."""
+    from fp4_compile.passes.targets import emit_nvfp4_linear, emit_quantize_weight
+
+    graph, x, w, lin = _fake_graph(device, rows)
+    wq = emit_quantize_weight(graph, w, STRICT)
+    a = emit_nvfp4_linear(graph, lin, x, w, wq, None, STRICT)
+    b = emit_nvfp4_linear(graph, lin, x, w, wq, None, STRICT)
+    ongrid = [n for n in graph.nodes if n.target is torch.ops.fp4_compile.ongrid_weight.default]
+    assert len(ongrid) == (1 if want else 0), "one dequantize per weight, only where it pays"
+    assert a.args[8] is b.args[8] is (ongrid[0] if want else None)
+    if want:
+        assert ongrid[0].args == (wq[0], wq[1])
+        assert ongrid[0].meta["val"].shape == (32, 64)
+        assert ongrid[0].meta["val"].dtype == torch.bfloat16
+    graph.lint()
