@@ -52,12 +52,6 @@ GEMM_CANDIDATES = (
     TileConfig(128, 128, 64, num_warps=8, num_stages=4),
     TileConfig(64, 128, 64, num_warps=8, num_stages=4),
 )
-WGRAD_CANDIDATES = (
-    *GEMM_CANDIDATES,
-    TileConfig(128, 256, 64, num_warps=8, num_stages=4),
-    TileConfig(256, 128, 64, num_warps=8, num_stages=3),
-    TileConfig(128, 128, 64, num_warps=4, num_stages=3),
-)
 
 
 @contextlib.contextmanager
@@ -147,6 +141,7 @@ def quantize_section(rows):
 
 
 def wgrad_section(rows):
+    import triton
 
     from fp4_compile.codegen import grouped_wgrad as gw
     from fp4_compile.codegen.quantize_kernel import quantize_segments_ongrid
@@ -161,17 +156,24 @@ def wgrad_section(rows):
         a, gd_a = quantize_segments_ongrid(dy, lay["src"], *seg, torch.ones(EXPERTS, device="cuda"))
         b, gd_b = quantize_segments_ongrid(x, lay["src"], *seg, torch.ones(EXPERTS, device="cuda"))
         out = torch.empty((EXPERTS, n, k), dtype=torch.bfloat16, device="cuda")
-        for tpp in (1, gw.WGRAD_TILES_PER_PROGRAM):  # 1: one output tile per program
+        for align in (1, 16):
 
-            def run(tpp=tpp):
+            def run(align=align):
                 cfg = configs.pick("sm_90", "bf16", "nvfp4_wgrad", n)
-                gw.launch_wgrad_kernel(a, b, gd_a, gd_b, out, lay["start"], lay["width"], cfg,
-                                       tiles_per_program=tpp)  # fmt: skip
+                grid = (triton.cdiv(n, cfg.block_m), triton.cdiv(k, cfg.block_n), EXPERTS)
+                gw._grouped_wgrad_kernel[grid](
+                    a, b, gd_a, gd_b, out, lay["start"], lay["width"],
+                    n, k, a.stride(0), b.stride(0), gd_a.stride(0), 0,
+                    out.stride(0), out.stride(1),
+                    DOT_F32=False, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                    BLOCK_K=cfg.block_k, SEGMENT_ALIGN=align, **cfg.launch_kwargs(),
+                    enable_fp_fusion=False,
+                )  # fmt: skip
                 return out
 
-            sweep("wgrad kernel", f"{name} [128,{n},{k}] {tpp} tile(s)/program",
-                  ("sm_90", "bf16", "nvfp4_wgrad"), WGRAD_CANDIDATES, run, rows,
-                  baseline_ms=base)  # fmt: skip
+            cands = GEMM_CANDIDATES if align == 16 else GEMM_CANDIDATES[:1]
+            sweep("wgrad kernel", f"{name} [128,{n},{k}] align {align}",
+                  ("sm_90", "bf16", "nvfp4_wgrad"), cands, run, rows, baseline_ms=base)  # fmt: skip
 
 
 def grouped_section(rows):

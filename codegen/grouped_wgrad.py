@@ -34,39 +34,25 @@ from .runtime import arch_of, check_kernel_device, compile_options, interpreting
 @triton.jit
 def _grouped_wgrad_kernel(
     a_ptr, b_ptr, gda_ptr, gdb_ptr, out_ptr, start_ptr, width_ptr,
-    N, K, stride_an, stride_bk, gda_e, gda_r, stride_oe, stride_on, tiles_per_program,
+    N, K, stride_an, stride_bk, gda_e, gda_r, stride_oe, stride_on,
     DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SEGMENT_ALIGN: tl.constexpr,
 ):  # fmt: skip
-    # One program: expert e, the BLOCK_M rows pid_m of dW_e, and `tiles_per_program` column
-    # tiles of BLOCK_N, walked in ONE flat loop over (tile, K chunk): a segment is short (~256
-    # tokens: 4 chunks), so a program per tile spends most of its time filling and draining the
-    # load pipeline; the flat loop keeps it full across tiles (the next tile's first chunks
-    # load while this tile's epilogue runs). Each output element is still one accumulator
-    # walked over its segment in BLOCK_K chunks from the segment start: the bits do not depend
-    # on tiles_per_program.
     # SEGMENT_ALIGN: every segment start is a multiple of it (16: widths are padded to 16).
     # Said to the compiler, it makes the loads along the token columns vector loads; without it
     # a start read from memory has unknown alignment and every element is its own load.
     pid_m = tl.program_id(0)
-    e = tl.program_id(1)
-    first = tl.program_id(2) * tiles_per_program
+    pid_n = tl.program_id(1)
+    e = tl.program_id(2)
     start = tl.multiple_of(tl.load(start_ptr + e), SEGMENT_ALIGN)
     width = tl.load(width_ptr + e)
-    k_steps = tl.maximum(tl.cdiv(width, BLOCK_K), 1)  # an empty segment stores zeros
-    tiles = tl.minimum(tl.cdiv(K, BLOCK_N) - first, tiles_per_program)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
-    gda = tl.load(gda_ptr + e * gda_e + rows * gda_r, mask=rmask, other=1.0)
-    gdb = tl.load(gdb_ptr + e)
-    e64 = e.to(tl.int64)
+    cmask = cols < K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for it in range(0, tiles * k_steps):
-        t = it // k_steps
-        ki = it - t * k_steps
-        cols = (first + t) * BLOCK_N + tl.arange(0, BLOCK_N)
-        cmask = cols < K
-        kk = ki * BLOCK_K + tl.arange(0, BLOCK_K)
+    for k0 in range(0, width, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
         kmask = kk < width
         a = tl.load(a_ptr + rows[:, None] * stride_an + (start + kk)[None, :],
                     mask=rmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
@@ -76,38 +62,12 @@ def _grouped_wgrad_kernel(
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
-        if ki == k_steps - 1:
-            out = ((acc * gda[:, None]) * gdb).to(out_ptr.dtype.element_ty)
-            tl.store(out_ptr + e64 * stride_oe + rows[:, None] * stride_on + cols[None, :], out,
-                     mask=rmask[:, None] & cmask[None, :])  # fmt: skip
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-
-
-# Column tiles per program of the wgrad kernel: all of them up to this many (a program walks
-# 8 x 4 chunks at the learner's gate_up shape instead of 4).
-WGRAD_TILES_PER_PROGRAM = 8
-
-
-def launch_wgrad_kernel(a, b, gd_a, gd_b, out, start, width, cfg, *,
-                        tiles_per_program: int | None = None) -> None:  # fmt: skip
-    """dW_e = (A_e @ B_e^T * gd_a[e]) * gd_b[e] into `out` [E, N, K]: A [N, C] and B [K, C] the
-    on-grid operands (segment e at columns start[e] .. + width[e]), one launch for all
-    experts with TileConfig `cfg`."""
-    num_experts, n, k = out.shape
-    if not (n and k and num_experts):
-        return
-    col_tiles = triton.cdiv(k, cfg.block_n)
-    tpp = min(col_tiles, tiles_per_program or WGRAD_TILES_PER_PROGRAM)
-    grid = (triton.cdiv(n, cfg.block_m), num_experts, triton.cdiv(col_tiles, tpp))
-    dev = out.device
-    _grouped_wgrad_kernel[grid](
-        a, b, gd_a, gd_b, out, start, width,
-        n, k, a.stride(0), b.stride(0), gd_a.stride(0), 1 if gd_a.dim() == 2 else 0,
-        out.stride(0), out.stride(1), tpp,
-        DOT_F32=interpreting() or dev.type != "cuda",
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SEGMENT_ALIGN=BLOCK_SIZE, **cfg.launch_kwargs(), **compile_options(dev),
-    )  # fmt: skip
+    gda = tl.load(gda_ptr + e * gda_e + rows * gda_r, mask=rmask, other=1.0)
+    gdb = tl.load(gdb_ptr + e)
+    out = ((acc * gda[:, None]) * gdb).to(out_ptr.dtype.element_ty)
+    e64 = e.to(tl.int64)
+    tl.store(out_ptr + e64 * stride_oe + rows[:, None] * stride_on + cols[None, :], out,
+             mask=rmask[:, None] & cmask[None, :])  # fmt: skip
 
 
 def segment_layout(offsets: torch.Tensor, num_tokens: int) -> dict:
@@ -190,5 +150,14 @@ def grouped_wgrad(
     interp = interpreting() or dev.type != "cuda"
     out = torch.empty((num_experts, n, k), dtype=torch.float32 if interp else out_dtype,
                       device=dev)  # fmt: skip
-    launch_wgrad_kernel(a, b, gd_a, gd_b, out, lay["start"], lay["width"], cfg)
+    if n and k and num_experts:
+        grid = (triton.cdiv(n, cfg.block_m), triton.cdiv(k, cfg.block_n), num_experts)
+        _grouped_wgrad_kernel[grid](
+            a, b, gd_a, gd_b, out, lay["start"], lay["width"],
+            n, k, a.stride(0), b.stride(0), gd_a.stride(0), 1 if gd_a.dim() == 2 else 0,
+            out.stride(0), out.stride(1),
+            DOT_F32=interpreting() or dev.type != "cuda",
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            SEGMENT_ALIGN=BLOCK_SIZE, **cfg.launch_kwargs(), **compile_options(dev),
+        )  # fmt: skip
     return out.to(out_dtype)

@@ -251,36 +251,6 @@ def test_grouped_wgrad_equals_per_expert_loop(grad):
         assert int((dw_op != dw).sum()) < dw.numel() // 2, "the comparison must see the same SR"
 
 
-def test_grouped_wgrad_flat_loop_bits_do_not_depend_on_tiles_per_program():
-    """Bitwise: the wgrad kernel's flat (tile, K chunk) loop gives the same dW whether a program
-    walks one column tile, two, or all of them (uneven last group, an empty expert, segments of
-    one and of several K chunks)."""
-    from fp4_compile.codegen import grouped_wgrad as gw
-    from fp4_compile.codegen.configs import pick
-    from fp4_compile.codegen.quantize_kernel import quantize_segments_ongrid
-    from fp4_compile.codegen.runtime import arch_of
-
-    n, k = 32, 80  # 5 column tiles of the interpreter's 32, 1 of sm_90's 256 (then N/16 tiles)
-    offsets = torch.tensor([9, 9, 40, 77], dtype=torch.int32, device=DEV)
-    dy, x = _x(77, n, seed=51), _x(77, k, seed=52)
-    lay = gw.segment_layout(offsets, 77)
-    seg = (lay["block_group"], lay["start"], lay["width"])
-    ones = torch.ones(4, device=DEV)
-    a, gd_a = quantize_segments_ongrid(dy, lay["src"], *seg, ones)
-    b, gd_b = quantize_segments_ongrid(x, lay["src"], *seg, ones)
-    cfg = pick(arch_of(a.device), "bf16" if DEV == "cuda" else "fp32", "nvfp4_wgrad", n)
-    outs = []
-    for tpp in (1, 2, 64):
-        out = torch.full((4, n, k), float("nan"), device=DEV)
-        gw.launch_wgrad_kernel(a, b, gd_a, gd_b, out, lay["start"], lay["width"], cfg,
-                               tiles_per_program=tpp)  # fmt: skip
-        outs.append(out)
-    assert not bool(outs[0].isnan().any()), "every output element stored (empty expert: zeros)"
-    assert bool((outs[0][1] == 0).all()), "the empty expert's dW is zero"
-    for tpp, out in zip((2, 64), outs[1:]):
-        assert_bitwise_equal(out, outs[0], f"tiles_per_program={tpp} vs 1")
-
-
 def test_ongrid_weight_kernel_equals_on_grid():
     """Bitwise: the one-launch dequantize == NVFP4Tensor.on_grid(bf16), dense and experts, with
     subnormal E4M3 scales."""
