@@ -7,7 +7,7 @@ Qwen3-30B-A3B-shaped learner step (4096 tokens, top-8 of 128 experts, ~256 token
 routing drawn at random so the groups are uneven as in training). For every candidate config it
 times the kernel (`triton.testing.do_bench` median) and compares its output BYTES with the
 pinned config's: a candidate that changes any bit is reported and must not be pinned (the
-GEMM's K chunk, BLOCK_K, is never varied; see configs.py). Baselines in the same run: the
+GEMM's K chunk, BLOCK_K, is varied only as a probe of the wgrad; see configs.py). Baselines in the same run: the
 device copy for the quantizer, `torch._grouped_mm` / `torch.mm` BF16 for the GEMMs.
 Nothing here is read at run time: a winner is copied into configs.py by hand, then re-checked by
 the CUDA tests and `benchmarks.backend_gpu_check`. Figures: "emulated NVFP4 (sm_90)".
@@ -51,6 +51,17 @@ GEMM_CANDIDATES = (
     TileConfig(128, 128, 64, num_warps=4, num_stages=4),
     TileConfig(128, 128, 64, num_warps=8, num_stages=4),
     TileConfig(64, 128, 64, num_warps=8, num_stages=4),
+)
+# The wgrad also tries a 128-wide K chunk: a PROBE of whether the chunk size changes its bits
+# (the `differ` column; one wgmma k16 sequence either way) and its time on ~256-token segments.
+# A BLOCK_K other than the forward GEMMs' is not pinnable while configs.py asserts they share it.
+WGRAD_CANDIDATES = (
+    TileConfig(128, 256, 64, num_warps=8, num_stages=3),
+    TileConfig(128, 128, 64, num_warps=4, num_stages=4),
+    TileConfig(128, 256, 128, num_warps=8, num_stages=2),
+    TileConfig(128, 128, 128, num_warps=8, num_stages=3),
+    TileConfig(128, 128, 128, num_warps=4, num_stages=3),
+    TileConfig(64, 256, 128, num_warps=8, num_stages=2),
 )
 
 
@@ -171,7 +182,9 @@ def wgrad_section(rows):
                 )  # fmt: skip
                 return out
 
-            cands = GEMM_CANDIDATES if align == 16 else GEMM_CANDIDATES[:1]
+            if align == 1 and os.environ.get("TUNE_WGRAD_ALIGN1") != "1":
+                continue  # measured in 2026-12-03_tune_kernels_wgrad_c587fdc.md (3.5x slower)
+            cands = WGRAD_CANDIDATES if align == 16 else GEMM_CANDIDATES[:1]
             sweep("wgrad kernel", f"{name} [128,{n},{k}] align {align}",
                   ("sm_90", "bf16", "nvfp4_wgrad"), cands, run, rows, baseline_ms=base)  # fmt: skip
 
