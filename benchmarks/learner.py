@@ -55,11 +55,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--profile", action="store_true", help="profile one step of each config")
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="skip the CUDA-graph configs")
     parser.add_argument(
-        "--no-cuda-graphs", action="store_true", help="skip the two CUDA-graph configs"
-    )
-    parser.add_argument(
-        "--only-cuda-graphs", action="store_true", help="run only the two CUDA-graph configs"
+        "--only-cuda-graphs", action="store_true", help="run only the CUDA-graph configs"
     )
     args = parser.parse_args()
     env = environment()
@@ -76,6 +74,8 @@ def main() -> None:
         ("minite bf16 recipe (invariant kernels)", "minite", {"recipe": NVFP4Recipe.bf16()}, "eager"),
         ("torch.compile inductor BF16, CUDA graphs", "inductor", None, "cuda graphs"),
         ("minite strict NVFP4, CUDA graphs (emulated NVFP4, sm_90)", "minite", graphs, "cuda graphs"),
+        ("minite strict NVFP4, CUDA graphs, save_ongrid_weights=False", "minite",
+         {**graphs, "save_ongrid_weights": False}, "cuda graphs"),
     ]  # fmt: skip
     if args.no_cuda_graphs and args.only_cuda_graphs:
         parser.error("--no-cuda-graphs and --only-cuda-graphs exclude each other")

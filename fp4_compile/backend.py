@@ -17,7 +17,7 @@ import torch
 
 from .recipe import NVFP4Recipe, as_recipe
 
-_KNOWN_OPTIONS = ("recipe", "report_sink", "cuda_graphs")
+_KNOWN_OPTIONS = ("recipe", "report_sink", "cuda_graphs", "save_ongrid_weights")
 
 
 def parse_options(options) -> tuple[NVFP4Recipe, dict]:
@@ -30,8 +30,9 @@ def parse_options(options) -> tuple[NVFP4Recipe, dict]:
     unknown = sorted(set(options) - set(_KNOWN_OPTIONS))
     if unknown:
         raise ValueError(f"unknown minite backend options {unknown}; known: {list(_KNOWN_OPTIONS)}")
-    if not isinstance(options.get("cuda_graphs", False), bool):
-        raise TypeError(f"options['cuda_graphs'] must be a bool, got {options['cuda_graphs']!r}")
+    for name in ("cuda_graphs", "save_ongrid_weights"):
+        if not isinstance(options.get(name, False), bool):
+            raise TypeError(f"options[{name!r}] must be a bool, got {options[name]!r}")
     return as_recipe(options.get("recipe")), options
 
 
@@ -43,6 +44,24 @@ def _cuda_device(example_inputs) -> torch.device:
         "options['cuda_graphs']=True needs a model on a CUDA device (CUDA graphs are CUDA-only); "
         "the example inputs hold no CUDA tensor"
     )
+
+
+def drop_ongrid_weights(gm: torch.fx.GraphModule) -> int:
+    """Undo the lowering's once-per-step weight dequantize (`fp4_compile::ongrid_weight`): every
+    NVFP4 GEMM gets w_ongrid=None back (its forward and its dgrad then dequantize for
+    themselves) and the nodes go; returns how many. The bits do not change."""
+    ops = torch.ops.fp4_compile
+    dropped = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is ops.ongrid_weight.default:
+            for user in list(node.users):
+                user.args = tuple(None if a is node else a for a in user.args)
+            gm.graph.erase_node(node)
+            dropped += 1
+    if dropped:
+        gm.graph.lint()
+        gm.recompile()
+    return dropped
 
 
 def prepare_graph_seeds(gm: torch.fx.GraphModule, device: torch.device) -> int:
@@ -220,7 +239,13 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     as CUDA graphs (no host launches per op; the same kernels, the same bits); stochastic
     rounding keeps drawing fresh seeds per call from device-side counters. The lowered CUDA
     path must read no device data on the host (the MoE backward's per-expert loops of the
-    bf16 dgrad / wgrad settings do: capture fails there, loudly)."""
+    bf16 dgrad / wgrad settings do: capture fails there, loudly).
+
+    options["save_ongrid_weights"] (default True): where the forward runs the on-grid GEMM
+    (CUDA, >= `nvfp4_impl.ONGRID_FORWARD_MIN_ROWS` rows per weight), each weight is dequantized
+    ONCE per step and autograd keeps that copy for the dgrad: faster, at the memory of one
+    BF16-size copy of each such weight from its forward to its backward. False: the forward and
+    the dgrad each dequantize (no copy kept). The same bits either way."""
     from torch._inductor.compile_fx import compile_fx
 
     from .passes import run_pipeline
@@ -228,6 +253,8 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     recipe, opts = parse_options(options)
     device = _cuda_device(example_inputs) if opts.get("cuda_graphs") else None
     report = run_pipeline(gm, recipe)
+    if not opts.get("save_ongrid_weights", True):
+        drop_ongrid_weights(gm)
     sink = opts.get("report_sink")
     if sink is not None:
         sink.append(report)

@@ -323,3 +323,27 @@ def test_lowering_passes_the_ongrid_weight_where_the_forward_uses_it(device, row
         assert ongrid[0].meta["val"].shape == (32, 64)
         assert ongrid[0].meta["val"].dtype == torch.bfloat16
     graph.lint()
+
+
+def test_save_ongrid_weights_false_drops_the_weight_copy():
+    """options['save_ongrid_weights']=False (backend.drop_ongrid_weights): the graph keeps no
+    ongrid_weight node and every NVFP4 GEMM gets w_ongrid=None back; a non-bool is refused."""
+    import torch.fx as fx
+
+    from fp4_compile.backend import drop_ongrid_weights, parse_options
+    from fp4_compile.passes.targets import emit_nvfp4_linear, emit_quantize_weight
+
+    graph, x, w, lin = _fake_graph("cuda", impl.ONGRID_FORWARD_MIN_ROWS)
+    wq = emit_quantize_weight(graph, w, STRICT)
+    a = emit_nvfp4_linear(graph, lin, x, w, wq, None, STRICT)
+    lin.replace_all_uses_with(a)
+    graph.erase_node(lin)
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    assert a.args[8] is not None
+    assert drop_ongrid_weights(gm) == 1
+    assert a.args[8] is None
+    assert not [
+        n for n in gm.graph.nodes if n.target is torch.ops.fp4_compile.ongrid_weight.default
+    ]
+    with pytest.raises(TypeError, match="save_ongrid_weights"):
+        parse_options({"save_ongrid_weights": 1})
