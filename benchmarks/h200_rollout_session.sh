@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The model-level GPU session: kernel tests, learner, learner == rollout alignment, rollout speed.
 # Results (md + json) and logs are packed into $OUT/session.tgz.
-#   MINITE_COMMIT=<sha> [PARTS="pytest learner alignment rollout graphs lgraphs invariant backend gradloc quantize tune"] \
+#   MINITE_COMMIT=<sha> [PARTS="pytest learner alignment rollout graphs lgraphs gaps invariant backend gradloc quantize tune"] \
 #     bash benchmarks/h200_rollout_session.sh
 #   GRADLOC_ARGS="--models moe,llama --recipes strict,te,bf16" picks the runs of the gradloc part;
 #   BACKEND_ARGS="--tokens 4096" runs the backend check's 30B rows on the learner's on-grid path;
@@ -22,6 +22,7 @@ for part in $PARTS; do
     alignment) run "${ALIGN_S:-300}" alignment python3 -m benchmarks.alignment_gpu --batches "${ALIGN_BATCHES:-1,64}" ${ALIGN_ARGS:-} ;;
     rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --profile-batch 64 ${ROLLOUT_ARGS:-} ;;
     graphs) run 200 cuda_graphs python3 -m benchmarks.cuda_graph_gpu_check ;;
+    gaps) run "${GAPS_S:-200}" learner_gaps python3 -m benchmarks.learner_gaps ${GAPS_ARGS:-} ;;
     lgraphs) run "${LGRAPHS_S:-200}" learner_cuda_graphs python3 -m benchmarks.learner_cuda_graphs_gpu_check ;;
     invariant) run "${INV_S:-120}" invariant python3 -m benchmarks.invariant_gpu_check ;;
     backend) run "${BACKEND_S:-200}" backend python3 -m benchmarks.backend_gpu_check ${BACKEND_ARGS:-} ;;

@@ -1,0 +1,28 @@
+"""The gap analysis of `benchmarks.learner_gaps` (a pure function of chrome-trace events)."""
+
+from benchmarks.learner_gaps import gap_summary
+
+
+def test_gap_summary_buckets_overlaps_and_cpu_ops():
+    k = lambda name, ts, dur: {"cat": "kernel", "name": name, "ts": ts, "dur": dur}  # noqa: E731
+    events = [
+        k("a", 0.0, 10.0),
+        k("b", 5.0, 10.0),  # overlaps a: no gap, extends the busy end to 15
+        k("c", 16.0, 4.0),  # 1 us gap
+        k("d", 50.0, 10.0),  # 30 us gap
+        k("e", 63.0, 1.0),  # 3 us gap
+        {"cat": "cpu_op", "name": "host_thing", "ts": 25.0, "dur": 5.0},
+        {"cat": "cpu_op", "name": "elsewhere", "ts": 100.0, "dur": 5.0},
+        {"cat": "python_function", "name": "ignored", "ts": 0.0},
+    ]
+    s = gap_summary(events, top=2)
+    assert s["kernels"] == 5 and s["busy_ms"] == 35.0 / 1e3  # kernel time summed
+    assert s["span_ms"] == 64.0 / 1e3
+    assert s["gaps"] == 3 and abs(s["gap_ms"] - 34.0 / 1e3) < 1e-12
+    counts = [b["count"] for b in s["buckets"]]
+    assert counts == [1, 1, 0, 1, 0]  # <2, 2-5, 5-20, 20-100, >=100 us
+    top = s["largest"][0]
+    assert top["gap_us"] == 30.0 and top["after_kernel"] == "c" and top["before_kernel"] == "d"
+    assert top["cpu_ops_meanwhile"] == ["host_thing"]
+    assert len(s["largest"]) == 2
+    assert gap_summary([]) == {"kernels": 0}
