@@ -3,7 +3,8 @@ with a backward whose reduction is written out. Autograd of a plain broadcasting
 grad * x over H with whatever kernel runs it (eager, Inductor's generated reduction): two orders,
 two answers, and the router's gradient differed (tests/passes/test_lowering_equivalence.py).
 Here d(w) = block_sum(grad * x) over H in a fixed order (invariant_math), in FP32, as an opaque
-op, so eager, Inductor and every batch size add the same numbers in the same order."""
+op, so eager, Inductor and every batch size add the same numbers in the same order. On CUDA
+the backward is one Triton pass (`row_scale_kernel`), bitwise these torch ops."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from . import invariant_math as im
 
 BLOCK = 64
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor) -> None:
@@ -39,6 +41,16 @@ def _(x, w):
 def row_scale_backward(
     grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    on_kernel = all(t.dtype in KERNEL_DTYPES for t in (grad, x, w))
+    if x.device.type == "cuda" and x.shape[-1] and on_kernel:
+        from .row_scale_kernel import row_scale_backward_triton  # one pass, the same bits
+
+        return row_scale_backward_triton(grad, x, w, BLOCK)
+    return row_scale_backward_reference(grad, x, w)
+
+
+def row_scale_backward_reference(grad, x, w):
+    """The backward's math as torch ops (the CPU implementation; the kernel's reference)."""
     grad_x = (grad * w).to(x.dtype)
     prod = grad.to(torch.float32) * x.to(torch.float32)
     grad_w = im.block_sum(prod, BLOCK)[..., None].to(w.dtype)

@@ -50,3 +50,34 @@ def test_bad_shapes_are_named():
         row_scale(x, torch.ones(12, 2))
     with pytest.raises(TypeError, match="floating"):
         row_scale(x, torch.ones(12, 1, dtype=torch.int64))
+
+
+@pytest.mark.parametrize(
+    "rows,h,dtype,wdtype",
+    [(37, 2048, torch.bfloat16, torch.float32), (5, 200, torch.bfloat16, torch.bfloat16),
+     (16, 40, torch.float32, torch.float32), (3, 64, torch.float16, torch.float32)],
+)  # fmt: skip
+def test_backward_kernel_equals_the_torch_ops(rows, h, dtype, wdtype):
+    """Bitwise: the one-pass Triton backward (CUDA's path; the interpreter here) == the torch
+    ops, grad_x and grad_w, for H a multiple of the block, not one, and below it; rows past a
+    program's 16; grad of x's dtype or FP32; cancellation-heavy products and all-negative-zero
+    rows (the sum must keep -0.0 like the reference)."""
+    from fp4_compile.codegen.row_scale import row_scale_backward_reference
+    from fp4_compile.codegen.row_scale_kernel import row_scale_backward_triton
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(rows * h)
+    x = (torch.randn(rows, h, generator=g) * torch.logspace(-4, 4, h)).to(dtype)
+    grad = torch.randn(rows, h, generator=g).to(dtype if rows % 2 else torch.float32)
+    grad[1] = -grad[1].abs()
+    x[1] = x[1].abs()  # row 1: every product <= 0 ...
+    x[1, : h // 2] = 0.0  # ... half of them -0.0
+    grad[2], x[2] = -0.0, 1.0  # row 2: all products -0.0
+    w = torch.rand(rows, 1, generator=g).to(wdtype)
+    want = row_scale_backward_reference(grad.to(dev), x.to(dev), w.to(dev))
+    got = row_scale_backward_triton(grad.to(dev), x.to(dev), w.to(dev))
+    assert_bitwise_equal(got[0], want[0], "grad x")
+    assert_bitwise_equal(got[1], want[1], "grad w")
+    assert got[1].dtype == w.dtype and got[0].dtype == x.dtype
+    if h % BLOCK == 0:  # (padding adds +0.0, which turns the sum to +0.0 otherwise)
+        assert bool(torch.signbit(want[1][2]).all()), "the all -0.0 row is a case covered"
