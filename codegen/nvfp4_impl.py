@@ -220,17 +220,59 @@ def cuda_dgrad(dy2, w_codes, w_scales, w_gd, w_ongrid, weight, recipe, seed, off
                        rows_per_group=rows)  # fmt: skip
 
 
+def quantize_transposed_ongrid(t_TD, *, global_scale, rounding="rne", seed=None):
+    """1x16 on-grid quantize of t^T zero-padded to a multiple of 16 tokens, [D, T16], and its
+    global decode ([] per tensor, [D, 1] per row): bitwise `quantize_triton(pad_tokens(
+    t.t().contiguous()), ...)`, without writing the transposed copy (the segmented quantizer
+    reads t strided, as ONE segment: `grouped_wgrad`'s path with one expert).
+    global_scale: "per_tensor", "per_row", or the FP32 amax [] of t; seed an int or an int64
+    [1] device tensor (stochastic rounding)."""
+    from .quantize_kernel import quantize_segments_ongrid
+
+    t, d = t_TD.shape
+    dev = t_TD.device
+    cols = -(-t // BLOCK_SIZE) * BLOCK_SIZE
+    src = torch.arange(cols, device=dev)
+    src = torch.where(src < t, src, -1)
+    group = torch.zeros((cols // BLOCK_SIZE,), dtype=torch.int32, device=dev)
+    start = torch.zeros((1,), dtype=torch.int64, device=dev)
+    width = torch.full((1,), cols, dtype=torch.int64, device=dev)
+    per_row = isinstance(global_scale, str) and global_scale == "per_row"
+    if isinstance(global_scale, torch.Tensor):
+        amax = global_scale.reshape(1).to(torch.float32)
+    elif per_row:  # of t^T's rows: max over tokens, exact in any order
+        amax = t_TD.abs().amax(dim=0).to(torch.float32).reshape(1, d)
+    elif global_scale == "per_tensor":
+        from .abs_max import tensor_abs_max
+
+        amax = tensor_abs_max(t_TD).reshape(1)
+    else:
+        raise ValueError(
+            f"global_scale must be 'per_tensor', 'per_row' or an amax, got {global_scale!r}"
+        )
+    keys = None
+    if rounding == "stochastic":
+        if isinstance(seed, torch.Tensor):
+            from .sr_keys import device_sr_keys
+
+            keys = device_sr_keys(seed, 0, 1)
+        else:
+            from ..sr_stream import sr_keys
+
+            keys = sr_keys(int(seed), 1, dev)
+    ongrid, gd = quantize_segments_ongrid(t_TD, src, group, start, width, amax, keys=keys)
+    return ongrid, (gd.reshape(d, 1) if per_row else gd.reshape(()))
+
+
 def cuda_wgrad(dy2, x2, recipe, seed, *, out_dtype=torch.float32, dy_amax=None):
-    """dW [N, K] in `out_dtype` (stored directly by the GEMM, as in cuda_dgrad)."""
+    """dW [N, K] in `out_dtype` (stored directly by the GEMM, as in cuda_dgrad). dY^T and X^T
+    are quantized straight from dY and X (no transposed copies)."""
     from .nvfp4_gemm import launch_gemm
-    from .quantize_kernel import quantize_triton
 
     if recipe.wgrad == "bf16":
         return torch.mm(dy2.to(torch.bfloat16).t(), x2.to(torch.bfloat16)).to(out_dtype)
     scale = recipe.grad.global_scale if dy_amax is None else dy_amax  # zero padding: same amax
-    a, gd_a = quantize_triton(pad_tokens(dy2.t().contiguous()), block="1x16",
-                              global_scale=scale, rounding=recipe.grad.rounding,
-                              seed=seed, out="ongrid")  # fmt: skip
-    b, gd_b = quantize_triton(pad_tokens(x2.t().contiguous()), block="1x16",
-                              global_scale="per_tensor", out="ongrid")  # fmt: skip
+    a, gd_a = quantize_transposed_ongrid(dy2, global_scale=scale,
+                                         rounding=recipe.grad.rounding, seed=seed)  # fmt: skip
+    b, gd_b = quantize_transposed_ongrid(x2, global_scale="per_tensor")
     return launch_gemm(a, gd_a, b, gd_b, out_dtype=out_dtype, config_op="nvfp4_wgrad")

@@ -251,6 +251,43 @@ def test_grouped_wgrad_equals_per_expert_loop(grad):
         assert int((dw_op != dw).sum()) < dw.numel() // 2, "the comparison must see the same SR"
 
 
+@pytest.mark.parametrize(
+    "grad",
+    [("per_tensor", "stochastic"), ("per_row", "rne"), ("per_row", "stochastic")],
+    ids=["per_tensor-sr", "per_row-rne", "per_row-sr"],
+)
+@pytest.mark.parametrize("tokens", [40, 48])
+def test_dense_wgrad_quantizes_the_transposes_in_place(grad, tokens):
+    """Bitwise: the dense wgrad, which quantizes dY^T and X^T straight from dY and X
+    (`quantize_transposed_ongrid`: no transposed copies), == quantizing the padded transposed
+    copies (`quantize_triton(pad_tokens(t.t().contiguous()))`) and the same GEMM; the operands
+    themselves equal too; int and device-held seeds; given dY's amax or not."""
+    from fp4_compile.codegen.nvfp4_gemm import launch_gemm
+    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.recipe import QuantSpec
+
+    rec = NVFP4Recipe.strict(grad=QuantSpec(block="1x16", global_scale=grad[0], rounding=grad[1]))
+    dy, x = _x(tokens, 32, seed=61), _x(tokens, 48, seed=62)
+    seed = 2**40 + 3 * 4096 + 1
+    a_old, gd_a_old = quantize_triton(impl.pad_tokens(dy.t().contiguous()), block="1x16",
+                                      global_scale=grad[0], rounding=grad[1], seed=seed,
+                                      out="ongrid")  # fmt: skip
+    a_new, gd_a_new = impl.quantize_transposed_ongrid(dy, global_scale=grad[0],
+                                                      rounding=grad[1], seed=seed)  # fmt: skip
+    assert_bitwise_equal(a_new, a_old, "dY^T on-grid")
+    assert_bitwise_equal(gd_a_new, gd_a_old, "dY^T global decode")
+    b_old, gd_b_old = quantize_triton(impl.pad_tokens(x.t().contiguous()), block="1x16",
+                                      global_scale="per_tensor", out="ongrid")  # fmt: skip
+    want = launch_gemm(a_old, gd_a_old, b_old, gd_b_old, out_dtype=torch.float32,
+                       config_op="nvfp4_wgrad")  # fmt: skip
+    assert_bitwise_equal(impl.cuda_wgrad(dy, x, rec, seed), want, "dW")
+    t = torch.tensor([seed], dtype=torch.int64, device=DEV)
+    assert_bitwise_equal(impl.cuda_wgrad(dy, x, rec, t), want, "dW, device-held seed")
+    if grad[0] == "per_tensor":
+        amax = impl.grad_amax(dy, rec)
+        assert_bitwise_equal(impl.cuda_wgrad(dy, x, rec, seed, dy_amax=amax), want, "dW, amax")
+
+
 def test_ongrid_weight_kernel_equals_on_grid():
     """Bitwise: the one-launch dequantize == NVFP4Tensor.on_grid(bf16), dense and experts, with
     subnormal E4M3 scales."""
