@@ -1,4 +1,5 @@
-"""The gap analysis of `benchmarks.learner_gaps` (a pure function of chrome-trace events)."""
+"""Benchmark profiling helpers: the gap analysis of `benchmarks.learner_gaps` (a pure function of
+chrome-trace events) and the kernel filter of `benchmarks.common.profile_call`."""
 
 from benchmarks.learner_gaps import gap_summary
 
@@ -26,3 +27,18 @@ def test_gap_summary_buckets_overlaps_and_cpu_ops():
     assert top["cpu_ops_meanwhile"] == ["host_thing"]
     assert len(s["largest"]) == 2
     assert gap_summary([]) == {"kernels": 0}
+
+
+def test_profile_kernel_filter_keeps_aten_lambda_kernels():
+    """GPU busy counts ATen kernels whose names hold '#' (template lambdas); it drops only the
+    annotations the profiler mirrors on the GPU timeline."""
+    from benchmarks.common import is_annotation
+
+    assert is_annotation("Optimizer.step#AdamW.step")
+    assert is_annotation("## Call CompiledFxGraph abc ##")
+    assert is_annotation("ProfilerStep#2")
+    assert is_annotation("my_region#1")
+    kernel = ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda("
+              "at::TensorIteratorBase&)::{lambda()#3}::operator()() const>")  # fmt: skip
+    assert not is_annotation(kernel)
+    assert not is_annotation("_quantize_kernel")
