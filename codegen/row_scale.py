@@ -4,7 +4,7 @@ grad * x over H with whatever kernel runs it (eager, Inductor's generated reduct
 two answers, and the router's gradient differed (tests/passes/test_lowering_equivalence.py).
 Here d(w) = block_sum(grad * x) over H in a fixed order (invariant_math), in FP32, as an opaque
 op, so eager, Inductor and every batch size add the same numbers in the same order. On CUDA
-the backward is one Triton pass (`row_scale_kernel`), bitwise these torch ops."""
+forward and backward are Triton passes (`row_scale_kernel`), bitwise these torch ops."""
 
 from __future__ import annotations
 
@@ -28,6 +28,10 @@ def _check(x: torch.Tensor, w: torch.Tensor) -> None:
 @torch.library.custom_op("fp4_compile::row_scale", mutates_args=())
 def row_scale(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     _check(x, w)
+    if x.device.type == "cuda" and x.dtype in KERNEL_DTYPES and w.dtype in KERNEL_DTYPES:
+        from .row_scale_kernel import row_scale_triton  # the same bits as x * w
+
+        return row_scale_triton(x, w)
     return x * w
 
 

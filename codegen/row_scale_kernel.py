@@ -1,4 +1,6 @@
-"""The backward of `fp4_compile::row_scale` in one Triton pass (CUDA; the interpreter in tests).
+"""`fp4_compile::row_scale` on CUDA as Triton passes (the interpreter in tests): the forward
+x * w (one FP32 product rounded to the result dtype, bitwise torch's broadcast multiply, which
+takes ATen's slow broadcasting path at MoE sizes), and the backward in one pass.
 
 Shape legend: R rows (x's leading dims flattened), H the last dim.
 
@@ -59,6 +61,36 @@ def _row_scale_backward_kernel(
         p = _halve(p, BLOCK_R, 1)
         acc = acc + tl.reshape(p, (BLOCK_R,))
     tl.store(gw_ptr + rows, acc, mask=rmask)
+
+
+@triton.jit
+def _row_scale_kernel(x_ptr, w_ptr, y_ptr, R, H, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    rmask = rows < R
+    mask = rmask[:, None] & (cols < H)[None, :]
+    offs = rows.to(tl.int64)[:, None] * H + cols[None, :]
+    w = tl.load(w_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, (x * w[:, None]).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def row_scale_triton(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x * w for w of shape x.shape[:-1] + (1,), in promote_types(x, w): bitwise torch's."""
+    check_kernel_device(x, "x")
+    h = x.shape[-1]
+    x2 = x.reshape(-1, h).contiguous()
+    w1 = w.reshape(-1).contiguous()
+    r = x2.shape[0]
+    out_dtype = torch.promote_types(x.dtype, w.dtype)
+    interp = interpreting()
+    y = torch.empty(x2.shape, dtype=torch.float32 if interp else out_dtype, device=x.device)
+    if r and h:
+        grid = (triton.cdiv(r, 16), triton.cdiv(h, 256))
+        _row_scale_kernel[grid](x2, w1, y, r, h, BLOCK_R=16, BLOCK_H=256,
+                                **({} if interp else {"num_warps": 4}),
+                                **compile_options(x.device))  # fmt: skip
+    return y.to(out_dtype).reshape(x.shape)
 
 
 def row_scale_backward_triton(

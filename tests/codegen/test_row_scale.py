@@ -81,3 +81,23 @@ def test_backward_kernel_equals_the_torch_ops(rows, h, dtype, wdtype):
     assert got[1].dtype == w.dtype and got[0].dtype == x.dtype
     if h % BLOCK == 0:  # (padding adds +0.0, which turns the sum to +0.0 otherwise)
         assert bool(torch.signbit(want[1][2]).all()), "the all -0.0 row is a case covered"
+
+
+@pytest.mark.parametrize(
+    "dtype,wdtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                     (torch.float32, torch.float32), (torch.float16, torch.bfloat16)],
+)  # fmt: skip
+def test_forward_kernel_equals_the_multiply(dtype, wdtype):
+    """Bitwise: the Triton forward (CUDA's path; the interpreter here) == x * w, in the promoted
+    dtype, with rows and columns past one program's tile and signed zeros."""
+    from fp4_compile.codegen.row_scale_kernel import row_scale_triton
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(3, 19, 300, generator=g) * torch.logspace(-3, 3, 300)).to(dtype)
+    x[0, 0] = -0.0
+    w = (torch.rand(3, 19, 1, generator=g) - 0.5).to(wdtype)
+    got = row_scale_triton(x.to(dev), w.to(dev))
+    want = x.to(dev) * w.to(dev)
+    assert got.dtype == want.dtype
+    assert_bitwise_equal(got, want, "x * w")
