@@ -3,6 +3,9 @@ implementation calls, after repeat_kv or with enable_gqa) becomes the batch-inva
 `fp4_compile` attention op: keys visited in fixed-size blocks from position 0, the same for the
 learner's full forward, the rollout's prefill and its decode steps.
 
+Grouped-query attention's key/value repeat (transformers' `repeat_kv`) becomes
+`fp4_compile::repeat_kv`, whose backward sums each group in a fixed order.
+
 Supported: is_causal=True, or a boolean attn_mask (True = attend; what transformers builds under
 torch.compile: causal plus padding), or neither with Tq=1 (decode against the whole cache).
 Masked keys are exact no-ops of the online softmax (exp(-inf) = 0, the running max unchanged),
@@ -16,14 +19,67 @@ import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import fake, module_path, traced_float
-from .patterns import is_sdpa, scalar_arg
+from .graph_utils import erase_dead, fake, insert_call, module_path, traced_float
+from .patterns import _is, is_sdpa, scalar_arg
 from .report import LoweringReport
 from .targets import emit_attention
 
 
 class UnsupportedAttention(ValueError):
     pass
+
+
+aten = torch.ops.aten
+
+
+def _is_reshape(n) -> bool:
+    return _is(n, functions=(torch.reshape,), methods=("reshape", "view"),
+               overloads=(aten.reshape, aten.view, aten._unsafe_view))  # fmt: skip
+
+
+def _is_expand(n) -> bool:
+    return _is(n, methods=("expand",), overloads=(aten.expand,))
+
+
+def _is_clone(n) -> bool:
+    return _is(n, functions=(torch.clone,), methods=("clone", "contiguous"),
+               overloads=(aten.clone,))  # fmt: skip
+
+
+def absorb_repeat_kv(graph: fx.Graph, node: fx.Node, t, report: LoweringReport, dead: list):
+    """If `t` (a key or value of attention `node`) is grouped-query attention's repeat,
+    x[:, :, None].expand(B, H, n, T, D).reshape(B, H * n, T, D) (torch level; at ATen level with
+    a clone between expand and view), return `fp4_compile::repeat_kv(x5, n)` instead: the same
+    copy forward, and a backward that sums the group in a fixed order (autograd's own is a stock
+    sum, ordered differently by eager ATen and by Inductor). Else `t` unchanged. The replaced
+    nodes go to `dead` (erased once unused)."""
+    if not _is_reshape(t):
+        return t
+    src = t.args[0]
+    middle = [t]
+    if _is_clone(src):
+        middle.append(src)
+        src = src.args[0]
+    if not _is_expand(src):
+        return t
+    middle.append(src)
+    x = src.args[0]
+    xv, ev, rv = fake(x), fake(src), fake(t)
+    if xv is None or ev is None or rv is None or (xv.dim(), ev.dim(), rv.dim()) != (5, 5, 4):
+        return t
+    n = ev.shape[2]
+    same = (*xv.shape[:2], *xv.shape[3:]) == (*ev.shape[:2], *ev.shape[3:])
+    if not (isinstance(n, int) and xv.shape[2] == 1 and same):
+        return t
+    if not (isinstance(rv.shape[1], int) and isinstance(xv.shape[1], int)) or (
+        rv.shape[1] != xv.shape[1] * n
+    ):
+        return t
+    new = insert_call(graph, torch.ops.fp4_compile.repeat_kv.default, (x, n), before=node,
+                      like=node)  # fmt: skip
+    report.count("repeat_kv")
+    dead.extend(middle)
+    return new
 
 
 def _static_scale(scale, q, where: str):
@@ -79,8 +135,12 @@ def lower_attention(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRep
             raise UnsupportedAttention(
                 f"attention at {where} is non-causal with {qv.shape[-2]} queries; not supported"
             )
+        dead: list = []
+        k = absorb_repeat_kv(graph, node, k, report, dead)
+        v = absorb_repeat_kv(graph, node, v, report, dead)
         new = emit_attention(graph, node, q, k, v, mask, bool(is_causal), scale)
         node.replace_all_uses_with(new)
         graph.erase_node(node)
+        erase_dead(graph, dead)
         report.count("attention")
     gm.recompile()

@@ -23,6 +23,7 @@ def test_qwen3_counts():
         "fp4_compile.linear (bf16, invariant)": 1,  # lm_head
         "rms_norm": 9,  # 4 per layer (input, post, q_norm, k_norm) + final
         "attention": 2,
+        "repeat_kv": 4,  # GQA: keys and values per layer
         "embedding": 1,
     }
     lm = [g for g in rep.gemms if g.module == "lm_head"]
@@ -36,6 +37,7 @@ def test_qwen3_moe_counts():
     assert rep.counts["fp4_compile.linear (bf16, invariant)"] == 3  # 2 routers + lm_head
     assert rep.counts["routing_topk"] == 2 and rep.counts["rms_norm"] == 9
     assert rep.counts["embedding"] == 1
+    assert rep.counts["repeat_kv"] == 4  # GQA: keys and values per layer
     assert rep.counts["stable_sort"] == 2  # the experts' sort of (token, expert) pairs, per layer
     routers = [g for g in rep.gemms if g.module.endswith("mlp.gate")]
     assert len(routers) == 2 and all(g.precision == "bf16" for g in routers)
@@ -65,6 +67,7 @@ def test_llama_counts():
         "fp4_compile.linear (bf16, invariant)": 1,
         "rms_norm": 3,
         "attention": 1,
+        "repeat_kv": 2,
         "embedding": 1,
     }
 
