@@ -52,16 +52,21 @@ GEMM_CANDIDATES = (
     TileConfig(128, 128, 64, num_warps=8, num_stages=4),
     TileConfig(64, 128, 64, num_warps=8, num_stages=4),
 )
-# The wgrad also tries a 128-wide K chunk: a PROBE of whether the chunk size changes its bits
-# (the `differ` column; one wgmma k16 sequence either way) and its time on ~256-token segments.
-# A BLOCK_K other than the forward GEMMs' is not pinnable while configs.py asserts they share it.
+# The wgrad: ~256-token segments give each program only ~4 K steps, so the pipeline fill and
+# the epilogue are not hidden within a program; fewer stages (less shared memory) let 2-3
+# programs share an SM and hide them across programs. The 128-wide K chunk was probed in
+# 2026-12-03_tune_kernels_wgrad_blockk_3c3015c.md (same bits, slower; not pinnable while
+# configs.py asserts that the GEMMs share BLOCK_K).
 WGRAD_CANDIDATES = (
     TileConfig(128, 256, 64, num_warps=8, num_stages=3),
     TileConfig(128, 128, 64, num_warps=4, num_stages=4),
-    TileConfig(128, 256, 128, num_warps=8, num_stages=2),
-    TileConfig(128, 128, 128, num_warps=8, num_stages=3),
-    TileConfig(128, 128, 128, num_warps=4, num_stages=3),
-    TileConfig(64, 256, 128, num_warps=8, num_stages=2),
+    TileConfig(128, 128, 64, num_warps=4, num_stages=2),
+    TileConfig(128, 128, 64, num_warps=8, num_stages=2),
+    TileConfig(128, 256, 64, num_warps=8, num_stages=2),
+    TileConfig(256, 128, 64, num_warps=8, num_stages=2),
+    TileConfig(256, 128, 64, num_warps=8, num_stages=3),
+    TileConfig(64, 256, 64, num_warps=4, num_stages=2),
+    TileConfig(128, 64, 64, num_warps=4, num_stages=2),
 )
 
 

@@ -11,6 +11,8 @@ boundary per GEMM and compiles on CPU, where `triton_op`/`wrap_triton` cannot):
 `site` (`sr_stream.site_id` of the GEMM's module path, set by the lowering) keys the backward's
 stochastic-rounding streams; it does not change the forward.
 - nvfp4_linear_backward / nvfp4_grouped_mm_backward: the backward GEMMs (autograd calls them).
+- quantize_with_ongrid(same as quantize) -> (codes, block_scales, global_decode, on-grid BF16 copy):
+  the lowering's weight quantize where the forward runs the on-grid GEMM (one kernel on CUDA).
 - ongrid_weight(w_codes, w_scales) -> the on-grid BF16 copy of a quantized weight (E2M1 x E4M3,
   no global scale; exact), which the lowering passes as `w_ongrid` where the forward runs the
   on-grid GEMM: dequantized once per step, saved for the dgrad instead of decoded again there.
@@ -83,13 +85,19 @@ def quantize(
     return _quantize_impl(x, block, gs, rounding, seed)
 
 
-def _quantize_impl(x, block, gs, rounding, seed):
+def _quantize_impl(x, block, gs, rounding, seed, with_ongrid=False):
+    """-> (codes, block scales, global decode), plus the on-grid BF16 values when with_ongrid
+    (on CUDA from the same kernel pass)."""
     if x.device.type == "cuda":
         from .quantize_kernel import quantize_triton
 
         if isinstance(gs, torch.Tensor) and gs.numel() > 1:
             gs = gs.reshape(-1, 1, 1)
-        q = quantize_triton(x, block=block, global_scale=gs, rounding=rounding, seed=seed)
+        q = quantize_triton(x, block=block, global_scale=gs, rounding=rounding, seed=seed,
+                            out="both" if with_ongrid else "packed")  # fmt: skip
+        if with_ongrid:
+            q, ongrid = q
+            return q.codes, q.block_scales, q.global_decode, ongrid
     elif gs == "per_expert" or (isinstance(gs, torch.Tensor) and gs.numel() > 1):
         if block != "16x16":
             raise ValueError("per-expert global scales are for 16x16 expert weights [E, N, K]")
@@ -97,11 +105,14 @@ def _quantize_impl(x, block, gs, rounding, seed):
     else:
         q = ref.quantize(x, block=block, global_scale=gs, rounding=rounding, seed=seed,
                          check_finite=False)  # fmt: skip
+    if with_ongrid:
+        scale_bytes = q.block_scales.view(torch.uint8)
+        return q.codes, q.block_scales, q.global_decode, ongrid_weight(q.codes, scale_bytes)
     return q.codes, q.block_scales, q.global_decode
 
 
 @quantize.register_fake
-def _(x, block, global_scale, static_amax, rounding, seed):
+def _quantize_fake(x, block, global_scale, static_amax, rounding, seed):
     k = x.shape[-1]
     codes = x.new_empty((*x.shape[:-1], k // 2), dtype=torch.uint8)
     scales = x.new_empty((*x.shape[:-1], k // BLOCK_SIZE), dtype=torch.float8_e4m3fn)
@@ -153,6 +164,32 @@ def ongrid_weight(w_codes: torch.Tensor, w_scales: torch.Tensor) -> torch.Tensor
 def _(w_codes, w_scales):
     k = _check_packed_weight(w_codes, w_scales)
     return w_codes.new_empty((*w_codes.shape[:-1], k), dtype=torch.bfloat16)
+
+
+@torch.library.custom_op(f"{_LIB}::quantize_with_ongrid", mutates_args=())
+def quantize_with_ongrid(
+    x: torch.Tensor,
+    block: str,
+    global_scale: str,
+    static_amax: torch.Tensor | None,
+    rounding: str,
+    seed: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`quantize` (same arguments, same first three outputs) plus the on-grid BF16 copy of the
+    result, `ongrid_weight(codes, scales)`: on CUDA both from one read of x (one kernel instead
+    of quantize, then a second pass decoding the packed bytes)."""
+    gs = _quantize_global(x, global_scale, static_amax)
+    cache = active_cache()
+    if cache is not None and block == "16x16" and rounding == "rne" and isinstance(gs, str):
+        codes, scales, gd = cache.get(x, gs, lambda: _quantize_impl(x, block, gs, rounding, seed))
+        return codes, scales, gd, ongrid_weight(codes, scales.view(torch.uint8))
+    return _quantize_impl(x, block, gs, rounding, seed, with_ongrid=True)
+
+
+@quantize_with_ongrid.register_fake
+def _(x, block, global_scale, static_amax, rounding, seed):
+    codes, scales, gd = _quantize_fake(x, block, global_scale, static_amax, rounding, seed)
+    return codes, scales, gd, x.new_empty(x.shape, dtype=torch.bfloat16)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -112,8 +112,10 @@ def _quantize_kernel(
     stride_xc,
     TILE16: tl.constexpr, STOCHASTIC: tl.constexpr, ONGRID: tl.constexpr,
     SEGMENTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    KEY_FROM_PTR: tl.constexpr = False,
+    KEY_FROM_PTR: tl.constexpr = False, PACKED_TOO: tl.constexpr = False,
 ):  # fmt: skip
+    # ONGRID: store the on-grid values; else the packed codes and scale bytes. PACKED_TOO (with
+    # ONGRID): both, from one read of x (a weight's packed form and its on-grid copy).
     # KEY_FROM_PTR (not segmented): the SR stream key is key_ptr[0] / key_hi_ptr[0] on the device
     # (a seed held on the device: CUDA-graph replays, `sr_stream.device_call_seed`), not sr_key.
     # SEGMENTED: the columns are groups laid end to end (16-aligned segments, one per expert);
@@ -200,7 +202,7 @@ def _quantize_kernel(
         )
         val = mag_q * s_val[:, :, None]  # exact
         tl.store(ongrid_ptr + rows3 * K + cols3, val.to(ongrid_ptr.dtype.element_ty), mask=mask)
-    else:
+    if PACKED_TOO or not ONGRID:
         lo_c, hi_c = tl.split(tl.reshape(code, (BLOCK_M, BLOCK_K // 2, 2)))
         byte = (lo_c | (hi_c << 4)).to(tl.uint8)
         ccols = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
@@ -258,15 +260,16 @@ def quantize_triton(
     name: str = "x",
 ):
     """Quantize with the Triton kernel. out="packed" -> NVFP4Tensor (bitwise == reference);
-    out="ongrid" -> (on-grid values [..., K] in `ongrid_dtype`, global_decode).
+    out="ongrid" -> (on-grid values [..., K] in `ongrid_dtype`, global_decode); out="both" ->
+    (NVFP4Tensor, on-grid values) from one read of x (a weight's packed form and on-grid copy).
     `seed` (stochastic rounding): an int, or an int64 [1] tensor on x's device holding it (a
     seed drawn on the device, `sr_stream.device_call_seed`): the same stream either way.
     global_scale "per_expert" (x [E, N, K], 16x16) equals `reference.quantize_experts`; a static
     amax of shape [E, 1, 1] gives one static scale per expert."""
     _validate_input(x, block, name)
     check_kernel_device(x, name)
-    if out not in ("packed", "ongrid"):
-        raise ValueError(f"out must be 'packed' or 'ongrid', got {out!r}")
+    if out not in ("packed", "ongrid", "both"):
+        raise ValueError(f"out must be 'packed', 'ongrid' or 'both', got {out!r}")
     if isinstance(global_scale, str) and global_scale == "per_expert" and x.dim() != 3:
         raise ValueError(f"global_scale='per_expert' needs {name} of shape [E, N, K]")
     if isinstance(global_scale, str) and global_scale == "per_row" and block == "16x16":
@@ -307,10 +310,12 @@ def quantize_triton(
         keys = device_sr_keys(seed, 0, 1)
         key_lo, key_hi = keys, keys >> 1
     key = sr_key(seed) if rounding == "stochastic" and not device_seed else 0
-    if out == "packed":
+    if out in ("packed", "both"):
         codes = torch.empty((r, k // 2), dtype=torch.uint8, device=dev)
         scales = torch.empty((r, k // BLOCK_SIZE), dtype=torch.uint8, device=dev)
         ongrid = codes
+        if out == "both":
+            ongrid = torch.empty((r, k), dtype=ongrid_dtype, device=dev)
     else:
         ongrid = torch.empty((r, k), dtype=ongrid_dtype, device=dev)
         codes = scales = ongrid
@@ -322,19 +327,21 @@ def quantize_triton(
             r, k, x2.stride(0), 1 if per_row else 0, 1 if per_row else 0, key, key >> 1,
             gd2, gd2, gd2, key_lo if device_seed else gd2, key_hi if device_seed else gd2,
             0, gd2, 0,  # no segments
-            TILE16=block == "16x16", STOCHASTIC=rounding == "stochastic", ONGRID=out == "ongrid",
+            TILE16=block == "16x16", STOCHASTIC=rounding == "stochastic", ONGRID=out != "packed",
             SEGMENTED=False, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
-            KEY_FROM_PTR=device_seed, **cfg.launch_kwargs(), **compile_options(dev),
+            KEY_FROM_PTR=device_seed, PACKED_TOO=out == "both", **cfg.launch_kwargs(),
+            **compile_options(dev),
         )  # fmt: skip
     if out == "ongrid":
         return ongrid.reshape(shape), gd
-    return NVFP4Tensor(
+    q = NVFP4Tensor(
         codes=codes.reshape(*shape[:-1], k // 2),
         block_scales=scales.view(torch.float8_e4m3fn).reshape(*shape[:-1], k // BLOCK_SIZE),
         global_decode=gd.contiguous(),
         shape=shape,
         block=block,
     )
+    return (q, ongrid.reshape(shape)) if out == "both" else q
 
 
 def quantize_segments_ongrid(

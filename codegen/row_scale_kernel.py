@@ -9,8 +9,8 @@ grad_w = block_sum(grad * x) over H, bitwise `row_scale.row_scale_backward`'s to
 (`invariant_math.block_sum` with BLOCK = 64): inside each block of 64 the pairwise tree
 x[j] + x[j + 32], then + [j + 16], ... (each level one FP32 add of two values, written with
 `tl.split` so that no other association is possible), the block sums added in order from
-block 0 (the accumulator starts at -0.0, the identity of FP32 addition, so a sum of negative
-zeros keeps its sign); masked columns past H are +0.0 products, like the reference's padding.
+block 0 (the accumulator starts as block 0's sum, so a sum of negative zeros keeps its
+sign); masked columns past H are +0.0 products, like the reference's padding.
 No FMA (`compile_options`): every product is rounded before it is added.
 The torch ops launch about 45 kernels per call and write FP32 copies of grad and x (MoE
 [32768, 2048]: ~1 ms per call on the H200); this reads grad and x once.
@@ -33,6 +33,29 @@ def _halve(v, BLOCK_R: tl.constexpr, HALF: tl.constexpr):
 
 
 @triton.jit
+def _row_scale_backward_block(
+    g_ptr, x_ptr, gx_ptr, w, r64, rmask, h0, H,
+    BLOCK_R: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Store grad_x for columns [h0, h0 + BLOCK) and return the block's tree sum of grad * x."""
+    cols = h0 + tl.arange(0, BLOCK)
+    mask = rmask[:, None] & (cols < H)[None, :]
+    offs = r64[:, None] * H + cols[None, :]
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    gx = g * w[:, None]
+    tl.store(gx_ptr + offs, gx.to(gx_ptr.dtype.element_ty), mask=mask)
+    p = g * x
+    p = _halve(p, BLOCK_R, 32)
+    p = _halve(p, BLOCK_R, 16)
+    p = _halve(p, BLOCK_R, 8)
+    p = _halve(p, BLOCK_R, 4)
+    p = _halve(p, BLOCK_R, 2)
+    p = _halve(p, BLOCK_R, 1)
+    return tl.reshape(p, (BLOCK_R,))
+
+
+@triton.jit
 def _row_scale_backward_kernel(
     g_ptr, x_ptr, w_ptr, gx_ptr, gw_ptr, R, H,
     BLOCK_R: tl.constexpr, BLOCK: tl.constexpr,
@@ -43,23 +66,13 @@ def _row_scale_backward_kernel(
     rmask = rows < R
     r64 = rows.to(tl.int64)
     w = tl.load(w_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
-    acc = tl.full((BLOCK_R,), -0.0, tl.float32)
-    for h0 in range(0, H, BLOCK):
-        cols = h0 + tl.arange(0, BLOCK)
-        mask = rmask[:, None] & (cols < H)[None, :]
-        offs = r64[:, None] * H + cols[None, :]
-        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        gx = g * w[:, None]
-        tl.store(gx_ptr + offs, gx.to(gx_ptr.dtype.element_ty), mask=mask)
-        p = g * x
-        p = _halve(p, BLOCK_R, 32)
-        p = _halve(p, BLOCK_R, 16)
-        p = _halve(p, BLOCK_R, 8)
-        p = _halve(p, BLOCK_R, 4)
-        p = _halve(p, BLOCK_R, 2)
-        p = _halve(p, BLOCK_R, 1)
-        acc = acc + tl.reshape(p, (BLOCK_R,))
+    # the first block's sum starts the accumulator (no identity constant: a -0.0 literal came
+    # out as +0.0 on the H200, turning a sum of negative zeros positive)
+    acc = _row_scale_backward_block(g_ptr, x_ptr, gx_ptr, w, r64, rmask, 0, H, BLOCK_R, BLOCK)
+    for h0 in range(BLOCK, H, BLOCK):
+        acc = acc + _row_scale_backward_block(
+            g_ptr, x_ptr, gx_ptr, w, r64, rmask, h0, H, BLOCK_R, BLOCK
+        )
     tl.store(gw_ptr + rows, acc, mask=rmask)
 
 

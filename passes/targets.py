@@ -11,7 +11,7 @@ import operator
 import torch
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import fake, insert_call
+from .graph_utils import fake, insert_call, propagate_val
 
 
 def recipe_arg(recipe: NVFP4Recipe) -> str:
@@ -77,9 +77,11 @@ def forward_rows(x, num_experts: int | None = None) -> int | None:
 
 
 def emit_ongrid_weight(graph, node, x, wq, num_experts: int | None = None):
-    """The on-grid BF16 copy of a quantized weight (`fp4_compile::ongrid_weight`), when the
-    forward at x's traced shape runs the on-grid GEMM (`nvfp4_impl.forward_uses_ongrid`);
-    else None. One node per weight in the graph, passed as `w_ongrid` to every use: the
+    """The on-grid BF16 copy of a quantized weight, when the forward at x's traced shape runs
+    the on-grid GEMM (`nvfp4_impl.forward_uses_ongrid`); else None. The weight's quantize node
+    becomes `fp4_compile::quantize_with_ongrid` (same arguments, same first three outputs, the
+    copy fourth: on CUDA one pass over the weight instead of quantize, then a decode of its
+    packed bytes). One copy per weight in the graph, passed as `w_ongrid` to every use: the
     forward and, saved by autograd, the dgrad read it instead of decoding the packed weight
     each (the same values: the bits do not change)."""
     from ..codegen.nvfp4_impl import forward_uses_ongrid
@@ -87,13 +89,22 @@ def emit_ongrid_weight(graph, node, x, wq, num_experts: int | None = None):
     rows = forward_rows(x, num_experts)
     if rows is None or not forward_uses_ongrid(fake(x).device.type, rows):
         return None
-    codes, scales, _ = wq
+    codes = wq[0]
     made = graph._minite_ongrid = getattr(graph, "_minite_ongrid", {})
     if codes not in made:
-        made[codes] = insert_call(
-            graph, _ops().ongrid_weight.default, (codes, scales), after=scales, like=node
-        )
+        q = codes.args[0]
+        if not (codes.target is operator.getitem and q.target is _ops().quantize.default):
+            raise ValueError(f"weight codes {codes} do not come from a quantize node")
+        q.target = _ops().quantize_with_ongrid.default
+        propagate_val(q)
+        last = max((u for u in q.users), key=_position(graph))
+        made[codes] = insert_call(graph, operator.getitem, (q, 3), after=last, like=node)
     return made[codes]
+
+
+def _position(graph):
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    return lambda n: order[n]
 
 
 def emit_nvfp4_linear(graph, node, x, weight, wq, bias, recipe: NVFP4Recipe, site: int = 0):
@@ -216,10 +227,10 @@ def emit_routing(graph, node, logits, k: int, *, norm_topk_prob: bool = False):
 def quantized_weight_inputs(program) -> list[tuple[str, bool]]:
     """(state_dict name, is_experts) of every weight an exported, lowered program quantizes."""
     to_param = dict(program.graph_signature.inputs_to_parameters)
-    quantize = _ops().quantize.default
+    quantize = (_ops().quantize.default, _ops().quantize_with_ongrid.default)
     out = []
     for node in program.graph.nodes:
-        if node.op == "call_function" and node.target is quantize:
+        if node.op == "call_function" and node.target in quantize:
             src = node.args[0]
             if src.op == "call_function" and src.target is torch.ops.aten.detach.default:
                 src = src.args[0]

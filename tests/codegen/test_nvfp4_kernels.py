@@ -300,6 +300,24 @@ def test_ongrid_weight_kernel_equals_on_grid():
         assert_bitwise_equal(got, wq.on_grid(torch.bfloat16), f"on-grid {shape}")
 
 
+def test_quantize_kernel_packed_and_ongrid_in_one_pass():
+    """Bitwise: quantize_triton(out="both") (a weight's packed form and its on-grid copy from
+    one kernel pass) == out="packed" and the decode of those bytes, dense and experts."""
+    from fp4_compile.codegen.nvfp4_gemm import ongrid_weight
+    from fp4_compile.codegen.quantize_kernel import quantize_triton
+
+    for shape, mode in (((48, 96), "per_tensor"), ((3, 32, 64), "per_expert")):
+        w = _x(*shape, dtype=torch.bfloat16, seed=32).to(DEV)
+        q, grid = quantize_triton(w, block="16x16", global_scale=mode, out="both")
+        want = quantize_triton(w, block="16x16", global_scale=mode)
+        assert_bitwise_equal(q.codes, want.codes, f"codes {shape}")
+        assert_bitwise_equal(q.block_scales, want.block_scales, f"scales {shape}")
+        assert_bitwise_equal(q.global_decode, want.global_decode, f"gd {shape}")
+        want_grid = ongrid_weight(want.codes, want.block_scales.view(torch.uint8))
+        assert grid.dtype == torch.bfloat16 and grid.shape == w.shape
+        assert_bitwise_equal(grid, want_grid, f"on-grid {shape}")
+
+
 def test_invariant_grouped_kernel_equals_per_expert_linear():
     """Bitwise: the one-launch BF16 grouped GEMM (the bf16 recipe's MoE experts on CUDA) == a
     loop of the invariant linear kernel per expert, empty experts included; and its rows do not

@@ -305,29 +305,53 @@ def _fake_graph(device: str, rows: int):
      ("cpu", 4096, False)],
 )  # fmt: skip
 def test_lowering_passes_the_ongrid_weight_where_the_forward_uses_it(device, rows, want):
-    """The lowering dequantizes a weight ONCE in the graph (`ongrid_weight`) and passes it as
-    w_ongrid to every NVFP4 GEMM of it exactly where the forward runs the on-grid GEMM (CUDA,
-    >= ONGRID_FORWARD_MIN_ROWS rows at the traced shape), so autograd saves it for the dgrad;
+    """The lowering makes a weight's on-grid copy ONCE in the graph (its quantize node becomes
+    `quantize_with_ongrid`, the copy its 4th output) and passes it as w_ongrid to every NVFP4
+    GEMM of it exactly where the forward runs the on-grid GEMM (CUDA, >=
+    ONGRID_FORWARD_MIN_ROWS rows at the traced shape), so autograd saves it for the dgrad;
     elsewhere (few rows, CPU) the op decides at run time (w_ongrid None)."""
+    import operator
+
     from fp4_compile.passes.targets import emit_nvfp4_linear, emit_quantize_weight
 
+    ops = torch.ops.fp4_compile
     graph, x, w, lin = _fake_graph(device, rows)
     wq = emit_quantize_weight(graph, w, STRICT)
     a = emit_nvfp4_linear(graph, lin, x, w, wq, None, STRICT)
     b = emit_nvfp4_linear(graph, lin, x, w, wq, None, STRICT)
-    ongrid = [n for n in graph.nodes if n.target is torch.ops.fp4_compile.ongrid_weight.default]
-    assert len(ongrid) == (1 if want else 0), "one dequantize per weight, only where it pays"
-    assert a.args[8] is b.args[8] is (ongrid[0] if want else None)
+    q = wq[0].args[0]
+    copies = [n for n in graph.nodes if n.target is operator.getitem and n.args[1] == 3]
+    assert len(copies) == (1 if want else 0), "one on-grid copy per weight, only where it pays"
+    assert q.target is (ops.quantize_with_ongrid.default if want else ops.quantize.default)
+    assert a.args[8] is b.args[8] is (copies[0] if want else None)
     if want:
-        assert ongrid[0].args == (wq[0], wq[1])
-        assert ongrid[0].meta["val"].shape == (32, 64)
-        assert ongrid[0].meta["val"].dtype == torch.bfloat16
+        assert copies[0].args[0] is q
+        assert copies[0].meta["val"].shape == (32, 64)
+        assert copies[0].meta["val"].dtype == torch.bfloat16
+        assert len(q.meta["val"]) == 4
     graph.lint()
+
+
+def test_quantize_with_ongrid_equals_quantize_then_ongrid_weight():
+    """Bitwise: fp4_compile::quantize_with_ongrid == (quantize, ongrid_weight of its bytes),
+    dense per tensor and experts per expert; opcheck."""
+    ops = torch.ops.fp4_compile
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    for w, mode in ((_x(48, 96, seed=6), "per_tensor"), (_x(3, 32, 64, seed=7), "per_expert")):
+        args = (w.to(dev), "16x16", mode, None, "rne", 0)
+        codes, scales, gd, ongrid = ops.quantize_with_ongrid(*args)
+        want = ops.quantize(*args)
+        for got, exp, name in zip((codes, scales, gd), want, ("codes", "scales", "gd")):
+            assert_bitwise_equal(got, exp, f"{name} {mode}")
+        want_grid = ops.ongrid_weight(want[0], want[1].view(torch.uint8))
+        assert_bitwise_equal(ongrid, want_grid, f"on-grid copy {mode}")
+        torch.library.opcheck(ops.quantize_with_ongrid.default, args)
 
 
 def test_save_ongrid_weights_false_drops_the_weight_copy():
     """options['save_ongrid_weights']=False (backend.drop_ongrid_weights): the graph keeps no
-    ongrid_weight node and every NVFP4 GEMM gets w_ongrid=None back; a non-bool is refused."""
+    on-grid copy (its quantize node is a plain quantize again) and every NVFP4 GEMM gets
+    w_ongrid=None back; a non-bool is refused."""
     import torch.fx as fx
 
     from fp4_compile.backend import drop_ongrid_weights, parse_options
@@ -345,5 +369,7 @@ def test_save_ongrid_weights_false_drops_the_weight_copy():
     assert not [
         n for n in gm.graph.nodes if n.target is torch.ops.fp4_compile.ongrid_weight.default
     ]
+    assert wq[0].args[0].target is torch.ops.fp4_compile.quantize.default
+    assert len(wq[0].args[0].meta["val"]) == 3
     with pytest.raises(TypeError, match="save_ongrid_weights"):
         parse_options({"save_ongrid_weights": 1})

@@ -55,7 +55,8 @@ def test_bad_shapes_are_named():
 @pytest.mark.parametrize(
     "rows,h,dtype,wdtype",
     [(37, 2048, torch.bfloat16, torch.float32), (5, 200, torch.bfloat16, torch.bfloat16),
-     (16, 40, torch.float32, torch.float32), (3, 64, torch.float16, torch.float32)],
+     (16, 40, torch.float32, torch.float32), (3, 64, torch.float16, torch.float32),
+     (16, 128, torch.float32, torch.float32)],
 )  # fmt: skip
 def test_backward_kernel_equals_the_torch_ops(rows, h, dtype, wdtype):
     """Bitwise: the one-pass Triton backward (CUDA's path; the interpreter here) == the torch
