@@ -51,7 +51,6 @@ def drop_ongrid_weights(gm: torch.fx.GraphModule) -> int:
     `fp4_compile::ongrid_weight`): every NVFP4 GEMM gets w_ongrid=None back (its forward and its
     dgrad then dequantize for themselves), the weight quantize nodes return to plain
     `quantize`; returns how many copies went. The bits do not change."""
-    import operator
 
     ops = torch.ops.fp4_compile
     dropped = 0
