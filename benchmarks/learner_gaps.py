@@ -5,6 +5,10 @@ host-launch-bound, yet GPU busy is ~84% (minite) vs ~91% (Inductor BF16) with 80
 kernels per step (`2026-12-03_learner_3c3015c.md`). Figures: emulated NVFP4 (sm_90).
 
     python -m benchmarks.learner_gaps [--layers 2] [--batch 8] [--seq 512] [--no-cuda-graphs]
+
+With --no-cuda-graphs the kernels are launched one by one from the host, so each can be traced
+back to the operator that launched it: the report then also attributes every kernel's GPU time
+to the outermost `fp4_compile::` op around its launch (which op's own ATen glue costs what).
 """
 
 from __future__ import annotations
@@ -65,6 +69,57 @@ def gap_summary(events: list[dict], top: int = 25) -> dict:
             "largest": largest}  # fmt: skip
 
 
+def attribute_kernels(events: list[dict], top: int = 40) -> dict:
+    """Kernel GPU time by the outermost `fp4_compile::` CPU op around each kernel's launch (the
+    launch's correlation id links it to its runtime call; the op is the widest `fp4_compile::`
+    cpu_op on that thread whose interval holds the call), "(none)" outside any; per op: GPU
+    ms, kernels, and how much of that is stock ATen / cub (not Triton) kernels; and the
+    `top` (op, kernel) pairs. Launches inside a CUDA-graph replay cannot be attributed."""
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+    }
+    ops_by_tid: dict = {}
+    for e in events:
+        if e.get("cat") == "cpu_op" and e.get("name", "").startswith("fp4_compile::"):
+            ops_by_tid.setdefault(e.get("tid"), []).append(e)
+    per_op: dict = {}
+    pairs: dict = {}
+    for k in events:
+        if k.get("cat") != "kernel" or "dur" not in k:
+            continue
+        launch = launches.get(k.get("args", {}).get("correlation"))
+        owner = "(none)"
+        if launch is not None:
+            around = [o for o in ops_by_tid.get(launch.get("tid"), [])
+                      if o["ts"] <= launch["ts"] <= o["ts"] + o["dur"]]  # fmt: skip
+            if around:
+                owner = max(around, key=lambda o: o["dur"])["name"]
+        stock = not _is_triton(k["name"])
+        row = per_op.setdefault(owner, {"op": owner, "gpu_ms": 0.0, "kernels": 0,
+                                        "stock_ms": 0.0, "stock_kernels": 0})  # fmt: skip
+        row["gpu_ms"] += k["dur"] / 1e3
+        row["kernels"] += 1
+        if stock:
+            row["stock_ms"] += k["dur"] / 1e3
+            row["stock_kernels"] += 1
+        pair = pairs.setdefault((owner, k["name"][:90]), {"op": owner, "kernel": k["name"][:90],
+                                                          "ms": 0.0, "calls": 0})  # fmt: skip
+        pair["ms"] += k["dur"] / 1e3
+        pair["calls"] += 1
+    return {
+        "by_op": sorted(per_op.values(), key=lambda r: -r["gpu_ms"]),
+        "top_pairs": sorted(pairs.values(), key=lambda r: -r["ms"])[:top],
+    }
+
+
+def _is_triton(name: str) -> bool:
+    """Triton kernels (minite's `_..._kernel`, Inductor's `triton_...`) vs stock ATen / cub /
+    cuBLAS kernels (C++ names: templates, namespaces)."""
+    return "::" not in name and "<" not in name and "(" not in name
+
+
 def _trace_step(step, path: Path) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -106,7 +161,10 @@ def main() -> None:
                 step()
             torch.cuda.synchronize()
             trace = out / f"trace_{backend}.json"
-            row = {"label": label, **gap_summary(_trace_step(step, trace))}
+            events = _trace_step(step, trace)
+            row = {"label": label, **gap_summary(events)}
+            if not graphs and backend == "minite":
+                row["attribution"] = attribute_kernels(events)
             with open(trace, "rb") as src, gzip.open(f"{trace}.gz", "wb") as dst:
                 dst.write(src.read())
             trace.unlink()
@@ -147,6 +205,27 @@ def main() -> None:
             ),  # fmt: skip
             "",
         ]
+        if "attribution" in r:
+            att = r["attribution"]
+            md += [
+                "### kernel time by the fp4_compile op that launched it",
+                "",
+                "| op | GPU ms | kernels | of which stock ATen/cub ms | stock kernels |",
+                "| --- | --- | --- | --- | --- |",
+                *(
+                    f"| `{o['op']}` | {o['gpu_ms']:.2f} | {o['kernels']} | {o['stock_ms']:.2f} | "
+                    f"{o['stock_kernels']} |"
+                    for o in att["by_op"]
+                ),  # fmt: skip
+                "",
+                "| op | kernel | ms | calls |",
+                "| --- | --- | --- | --- |",
+                *(
+                    f"| `{p['op']}` | `{p['kernel']}` | {p['ms']:.3f} | {p['calls']} |"
+                    for p in att["top_pairs"]
+                ),  # fmt: skip
+                "",
+            ]
     text = "\n".join(md) + "\n"
     print(text)
     write_results("learner_gaps", {"env": env, "args": vars(args), "rows": rows}, text)

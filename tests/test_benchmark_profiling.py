@@ -1,7 +1,7 @@
 """Benchmark profiling helpers: the gap analysis of `benchmarks.learner_gaps` (a pure function of
 chrome-trace events) and the kernel filter of `benchmarks.common.profile_call`."""
 
-from benchmarks.learner_gaps import gap_summary
+from benchmarks.learner_gaps import attribute_kernels, gap_summary
 
 
 def test_gap_summary_buckets_overlaps_and_cpu_ops():
@@ -42,3 +42,39 @@ def test_profile_kernel_filter_keeps_aten_lambda_kernels():
               "at::TensorIteratorBase&)::{lambda()#3}::operator()() const>")  # fmt: skip
     assert not is_annotation(kernel)
     assert not is_annotation("_quantize_kernel")
+
+
+def test_attribute_kernels_to_the_outermost_fp4_compile_op():
+    """Each kernel's time goes to the widest fp4_compile:: op on its launching thread around its
+    launch (linked by correlation id), "(none)" outside; stock (C++-named) kernels counted apart."""
+
+    def op(name, ts, dur, tid=1):
+        return {"cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    def launch(corr, ts, tid=1):
+        return {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 1.0,
+                "tid": tid, "args": {"correlation": corr}}  # fmt: skip
+
+    def kernel(corr, name, dur):
+        return {"cat": "kernel", "name": name, "ts": 100.0 + corr, "dur": dur,
+                "args": {"correlation": corr}}  # fmt: skip
+
+    stock = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>()"
+    events = [
+        op("fp4_compile::nvfp4_grouped_mm_backward", 0.0, 50.0),
+        op("fp4_compile::quantize", 10.0, 5.0),  # nested: the outer op owns its kernels
+        op("aten::fill_", 20.0, 2.0),
+        launch(1, 11.0), kernel(1, "_quantize_kernel", 30.0),
+        launch(2, 21.0), kernel(2, stock, 2.0),
+        launch(3, 60.0), kernel(3, "triton_poi_fused_add_0", 4.0),  # outside any op
+        launch(4, 12.0, tid=2), kernel(4, "_row_abs_max_kernel", 8.0),  # another thread
+        kernel(5, "no_launch_seen", 1.0),
+    ]  # fmt: skip
+    att = attribute_kernels(events)
+    by_op = {r["op"]: r for r in att["by_op"]}
+    mm = by_op["fp4_compile::nvfp4_grouped_mm_backward"]
+    assert mm["kernels"] == 2 and abs(mm["gpu_ms"] - 0.032) < 1e-12
+    assert mm["stock_kernels"] == 1 and abs(mm["stock_ms"] - 0.002) < 1e-12
+    assert by_op["(none)"]["kernels"] == 3 and by_op["(none)"]["stock_kernels"] == 0
+    assert "fp4_compile::quantize" not in by_op
+    assert att["by_op"][0]["op"] == "fp4_compile::nvfp4_grouped_mm_backward"
