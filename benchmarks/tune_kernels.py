@@ -149,11 +149,22 @@ def quantize_section(rows):
     lay = segment_layout(offsets, x.shape[0])
     amax = torch.ones(EXPERTS, device="cuda")
     keys = sr_keys(11, EXPERTS, "cuda")
-    cases["wgrad dY^T segments [2048, C] SR ongrid"] = lambda: quantize_segments_ongrid(
-        x, lay["src"], lay["block_group"], lay["start"], lay["width"], amax, keys=keys
-    )
+    cases["weight [128, 1536, 2048] per_expert 16x16 packed + on-grid"] = lambda: (
+        lambda qg: (qg[0].codes, qg[0].block_scales, qg[1])
+    )(quantize_triton(w, block="16x16", global_scale="per_expert", out="both"))
     for case, run in cases.items():
         sweep("quantize", case, key, QUANT_CANDIDATES, run, rows, baseline_ms=copy_ms)
+    segments = {  # the transposing quantize of the wgrad operands (token-major tiles)
+        "wgrad dY^T segments [2048, C] SR ongrid": lambda: quantize_segments_ongrid(
+            x, lay["src"], lay["block_group"], lay["start"], lay["width"], amax, keys=keys
+        ),
+        "wgrad X^T segments [2048, C] RNE ongrid": lambda: quantize_segments_ongrid(
+            x, lay["src"], lay["block_group"], lay["start"], lay["width"], amax
+        ),
+    }
+    for case, run in segments.items():
+        sweep("quantize", case, ("sm_90", "any", "nvfp4_quantize_segments"),
+              QUANT_CANDIDATES, run, rows, baseline_ms=copy_ms)  # fmt: skip
 
 
 def wgrad_section(rows):

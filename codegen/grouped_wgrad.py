@@ -92,16 +92,14 @@ def segment_layout(offsets: torch.Tensor, num_tokens: int) -> dict:
             "block_group": group.to(torch.int32)}  # fmt: skip
 
 
-def _segment_amax(t_TD: torch.Tensor, layout: dict, num_experts: int, per_row: bool):
-    """Per-expert amax of |t| over its tokens: [E] (per tensor) or [E, D] (per row of t^T)."""
-    expert = layout["expert"]
-    if per_row:
-        a = t_TD.abs().to(torch.float32)  # max is exact in any dtype
-        out = a.new_zeros((num_experts, t_TD.shape[1]))
-        return out.scatter_reduce_(0, expert[:, None].expand_as(a), a, "amax")
-    from .abs_max import segment_abs_max  # one read of t instead of abs + amax
+def _segment_amax(t_TD: torch.Tensor, offsets: torch.Tensor, per_row: bool) -> torch.Tensor:
+    """Per-expert amax of |t| over its tokens: [E] (per tensor) or [E, D] (per row of t^T),
+    each in one read of t (max is exact in any order and dtype)."""
+    from .abs_max import segment_abs_max, segment_column_abs_max
 
-    return segment_abs_max(t_TD, expert, num_experts)
+    if per_row:
+        return segment_column_abs_max(t_TD, offsets)
+    return segment_abs_max(t_TD, offsets)
 
 
 def grouped_wgrad(
@@ -139,13 +137,9 @@ def grouped_wgrad(
         else:
             keys = sr_keys(seed + 1, num_experts, dev)
     seg = (lay["block_group"], lay["start"], lay["width"])
-    a, gd_a = quantize_segments_ongrid(
-        dy_TN, lay["src"], *seg, _segment_amax(dy_TN, lay, num_experts, mode == "per_row"),
-        keys=keys,
-    )  # fmt: skip
-    b, gd_b = quantize_segments_ongrid(
-        x_TK, lay["src"], *seg, _segment_amax(x_TK, lay, num_experts, False)
-    )
+    amax_dy = _segment_amax(dy_TN, offsets, mode == "per_row")
+    a, gd_a = quantize_segments_ongrid(dy_TN, lay["src"], *seg, amax_dy, keys=keys)
+    b, gd_b = quantize_segments_ongrid(x_TK, lay["src"], *seg, _segment_amax(x_TK, offsets, False))
     cfg = pick(arch_of(dev), "bf16" if dev.type == "cuda" else "fp32", "nvfp4_wgrad", n)
     interp = interpreting() or dev.type != "cuda"
     out = torch.empty((num_experts, n, k), dtype=torch.float32 if interp else out_dtype,

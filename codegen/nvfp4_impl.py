@@ -224,19 +224,13 @@ def quantize_transposed_ongrid(t_TD, *, global_scale, rounding="rne", seed=None)
     """1x16 on-grid quantize of t^T zero-padded to a multiple of 16 tokens, [D, T16], and its
     global decode ([] per tensor, [D, 1] per row): bitwise `quantize_triton(pad_tokens(
     t.t().contiguous()), ...)`, without writing the transposed copy (the segmented quantizer
-    reads t strided, as ONE segment: `grouped_wgrad`'s path with one expert).
+    reads t strided, as ONE segment: `grouped_wgrad`'s path with one expert, its layout derived
+    in the kernel).
     global_scale: "per_tensor", "per_row", or the FP32 amax [] of t; seed an int or an int64
     [1] device tensor (stochastic rounding)."""
-    from .quantize_kernel import quantize_segments_ongrid
+    from .quantize_kernel import quantize_tokens_transposed_ongrid
 
-    t, d = t_TD.shape
-    dev = t_TD.device
-    cols = -(-t // BLOCK_SIZE) * BLOCK_SIZE
-    src = torch.arange(cols, device=dev)
-    src = torch.where(src < t, src, -1)
-    group = torch.zeros((cols // BLOCK_SIZE,), dtype=torch.int32, device=dev)
-    start = torch.zeros((1,), dtype=torch.int64, device=dev)
-    width = torch.full((1,), cols, dtype=torch.int64, device=dev)
+    d = t_TD.shape[1]
     per_row = isinstance(global_scale, str) and global_scale == "per_row"
     if isinstance(global_scale, torch.Tensor):
         amax = global_scale.reshape(1).to(torch.float32)
@@ -250,17 +244,17 @@ def quantize_transposed_ongrid(t_TD, *, global_scale, rounding="rne", seed=None)
         raise ValueError(
             f"global_scale must be 'per_tensor', 'per_row' or an amax, got {global_scale!r}"
         )
-    keys = None
+    key = None
     if rounding == "stochastic":
-        if isinstance(seed, torch.Tensor):
+        if isinstance(seed, torch.Tensor):  # held on the device: its key computed there
             from .sr_keys import device_sr_keys
 
-            keys = device_sr_keys(seed, 0, 1)
+            key = device_sr_keys(seed, 0, 1)
         else:
-            from ..sr_stream import sr_keys
+            from ..sr_stream import sr_key
 
-            keys = sr_keys(int(seed), 1, dev)
-    ongrid, gd = quantize_segments_ongrid(t_TD, src, group, start, width, amax, keys=keys)
+            key = sr_key(int(seed))
+    ongrid, gd = quantize_tokens_transposed_ongrid(t_TD, amax, key=key)
     return ongrid, (gd.reshape(d, 1) if per_row else gd.reshape(()))
 
 

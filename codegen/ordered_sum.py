@@ -1,9 +1,12 @@
 """`fp4_compile::ordered_sum`: a sum over ONE small dimension in a fixed, written-out order
 ((x0 + x1) + x2) + ..., as elementwise adds. It replaces the small reductions left in a lowered
 graph (MoE top-k combine, top-k renormalization), so eager, Inductor and export all add the
-same numbers in the same order on every device, whatever the batch."""
+same numbers in the same order on every device, whatever the batch. On CUDA (FP32, BF16) one
+Triton pass (`group_sum_kernel`) with the same roundings."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -11,6 +14,21 @@ MAX_EXTENT = 64
 
 
 def _ordered_sum(x: torch.Tensor, dim: int, keepdim: bool) -> torch.Tensor:
+    from .group_sum_kernel import KERNEL_DTYPES, group_sum
+
+    if x.device.type == "cuda" and x.dtype in KERNEL_DTYPES:  # one pass, the same roundings
+        dim = dim % x.dim()
+        shape = list(x.shape)
+        a = math.prod(shape[:dim])
+        out = group_sum(x.reshape(a, shape[dim], -1), round_each=True, out_dtype=x.dtype)
+        shape[dim] = 1
+        out = out.reshape(shape)
+        return out if keepdim else out.squeeze(dim)
+    return ordered_sum_torch(x, dim, keepdim)
+
+
+def ordered_sum_torch(x: torch.Tensor, dim: int, keepdim: bool) -> torch.Tensor:
+    """The op's math as torch ops (CPU; the kernel's reference)."""
     parts = x.unbind(dim)
     acc = parts[0].clone()
     for p in parts[1:]:

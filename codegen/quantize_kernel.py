@@ -109,10 +109,11 @@ def _quantize_kernel(
     x_ptr, mult_ptr, gd_ptr, codes_ptr, scales_ptr, ongrid_ptr,
     R, K, stride_xr, mult_stride, gd_stride, sr_key, sr_key_hi,
     group_ptr, seg_start_ptr, seg_width_ptr, key_ptr, key_hi_ptr, group_stride, src_ptr,
-    stride_xc,
+    stride_xc, n_tok,
     TILE16: tl.constexpr, STOCHASTIC: tl.constexpr, ONGRID: tl.constexpr,
     SEGMENTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     KEY_FROM_PTR: tl.constexpr = False, PACKED_TOO: tl.constexpr = False,
+    ONE_SEGMENT: tl.constexpr = False,
 ):  # fmt: skip
     # ONGRID: store the on-grid values; else the packed codes and scale bytes. PACKED_TOO (with
     # ONGRID): both, from one read of x (a weight's packed form and its on-grid copy).
@@ -124,6 +125,9 @@ def _quantize_kernel(
     # own [R, width] matrix: flat index row * width + (col - start), key key_ptr[g]. Column c
     # reads x[row, src[c]] (x strided: stride_xr, stride_xc), or zero where src[c] < 0: the
     # quantizer gathers and transposes tokens itself (no padded copy of the operand).
+    # ONE_SEGMENT (with SEGMENTED): the layout of one segment of all K columns, column c token c
+    # below n_tok (else zero), computed here instead of read from the layout tensors (the
+    # dense wgrad's operands: no per-call tensors); keys as in the unsegmented path.
     # Tensors are [BLOCK_M, NB, 16] (NB = BLOCK_K // 16 blocks of 16 columns): the block max is a
     # reduction over the last axis and its scales broadcast back along it, in the same register
     # layout (no reshape, no shuffle through shared memory for the 1x16 path).
@@ -137,9 +141,18 @@ def _quantize_kernel(
     rmask = rows < R
     mask = (rows3 < R) & (cols3 < K)
     if SEGMENTED:
-        src = tl.load(src_ptr + cols3, mask=cols3 < K, other=-1)
-        x = tl.load(x_ptr + rows3 * stride_xr + src * stride_xc, mask=mask & (src >= 0),
-                    other=0.0)  # fmt: skip
+        # token-major: tile [BLOCK_K tokens, BLOCK_M rows], each token's rows contiguous in x
+        # (x's last dim), so the loads are vectors; then transposed in registers. (Loading
+        # [BLOCK_M, NB, 16] directly put consecutive elements of a thread 16 tokens = one row
+        # of x apart: one 2-byte load each.)
+        tcols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+        if ONE_SEGMENT:
+            src = tl.where(tcols < n_tok, tcols, -1).to(tl.int64)
+        else:
+            src = tl.load(src_ptr + tcols, mask=tcols < K, other=-1)
+        xt = tl.load(x_ptr + src[:, None] * stride_xc + rows[None, :] * stride_xr,
+                     mask=(src >= 0)[:, None] & rmask[None, :], other=0.0)  # fmt: skip
+        x = tl.reshape(tl.trans(xt), (BLOCK_M, NB, 16))
     else:
         x = tl.load(x_ptr + rows3 * stride_xr + cols3, mask=mask, other=0.0)
     x = x.to(tl.float32)
@@ -149,7 +162,10 @@ def _quantize_kernel(
         vmax = tl.reshape(tl.broadcast_to(tmax[:, None, :], (BLOCK_M // 16, 16, NB)), (BLOCK_M, NB))
     if SEGMENTED:
         bmask = rmask[:, None] & (blk < K // 16)[None, :]
-        grp = tl.load(group_ptr + blk, mask=blk < K // 16, other=0)
+        if ONE_SEGMENT:
+            grp = tl.zeros_like(blk)
+        else:
+            grp = tl.load(group_ptr + blk, mask=blk < K // 16, other=0)
         goff = grp[None, :] * group_stride + rows[:, None] * mult_stride  # [BM, NB]
         mult = tl.load(mult_ptr + goff, mask=bmask, other=1.0)
         gd = tl.load(gd_ptr + goff, mask=bmask, other=1.0)
@@ -167,7 +183,7 @@ def _quantize_kernel(
     mag = tl.abs(v)
     y, base = _e2m1_scaled(mag)
     if STOCHASTIC:
-        if SEGMENTED:
+        if SEGMENTED and not ONE_SEGMENT:
             gblk = tl.load(group_ptr + blk, mask=blk < K // 16, other=0)[None, :, None]
             start = tl.load(seg_start_ptr + gblk)
             width = tl.load(seg_width_ptr + gblk)
@@ -326,7 +342,7 @@ def quantize_triton(
             x2, mult2, gd2, codes, scales, ongrid,
             r, k, x2.stride(0), 1 if per_row else 0, 1 if per_row else 0, key, key >> 1,
             gd2, gd2, gd2, key_lo if device_seed else gd2, key_hi if device_seed else gd2,
-            0, gd2, 0,  # no segments
+            0, gd2, 0, 0,  # no segments
             TILE16=block == "16x16", STOCHASTIC=rounding == "stochastic", ONGRID=out != "packed",
             SEGMENTED=False, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
             KEY_FROM_PTR=device_seed, PACKED_TOO=out == "both", **cfg.launch_kwargs(),
@@ -367,27 +383,62 @@ def quantize_segments_ongrid(
         raise ValueError(
             f"x must be [T, D] and src [C] with C % 16 == 0: {x_TD.shape}, {src.shape}"
         )
-    r, c = x_TD.shape[1], src.shape[0]
+    c = src.shape[0]
+    return _launch_transposed(x_TD, amax, c, keys=keys, layout=(src, block_group, seg_start,
+                              seg_width), ongrid_dtype=ongrid_dtype)  # fmt: skip
+
+
+def quantize_tokens_transposed_ongrid(
+    x_TD: torch.Tensor,
+    amax: torch.Tensor,
+    *,
+    key: int | torch.Tensor | None = None,
+    ongrid_dtype: torch.dtype = torch.bfloat16,
+):
+    """`quantize_segments_ongrid` of ONE segment of all tokens (X = x^T zero-padded to a
+    multiple of 16 columns), without layout tensors: the kernel derives column c's token (c,
+    or padding from T on). amax FP32 [1] or [1, D]; key: None (RNE), an int (`sr_key` of the
+    seed) or an int64 [1] device tensor holding it. Bitwise the segmented call with src =
+    [0..T) + [-1] * pad, one group, start 0, width C (and keys [key])."""
+    check_kernel_device(x_TD, "x")
+    if x_TD.dim() != 2:
+        raise ValueError(f"x must be [T, D], got {tuple(x_TD.shape)}")
+    cols = -(-x_TD.shape[0] // BLOCK_SIZE) * BLOCK_SIZE
+    return _launch_transposed(x_TD, amax, cols, keys=key, layout=None, ongrid_dtype=ongrid_dtype)
+
+
+def _launch_transposed(x_TD, amax, c, *, keys, layout, ongrid_dtype):
+    r = x_TD.shape[1]
     if amax.dim() not in (1, 2) or (amax.dim() == 2 and amax.shape[1] != r):
         raise ValueError(f"amax must be [G] or [G, D={r}], got {tuple(amax.shape)}")
     gd, mult = global_stage(x_TD, amax.to(torch.float32))
     gd, mult = gd.contiguous(), mult.contiguous()
     ongrid = torch.empty((r, c), dtype=ongrid_dtype, device=x_TD.device)
-    cfg = pick(arch_of(x_TD.device), "any", "nvfp4_quantize", r)
-    key_lo = keys if keys is not None else seg_start
-    key_hi = keys >> 1 if keys is not None else seg_start
+    cfg = pick(arch_of(x_TD.device), "any", "nvfp4_quantize_segments", r)
+    one = layout is None
+    src, block_group, seg_start, seg_width = (gd, gd, gd, gd) if one else layout
+    host_key = keys if isinstance(keys, int) else 0
+    key_t = keys if isinstance(keys, torch.Tensor) else seg_start
+    key_hi = key_t >> 1 if isinstance(keys, torch.Tensor) else seg_start
     if r and c:
         grid = (triton.cdiv(r, cfg.block_m), triton.cdiv(c, cfg.block_k))
         _quantize_kernel[grid](
             x_TD, mult, gd, ongrid, ongrid, ongrid,
-            r, c, x_TD.stride(1), 1 if amax.dim() == 2 else 0, 0, 0, 0,
-            block_group, seg_start, seg_width, key_lo, key_hi, r if amax.dim() == 2 else 1,
-            src, x_TD.stride(0),
+            r, c, x_TD.stride(1), 1 if amax.dim() == 2 else 0, 0, host_key, host_key >> 1,
+            block_group, seg_start, seg_width, key_t, key_hi, r if amax.dim() == 2 else 1,
+            src, x_TD.stride(0), x_TD.shape[0],
             TILE16=False, STOCHASTIC=keys is not None, ONGRID=True, SEGMENTED=True,
-            BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
+            BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, ONE_SEGMENT=one,
+            KEY_FROM_PTR=one and isinstance(keys, torch.Tensor),
             **cfg.launch_kwargs(), **compile_options(x_TD.device),
         )  # fmt: skip
     return ongrid, gd
 
 
-__all__ = ["quantize_triton", "quantize_segments_ongrid", "global_stage", "interpreting"]
+__all__ = [
+    "quantize_triton",
+    "quantize_segments_ongrid",
+    "quantize_tokens_transposed_ongrid",
+    "global_stage",
+    "interpreting",
+]

@@ -5,7 +5,8 @@ to x's dtype at the end. Left to autograd, `expand`'s backward is a stock sum ov
 reduced in one order by eager ATen and in another by Inductor's generated kernel: the dK / dV of
 every GQA layer could differ in the last bit between a compiled step and the eager lowered graph
 (the bf16 recipe's 30B-shaped row at 4096 tokens on the H200, 2026-12-03). The forward is a copy:
-its bits are the inputs'."""
+its bits are the inputs'. On CUDA (FP32, BF16) the backward is one Triton pass
+(`group_sum_kernel`), the same roundings."""
 
 from __future__ import annotations
 
@@ -40,6 +41,18 @@ def repeat_kv_backward(grad: torch.Tensor, n_rep: int, x_dtype: torch.dtype) -> 
     b, hn, t, d = grad.shape
     if hn % n_rep:
         raise ValueError(f"grad has {hn} heads, not a multiple of n_rep={n_rep}")
+    from .group_sum_kernel import KERNEL_DTYPES, group_sum
+
+    if grad.device.type == "cuda" and grad.dtype in KERNEL_DTYPES and x_dtype in KERNEL_DTYPES:
+        out = group_sum(grad.reshape(b * (hn // n_rep), n_rep, t * d), round_each=False,
+                        out_dtype=x_dtype)  # fmt: skip
+        return out.reshape(b, hn // n_rep, 1, t, d)
+    return repeat_kv_backward_torch(grad, n_rep, x_dtype)
+
+
+def repeat_kv_backward_torch(grad: torch.Tensor, n_rep: int, x_dtype: torch.dtype):
+    """The backward's math as torch ops (CPU; the kernel's reference)."""
+    b, hn, t, d = grad.shape
     g = grad.reshape(b, hn // n_rep, n_rep, t, d)
     acc = g[:, :, 0].to(torch.float32)
     for r in range(1, n_rep):

@@ -47,7 +47,8 @@ def test_segment_abs_max_equals_torch():
 
     x = _rows(30, 64, torch.bfloat16, seed=1)
     expert = torch.tensor([0] * 7 + [2] * 13 + [3] * 10, device=DEV)
-    got = segment_abs_max(x, expert, 5)
+    ends = torch.tensor([7, 7, 20, 30, 30], device=DEV)
+    got = segment_abs_max(x, ends)
     want = torch.stack([x[expert == e].abs().amax().float() if (expert == e).any()
                         else torch.zeros((), device=DEV) for e in range(5)])  # fmt: skip
     assert_bitwise_equal(got, want, "segment amax")
@@ -58,3 +59,28 @@ def test_row_abs_max_refuses_strided_rows():
 
     with pytest.raises(ValueError, match="unit stride"):
         row_abs_max(torch.zeros(4, 32, device=DEV).t())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d", [5, 48, 300])
+def test_segment_column_abs_max_equals_the_scatter(dtype, d):
+    """Bitwise: per (expert segment, column) max |x| == the scatter_reduce of |x| in FP32 it
+    replaced; uneven segments longer than a row chunk, empty experts (0), inf rows; a NaN
+    poisons exactly its own (expert, column)."""
+    from fp4_compile.codegen.abs_max import segment_column_abs_max
+
+    x = _rows(70, d, dtype, seed=d)
+    counts = torch.tensor([0, 33, 1, 0, 36, 0])  # 70 rows; experts 0, 3, 5 empty
+    ends = torch.cumsum(counts, 0).to(DEV)
+    expert = torch.repeat_interleave(torch.arange(6), counts).to(DEV)
+    a = x.abs().to(torch.float32)
+    want = a.new_zeros((6, d)).scatter_reduce_(0, expert[:, None].expand_as(a), a, "amax")
+    got = segment_column_abs_max(x, ends)
+    assert_bitwise_equal(got, want, "segment column amax")
+    assert_bitwise_equal(segment_column_abs_max(x, ends.to(torch.int32)), want, "int32 ends")
+    x[40, d - 1] = float("nan")  # expert 4's rows are 34..69
+    got = segment_column_abs_max(x, ends)
+    assert torch.isnan(got[4, d - 1])
+    assert int(torch.isnan(got).sum()) == 1
+    with pytest.raises(ValueError, match="ends"):
+        segment_column_abs_max(x, ends.float())

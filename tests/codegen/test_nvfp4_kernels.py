@@ -267,7 +267,7 @@ def test_dense_wgrad_quantizes_the_transposes_in_place(grad, tokens):
     from fp4_compile.recipe import QuantSpec
 
     rec = NVFP4Recipe.strict(grad=QuantSpec(block="1x16", global_scale=grad[0], rounding=grad[1]))
-    dy, x = _x(tokens, 32, seed=61), _x(tokens, 48, seed=62)
+    dy, x = _x(tokens, 80, seed=61), _x(tokens, 48, seed=62)  # 80 rows: > one 64-row tile
     seed = 2**40 + 3 * 4096 + 1
     a_old, gd_a_old = quantize_triton(impl.pad_tokens(dy.t().contiguous()), block="1x16",
                                       global_scale=grad[0], rounding=grad[1], seed=seed,
