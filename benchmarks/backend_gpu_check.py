@@ -115,7 +115,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=256, help="tokens of the 30B-shaped batch")
     parser.add_argument("--skip-30b", action="store_true")
+    parser.add_argument("--only-30b", action="store_true", help="skip the tiny models")
+    parser.add_argument("--recipes", default=",".join(PRESETS), help="comma-separated presets")
     args = parser.parse_args()
+    presets = [p for p in args.recipes.split(",") if p]
+    unknown = sorted(set(presets) - set(PRESETS))
+    if unknown or args.skip_30b and args.only_30b:
+        parser.error(f"unknown recipes {unknown}" if unknown else "--skip-30b with --only-30b")
     env = environment()
     dev = "cuda"
     sr = check_sr_stream()
@@ -127,10 +133,14 @@ def main() -> None:
         "tiny Qwen3-MoE (bf16)": lambda: tiny_qwen3_moe(dtype=torch.bfloat16).to(dev),
         "tiny Llama (fp32)": lambda: tiny_llama().to(dev),
     }
-    rows = [check_model(n, b, p, tiny_ids) for n, b in tiny.items() for p in PRESETS]
+    rows = (
+        []
+        if args.only_30b
+        else [check_model(n, b, p, tiny_ids) for n, b in tiny.items() for p in presets]
+    )
     if not args.skip_30b:
         big = f"Qwen3-30B-A3B-shaped x{args.layers} (bf16)"
-        for p in PRESETS:
+        for p in presets:
             rows.append(
                 check_model(
                     big, lambda: qwen3_30b_a3b_layers(layers=args.layers, device=dev), p, big_ids

@@ -5,7 +5,7 @@ graphs (each against the BF16 baseline of the same mode). Figures on the H200 ar
 equals the forward of each sequence alone (bitwise).
 
     python -m benchmarks.learner [--layers 2] [--batch 8] [--seq 512] [--profile]
-        [--no-cuda-graphs | --only-cuda-graphs]
+        [--no-cuda-graphs | --only-cuda-graphs] [--skip-ongrid-ab]
 """
 
 from __future__ import annotations
@@ -59,6 +59,10 @@ def main() -> None:
     parser.add_argument(
         "--only-cuda-graphs", action="store_true", help="run only the CUDA-graph configs"
     )
+    parser.add_argument(
+        "--skip-ongrid-ab", action="store_true",
+        help="skip the save_ongrid_weights=False row (the A/B of the saved on-grid weights)",
+    )  # fmt: skip
     args = parser.parse_args()
     env = environment()
     device = "cuda"
@@ -83,6 +87,8 @@ def main() -> None:
         configs = [c for c in configs if c[3] == "eager"]
     if args.only_cuda_graphs:
         configs = [c for c in configs if c[3] == "cuda graphs"]
+    if args.skip_ongrid_ab:
+        configs = [c for c in configs if "save_ongrid_weights" not in c[0]]
     for label, backend, options, mode in configs:
         torch._dynamo.reset()
         model = qwen3_30b_a3b_layers(layers=args.layers, device=device)

@@ -74,13 +74,12 @@ def tensor_abs_max(x: torch.Tensor) -> torch.Tensor:
 
 def segment_abs_max(x_TD: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """max |x| over the rows of each expert (rows sorted by expert, expert e's rows
-    [ends[e-1], ends[e])) -> FP32 [E], 0 for an expert without rows: the per-column maxima
-    (`segment_column_abs_max`, one read of x), then their max per expert. (A scatter_reduce
-    of the row maxima into E bins took ~45 us per call on the H200: atomics on E addresses.)"""
-    cols = segment_column_abs_max(x_TD, ends)
-    if cols.shape[1] == 0:
-        return cols.new_zeros((cols.shape[0],))
-    return cols.amax(dim=1)
+    [ends[e-1], ends[e])) -> FP32 [E], 0 for an expert without rows: the row maxima (one read
+    of x), then each expert's max of its rows' (`segment_column_abs_max` of one column). A
+    scatter_reduce of the row maxima into E bins took ~45 us per call on the H200 (atomics on E
+    addresses); the column kernel over all of x took ~250 us (2026-12-04_learner_1bb6149.md)."""
+    rows = row_abs_max(x_TD)
+    return segment_column_abs_max(rows.reshape(-1, 1), ends).reshape(-1)
 
 
 @triton.jit
@@ -118,7 +117,8 @@ def segment_column_abs_max(x_TD: torch.Tensor, ends: torch.Tensor) -> torch.Tens
     num_experts, d = ends.shape[0], x_TD.shape[1]
     out = torch.zeros((num_experts, d), dtype=torch.float32, device=x_TD.device)
     interp = arch_of(x_TD.device) == "interpreter"
-    block_t, block_d = (16, 32) if interp else (32, 256)
+    block_d = min(256 if not interp else 32, max(16, triton.next_power_of_2(d)))
+    block_t = (512 if not interp else 64) // block_d * 16  # rows per step: 16 x 512 / block_d
     if num_experts and d:
         _segment_column_abs_max_kernel[(num_experts, triton.cdiv(d, block_d))](
             x_TD, ends, out, d, x_TD.stride(0), BLOCK_T=block_t, BLOCK_D=block_d,

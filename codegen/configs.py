@@ -70,9 +70,9 @@ _WGRAD_SM90 = ((None, TileConfig(128, 256, 64, num_warps=8, num_stages=3)),)
 # Quantize: BLOCK_M rows x BLOCK_K columns per program (BLOCK_M a multiple of 16 for 16x16 tiles).
 _QUANT_SM90 = ((None, TileConfig(16, 0, 256, num_warps=4, num_stages=1)),)
 _QUANT_INTERPRETER = ((None, TileConfig(16, 0, 64, num_warps=1, num_stages=1)),)
-# The transposing (segmented) quantize reads a [BLOCK_K tokens, BLOCK_M rows] tile of x [T, D]:
-# BLOCK_M contiguous elements per token, so a wider BLOCK_M makes longer vector loads.
-_QUANT_SEGMENTS_SM90 = ((None, TileConfig(64, 0, 128, num_warps=4, num_stages=1)),)
+# The transposing (segmented) quantize of the wgrad operands, pinned apart so that it can be
+# tuned apart (benchmarks/tune_kernels.py); the plain quantize's tiling for now.
+_QUANT_SEGMENTS_SM90 = _QUANT_SM90
 
 GEMM_OPS = ("nvfp4_gemm", "nvfp4_gemm_ongrid", "nvfp4_wgrad")
 

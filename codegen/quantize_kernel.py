@@ -141,18 +141,14 @@ def _quantize_kernel(
     rmask = rows < R
     mask = (rows3 < R) & (cols3 < K)
     if SEGMENTED:
-        # token-major: tile [BLOCK_K tokens, BLOCK_M rows], each token's rows contiguous in x
-        # (x's last dim), so the loads are vectors; then transposed in registers. (Loading
-        # [BLOCK_M, NB, 16] directly put consecutive elements of a thread 16 tokens = one row
-        # of x apart: one 2-byte load each.)
-        tcols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
         if ONE_SEGMENT:
-            src = tl.where(tcols < n_tok, tcols, -1).to(tl.int64)
+            src = tl.where(cols3 < n_tok, cols3, -1).to(tl.int64)
         else:
-            src = tl.load(src_ptr + tcols, mask=tcols < K, other=-1)
-        xt = tl.load(x_ptr + src[:, None] * stride_xc + rows[None, :] * stride_xr,
-                     mask=(src >= 0)[:, None] & rmask[None, :], other=0.0)  # fmt: skip
-        x = tl.reshape(tl.trans(xt), (BLOCK_M, NB, 16))
+            src = tl.load(src_ptr + cols3, mask=cols3 < K, other=-1)
+        # (a token-major [BLOCK_K, BLOCK_M] load, transposed in registers, was slower on the
+        # H200: 2026-12-04_learner_1bb6149.md)
+        x = tl.load(x_ptr + rows3 * stride_xr + src * stride_xc, mask=mask & (src >= 0),
+                    other=0.0)  # fmt: skip
     else:
         x = tl.load(x_ptr + rows3 * stride_xr + cols3, mask=mask, other=0.0)
     x = x.to(tl.float32)
