@@ -5,6 +5,7 @@ host-launch-bound, yet GPU busy is ~84% (minite) vs ~91% (Inductor BF16) with 80
 kernels per step (`2026-12-03_learner_3c3015c.md`). Figures: emulated NVFP4 (sm_90).
 
     python -m benchmarks.learner_gaps [--layers 2] [--batch 8] [--seq 512] [--no-cuda-graphs]
+    python -m benchmarks.learner_gaps --from-trace TRACE.json.gz   # attribution of a kept trace
 
 With --no-cuda-graphs the kernels are launched one by one from the host, so each can be traced
 back to the operator that launched it: the report then also attributes every kernel's GPU time
@@ -71,14 +72,15 @@ def gap_summary(events: list[dict], top: int = 25) -> dict:
 
 def attribute_kernels(events: list[dict], top: int = 40) -> dict:
     """Kernel GPU time by the outermost `fp4_compile::` CPU op around each kernel's launch (the
-    launch's correlation id links it to its runtime call; the op is the widest `fp4_compile::`
+    launch's correlation id links it to its runtime or driver call (Triton launches through the
+    driver API); the op is the widest `fp4_compile::`
     cpu_op on that thread whose interval holds the call), "(none)" outside any; per op: GPU
     ms, kernels, and how much of that is stock ATen / cub (not Triton) kernels; and the
     `top` (op, kernel) pairs. Launches inside a CUDA-graph replay cannot be attributed."""
     launches = {
         e["args"]["correlation"]: e
         for e in events
-        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
     }
     ops_by_tid: dict = {}
     for e in events:
@@ -114,6 +116,35 @@ def attribute_kernels(events: list[dict], top: int = 40) -> dict:
     }
 
 
+def attribution_markdown(att: dict) -> list[str]:
+    """The markdown tables of an `attribute_kernels` result."""
+    return [
+        "### kernel time by the fp4_compile op that launched it",
+        "",
+        "| op | GPU ms | kernels | of which stock ATen/cub ms | stock kernels |",
+        "| --- | --- | --- | --- | --- |",
+        *(
+            f"| `{o['op']}` | {o['gpu_ms']:.2f} | {o['kernels']} | {o['stock_ms']:.2f} | "
+            f"{o['stock_kernels']} |"
+            for o in att["by_op"]
+        ),  # fmt: skip
+        "",
+        "| op | kernel | ms | calls |",
+        "| --- | --- | --- | --- |",
+        *(
+            f"| `{p['op']}` | `{p['kernel']}` | {p['ms']:.3f} | {p['calls']} |"
+            for p in att["top_pairs"]
+        ),  # fmt: skip
+        "",
+    ]
+
+
+def _read_trace(path: str) -> list[dict]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
 def _is_triton(name: str) -> bool:
     """Triton kernels (minite's `_..._kernel`, Inductor's `triton_...`) vs stock ATen / cub /
     cuBLAS kernels (C++ names: templates, namespaces)."""
@@ -136,7 +167,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--no-cuda-graphs", action="store_true")
+    parser.add_argument("--from-trace", help="only attribute the kernels of this chrome trace")
     args = parser.parse_args()
+    if args.from_trace:
+        print("\n".join(attribution_markdown(attribute_kernels(_read_trace(args.from_trace)))))
+        return
     env = environment()
     out = Path(os.environ.get("OUT", "benchmarks/results"))
     out.mkdir(parents=True, exist_ok=True)
@@ -206,26 +241,7 @@ def main() -> None:
             "",
         ]
         if "attribution" in r:
-            att = r["attribution"]
-            md += [
-                "### kernel time by the fp4_compile op that launched it",
-                "",
-                "| op | GPU ms | kernels | of which stock ATen/cub ms | stock kernels |",
-                "| --- | --- | --- | --- | --- |",
-                *(
-                    f"| `{o['op']}` | {o['gpu_ms']:.2f} | {o['kernels']} | {o['stock_ms']:.2f} | "
-                    f"{o['stock_kernels']} |"
-                    for o in att["by_op"]
-                ),  # fmt: skip
-                "",
-                "| op | kernel | ms | calls |",
-                "| --- | --- | --- | --- |",
-                *(
-                    f"| `{p['op']}` | `{p['kernel']}` | {p['ms']:.3f} | {p['calls']} |"
-                    for p in att["top_pairs"]
-                ),  # fmt: skip
-                "",
-            ]
+            md += attribution_markdown(r["attribution"])
     text = "\n".join(md) + "\n"
     print(text)
     write_results("learner_gaps", {"env": env, "args": vars(args), "rows": rows}, text)
