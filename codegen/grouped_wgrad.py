@@ -38,14 +38,17 @@ def _grouped_wgrad_kernel(
     DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SEGMENT_ALIGN: tl.constexpr,
 ):  # fmt: skip
-    # SEGMENT_ALIGN: every segment start is a multiple of it (16: widths are padded to 16).
-    # Said to the compiler, it makes the loads along the token columns vector loads; without it
-    # a start read from memory has unknown alignment and every element is its own load.
+    # SEGMENT_ALIGN: every segment start AND width is a multiple of it (16: `segment_layout`
+    # pads widths to 16). Said to the compiler, the loads along the token columns become
+    # pipelined 16-byte async copies: with the start alone the K-tail mask `kk < width` had
+    # unknown granularity and every operand element was its own 2-byte load, with no software
+    # pipeline (sm_90 PTX: 0 cp.async and 96-101 ld.global.b16 -> 36 cp.async.cg, 0 scalar;
+    # `benchmarks/ptx_audit.py`). Bits: the same masks, the same MMA sequence.
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.program_id(2)
     start = tl.multiple_of(tl.load(start_ptr + e), SEGMENT_ALIGN)
-    width = tl.load(width_ptr + e)
+    width = tl.multiple_of(tl.load(width_ptr + e), SEGMENT_ALIGN)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N

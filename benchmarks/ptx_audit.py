@@ -1,0 +1,195 @@
+"""How minite's Triton kernels load their operands on sm_90, without a GPU: each kernel is
+compiled for an H200 target (`triton.compile` on an `ASTSource`, this machine's Triton and its
+bundled ptxas) with the arguments a learner-shaped launch passes, specialized as Triton's
+launcher would (pointers and multiples of 16 marked divisible by 16, ints equal to 1 constant);
+then its PTX is counted: asynchronous 16-byte copies (`cp.async.cg`, the software pipeline),
+bulk tensor copies (TMA), vector and scalar global loads, and wgmma / mma.sync instructions.
+
+Scalar 2-byte global loads in a GEMM's main loop mean no pipelining and no vectorization: the
+MoE wgrad kernel compiled that way until 2026-12-04 (96 `ld.global.b16`, 0 `cp.async`),
+because its K-tail mask `kk < width` had unknown granularity; `width` said to be a multiple of
+16 gives 36 `cp.async.cg`. Counts are a property of the generated code, not a time: measure
+speed on the GPU. (The device runs Triton 3.6, this machine 3.7: the code can differ.)
+
+    python -m benchmarks.ptx_audit [--json]
+
+Run it in its own process without TRITON_INTERPRET (kernel modules decide at import whether
+they are interpreted; the tests call it as a subprocess).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+PATTERNS = {
+    "cp.async 16B": r"cp\.async\.cg\.shared\.global",
+    "cp.async (other)": r"cp\.async\.ca\.shared\.global",
+    "TMA loads": r"cp\.async\.bulk\.tensor",
+    "ld.global vector": r"ld\.global(?:\.\w+)*\.v[248]\.",
+    "ld.global scalar": r"ld\.global(?:\.(?:nc|L1::\w+|L2::\w+|ca|cg|cs|lu|cv))*\.(?:b|u|s|f)(?:8|16|32|64)\b",
+    "wgmma": r"wgmma\.mma_async",
+    "mma.sync": r"\bmma\.sync",
+}
+
+
+@dataclass
+class KernelCase:
+    """A kernel and the arguments of one launch: `args` maps each runtime argument to (type,
+    value); `value` decides the launcher's specialization (1 -> constant, % 16 == 0 ->
+    divisible by 16); pointers are always 16-byte aligned here (torch allocations)."""
+
+    name: str
+    kernel: object
+    args: dict
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+    options: dict = field(default_factory=lambda: {"enable_fp_fusion": False})
+
+
+def compile_sm90(case: KernelCase) -> str:
+    """The PTX of `case` compiled for sm_90."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig, consts, attrs = {}, dict(case.constexprs), {}
+    params = list(case.kernel.arg_names)
+    for i, name in enumerate(params):
+        if name in case.constexprs:
+            sig[name] = "constexpr"
+            continue
+        kind, value = case.args[name]
+        if kind.startswith("*"):
+            sig[name] = kind
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif kind in ("i32", "i64") and value == 1:
+            sig[name] = "constexpr"
+            consts[name] = 1
+        else:
+            sig[name] = kind
+            if kind in ("i32", "i64") and value % 16 == 0 and value != 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=case.kernel, signature=sig, constexprs=consts, attrs=attrs)
+    options = {"num_warps": case.num_warps, "num_stages": case.num_stages, **case.options}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+
+def count(ptx: str) -> dict:
+    return {k: len(re.findall(p, ptx)) for k, p in PATTERNS.items()}
+
+
+def learner_cases() -> list[KernelCase]:
+    """The learner's hot kernels at Qwen3-30B-A3B-shaped launches (4096 tokens, 8 of 128
+    experts, hidden 2048, MoE intermediate 768), with their pinned configs."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("ptx_audit compiles for the GPU: run it without TRITON_INTERPRET")
+    from fp4_compile.codegen import configs
+    from fp4_compile.codegen import grouped_wgrad as gw
+    from fp4_compile.codegen import nvfp4_gemm as gemm
+
+    t, n, k, e, c = 32768, 1536, 2048, 128, 34816
+    wg = configs.pick("sm_90", "bf16", "nvfp4_wgrad", n)
+    ongrid = configs.pick("sm_90", "bf16", "nvfp4_gemm_ongrid", t)
+    i32, bf16, f32, i64 = "i32", "*bf16", "*fp32", "*i64"
+    cases = [
+        KernelCase(
+            "MoE wgrad (grouped_wgrad)", gw._grouped_wgrad_kernel,
+            {"a_ptr": (bf16, 0), "b_ptr": (bf16, 0), "gda_ptr": (f32, 0), "gdb_ptr": (f32, 0),
+             "out_ptr": (bf16, 0), "start_ptr": (i64, 0), "width_ptr": (i64, 0), "N": (i32, n),
+             "K": (i32, k), "stride_an": (i32, c), "stride_bk": (i32, c), "gda_e": (i32, 0),
+             "gda_r": (i32, 0), "stride_oe": (i32, n * k), "stride_on": (i32, k)},
+            {"DOT_F32": False, "BLOCK_M": wg.block_m, "BLOCK_N": wg.block_n,
+             "BLOCK_K": wg.block_k, "SEGMENT_ALIGN": 16},
+            wg.num_warps, wg.num_stages,
+        ),
+    ]  # fmt: skip
+    for label, (sbe, sbn, sbk) in (
+        ("MoE forward, B on-grid [E, N, K]", (n * k, k, 1)),
+        ("MoE dgrad, B = W^T view of on-grid [E, N, K]", (n * k, 1, n)),
+    ):
+        cases.append(
+            KernelCase(
+                f"{label} (nvfp4_gemm)", gemm._nvfp4_gemm_kernel,
+                {"a_ptr": (bf16, 0), "b_ptr": (bf16, 0), "bs_ptr": ("*u8", 0),
+                 "gda_ptr": (f32, 0), "gdb_ptr": (f32, 0), "bias_ptr": (f32, 0),
+                 "out_ptr": (bf16, 0), "tile_end_ptr": ("*i32", 0), "group_end_ptr": ("*i32", 0),
+                 "M": (i32, t), "N": (i32, n), "K": (i32, k), "E": (i32, e),
+                 "stride_am": (i32, k), "stride_ak": (i32, 1), "stride_be": (i32, sbe),
+                 "stride_bn": (i32, sbn), "stride_bk": (i32, sbk), "stride_se": (i32, 0),
+                 "stride_sn": (i32, 0), "gda_stride": (i32, 1), "gdb_stride": (i32, 1),
+                 "stride_om": (i32, n), "stride_on": (i32, 1)},
+                {"GROUPED": True, "B_PACKED": False, "HAS_BIAS": False, "DOT_F32": False,
+                 "BLOCK_M": ongrid.block_m, "BLOCK_N": ongrid.block_n,
+                 "BLOCK_K": ongrid.block_k, "BLOCK_E": e},
+                ongrid.num_warps, ongrid.num_stages,
+            )
+        )  # fmt: skip
+    cases += _attention_cases()
+    return cases
+
+
+def _attention_cases() -> list[KernelCase]:
+    """The invariant attention's forward and its two backward launches, causal, 512
+    queries, 32 query / 4 key-value heads, head dim 128 (contiguous [B, H, T, D])."""
+    import triton.language as tl
+
+    from fp4_compile.codegen import attention_backward as ab
+    from fp4_compile.codegen import invariant_configs as cfgs
+    from fp4_compile.codegen import invariant_kernels as ik
+
+    hq, hkv, t, d = 32, 4, 512, 128  # batch 8: only the strides below see it
+    i32, bf16 = "i32", "*bf16"
+    strides = {"sqb": (i32, hq * t * d), "sqh": (i32, t * d), "sqt": (i32, d),
+               "skb": (i32, hkv * t * d), "skh": (i32, t * d), "skt": (i32, d),
+               "smb": (i32, 0), "smh": (i32, 0), "smt": (i32, 0)}  # fmt: skip
+    common = {"qs_ptr": ("*i32", 0), "kl_ptr": ("*i32", 0), "m_ptr": (bf16, 0),
+              "lse_ptr": ("*fp32", 0), "Tq": (i32, t), "G": (i32, hq // hkv),
+              "scale": ("fp32", 0.0), **strides}  # fmt: skip
+    flags = {"CAUSAL": True, "HAS_MASK": False, "DOT": tl.bfloat16, "D": d}
+    fwd = cfgs.attention_config("sm_90")
+    dq_cfg, dkdv_cfg = cfgs.attention_backward_configs("sm_90")
+    tensors = {n: (bf16, 0) for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "do_ptr", "dq_ptr",
+                                       "dk_ptr", "dv_ptr")}  # fmt: skip
+    out_strides = {"sob": (i32, hq * t * d), "soh": (i32, t * d), "sot": (i32, d)}
+    return [
+        KernelCase("attention forward (invariant)", ik._attention_kernel,
+                   {**tensors, **common, **out_strides},
+                   {**flags, "BLOCK_M": fwd.block_m, "BLOCK_N": fwd.block_n},
+                   fwd.num_warps, fwd.num_stages),
+        KernelCase("attention backward dQ", ab._dq_kernel,
+                   {**tensors, **common, "delta_ptr": ("*fp32", 0)},
+                   {**flags, "BLOCK_M": dq_cfg.block_m, "BLOCK_N": dq_cfg.block_n},
+                   dq_cfg.num_warps, dq_cfg.num_stages),
+        KernelCase("attention backward dK/dV", ab._dkdv_kernel,
+                   {**tensors, **common, "delta_ptr": ("*fp32", 0), "Tk": (i32, t)},
+                   {**flags, "BLOCK_M": dkdv_cfg.block_m, "BLOCK_N": dkdv_cfg.block_n},
+                   dkdv_cfg.num_warps, dkdv_cfg.num_stages),
+    ]  # fmt: skip
+
+
+def main() -> None:
+    import json
+    import sys
+
+    import triton
+
+    if "--json" in sys.argv[1:]:
+        print(json.dumps({c.name: count(compile_sm90(c)) for c in learner_cases()}))
+        return
+    print(f"# PTX audit: sm_90 code of the learner's hot kernels, compiled without a GPU "
+          f"(Triton {triton.__version__})\n")  # fmt: skip
+    print("| kernel | " + " | ".join(PATTERNS) + " |")
+    print("| --- |" + " --- |" * len(PATTERNS))
+    for case in learner_cases():
+        try:
+            row = count(compile_sm90(case))
+            print(f"| {case.name} | " + " | ".join(str(row[k]) for k in PATTERNS) + " |")
+        except Exception as exc:  # recorded, not hidden
+            print(f"| {case.name} | ERROR: {type(exc).__name__}: {str(exc)[:200]} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""The sm_90 code of the learner's GEMM kernels, compiled here without a GPU
+(`benchmarks.ptx_audit`): every operand load of the main loops is a pipelined 16-byte
+asynchronous copy, not a scalar 2-byte load. The MoE wgrad kernel compiled to 96-101 scalar
+loads and no software pipeline until its segment width was declared a multiple of 16
+(2026-12-04); this keeps that from coming back unnoticed (speed itself is measured on the GPU,
+`benchmarks.tune_kernels`)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def audit():
+    """The audit's counts, from its own process: this one may hold interpreted kernels."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-m", "benchmarks.ptx_audit", "--json"], env=env,
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_gemm_operands_are_pipelined_async_copies(audit):
+    gemms = [name for name in audit if "wgrad" in name or "nvfp4_gemm" in name]
+    assert len(gemms) == 3, sorted(audit)
+    for name in gemms:
+        row = audit[name]
+        assert row["cp.async 16B"] >= 16, (name, row)  # A and B tiles, every pipeline stage
+        assert row["ld.global scalar"] <= 8, (name, row)  # the epilogue's scales, not operands
+        assert row["wgmma"] >= 1, (name, row)
+
+
+def test_attention_kernels_keep_their_async_copies(audit):
+    att = [name for name in audit if name.startswith("attention")]
+    assert len(att) == 3, sorted(audit)
+    for name in att:
+        assert audit[name]["cp.async 16B"] >= 16, (name, audit[name])
