@@ -29,6 +29,8 @@ PATTERNS = {
     "TMA loads": r"cp\.async\.bulk\.tensor",
     "ld.global vector": r"ld\.global(?:\.\w+)*\.v[248]\.",
     "ld.global scalar": r"ld\.global(?:\.(?:nc|L1::\w+|L2::\w+|ca|cg|cs|lu|cv))*\.(?:b|u|s|f)(?:8|16|32|64)\b",
+    "st.global vector": r"st\.global(?:\.\w+)*\.v[248]\.",
+    "st.global scalar": r"st\.global(?:\.(?:L1::\w+|L2::\w+|wb|cg|cs|wt))*\.(?:b|u|s|f)(?:8|16|32|64)\b",
     "wgmma": r"wgmma\.mma_async",
     "mma.sync": r"\bmma\.sync",
 }
@@ -127,8 +129,45 @@ def learner_cases() -> list[KernelCase]:
                 ongrid.num_warps, ongrid.num_stages,
             )
         )  # fmt: skip
-    cases += _attention_cases()
+    cases += _attention_cases() + _quantize_cases()
     return cases
+
+
+def _quantize_cases() -> list[KernelCase]:
+    """The quantize kernel's learner launches: an activation (1x16, per-row, RNE, on-grid out),
+    a gradient (1x16, per tensor, SR with a device-held key), a weight (16x16, packed AND
+    on-grid), and the wgrad's transposing segmented quantize (SR)."""
+    from fp4_compile.codegen import configs
+    from fp4_compile.codegen import quantize_kernel as qk
+
+    q = configs.pick("sm_90", "any", "nvfp4_quantize", 4096)
+    qs = configs.pick("sm_90", "any", "nvfp4_quantize_segments", 2048)
+    i32, f32 = "i32", "*fp32"
+
+    def case(label, cfg, r, k, stride_xr, stride_xc, flags):
+        args = {"x_ptr": ("*bf16", 0), "mult_ptr": (f32, 0), "gd_ptr": (f32, 0),
+                "codes_ptr": ("*u8", 0), "scales_ptr": ("*u8", 0), "ongrid_ptr": ("*bf16", 0),
+                "R": (i32, r), "K": (i32, k), "stride_xr": (i32, stride_xr),
+                "mult_stride": (i32, 0), "gd_stride": (i32, 0), "sr_key": (i32, 12345),
+                "sr_key_hi": (i32, 6172), "group_ptr": ("*i32", 0), "seg_start_ptr": ("*i64", 0),
+                "seg_width_ptr": ("*i64", 0), "key_ptr": ("*i64", 0), "key_hi_ptr": ("*i64", 0),
+                "group_stride": (i32, 0), "src_ptr": ("*i64", 0), "stride_xc": (i32, stride_xc),
+                "n_tok": (i32, 0)}  # fmt: skip
+        flags = {"TILE16": False, "STOCHASTIC": False, "ONGRID": True, "SEGMENTED": False,
+                 "KEY_FROM_PTR": False, "PACKED_TOO": False, "ONE_SEGMENT": False,
+                 "BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k, **flags}  # fmt: skip
+        return KernelCase(f"quantize: {label}", qk._quantize_kernel, args, flags,
+                          cfg.num_warps, cfg.num_stages)  # fmt: skip
+
+    return [
+        case("activation [32768, 2048] per-row RNE on-grid", q, 32768, 2048, 2048, 0, {}),
+        case("gradient [32768, 2048] per-tensor SR on-grid", q, 32768, 2048, 2048, 0,
+             {"STOCHASTIC": True, "KEY_FROM_PTR": True}),
+        case("weight [196608, 2048] 16x16 packed + on-grid", q, 196608, 2048, 2048, 0,
+             {"TILE16": True, "PACKED_TOO": True}),
+        case("wgrad dY^T segments [1536, 34816] SR", qs, 1536, 34816, 1, 1536,
+             {"STOCHASTIC": True, "SEGMENTED": True}),
+    ]  # fmt: skip
 
 
 def _attention_cases() -> list[KernelCase]:
