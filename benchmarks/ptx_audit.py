@@ -51,8 +51,8 @@ class KernelCase:
     options: dict = field(default_factory=lambda: {"enable_fp_fusion": False})
 
 
-def compile_sm90(case: KernelCase) -> str:
-    """The PTX of `case` compiled for sm_90."""
+def compile_sm90(case: KernelCase, stage: str = "ptx"):
+    """The PTX (or another stage: "cubin", "ttgir", ...) of `case` compiled for sm_90."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -76,7 +76,26 @@ def compile_sm90(case: KernelCase) -> str:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=case.kernel, signature=sig, constexprs=consts, attrs=attrs)
     options = {"num_warps": case.num_warps, "num_stages": case.num_stages, **case.options}
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm[stage]
+
+
+def sass_instructions(case: KernelCase) -> int:
+    """How many SASS instructions the sm_90 cubin of `case` holds (nvdisasm bundled with
+    Triton): for the loop-free quantize kernel, the work of one program, a proxy of its ALU
+    cost (instructions per element = this / (BLOCK_M * BLOCK_K / threads))."""
+    import subprocess
+    import tempfile
+
+    import triton
+
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                            "nvdisasm")  # fmt: skip
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compile_sm90(case, "cubin"))
+        f.flush()
+        text = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+    return len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", text, re.M))
 
 
 def count(ptx: str) -> dict:
@@ -154,7 +173,7 @@ def _quantize_cases() -> list[KernelCase]:
                 "group_stride": (i32, 0), "src_ptr": ("*i64", 0), "stride_xc": (i32, stride_xc),
                 "n_tok": (i32, 0)}  # fmt: skip
         flags = {"TILE16": False, "STOCHASTIC": False, "ONGRID": True, "SEGMENTED": False,
-                 "KEY_FROM_PTR": False, "PACKED_TOO": False, "ONE_SEGMENT": False,
+                 "KEY_FROM_PTR": False, "PACKED_TOO": False, "ONE_SEGMENT": False, "FLAT32": False,
                  "BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k, **flags}  # fmt: skip
         return KernelCase(f"quantize: {label}", qk._quantize_kernel, args, flags,
                           cfg.num_warps, cfg.num_stages)  # fmt: skip
@@ -166,7 +185,7 @@ def _quantize_cases() -> list[KernelCase]:
         case("weight [196608, 2048] 16x16 packed + on-grid", q, 196608, 2048, 2048, 0,
              {"TILE16": True, "PACKED_TOO": True}),
         case("wgrad dY^T segments [1536, 34816] SR", qs, 1536, 34816, 1, 1536,
-             {"STOCHASTIC": True, "SEGMENTED": True}),
+             {"STOCHASTIC": True, "SEGMENTED": True, "FLAT32": True}),
     ]  # fmt: skip
 
 
@@ -220,12 +239,21 @@ def main() -> None:
         return
     print(f"# PTX audit: sm_90 code of the learner's hot kernels, compiled without a GPU "
           f"(Triton {triton.__version__})\n")  # fmt: skip
-    print("| kernel | " + " | ".join(PATTERNS) + " |")
-    print("| --- |" + " --- |" * len(PATTERNS))
+    print("| kernel | " + " | ".join(PATTERNS) + " | SASS instructions (per element) |")
+    print("| --- |" + " --- |" * (len(PATTERNS) + 1))
     for case in learner_cases():
         try:
             row = count(compile_sm90(case))
-            print(f"| {case.name} | " + " | ".join(str(row[k]) for k in PATTERNS) + " |")
+            sass = sass_instructions(case)
+            per = ""
+            if case.name.startswith("quantize"):
+                threads = 32 * case.num_warps
+                per = f" ({sass * threads / (case.constexprs['BLOCK_M'] * case.constexprs['BLOCK_K']):.1f})"
+            print(
+                f"| {case.name} | "
+                + " | ".join(str(row[k]) for k in PATTERNS)
+                + f" | {sass}{per} |"
+            )
         except Exception as exc:  # recorded, not hidden
             print(f"| {case.name} | ERROR: {type(exc).__name__}: {str(exc)[:200]} |")
 

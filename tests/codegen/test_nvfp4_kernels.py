@@ -257,11 +257,17 @@ def test_grouped_wgrad_equals_per_expert_loop(grad):
     ids=["per_tensor-sr", "per_row-rne", "per_row-sr"],
 )
 @pytest.mark.parametrize("tokens", [40, 48])
-def test_dense_wgrad_quantizes_the_transposes_in_place(grad, tokens):
+@pytest.mark.parametrize("flat32", [True, False], ids=["int32-index", "int64-index"])
+def test_dense_wgrad_quantizes_the_transposes_in_place(grad, tokens, flat32, monkeypatch):
     """Bitwise: the dense wgrad, which quantizes dY^T and X^T straight from dY and X
     (`quantize_transposed_ongrid`: no transposed copies), == quantizing the padded transposed
     copies (`quantize_triton(pad_tokens(t.t().contiguous()))`) and the same GEMM; the operands
-    themselves equal too; int and device-held seeds; given dY's amax or not."""
+    themselves equal too; int and device-held seeds; given dY's amax or not; the segmented
+    kernel's stochastic-rounding index in int32 (FLAT32, small tensors) and in int64."""
+    from fp4_compile.codegen import quantize_kernel
+
+    if not flat32:
+        monkeypatch.setattr(quantize_kernel, "FLAT32_LIMIT", 0)
     from fp4_compile.codegen.nvfp4_gemm import launch_gemm
     from fp4_compile.codegen.quantize_kernel import quantize_triton
     from fp4_compile.recipe import QuantSpec
