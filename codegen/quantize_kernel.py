@@ -238,9 +238,15 @@ def _quantize_kernel(
         # (PACKED_TOO has the index anyway: decoding it is then the shorter code)
         if PACKED_TOO:
             mag_n = _e2m1_magnitude(idx)
-        else:
+        elif STOCHASTIC:
             spacing = tl.where(mag < 2.0, 0.5, tl.where(mag < 4.0, 1.0, 2.0))
             mag_n = tl.where(mag == mag, n_f * spacing, 0.0)
+        else:
+            # RNE to a multiple of the spacing in one rounding: adding 2**22 / 2**23 / 2**24
+            # makes the FP32 ulp 0.5 / 1 / 2 (ties to the even multiple = the even code, as
+            # n above); subtracting it back is exact
+            big = tl.where(mag < 2.0, 4194304.0, tl.where(mag < 4.0, 8388608.0, 16777216.0))
+            mag_n = tl.where(mag == mag, (mag + big) - big, 0.0)
         sign = (v < 0.0).to(tl.int32) << 31  # code 8 is -0.0, as `_e2m1_value`
         mag_q = (mag_n.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
         val = mag_q * s_val[:, :, None]  # exact
