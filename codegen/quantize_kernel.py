@@ -235,8 +235,8 @@ def _quantize_kernel(
     if ONGRID:
         # |value| = n grid spacings (0.5, 1 or 2: `_e2m1_scaled`), exact, = the magnitude of
         # E2M1 index base + n (`_e2m1_magnitude`) without decoding the index; NaN -> code 0
-        # (PACKED_TOO has the index anyway: decoding it is then the shorter code)
-        if PACKED_TOO:
+        # (SR with the packed codes too: the index is at hand, decoding it is the shorter code)
+        if PACKED_TOO and STOCHASTIC:
             mag_n = _e2m1_magnitude(idx)
         elif STOCHASTIC:
             spacing = tl.where(mag < 2.0, 0.5, tl.where(mag < 4.0, 1.0, 2.0))
