@@ -148,6 +148,24 @@ def learner_cases() -> list[KernelCase]:
                 ongrid.num_warps, ongrid.num_stages,
             )
         )  # fmt: skip
+    dense = configs.pick("sm_90", "bf16", "nvfp4_wgrad", 2048)
+    cases.append(
+        KernelCase(
+            "dense wgrad [2048, 4096] x [2048, 4096]^T (nvfp4_gemm)", gemm._nvfp4_gemm_kernel,
+            {"a_ptr": (bf16, 0), "b_ptr": (bf16, 0), "bs_ptr": ("*u8", 0), "gda_ptr": (f32, 0),
+             "gdb_ptr": (f32, 0), "bias_ptr": (f32, 0), "out_ptr": (bf16, 0),
+             "tile_end_ptr": ("*i32", 0), "group_end_ptr": ("*i32", 0), "M": (i32, 2048),
+             "N": (i32, 2048), "K": (i32, 4096), "E": (i32, 1), "stride_am": (i32, 4096),
+             "stride_ak": (i32, 1), "stride_be": (i32, 0), "stride_bn": (i32, 4096),
+             "stride_bk": (i32, 1), "stride_se": (i32, 0), "stride_sn": (i32, 0),
+             "gda_stride": (i32, 0), "gdb_stride": (i32, 0), "stride_om": (i32, 2048),
+             "stride_on": (i32, 1)},
+            {"GROUPED": False, "B_PACKED": False, "HAS_BIAS": False, "DOT_F32": False,
+             "BLOCK_M": dense.block_m, "BLOCK_N": dense.block_n, "BLOCK_K": dense.block_k,
+             "BLOCK_E": 2},
+            dense.num_warps, dense.num_stages,
+        )
+    )  # fmt: skip
     cases += _attention_cases() + _quantize_cases()
     return cases
 
