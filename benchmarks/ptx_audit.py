@@ -234,15 +234,15 @@ def _attention_cases() -> list[KernelCase]:
         KernelCase("attention forward (invariant)", ik._attention_kernel,
                    {**tensors, **common, **out_strides},
                    {**flags, "BLOCK_M": fwd.block_m, "BLOCK_N": fwd.block_n},
-                   fwd.num_warps, fwd.num_stages),
+                   fwd.num_warps, fwd.num_stages, {}),  # launched with Triton's defaults
         KernelCase("attention backward dQ", ab._dq_kernel,
                    {**tensors, **common, "delta_ptr": ("*fp32", 0)},
                    {**flags, "BLOCK_M": dq_cfg.block_m, "BLOCK_N": dq_cfg.block_n},
-                   dq_cfg.num_warps, dq_cfg.num_stages),
+                   dq_cfg.num_warps, dq_cfg.num_stages, {}),
         KernelCase("attention backward dK/dV", ab._dkdv_kernel,
                    {**tensors, **common, "delta_ptr": ("*fp32", 0), "Tk": (i32, t)},
                    {**flags, "BLOCK_M": dkdv_cfg.block_m, "BLOCK_N": dkdv_cfg.block_n},
-                   dkdv_cfg.num_warps, dkdv_cfg.num_stages),
+                   dkdv_cfg.num_warps, dkdv_cfg.num_stages, {}),
     ]  # fmt: skip
 
 
