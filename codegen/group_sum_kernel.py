@@ -9,8 +9,8 @@ Two roundings, bitwise the torch ops they replace:
 - ROUND_EACH (ordered_sum): every partial sum is rounded to x's dtype, as `acc = acc + x[:, n]`
   in BF16 (ATen adds BF16 in FP32 and rounds each result) or FP32 does;
 - otherwise (repeat_kv_backward): FP32 partial sums, one rounding to the output dtype at the end.
-BF16 rounding is done on the FP32 bits (round to nearest even; NaN -> 0x7FC0, NaN payloads
-follow no rule in ATen either), so the interpreter, whose fp32 -> bf16 casts truncate, stores
+BF16 rounding is done on the FP32 bits (round to nearest even, `invariant_kernels._round_bf16`;
+NaN kept: NaN payloads follow no rule in ATen either), so the interpreter, whose fp32 -> bf16 casts truncate, stores
 exact values. FP32 and BF16 only: the launchers keep the torch ops for other dtypes. The torch
 ops launched N - 1 adds (each a full read and write of the partial sum) plus the casts; this
 reads x once.
@@ -22,17 +22,17 @@ import torch
 import triton
 import triton.language as tl
 
+from .invariant_kernels import _round_bf16
 from .runtime import check_kernel_device, compile_options, interpreting
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @triton.jit
-def _round_bf16(v):
-    """FP32 -> the FP32 value of its BF16 round-to-nearest-even; NaN -> the quiet NaN 0x7FC0."""
-    bits = v.to(tl.int32, bitcast=True)
-    r = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # clear the low 16 bits
-    return tl.where(v != v, 0x7FC00000, r).to(tl.float32, bitcast=True)
+def _round_bf16_keep_nan(v):
+    """`invariant_kernels._round_bf16`, NaN left as it is (its rounding add could carry a NaN
+    payload into the sign bit); the store's conversion then gives a BF16 NaN."""
+    return tl.where(v != v, v, _round_bf16(v))
 
 
 @triton.jit
@@ -46,9 +46,9 @@ def _group_sum_kernel(x_ptr, out_ptr, N, C, ROUND_EACH_BF16: tl.constexpr,
     for n in range(1, N):
         acc = acc + tl.load(base + n * C, mask=mask, other=0.0).to(tl.float32)
         if ROUND_EACH_BF16:
-            acc = _round_bf16(acc)
+            acc = _round_bf16_keep_nan(acc)
     if ROUND_END_BF16:
-        acc = _round_bf16(acc)
+        acc = _round_bf16_keep_nan(acc)
     tl.store(out_ptr + a * C + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 

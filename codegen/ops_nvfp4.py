@@ -79,10 +79,17 @@ def quantize(
     seed: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gs = _quantize_global(x, global_scale, static_amax)
+    cached = _cached_weight(x, block, gs, rounding, seed)
+    return cached if cached is not None else _quantize_impl(x, block, gs, rounding, seed)
+
+
+def _cached_weight(x, block, gs, rounding, seed):
+    """The rollout weight cache's (codes, scales, global decode) of x when a cache is active
+    and x is a weight it holds (16x16, RNE, a data amax), computed on a miss; else None."""
     cache = active_cache()
-    if cache is not None and block == "16x16" and rounding == "rne" and isinstance(gs, str):
-        return cache.get(x, gs, lambda: _quantize_impl(x, block, gs, rounding, seed))
-    return _quantize_impl(x, block, gs, rounding, seed)
+    if cache is None or block != "16x16" or rounding != "rne" or not isinstance(gs, str):
+        return None
+    return cache.get(x, gs, lambda: _quantize_impl(x, block, gs, rounding, seed))
 
 
 def _quantize_impl(x, block, gs, rounding, seed, with_ongrid=False):
@@ -179,9 +186,9 @@ def quantize_with_ongrid(
     result, `ongrid_weight(codes, scales)`: on CUDA both from one read of x (one kernel instead
     of quantize, then a second pass decoding the packed bytes)."""
     gs = _quantize_global(x, global_scale, static_amax)
-    cache = active_cache()
-    if cache is not None and block == "16x16" and rounding == "rne" and isinstance(gs, str):
-        codes, scales, gd = cache.get(x, gs, lambda: _quantize_impl(x, block, gs, rounding, seed))
+    cached = _cached_weight(x, block, gs, rounding, seed)
+    if cached is not None:
+        codes, scales, gd = cached
         return codes, scales, gd, ongrid_weight(codes, scales.view(torch.uint8))
     return _quantize_impl(x, block, gs, rounding, seed, with_ongrid=True)
 

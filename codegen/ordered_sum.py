@@ -19,8 +19,8 @@ def _ordered_sum(x: torch.Tensor, dim: int, keepdim: bool) -> torch.Tensor:
     if x.device.type == "cuda" and x.dtype in KERNEL_DTYPES:  # one pass, the same roundings
         dim = dim % x.dim()
         shape = list(x.shape)
-        a = math.prod(shape[:dim])
-        out = group_sum(x.reshape(a, shape[dim], -1), round_each=True, out_dtype=x.dtype)
+        a, c = math.prod(shape[:dim]), math.prod(shape[dim + 1 :])
+        out = group_sum(x.reshape(a, shape[dim], c), round_each=True, out_dtype=x.dtype)
         shape[dim] = 1
         out = out.reshape(shape)
         return out if keepdim else out.squeeze(dim)

@@ -125,10 +125,9 @@ def _quantize_kernel(
     KEY_FROM_PTR: tl.constexpr = False, PACKED_TOO: tl.constexpr = False,
     ONE_SEGMENT: tl.constexpr = False, FLAT32: tl.constexpr = False,
 ):  # fmt: skip
-    # FLAT32: every stochastic-rounding flat index is below 2**31 (R * K small enough): the
-    # stream is drawn with int32 index arithmetic (`_sr_uniform32`), the same bits. Set by the
-    # segmented launcher only: in sm_90 SASS it saves ~6% of the segmented kernel's
-    # instructions and costs the plain one ~8% (LLVM simplifies the plain int64 index better).
+    # FLAT32 (segmented only): every stochastic-rounding flat index is below 2**31: the stream
+    # is drawn with int32 index arithmetic (`_sr_uniform32`), the same bits; ~6% fewer sm_90
+    # SASS instructions there (the plain path's int64 index compiled shorter than an int32 one).
     # ONGRID: store the on-grid values; else the packed codes and scale bytes. PACKED_TOO (with
     # ONGRID): both, from one read of x (a weight's packed form and its on-grid copy).
     # KEY_FROM_PTR (not segmented): the SR stream key is key_ptr[0] / key_hi_ptr[0] on the device
@@ -212,10 +211,7 @@ def _quantize_kernel(
             else:
                 klo = sr_key.to(tl.uint32)
                 khi = sr_key_hi.to(tl.uint32)
-            if FLAT32:
-                u = _sr_uniform32(rows3 * K + cols3, klo, khi)
-            else:
-                u = _sr_uniform(rows3.to(tl.int64) * K + cols3, klo, khi)
+            u = _sr_uniform(rows3.to(tl.int64) * K + cols3, klo, khi)
         # the grid points around |v| are floor(y) and floor(y) + 1 (in units of the spacing), and
         # y - floor(y) is exactly the reference's (|v| - lo) / (hi - lo): round up when u < it
         # (|v| on the grid: 0, never up)

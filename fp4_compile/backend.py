@@ -47,29 +47,22 @@ def _cuda_device(example_inputs) -> torch.device:
 
 
 def drop_ongrid_weights(gm: torch.fx.GraphModule) -> int:
-    """Undo the lowering's once-per-step weight dequantize (`fp4_compile::quantize_with_ongrid`,
-    `fp4_compile::ongrid_weight`): every NVFP4 GEMM gets w_ongrid=None back (its forward and its
-    dgrad then dequantize for themselves), the weight quantize nodes return to plain
-    `quantize`; returns how many copies went. The bits do not change."""
-
+    """Undo the lowering's once-per-step weight dequantize (`fp4_compile::quantize_with_ongrid`):
+    every NVFP4 GEMM gets w_ongrid=None back (its forward and its dgrad then dequantize for
+    themselves), the weight quantize nodes return to plain `quantize`; returns how many copies
+    went. The bits do not change."""
     ops = torch.ops.fp4_compile
     dropped = 0
     for node in list(gm.graph.nodes):
-        if node.op != "call_function":
+        if node.op != "call_function" or node.target is not ops.quantize_with_ongrid.default:
             continue
-        if node.target is ops.quantize_with_ongrid.default:
-            for get in [u for u in node.users if u.args[1] == 3]:
-                for user in list(get.users):
-                    user.args = tuple(None if a is get else a for a in user.args)
-                gm.graph.erase_node(get)
-                dropped += 1
-            node.target = ops.quantize.default
-            node.meta["val"] = node.meta["val"][:3]
-        elif node.target is ops.ongrid_weight.default:
-            for user in list(node.users):
-                user.args = tuple(None if a is node else a for a in user.args)
-            gm.graph.erase_node(node)
+        for get in [u for u in node.users if u.args[1] == 3]:
+            for user in list(get.users):
+                user.args = tuple(None if a is get else a for a in user.args)
+            gm.graph.erase_node(get)
             dropped += 1
+        node.target = ops.quantize.default
+        node.meta["val"] = node.meta["val"][:3]
     if dropped:
         gm.graph.lint()
         gm.recompile()

@@ -97,14 +97,8 @@ def emit_ongrid_weight(graph, node, x, wq, num_experts: int | None = None):
             raise ValueError(f"weight codes {codes} do not come from a quantize node")
         q.target = _ops().quantize_with_ongrid.default
         propagate_val(q)
-        last = max((u for u in q.users), key=_position(graph))
-        made[codes] = insert_call(graph, operator.getitem, (q, 3), after=last, like=node)
+        made[codes] = insert_call(graph, operator.getitem, (q, 3), after=q, like=node)
     return made[codes]
-
-
-def _position(graph):
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    return lambda n: order[n]
 
 
 def emit_nvfp4_linear(graph, node, x, weight, wq, bias, recipe: NVFP4Recipe, site: int = 0):
