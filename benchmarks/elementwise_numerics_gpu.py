@@ -11,6 +11,9 @@ is a cause; its fix is to make it opaque (an fp4_compile op, like `row_scale`), 
 
     python -m benchmarks.elementwise_numerics_gpu [--tokens 4096] [--device cuda]
 
+The last row is the fix: the SwiGLU as `fp4_compile::silu_mul` (what the `lower_silu_muls` pass
+emits), compiled, against the plain SwiGLU run eagerly.
+
 Candidates: the MoE experts' SwiGLU (`silu(gate) * up` on the gate_up output, Qwen3-MoE's
 `act_fn`), the rotary embedding (transformers' `Qwen3RotaryEmbedding` + `apply_rotary_pos_emb`,
 cos / sin computed in the graph), and the residual adds in BF16.
@@ -29,6 +32,13 @@ from fp4_compile.testing import count_bytes_differ
 def _swiglu(gate_up):
     gate, up = gate_up.chunk(2, dim=-1)
     return torch.nn.functional.silu(gate) * up
+
+
+def _swiglu_op(gate_up):
+    from fp4_compile.codegen.silu_mul import silu_mul
+
+    gate, up = gate_up.chunk(2, dim=-1)
+    return silu_mul(gate, up)
 
 
 def _rotary_factory(head_dim: int, device):
@@ -52,7 +62,7 @@ def _residual(x, a, b):
 
 
 def candidates(tokens: int, device, *, small: bool = False):
-    """(name, fn, inputs, which inputs need grad) at the 30B-shaped model's sizes (`small`: a
+    """(name, fn, inputs, which inputs need grad, eager reference fn or None for fn itself) at the 30B-shaped model's sizes (`small`: a
     few rows, for the CPU smoke test)."""
     g = torch.Generator(device="cpu").manual_seed(0)
     seq = 512 if not small else 16
@@ -64,12 +74,15 @@ def candidates(tokens: int, device, *, small: bool = False):
         return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(device)
 
     positions = torch.arange(seq, device=device)[None].expand(batch, seq)
+    gate_up = randn(routed, 2 * moe_i, scale=3.0)
     return [
-        ("MoE SwiGLU silu(gate) * up [T*8, 2I]", _swiglu, [randn(routed, 2 * moe_i, scale=3.0)], [0]),
+        ("MoE SwiGLU silu(gate) * up [T*8, 2I]", _swiglu, [gate_up], [0], None),
         ("rotary q, k [B, H, S, D] (cos / sin in the graph)", _rotary_factory(head_dim, device),
-         [randn(batch, 32, seq, head_dim), randn(batch, 4, seq, head_dim), positions], [0, 1]),
+         [randn(batch, 32, seq, head_dim), randn(batch, 4, seq, head_dim), positions], [0, 1], None),
         ("residual adds (x + a) + b [T, H]", _residual,
-         [randn(tokens, hidden), randn(tokens, hidden), randn(tokens, hidden)], [0, 1, 2]),
+         [randn(tokens, hidden), randn(tokens, hidden), randn(tokens, hidden)], [0, 1, 2], None),
+        ("fix: MoE SwiGLU as fp4_compile::silu_mul, compiled, vs the plain SwiGLU eager",
+         _swiglu_op, [gate_up], [0], _swiglu),
     ]  # fmt: skip
 
 
@@ -101,12 +114,12 @@ def probe(tokens: int, device, *, small: bool = False) -> list[dict]:
     """One row per candidate: bytes of the forward output and of each input gradient that
     differ between eager and the Inductor-compiled function (minite's settings)."""
     rows = []
-    for name, fn, inputs, grad_idx in candidates(tokens, device, small=small):
+    for name, fn, inputs, grad_idx, reference in candidates(tokens, device, small=small):
         torch._dynamo.reset()
         row = {"candidate": name}
         try:
             compiled = torch.compile(fn, fullgraph=True, backend=inductor_as_minite)
-            want_y, want_g = _run(fn, inputs, grad_idx, 1)
+            want_y, want_g = _run(reference or fn, inputs, grad_idx, 1)
             got_y, got_g = _run(compiled, inputs, grad_idx, 1)
             row["forward_bytes_differ"] = count_bytes_differ(got_y, want_y)
             row["grad_bytes_differ"] = [count_bytes_differ(a, b) for a, b in zip(got_g, want_g)]

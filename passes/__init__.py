@@ -19,6 +19,7 @@ from .lower_outer_products import lower_outer_products
 from .lower_rms_norm import lower_rms_norm
 from .lower_routing import lower_routing
 from .lower_row_scales import lower_row_scales
+from .lower_silu_muls import lower_silu_muls
 from .lower_small_reductions import lower_small_reductions
 from .report import GemmDecision, LoweringReport
 from .select_gemms import select_gemms
@@ -35,6 +36,7 @@ PIPELINE = (
     lower_attention,  # SDPA -> invariant attention (fixed key blocks from position 0)
     lower_small_reductions,  # small float sums (MoE top-k combine) -> fixed-order ordered_sum
     lower_row_scales,  # x[..., H] * w[..., 1] (routing weights) -> row_scale, ordered backward
+    lower_silu_muls,  # silu(a) * b (SwiGLU) -> silu_mul, eager ATen kernels on every engine
     lower_outer_products,  # K = 1 matmuls (rotary embedding) -> broadcast multiply, same bits
     lower_embeddings,  # token embedding -> embedding op with one opaque (same-kernel) backward
     verify,  # nothing eligible left, no stock reduction left (strict), op census

@@ -63,6 +63,13 @@ def is_mul(n) -> bool:
     return _is(n, functions=(operator.mul, torch.mul), methods=("mul",), overloads=(aten.mul,))
 
 
+def is_silu(n) -> bool:
+    """An out-of-place SiLU (F.silu, Tensor.silu, aten.silu); in-place forms are not matched."""
+    if not _is(n, functions=(torch.nn.functional.silu,), methods=("silu",), overloads=(aten.silu,)):
+        return False
+    return not (n.kwargs.get("inplace") or (len(n.args) > 1 and n.args[1] is True))
+
+
 def is_sum(n) -> bool:
     return _is(n, functions=(torch.sum,), methods=("sum",), overloads=(aten.sum,))
 

@@ -11,7 +11,7 @@ def test_probe_finds_no_difference_on_cpu():
     from benchmarks.elementwise_numerics_gpu import probe
 
     rows = probe(64, torch.device("cpu"), small=True)
-    assert [r["candidate"].split()[0] for r in rows] == ["MoE", "rotary", "residual"]
+    assert [r["candidate"].split()[0] for r in rows] == ["MoE", "rotary", "residual", "fix:"]
     for r in rows:
         assert "error" not in r, r
         assert r["forward_bytes_differ"] == 0, r

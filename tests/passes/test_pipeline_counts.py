@@ -25,6 +25,7 @@ def test_qwen3_counts():
         "attention": 2,
         "repeat_kv": 4,  # GQA: keys and values per layer
         "embedding": 1,
+        "silu_mul": 2,  # the MLP's SwiGLU per layer
     }
     lm = [g for g in rep.gemms if g.module == "lm_head"]
     assert lm and lm[0].precision == "bf16" and "lm_head" in lm[0].reason
@@ -39,6 +40,7 @@ def test_qwen3_moe_counts():
     assert rep.counts["embedding"] == 1
     assert rep.counts["repeat_kv"] == 4  # GQA: keys and values per layer
     assert rep.counts["stable_sort"] == 2  # the experts' sort of (token, expert) pairs, per layer
+    assert rep.counts["silu_mul"] == 2  # the experts' SwiGLU per layer
     routers = [g for g in rep.gemms if g.module.endswith("mlp.gate")]
     assert len(routers) == 2 and all(g.precision == "bf16" for g in routers)
 
@@ -69,6 +71,7 @@ def test_llama_counts():
         "attention": 1,
         "repeat_kv": 2,
         "embedding": 1,
+        "silu_mul": 1,
     }
 
 
