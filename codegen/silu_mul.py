@@ -11,7 +11,8 @@ eager lowered graph. As an op, the compiled graph and the eager graph call the s
 
 The math is eager autograd's for `F.silu(a) * b`: out = bf16(silu(a)) * b; backward
 d_b = grad * silu(a), d_a = silu_backward(grad * b, a). silu(a) is recomputed in the backward
-(the same kernel, the same bits) rather than saved."""
+(the same kernel, the same bits) rather than saved. On CUDA (bf16 / FP32) both directions are
+one Triton pass each (`silu_mul_kernel`), the same operations as ATen's kernels."""
 
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ def _check(a: torch.Tensor, b: torch.Tensor) -> None:
 @torch.library.custom_op("fp4_compile::silu_mul", mutates_args=())
 def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     _check(a, b)
+    if a.device.type == "cuda":
+        from .silu_mul_kernel import kernel_applies, silu_mul_triton
+
+        if kernel_applies(a, b):
+            return silu_mul_triton(a, b)
     return F.silu(a) * b
 
 
@@ -47,6 +53,16 @@ def _(a, b):
 def silu_mul_backward(
     grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if a.device.type == "cuda":
+        from .silu_mul_kernel import kernel_applies, silu_mul_backward_triton
+
+        if kernel_applies(grad, a, b):
+            return silu_mul_backward_triton(grad, a, b)
+    return silu_mul_backward_reference(grad, a, b)
+
+
+def silu_mul_backward_reference(grad, a, b):
+    """Eager autograd's backward of F.silu(a) * b, as ATen ops (the CPU implementation)."""
     grad_b = grad * F.silu(a)
     grad_a = aten.silu_backward(grad * b, a)
     return grad_a, grad_b
