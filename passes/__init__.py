@@ -13,6 +13,7 @@ import torch.fx as fx
 from ..recipe import NVFP4Recipe
 from .lower_attention import lower_attention
 from .lower_embeddings import lower_embeddings
+from .lower_gathers import lower_gathers
 from .lower_linears import lower_linears
 from .lower_moe import lower_moe
 from .lower_outer_products import lower_outer_products
@@ -36,6 +37,7 @@ PIPELINE = (
     lower_attention,  # SDPA -> invariant attention (fixed key blocks from position 0)
     lower_small_reductions,  # small float sums (MoE top-k combine) -> fixed-order ordered_sum
     lower_row_scales,  # x[..., H] * w[..., 1] (routing weights) -> row_scale, ordered backward
+    lower_gathers,  # x[idx] rows (MoE token gathers) -> gather_rows, position-ordered backward
     lower_silu_muls,  # silu(a) * b (SwiGLU) -> silu_mul, eager ATen kernels on every engine
     lower_outer_products,  # K = 1 matmuls (rotary embedding) -> broadcast multiply, same bits
     lower_embeddings,  # token embedding -> embedding op with one opaque (same-kernel) backward

@@ -56,13 +56,13 @@ def test_silu_mul_refuses_bad_operands():
         silu_mul(a.to(torch.int32), b.to(torch.int32))
 
 
-def _halves(dtype, rows, cols, seed):
+def _halves(dtype, rows, cols, seed, device):
     """a, b as the two halves of one [rows, 2 * cols] tensor (the MoE gate_up output: strided
     rows), with large, tiny, zero, signed-zero and saturating values in a."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, 2 * cols, generator=g) * torch.logspace(-3, 1.3, 2 * cols)
     x[0, :4] = torch.tensor([0.0, -0.0, 90.0, -90.0])
-    gate_up = x.to(dtype)
+    gate_up = x.to(dtype).to(device)  # sliced on the device: `.to` would make copies contiguous
     return gate_up[:, :cols], gate_up[:, cols:]
 
 
@@ -79,9 +79,9 @@ def test_kernels_equal_the_aten_ops(dtype, rows, cols):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if dev == "cpu" and dtype == torch.float32:
         pytest.skip("the interpreter's expf is numpy's, ATen's CPU one Sleef's: FP32 bits differ")
-    a, b = (t.to(dev) for t in _halves(dtype, rows, cols, rows))
+    a, b = _halves(dtype, rows, cols, rows, dev)
     grad = torch.randn(rows, cols, generator=torch.Generator().manual_seed(3)).to(dtype).to(dev)
-    assert not a.is_contiguous()
+    assert not a.is_contiguous() and not b.is_contiguous()
     assert_bitwise_equal(silu_mul_triton(a, b), F.silu(a) * b, "forward")
     got = silu_mul_backward_triton(grad, a, b)
     want = silu_mul_backward_reference(grad, a, b)

@@ -41,6 +41,7 @@ def test_qwen3_moe_counts():
     assert rep.counts["repeat_kv"] == 4  # GQA: keys and values per layer
     assert rep.counts["stable_sort"] == 2  # the experts' sort of (token, expert) pairs, per layer
     assert rep.counts["silu_mul"] == 2  # the experts' SwiGLU per layer
+    assert rep.counts["gather_rows"] == 4  # per layer: tokens to experts, outputs back to slots
     routers = [g for g in rep.gemms if g.module.endswith("mlp.gate")]
     assert len(routers) == 2 and all(g.precision == "bf16" for g in routers)
 

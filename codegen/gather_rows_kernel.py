@@ -1,0 +1,61 @@
+"""`fp4_compile::gather_rows`'s backward on CUDA (the interpreter in tests): one Triton pass over
+the rows of grad_x, bitwise `gather_rows.gather_rows_backward_reference`.
+
+Shape legend: R rows of x (= of grad_x), P positions (rows of grad), C = the trailing dims
+flattened.
+
+Program (row block, column block): for each of its rows r, the FP32 sum 0.0 + g[p0] + g[p1] + ...
+over r's positions in `order` (a stable sort of idx: ascending), one add per step, rows with
+fewer positions left as they are (`tl.where`, so a -0.0 term is added exactly as the reference
+adds it); then one rounding to grad's dtype. The loop runs to the block's largest count."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .gather_rows import row_segments
+from .invariant_kernels import _round_bf16
+from .runtime import check_kernel_device, compile_options
+
+BLOCK_R, BLOCK_C = 4, 512
+
+
+@triton.jit
+def _gather_rows_backward_kernel(g_ptr, order_ptr, start_ptr, count_ptr, out_ptr, R, C,
+                                 BF16: tl.constexpr, BLOCK_R: tl.constexpr,
+                                 BLOCK_C: tl.constexpr):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    rlive = rows < R
+    cmask = cols < C
+    start = tl.load(start_ptr + rows, mask=rlive, other=0)
+    count = tl.load(count_ptr + rows, mask=rlive, other=0)
+    acc = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)
+    for j in range(0, tl.max(count)):
+        live = j < count
+        p = tl.load(order_ptr + start + j, mask=live, other=0)
+        m = live[:, None] & cmask[None, :]
+        g = tl.load(g_ptr + p[:, None] * C + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        acc = tl.where(live[:, None], acc + g, acc)
+    if BF16:  # ties to even with integer ops (the interpreter's bf16 cast truncates)
+        acc = _round_bf16(acc)
+    out = rows.to(tl.int64)[:, None] * C + cols[None, :]
+    tl.store(out_ptr + out, acc.to(out_ptr.dtype.element_ty), mask=rlive[:, None] & cmask[None, :])
+
+
+def gather_rows_backward_triton(grad: torch.Tensor, idx: torch.Tensor, num_rows: int):
+    check_kernel_device(grad, "grad")
+    order, starts, counts = row_segments(idx, num_rows)
+    g2 = grad.reshape(grad.shape[0], -1)
+    c = g2.shape[1]
+    out = torch.empty((num_rows, *grad.shape[1:]), dtype=grad.dtype, device=grad.device)
+    if num_rows and c:
+        grid = (triton.cdiv(num_rows, BLOCK_R), triton.cdiv(c, BLOCK_C))
+        _gather_rows_backward_kernel[grid](
+            g2, order, starts, counts, out, num_rows, c, BF16=grad.dtype == torch.bfloat16,
+            BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C,
+            num_warps=4, **compile_options(grad.device),
+        )  # fmt: skip
+    return out
