@@ -4,7 +4,8 @@
     python -m benchmarks.quantize
 
 Bytes counted for the quantizer: the input read plus the output written (packed codes + E4M3
-scales, or the on-grid BF16 tensor the GEMMs consume). The copy baseline (`clone`) reads and
+scales, the on-grid BF16 tensor the GEMMs consume, or both). Rows: activations / gradients
+[M, K], then the learner's MoE weights [E, N, K] (16x16 tiles, per-expert scales). The copy baseline (`clone`) reads and
 writes the input once. Launch and CUDA-graph figures as in `benchmarks.kernel_timing`.
 """
 
@@ -16,6 +17,12 @@ from benchmarks.common import write_results
 from benchmarks.kernel_timing import both, fmt, header
 
 SHAPES = ((4096, 2048), (32768, 2048), (8192, 8192))
+# The learner's per-step weight quantize (the Qwen3-30B-A3B-shaped MoE experts: gate_up, down),
+# 16x16 tiles, one global scale per expert, in the three output forms: what writing the packed
+# bytes next to the on-grid copy costs (the learner's GEMMs read only the copy at >= 256 rows
+# per expert: `nvfp4_impl.ONGRID_FORWARD_MIN_ROWS`).
+WEIGHT_SHAPES = ((128, 1536, 2048), (128, 2048, 768))
+WEIGHT_OUTS = ("packed", "both", "ongrid")
 MODES = (("per_row", "rne", "packed"), ("per_row", "rne", "ongrid"),
          ("per_tensor", "stochastic", "ongrid"))  # fmt: skip
 
@@ -45,6 +52,31 @@ def measure(m, k) -> list[dict]:
     return rows
 
 
+def measure_weight(e, n, k) -> list[dict]:
+    from fp4_compile.codegen.quantize_kernel import quantize_triton
+
+    w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16)
+    copy = both(lambda: w.clone())
+    copy_bytes = 2 * w.numel() * 2
+    rows = []
+    for out in WEIGHT_OUTS:
+        t = both(lambda: quantize_triton(w, block="16x16", global_scale="per_expert", out=out))
+        written = {"packed": 0.5 + 1 / 16, "both": 2.5 + 1 / 16, "ongrid": 2}[out]
+        q_bytes = w.numel() * (2 + written)
+        row = {"M": f"{e}x{n}", "K": k, "global_scale": "per_expert 16x16", "rounding": "rne",
+               "out": out, "copy_ms": copy, "quantize_ms": t}  # fmt: skip
+        for i, how in enumerate(("launch", "graph")):
+            c, q = copy[i], t[i]
+            row[f"copy_GBps_{how}"] = None if not c else copy_bytes / c / 1e6
+            row[f"quantize_GBps_{how}"] = None if not q else q_bytes / q / 1e6
+            row[f"fraction_{how}"] = (
+                None if not (c and q) else row[f"quantize_GBps_{how}"] / row[f"copy_GBps_{how}"]
+            )
+        print(row, flush=True)
+        rows.append(row)
+    return rows
+
+
 def markdown(lines, rows) -> str:
     lines += ["| M | K | global scale | rounding | out | copy GB/s (graph) | quantize ms launch / "
               "graph | quantize GB/s launch / graph | fraction of copy launch / graph |",
@@ -61,6 +93,7 @@ def markdown(lines, rows) -> str:
 def main() -> None:
     env, lines = header("NVFP4 quantize vs device copy")
     rows = [r for m, k in SHAPES for r in measure(m, k)]
+    rows += [r for e, n, k in WEIGHT_SHAPES for r in measure_weight(e, n, k)]
     for path in write_results("quantize", {"env": env, "rows": rows}, markdown(lines, rows)):
         print("wrote", path)
 
