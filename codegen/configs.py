@@ -70,9 +70,11 @@ _WGRAD_SM90 = ((None, TileConfig(128, 256, 64, num_warps=8, num_stages=3)),)
 # Quantize: BLOCK_M rows x BLOCK_K columns per program (BLOCK_M a multiple of 16 for 16x16 tiles).
 _QUANT_SM90 = ((None, TileConfig(16, 0, 256, num_warps=4, num_stages=1)),)
 _QUANT_INTERPRETER = ((None, TileConfig(16, 0, 64, num_warps=1, num_stages=1)),)
-# The transposing (segmented) quantize of the wgrad operands, pinned apart so that it can be
-# tuned apart (benchmarks/tune_kernels.py); the plain quantize's tiling for now.
-_QUANT_SEGMENTS_SM90 = _QUANT_SM90
+# The transposing (segmented) quantize of the wgrad operands, pinned apart: its strided token
+# loads want more programs in flight. H200, learner shapes, same run, 0 bytes differ
+# (benchmarks/results/2026-12-04_tune_kernels_2c9e3e9.md): dY^T SR 0.272 -> 0.190 ms, X^T RNE
+# 0.237 -> 0.130 ms against 16x256 with 4 warps.
+_QUANT_SEGMENTS_SM90 = ((None, TileConfig(16, 0, 128, num_warps=2, num_stages=1)),)
 
 GEMM_OPS = ("nvfp4_gemm", "nvfp4_gemm_ongrid", "nvfp4_wgrad")
 
