@@ -102,3 +102,14 @@ def test_gather_rows_refuses_bad_operands():
         gather_rows(x, torch.tensor([0.0, 1.0]))
     with pytest.raises(TypeError, match="floating tensor of >= 2 dims"):
         gather_rows(torch.randn(5), torch.tensor([0, 1]))
+
+
+def test_gather_rows_survives_export():
+    class Gather(torch.nn.Module):
+        def forward(self, x, idx):
+            return gather_rows(x, idx) * 2
+
+    x, idx = torch.randn(6, 8), torch.tensor([5, 0, 0, 3])
+    ep = torch.export.export(Gather(), (x, idx))
+    assert any("gather_rows" in str(n.target) for n in ep.graph.nodes)
+    assert_bitwise_equal(ep.module()(x, idx), x[idx] * 2, "exported")

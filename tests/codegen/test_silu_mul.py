@@ -87,3 +87,16 @@ def test_kernels_equal_the_aten_ops(dtype, rows, cols):
     want = silu_mul_backward_reference(grad, a, b)
     assert_bitwise_equal(got[0], want[0], "grad a")
     assert_bitwise_equal(got[1], want[1], "grad b")
+
+
+def test_silu_mul_survives_export():
+    class SwiGLU(torch.nn.Module):
+        def forward(self, gate_up):
+            gate, up = gate_up.chunk(2, dim=-1)
+            return silu_mul(gate, up)
+
+    x = torch.randn(5, 32)
+    ep = torch.export.export(SwiGLU(), (x,))
+    assert any("silu_mul" in str(n.target) for n in ep.graph.nodes)
+    gate, up = x.chunk(2, dim=-1)
+    assert_bitwise_equal(ep.module()(x), F.silu(gate) * up, "exported")
