@@ -34,7 +34,7 @@ def _check(x: torch.Tensor, idx: torch.Tensor) -> None:
 @torch.library.custom_op("fp4_compile::gather_rows", mutates_args=())
 def gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     _check(x, idx)
-    return x[idx]
+    return x[idx].contiguous()  # the layout the fake promises, whatever x's is
 
 
 @gather_rows.register_fake

@@ -26,8 +26,10 @@ BLOCK_R, BLOCK_C = 4, 512
 def _gather_rows_backward_kernel(g_ptr, order_ptr, start_ptr, count_ptr, out_ptr, R, C,
                                  BF16: tl.constexpr, BLOCK_R: tl.constexpr,
                                  BLOCK_C: tl.constexpr):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    pid = tl.program_id(0)  # one grid axis (2**31 programs): rows x column blocks can be many
+    num_col_blocks = tl.cdiv(C, BLOCK_C)
+    rows = (pid // num_col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = (pid % num_col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
     rlive = rows < R
     cmask = cols < C
     start = tl.load(start_ptr + rows, mask=rlive, other=0)
@@ -48,11 +50,11 @@ def _gather_rows_backward_kernel(g_ptr, order_ptr, start_ptr, count_ptr, out_ptr
 def gather_rows_backward_triton(grad: torch.Tensor, idx: torch.Tensor, num_rows: int):
     check_kernel_device(grad, "grad")
     order, starts, counts = row_segments(idx, num_rows)
-    g2 = grad.reshape(grad.shape[0], -1)
+    g2 = grad.contiguous().reshape(grad.shape[0], -1)  # the kernel's row stride is C
     c = g2.shape[1]
     out = torch.empty((num_rows, *grad.shape[1:]), dtype=grad.dtype, device=grad.device)
     if num_rows and c:
-        grid = (triton.cdiv(num_rows, BLOCK_R), triton.cdiv(c, BLOCK_C))
+        grid = (triton.cdiv(num_rows, BLOCK_R) * triton.cdiv(c, BLOCK_C),)
         _gather_rows_backward_kernel[grid](
             g2, order, starts, counts, out, num_rows, c, BF16=grad.dtype == torch.bfloat16,
             BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C,

@@ -1,5 +1,5 @@
 """`fp4_compile::silu_mul`: silu(a) * b, the SwiGLU of every gated MLP (dense and MoE experts),
-as one opaque op whose forward and backward run eager ATen kernels on every engine.
+as one opaque op: the compiled graph and the eager graph call the same implementation.
 
 Why opaque: left in the graph, Inductor generates the SwiGLU's forward and backward as its own
 Triton kernels, and on the H200 (torch 2.11, whose Inductor lacks
@@ -40,7 +40,7 @@ def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
         if kernel_applies(a, b):
             return silu_mul_triton(a, b)
-    return F.silu(a) * b
+    return (F.silu(a) * b).contiguous()  # the layout the fake promises, whatever a's is
 
 
 @silu_mul.register_fake
@@ -65,7 +65,7 @@ def silu_mul_backward_reference(grad, a, b):
     """Eager autograd's backward of F.silu(a) * b, as ATen ops (the CPU implementation)."""
     grad_b = grad * F.silu(a)
     grad_a = aten.silu_backward(grad * b, a)
-    return grad_a, grad_b
+    return grad_a.contiguous(), grad_b.contiguous()
 
 
 @silu_mul_backward.register_fake

@@ -38,7 +38,7 @@ PIPELINE = (
     lower_small_reductions,  # small float sums (MoE top-k combine) -> fixed-order ordered_sum
     lower_row_scales,  # x[..., H] * w[..., 1] (routing weights) -> row_scale, ordered backward
     lower_gathers,  # x[idx] rows (MoE token gathers) -> gather_rows, position-ordered backward
-    lower_silu_muls,  # silu(a) * b (SwiGLU) -> silu_mul, eager ATen kernels on every engine
+    lower_silu_muls,  # silu(a) * b (SwiGLU) -> silu_mul, one implementation for every engine
     lower_outer_products,  # K = 1 matmuls (rotary embedding) -> broadcast multiply, same bits
     lower_embeddings,  # token embedding -> embedding op with one opaque (same-kernel) backward
     verify,  # nothing eligible left, no stock reduction left (strict), op census

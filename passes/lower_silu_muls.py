@@ -1,8 +1,9 @@
 """Pass, lower SwiGLUs: silu(a) * b (a gated MLP's activation, dense or MoE experts) becomes
-`fp4_compile::silu_mul`, whose forward and backward run eager ATen kernels on every engine.
-Left to Inductor, the SwiGLU's backward rounded differently from eager on the H200
-(codegen/silu_mul.py says where it was measured). The silu node is absorbed only when the
-multiply is its one user; a silu used elsewhere is left, and so is its multiply."""
+`fp4_compile::silu_mul`, one opaque op that the compiled and the eager graph both call (on CUDA
+its Triton passes, ATen's operations; elsewhere the ATen ops). Left to Inductor, the SwiGLU's
+backward rounded differently from eager on the H200 (codegen/silu_mul.py says where it was
+measured). The silu node is absorbed only when the multiply is its one user and nothing between
+them writes to a in place; otherwise the silu and its multiply are left as they are."""
 
 from __future__ import annotations
 
@@ -15,14 +16,24 @@ from .patterns import is_mul, is_silu
 from .report import LoweringReport
 
 
+def _writes_in_place(node: fx.Node, a: fx.Node) -> bool:
+    """Whether node may mutate a: an in-place method / op (`mul_`, `aten.add_`) on it, or an
+    `out=` argument naming it."""
+    if node.op not in ("call_function", "call_method"):
+        return False
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    name = str(name).split(".")[0]
+    in_place = name.endswith("_") and not name.startswith("__")
+    return (in_place and bool(node.args) and node.args[0] is a) or node.kwargs.get("out") is a
+
+
 def _silu_mul_operands(node):
-    """(a, b) when the multiply is silu(a) * b (either order) on equal shapes and dtypes."""
-    if node.op != "call_function" and node.op != "call_method":
-        return None
+    """(silu node, a, b) when the multiply is silu(a) * b (either order) on equal shapes and
+    dtypes, else None."""
     if len(node.args) != 2 or node.kwargs:
         return None
     for s, b in (node.args, node.args[::-1]):
-        if not is_silu(s) or len(s.users) != 1 or not isinstance(b, fx.Node):
+        if not is_silu(s) or len(s.users) != 1 or not isinstance(b, fx.Node) or b is s:
             continue
         a = s.args[0] if s.args else s.kwargs.get("input")
         fa, fb, fo = fake(a), fake(b), fake(node)
@@ -32,7 +43,12 @@ def _silu_mul_operands(node):
             continue
         if not fa.dtype.is_floating_point or fo.dtype != fa.dtype:
             continue
-        return a, b
+        between = s.next
+        while between is not node:  # the op reads a at the multiply, not at the silu
+            if _writes_in_place(between, a):
+                return None
+            between = between.next
+        return s, a, b
     return None
 
 
@@ -41,12 +57,12 @@ def lower_silu_muls(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRep
     for node in list(graph.nodes):
         if not is_mul(node):
             continue
-        operands = _silu_mul_operands(node)
-        if operands is None:
+        matched = _silu_mul_operands(node)
+        if matched is None:
             continue
-        silu = next(s for s in node.args if isinstance(s, fx.Node) and is_silu(s))
+        silu, a, b = matched
         new = insert_call(
-            graph, torch.ops.fp4_compile.silu_mul.default, operands, before=node, like=node
+            graph, torch.ops.fp4_compile.silu_mul.default, (a, b), before=node, like=node
         )
         node.replace_all_uses_with(new)
         graph.erase_node(node)
