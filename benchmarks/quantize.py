@@ -1,4 +1,3 @@
-# ruff: noqa: B023  (each benchmarked closure is timed immediately, inside its own iteration)
 """NVFP4 quantize (`fp4_compile::quantize` kernels) vs device-to-device copy bandwidth, same run.
 
     python -m benchmarks.quantize
@@ -27,19 +26,19 @@ MODES = (("per_row", "rne", "packed"), ("per_row", "rne", "ongrid"),
          ("per_tensor", "stochastic", "ongrid"))  # fmt: skip
 
 
-def measure(m, k) -> list[dict]:
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+# bytes written per input element, by output form (packed: E2M1 nibble + an E4M3 byte per 16)
+OUT_BYTES = {"packed": 0.5 + 1 / 16, "ongrid": 2, "both": 2.5 + 1 / 16}
 
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+
+def _timed_rows(x, cases) -> list[dict]:
+    """One row per (fields, out, run) case: its launch / graph times against a copy of x."""
     copy = both(lambda: x.clone())
     copy_bytes = 2 * x.numel() * 2
     rows = []
-    for gs, rounding, out in MODES:
-        seed = 7 if rounding == "stochastic" else None
-        t = both(lambda: quantize_triton(x, global_scale=gs, rounding=rounding, seed=seed, out=out))
-        q_bytes = x.numel() * (2 + (2 if out == "ongrid" else 0.5 + 1 / 16))
-        row = {"M": m, "K": k, "global_scale": gs, "rounding": rounding, "out": out,
-               "copy_ms": copy, "quantize_ms": t}  # fmt: skip
+    for fields, out, run in cases:
+        t = both(run)
+        q_bytes = x.numel() * (2 + OUT_BYTES[out])
+        row = {**fields, "out": out, "copy_ms": copy, "quantize_ms": t}
         for i, how in enumerate(("launch", "graph")):
             c, q = copy[i], t[i]
             row[f"copy_GBps_{how}"] = None if not c else copy_bytes / c / 1e6
@@ -50,31 +49,33 @@ def measure(m, k) -> list[dict]:
         print(row, flush=True)
         rows.append(row)
     return rows
+
+
+def measure(m, k) -> list[dict]:
+    from fp4_compile.codegen.quantize_kernel import quantize_triton
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    cases = [
+        ({"M": m, "K": k, "global_scale": gs, "rounding": rounding}, out,
+         lambda gs=gs, rounding=rounding, out=out: quantize_triton(
+             x, global_scale=gs, rounding=rounding, out=out,
+             seed=7 if rounding == "stochastic" else None))
+        for gs, rounding, out in MODES
+    ]  # fmt: skip
+    return _timed_rows(x, cases)
 
 
 def measure_weight(e, n, k) -> list[dict]:
     from fp4_compile.codegen.quantize_kernel import quantize_triton
 
     w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16)
-    copy = both(lambda: w.clone())
-    copy_bytes = 2 * w.numel() * 2
-    rows = []
-    for out in WEIGHT_OUTS:
-        t = both(lambda: quantize_triton(w, block="16x16", global_scale="per_expert", out=out))
-        written = {"packed": 0.5 + 1 / 16, "both": 2.5 + 1 / 16, "ongrid": 2}[out]
-        q_bytes = w.numel() * (2 + written)
-        row = {"M": f"{e}x{n}", "K": k, "global_scale": "per_expert 16x16", "rounding": "rne",
-               "out": out, "copy_ms": copy, "quantize_ms": t}  # fmt: skip
-        for i, how in enumerate(("launch", "graph")):
-            c, q = copy[i], t[i]
-            row[f"copy_GBps_{how}"] = None if not c else copy_bytes / c / 1e6
-            row[f"quantize_GBps_{how}"] = None if not q else q_bytes / q / 1e6
-            row[f"fraction_{how}"] = (
-                None if not (c and q) else row[f"quantize_GBps_{how}"] / row[f"copy_GBps_{how}"]
-            )
-        print(row, flush=True)
-        rows.append(row)
-    return rows
+    fields = {"M": f"{e}x{n}", "K": k, "global_scale": "per_expert 16x16", "rounding": "rne"}
+    cases = [
+        (fields, out,
+         lambda out=out: quantize_triton(w, block="16x16", global_scale="per_expert", out=out))
+        for out in WEIGHT_OUTS
+    ]  # fmt: skip
+    return _timed_rows(w, cases)
 
 
 def markdown(lines, rows) -> str:

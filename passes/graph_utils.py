@@ -181,6 +181,15 @@ def insert_call(
     return node
 
 
+def replace_with_call(graph: fx.Graph, node: fx.Node, target, args: tuple) -> fx.Node:
+    """Replace `node` by call_function(target, args) in its place (its metadata carried over,
+    `insert_call`); every user of node now reads the new node, and node is erased."""
+    new = insert_call(graph, target, args, before=node, like=node)
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+    return new
+
+
 def traced_float(value):
     """A float argument as a Python float: itself, or, when Dynamo's automatic dynamic shapes
     turned a model constant (eps, softmax scale) into a symbolic float, its traced value.

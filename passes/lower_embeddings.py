@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import insert_call
+from .graph_utils import replace_with_call
 from .patterns import _is
 from .report import LoweringReport
 
@@ -52,10 +52,6 @@ def lower_embeddings(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRe
         if operands is None:
             report.notes.append(f"{node.name}: {why}")
             continue
-        new = insert_call(
-            graph, torch.ops.fp4_compile.embedding.default, operands, before=node, like=node
-        )
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
+        replace_with_call(graph, node, torch.ops.fp4_compile.embedding.default, operands)
         report.count("embedding")
     gm.recompile()

@@ -12,7 +12,7 @@ import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import fake, insert_call
+from .graph_utils import fake, replace_with_call
 from .report import LoweringReport
 
 aten = torch.ops.aten
@@ -48,10 +48,6 @@ def lower_gathers(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRepor
         operands = _gather_operands(node)
         if operands is None:
             continue
-        new = insert_call(
-            graph, torch.ops.fp4_compile.gather_rows.default, operands, before=node, like=node
-        )
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
+        replace_with_call(graph, node, torch.ops.fp4_compile.gather_rows.default, operands)
         report.count("gather_rows")
     gm.recompile()

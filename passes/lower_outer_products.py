@@ -11,7 +11,7 @@ import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import fake, insert_call
+from .graph_utils import fake, replace_with_call
 from .patterns import _is
 from .report import LoweringReport
 
@@ -42,10 +42,6 @@ def lower_outer_products(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Loweri
             and b.shape[-2] == 1
         ):
             continue
-        new = insert_call(
-            graph, aten.mul.Tensor, (node.args[0], node.args[1]), before=node, like=node
-        )
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
+        replace_with_call(graph, node, aten.mul.Tensor, (node.args[0], node.args[1]))
         report.count("outer_product")
     gm.recompile()

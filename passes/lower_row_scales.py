@@ -11,7 +11,7 @@ import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import fake, insert_call
+from .graph_utils import fake, replace_with_call
 from .patterns import _is
 from .report import LoweringReport
 
@@ -52,10 +52,6 @@ def lower_row_scales(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRe
         operands = _row_scale_operands(node)
         if operands is None:
             continue
-        new = insert_call(
-            graph, torch.ops.fp4_compile.row_scale.default, operands, before=node, like=node
-        )
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
+        replace_with_call(graph, node, torch.ops.fp4_compile.row_scale.default, operands)
         report.count("row_scale")
     gm.recompile()

@@ -11,7 +11,7 @@ import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import fake, insert_call
+from .graph_utils import fake, replace_with_call
 from .patterns import is_mul, is_silu
 from .report import LoweringReport
 
@@ -61,11 +61,7 @@ def lower_silu_muls(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRep
         if matched is None:
             continue
         silu, a, b = matched
-        new = insert_call(
-            graph, torch.ops.fp4_compile.silu_mul.default, (a, b), before=node, like=node
-        )
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
+        replace_with_call(graph, node, torch.ops.fp4_compile.silu_mul.default, (a, b))
         graph.erase_node(silu)
         report.count("silu_mul")
     gm.recompile()

@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import fake, insert_call
+from .graph_utils import fake, replace_with_call
 from .patterns import _is, scalar_arg
 from .report import LoweringReport
 
@@ -40,14 +40,9 @@ def lower_small_reductions(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Lowe
         if not isinstance(extent, int) or not 1 <= extent <= MAX_EXTENT:
             continue
         keepdim = bool(scalar_arg(node, 2, "keepdim", False))
-        new = insert_call(
-            graph,
-            torch.ops.fp4_compile.ordered_sum.default,
+        replace_with_call(
+            graph, node, torch.ops.fp4_compile.ordered_sum.default,
             (node.args[0], dim % src.dim(), keepdim),
-            before=node,
-            like=node,
-        )
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
+        )  # fmt: skip
         report.count("ordered_sum")
     gm.recompile()
