@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The model-level GPU session: kernel tests, learner, learner == rollout alignment, rollout speed.
 # Results (md + json) and logs are packed into $OUT/session.tgz.
-#   MINITE_COMMIT=<sha> [PARTS="pytest learner alignment rollout graphs lgraphs gaps invariant backend gradloc quantize tune numerics"] \
+#   MINITE_COMMIT=<sha> [PARTS="pytest learner alignment rollout graphs lgraphs gaps invariant backend gradloc quantize tune tuneattn numerics"] \
 #     bash benchmarks/h200_rollout_session.sh
 #   GRADLOC_ARGS="--models moe,llama --recipes strict,te,bf16" picks the runs of the gradloc part;
 #   BACKEND_ARGS="--tokens 4096" runs the backend check's 30B rows on the learner's on-grid path;
-#   TUNE_ARGS="--only wgrad" picks the sections of the config sweep;
+#   TUNE_ARGS="--only wgrad" picks the sections of the config sweep (TUNEATTN_ARGS: attention's);
 #   PYTEST_FILES="tests/a.py tests/b.py" picks the CUDA test files.
 # One device call (600 s) fits about two parts; ALIGN_BATCHES (default 1,64) picks batch sizes.
 set -u
@@ -29,6 +29,7 @@ for part in $PARTS; do
     quantize) run "${QUANT_S:-90}" quantize python3 -m benchmarks.quantize ;;
     gradloc) run "${GRADLOC_S:-150}" grad_localize python3 -m benchmarks.grad_localize_gpu ${GRADLOC_ARGS:-} ;;
     tune) run "${TUNE_S:-330}" tune_kernels python3 -m benchmarks.tune_kernels ${TUNE_ARGS:-} ;;
+    tuneattn) run "${TUNEATTN_S:-300}" tune_attention python3 -m benchmarks.tune_attention ${TUNEATTN_ARGS:-} ;;
     numerics) run "${NUMERICS_S:-120}" elementwise_numerics python3 -m benchmarks.elementwise_numerics_gpu ${NUMERICS_ARGS:-} ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac

@@ -44,13 +44,20 @@ ATTENTION = {
     "sm_90": KernelConfig(64, 64, 0, num_warps=4, num_stages=2),
     "interpreter": KernelConfig(16, 16, 0, num_warps=1),
 }
-# backward of attention (determinism only): (dQ launch: rows x keys, dK/dV launch: rows x keys)
+# backward of attention (determinism only): (dQ launch: rows x keys, dK/dV launch: rows x keys,
+# dK/dV head split: the GQA group's heads are cut into this many slices, one program each, whose
+# FP32 partial dK/dV are added in slice order after; it must divide the group, else 1 is used)
 ATTENTION_BACKWARD = {
     "sm_90": (
         KernelConfig(64, 64, 0, num_warps=4, num_stages=2),
         KernelConfig(64, 64, 0, num_warps=8, num_stages=2),
+        1,
     ),
-    "interpreter": (KernelConfig(16, 16, 0, num_warps=1), KernelConfig(16, 16, 0, num_warps=1)),
+    "interpreter": (
+        KernelConfig(16, 16, 0, num_warps=1),
+        KernelConfig(16, 16, 0, num_warps=1),
+        2,
+    ),
 }
 LOGPROBS_BLOCK_V = {"sm_90": 4096, "interpreter": 256}
 
@@ -80,7 +87,7 @@ def attention_config(arch: str) -> KernelConfig:
     return _known(arch, ATTENTION, "attention")
 
 
-def attention_backward_configs(arch: str) -> tuple[KernelConfig, KernelConfig]:
+def attention_backward_configs(arch: str) -> tuple[KernelConfig, KernelConfig, int]:
     return _known(arch, ATTENTION_BACKWARD, "attention backward")
 
 

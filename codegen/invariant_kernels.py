@@ -152,24 +152,33 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr
     hq = kvh * G + rows % G
     row_live = qi < Tq
     d = tl.arange(0, D)
+    # operands stay in their storage dtype (bf16 on CUDA): FP32 copies of q, k and v took 255
+    # registers and spilled on sm_90; the dots see the same values either way
     q = tl.load(q_ptr + b * sqb + hq[:, None] * sqh + qi[:, None] * sqt + d[None, :],
-                mask=row_live[:, None], other=0.0).to(tl.float32)  # fmt: skip
+                mask=row_live[:, None], other=0.0).to(DOT)  # fmt: skip
     kv_len = tl.load(kl_ptr + b)
     pos = tl.load(qs_ptr + b) + qi
     hi = kv_len
     if CAUSAL:
         hi = tl.minimum(hi, tl.max(tl.where(row_live, pos, 0)) + 1)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    # The row sum l runs on the tensor cores like the numerator: the MMA sums each row in an
+    # order fixed by the instruction, whatever register layout the compiler picks for this
+    # kernel variant (a `tl.sum` tree follows that layout: on the H200 the causal and the masked
+    # variant summed in different orders, 1 in ~4096 outputs 1 ulp apart, learner vs rollout;
+    # benchmarks/localize_gpu.py). FP32 p enters as bf16 p + bf16(p - bf16 p), so l is the sum
+    # of p to ~2^-17, not of its bf16 rounding. All 16 columns of l_acc are equal.
+    ones = tl.full((BLOCK_N, 16), 1.0, DOT)
+    l_acc = tl.zeros((BLOCK_M, 16), tl.float32)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
     for n0 in range(0, hi, BLOCK_N):  # keys in fixed blocks from position 0, in order
         j = n0 + tl.arange(0, BLOCK_N)
         key_live = j < kv_len
         k = tl.load(k_ptr + b * skb + kvh * skh + j[:, None] * skt + d[None, :],
-                    mask=key_live[:, None], other=0.0).to(tl.float32)  # fmt: skip
+                    mask=key_live[:, None], other=0.0).to(DOT)  # fmt: skip
         v = tl.load(v_ptr + b * skb + kvh * skh + j[:, None] * skt + d[None, :],
-                    mask=key_live[:, None], other=0.0).to(tl.float32)  # fmt: skip
-        s = tl.dot(q.to(DOT), tl.trans(k).to(DOT), input_precision="ieee") * scale
+                    mask=key_live[:, None], other=0.0).to(DOT)  # fmt: skip
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
                       CAUSAL, HAS_MASK)  # fmt: skip
         s = tl.where(vis, s, float("-inf"))
@@ -177,20 +186,17 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(any_vis, m_new, 0.0)
         p = tl.where(vis, tl.exp(s - m_safe[:, None]), 0.0)
+        # a block with no visible key leaves the row's state untouched, bit for bit: its
+        # alpha is 1 and its p all zeros, which the MMAs add exactly
         alpha = tl.where(m_i == float("-inf"), 0.0, tl.exp(m_i - m_safe))
-        p16 = _round_bf16(p).to(DOT)
-        pv = tl.dot(p16, v.to(DOT), input_precision="ieee")
-        # The row sum is an FP32 "ieee" dot with ones (FMA lowering: k = 0, 1, ... in order)
-        # instead of tl.sum, whose tree follows the register layout the compiler picks: that
-        # layout differed between the causal and the masked variant of this kernel on the H200
-        # (1 in ~4096 outputs 1 ulp apart, learner vs rollout; benchmarks/localize_gpu.py).
-        # All 16 columns of the product are equal; max picks one exactly.
-        ones = tl.full((BLOCK_N, 16), 1.0, tl.float32)
-        l_blk = tl.max(tl.dot(p, ones, input_precision="ieee"), axis=1)
-        # a block with no visible key leaves the row's state untouched, bit for bit
-        l_i = tl.where(any_vis, l_i * alpha + l_blk, l_i)
-        acc = tl.where(any_vis[:, None], acc * alpha[:, None] + pv, acc)
+        alpha = tl.where(any_vis, alpha, 1.0)
+        p_hi = _round_bf16(p)
+        p16 = p_hi.to(DOT)
+        acc = tl.dot(p16, v, acc * alpha[:, None], input_precision="ieee")
+        l_acc = tl.dot(p16, ones, l_acc * alpha[:, None], input_precision="ieee")
+        l_acc = tl.dot(_round_bf16(p - p_hi).to(DOT), ones, l_acc, input_precision="ieee")
         m_i = tl.where(any_vis, m_new, m_i)
+    l_i = tl.max(l_acc, axis=1)
     seen = l_i > 0
     out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
