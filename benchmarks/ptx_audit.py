@@ -226,7 +226,7 @@ def _attention_cases() -> list[KernelCase]:
               "scale": ("fp32", 0.0), **strides}  # fmt: skip
     flags = {"CAUSAL": True, "HAS_MASK": False, "DOT": tl.bfloat16, "D": d}
     fwd = cfgs.attention_config("sm_90")
-    dq_cfg, dkdv_cfg, split = cfgs.attention_backward_configs("sm_90")
+    dq_cfg, dkdv_cfg = cfgs.attention_backward_configs("sm_90")
     tensors = {n: (bf16, 0) for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "do_ptr", "dq_ptr",
                                        "dk_ptr", "dv_ptr")}  # fmt: skip
     out_strides = {"sob": (i32, hq * t * d), "soh": (i32, t * d), "sot": (i32, d)}
@@ -240,11 +240,8 @@ def _attention_cases() -> list[KernelCase]:
                    {**flags, "BLOCK_M": dq_cfg.block_m, "BLOCK_N": dq_cfg.block_n},
                    dq_cfg.num_warps, dq_cfg.num_stages, {}),
         KernelCase("attention backward dK/dV", ab._dkdv_kernel,
-                   {**tensors, **common, "delta_ptr": ("*fp32", 0), "Tk": (i32, t),
-                    "sdb": (i32, hkv * split * t * d), "sdh": (i32, split * t * d),
-                    "sds": (i32, t * d)},
-                   {**flags, "BLOCK_M": dkdv_cfg.block_m, "BLOCK_N": dkdv_cfg.block_n,
-                    "SPLIT": split},
+                   {**tensors, **common, "delta_ptr": ("*fp32", 0), "Tk": (i32, t)},
+                   {**flags, "BLOCK_M": dkdv_cfg.block_m, "BLOCK_N": dkdv_cfg.block_n},
                    dkdv_cfg.num_warps, dkdv_cfg.num_stages, {}),
     ]  # fmt: skip
 

@@ -10,8 +10,9 @@ dim 128 (Qwen3-30B-A3B), bf16.
   of one equals its rows of the batched causal forward, bitwise) and against the pinned
   config's output (`differ`: a new config changes bits, so pinning it needs the GPU alignment
   run, `benchmarks.alignment_gpu`).
-- dq / dkdv: the backward (determinism only) timed whole, one launch's config varied at a time
-  (the dK/dV launch also over its GQA head split); `differ` against the pinned backward.
+- dq / dkdv: the backward (determinism only) timed whole, one launch's config varied at a time;
+  `differ` against the pinned backward. (A dK/dV launch that split the GQA group over programs,
+  FP32 partials added after, was slower at every split, 2026-12-04_tune_attention_10bb871.md.)
 Baselines in the same run: `F.scaled_dot_product_attention` (cuDNN / flash) forward, and
 forward + backward. Nothing here is read at run time: a winner is copied into
 invariant_configs.py by hand. Figures: H200, bf16 attention (no NVFP4 in these kernels).
@@ -50,13 +51,12 @@ DQ_CANDIDATES = (
 )
 DKDV_CANDIDATES = (
     KernelConfig(64, 64, 0, num_warps=8, num_stages=2),
-    KernelConfig(64, 64, 0, num_warps=4, num_stages=2),
+    KernelConfig(64, 64, 0, num_warps=4, num_stages=3),
     KernelConfig(32, 64, 0, num_warps=4, num_stages=3),
     KernelConfig(32, 128, 0, num_warps=8, num_stages=3),
     KernelConfig(64, 128, 0, num_warps=8, num_stages=2),
     KernelConfig(64, 32, 0, num_warps=4, num_stages=2),
 )
-SPLITS = (1, 2, 4, 8)
 
 
 @contextlib.contextmanager
@@ -111,7 +111,8 @@ def forward_section(rows):
     sdpa = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
         q, k, v, is_causal=True, enable_gqa=True))  # fmt: skip
     ref = None
-    for cfg in (cfgs.ATTENTION[ARCH], *FORWARD_CANDIDATES):
+    pinned_now = cfgs.ATTENTION[ARCH]
+    for cfg in (pinned_now, *(c for c in FORWARD_CANDIDATES if c != pinned_now)):
         row = {"section": "forward", "config": cfg.__dict__.copy(), "baseline_ms": sdpa}
         try:
             with pinned(cfgs.ATTENTION, cfg):
@@ -172,19 +173,15 @@ def _label(cfg: KernelConfig) -> dict:
 
 
 def dq_section(rows):
-    dq, dkdv, split = cfgs.ATTENTION_BACKWARD[ARCH]
-    variants = [({"dq": _label(c)}, (c, dkdv, split)) for c in (dq, *DQ_CANDIDATES)]
-    _backward_sweep(rows, "dq", variants)
+    dq, dkdv = cfgs.ATTENTION_BACKWARD[ARCH]
+    candidates = (dq, *(c for c in DQ_CANDIDATES if c != dq))
+    _backward_sweep(rows, "dq", [({"dq": _label(c)}, (c, dkdv)) for c in candidates])
 
 
 def dkdv_section(rows):
-    dq, dkdv, split = cfgs.ATTENTION_BACKWARD[ARCH]
-    variants = [({"dkdv": _label(dkdv), "split": split}, (dq, dkdv, split))]
-    for c in (dkdv, *DKDV_CANDIDATES):
-        for s in SPLITS:
-            if (c, s) != (dkdv, split):
-                variants.append(({"dkdv": _label(c), "split": s}, (dq, c, s)))
-    _backward_sweep(rows, "dkdv", variants)
+    dq, dkdv = cfgs.ATTENTION_BACKWARD[ARCH]
+    candidates = (dkdv, *(c for c in DKDV_CANDIDATES if c != dkdv))
+    _backward_sweep(rows, "dkdv", [({"dkdv": _label(c)}, (dq, c)) for c in candidates])
 
 
 SECTIONS = {"forward": forward_section, "dq": dq_section, "dkdv": dkdv_section}

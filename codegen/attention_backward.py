@@ -76,16 +76,12 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q
 
 @triton.jit
 def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, qs_ptr,
-                 kl_ptr, m_ptr, sqb, sqh, sqt, skb, skh, skt, smb, smh, smt, sdb, sdh, sds,
-                 Tq, G, scale, Tk, SPLIT: tl.constexpr, CAUSAL: tl.constexpr,
-                 HAS_MASK: tl.constexpr, DOT: tl.constexpr, D: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+                 kl_ptr, m_ptr, sqb, sqh, sqt, skb, skh, skt, smb, smh, smt, Tq, G, scale, Tk,
+                 CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
+                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     pid_n = tl.program_id(0)
     b = tl.program_id(1)
-    kvh = tl.program_id(2) // SPLIT
-    part = tl.program_id(2) % SPLIT  # this program's slice of the GQA group: heads part*Gs..
-    num_kv = tl.num_programs(2) // SPLIT
-    Gs = G // SPLIT
+    kvh = tl.program_id(2)
     j = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     kv_len = tl.load(kl_ptr + b)
@@ -96,20 +92,20 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
     v = tl.load(v_ptr + kv_off, mask=key_live[:, None], other=0.0)
     dk = tl.zeros((BLOCK_N, D), tl.float32)
     dv = tl.zeros((BLOCK_N, D), tl.float32)
-    num_rows = Tq * Gs
+    num_rows = Tq * G
     lo = pid_n * 0
     if CAUSAL:  # queries before the block's first key see none of it
-        lo = tl.maximum(pid_n * BLOCK_N - q_start, 0) * Gs // BLOCK_M * BLOCK_M
+        lo = tl.maximum(pid_n * BLOCK_N - q_start, 0) * G // BLOCK_M * BLOCK_M
     lo = tl.where(pid_n * BLOCK_N >= kv_len, num_rows, lo)  # dead key slots only: zeros
     for r0 in range(lo, num_rows, BLOCK_M):  # row blocks in order
         rows = r0 + tl.arange(0, BLOCK_M)
-        qi = rows // Gs
-        hq = kvh * G + part * Gs + rows % Gs
+        qi = rows // G
+        hq = kvh * G + rows % G
         row_live = qi < Tq
         row_off = b * sqb + hq[:, None] * sqh + qi[:, None] * sqt + d[None, :]
         q = tl.load(q_ptr + row_off, mask=row_live[:, None], other=0.0)
         do = tl.load(do_ptr + row_off, mask=row_live[:, None], other=0.0)
-        stat = (b * G * num_kv + hq) * Tq + qi
+        stat = (b * G * tl.num_programs(2) + hq) * Tq + qi
         lse = tl.load(lse_ptr + stat, mask=row_live, other=0.0)
         lse = tl.where(lse == float("-inf"), 0.0, lse)
         delta = tl.load(delta_ptr + stat, mask=row_live, other=0.0)
@@ -123,18 +119,8 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
         ds = p * (dp - delta[:, None]) * scale
         dk = tl.dot(tl.trans(ds).to(DOT), q.to(DOT), dk, input_precision="ieee")
     slot = (j < Tk)[:, None]  # slots at or past kv_len store their zeros
-    # SPLIT > 1: FP32 partial sums [B, Hkv, SPLIT, Tk, D], added over the slices in order after
-    out_off = b * sdb + kvh * sdh + part * sds + j[:, None] * D + d[None, :]
-    tl.store(dk_ptr + out_off, dk.to(dk_ptr.dtype.element_ty), mask=slot)
-    tl.store(dv_ptr + out_off, dv.to(dv_ptr.dtype.element_ty), mask=slot)
-
-
-def _sum_slices(part_BHSTD: torch.Tensor) -> torch.Tensor:
-    """[B, Hkv, S, Tk, D] -> [B, Hkv, Tk, D]: slice 0 + slice 1 + ... in order (FP32)."""
-    total = part_BHSTD[:, :, 0].clone()
-    for i in range(1, part_BHSTD.shape[2]):
-        total += part_BHSTD[:, :, i]
-    return total
+    tl.store(dk_ptr + kv_off, dk.to(dk_ptr.dtype.element_ty), mask=slot)
+    tl.store(dv_ptr + kv_off, dv.to(dv_ptr.dtype.element_ty), mask=slot)
 
 
 def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, causal, scale):
@@ -148,8 +134,7 @@ def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, c
         raise ValueError(
             f"the Triton attention backward needs a power-of-two head dim >= 16, got {d}"
         )
-    cfg_dq, cfg_dkdv, split = cfgs.attention_backward_configs(arch_of(q.device))
-    split = split if g % split == 0 else 1
+    cfg_dq, cfg_dkdv = cfgs.attention_backward_configs(arch_of(q.device))
     # q, dO and O share one set of strides in the kernels, k and v another
     q, do, o = q.contiguous(), grad_out.contiguous(), out.contiguous()
     k, v = k.contiguous(), v.contiguous()
@@ -179,18 +164,9 @@ def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, c
             dk.zero_()
             dv.zero_()
         else:
-            if split > 1:
-                dk_out = torch.empty((b, hkv, split, tk, d), dtype=torch.float32, device=q.device)
-                dv_out = torch.empty_like(dk_out)
-            else:
-                dk_out, dv_out = dk.unsqueeze(2), dv.unsqueeze(2)
-            _dkdv_kernel[(triton.cdiv(tk, cfg_dkdv.block_n), b, hkv * split)](
-                q, k, v, do, lse, delta, dk_out, dv_out, qs, kl, mask_arg, *strides,
-                dk_out.stride(0), dk_out.stride(1), dk_out.stride(2), tq, g, scale, tk,
-                SPLIT=split, **flags, BLOCK_M=cfg_dkdv.block_m, BLOCK_N=cfg_dkdv.block_n,
+            _dkdv_kernel[(triton.cdiv(tk, cfg_dkdv.block_n), b, hkv)](
+                q, k, v, do, lse, delta, dk, dv, qs, kl, mask_arg, *strides, tq, g, scale, tk,
+                **flags, BLOCK_M=cfg_dkdv.block_m, BLOCK_N=cfg_dkdv.block_n,
                 **cfg_dkdv.launch_kwargs(),
             )  # fmt: skip
-            if split > 1:  # the slices' partial sums, added in slice order
-                dk.copy_(_sum_slices(dk_out))
-                dv.copy_(_sum_slices(dv_out))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

@@ -44,20 +44,15 @@ ATTENTION = {
     "sm_90": KernelConfig(64, 64, 0, num_warps=4, num_stages=2),
     "interpreter": KernelConfig(16, 16, 0, num_warps=1),
 }
-# backward of attention (determinism only): (dQ launch: rows x keys, dK/dV launch: rows x keys,
-# dK/dV head split: the GQA group's heads are cut into this many slices, one program each, whose
-# FP32 partial dK/dV are added in slice order after; it must divide the group, else 1 is used)
+# backward of attention (determinism only): (dQ launch: rows x keys, dK/dV launch: rows x keys)
+# (*) both launches at the learner's shape, `benchmarks.tune_attention`,
+# benchmarks/results/2026-12-04_tune_attention_10bb871.md
 ATTENTION_BACKWARD = {
     "sm_90": (
         KernelConfig(64, 64, 0, num_warps=4, num_stages=2),
-        KernelConfig(64, 64, 0, num_warps=8, num_stages=2),
-        1,
+        KernelConfig(64, 64, 0, num_warps=4, num_stages=2),  # 8 warps: 0.47 -> 0.31 ms (*)
     ),
-    "interpreter": (
-        KernelConfig(16, 16, 0, num_warps=1),
-        KernelConfig(16, 16, 0, num_warps=1),
-        2,
-    ),
+    "interpreter": (KernelConfig(16, 16, 0, num_warps=1), KernelConfig(16, 16, 0, num_warps=1)),
 }
 LOGPROBS_BLOCK_V = {"sm_90": 4096, "interpreter": 256}
 
@@ -87,7 +82,7 @@ def attention_config(arch: str) -> KernelConfig:
     return _known(arch, ATTENTION, "attention")
 
 
-def attention_backward_configs(arch: str) -> tuple[KernelConfig, KernelConfig, int]:
+def attention_backward_configs(arch: str) -> tuple[KernelConfig, KernelConfig]:
     return _known(arch, ATTENTION_BACKWARD, "attention backward")
 
 
