@@ -62,8 +62,26 @@ def act_global(recipe: NVFP4Recipe, x_amax: torch.Tensor | None):
     return mode
 
 
-def check_weight(x, w_codes, w_scales, w_gd, *, experts: bool) -> tuple[int, int]:
-    """Validate the quantized weight against x; returns (N, K)."""
+def weight_nk(w_codes, w_ongrid) -> tuple[int, int]:
+    """(N, K) of a quantized weight: from its packed codes [.., N, K/2], or from its on-grid
+    copy [.., N, K] when the codes hold no bytes ([.., N, 0]: quantized on-grid only)."""
+    if w_codes.shape[-1] == 0 and w_ongrid is not None:
+        return w_ongrid.shape[-2], w_ongrid.shape[-1]
+    return w_codes.shape[-2], w_codes.shape[-1] * 2
+
+
+def require_packed_bytes(w_codes) -> None:
+    """Raise unless w_codes holds the packed bytes (paths that decode them)."""
+    if w_codes.shape[-1] == 0:
+        raise ValueError(
+            "w_codes holds no packed bytes (a weight quantized on-grid only): this path reads "
+            "the packed weight; quantize it with packed=True"
+        )
+
+
+def check_weight(x, w_codes, w_scales, w_gd, *, experts: bool, w_ongrid=None) -> tuple[int, int]:
+    """Validate the quantized weight against x; returns (N, K). Codes and scales may be
+    [.., N, 0] (no packed bytes) when w_ongrid, the on-grid copy [.., N, K], is given."""
     if not isinstance(x, torch.Tensor) or x.dtype not in X_DTYPES:
         raise TypeError(
             f"x must be a bfloat16/float32/float16 tensor, got {getattr(x, 'dtype', x)}"
@@ -77,10 +95,22 @@ def check_weight(x, w_codes, w_scales, w_gd, *, experts: bool) -> tuple[int, int
         raise TypeError(f"w_scales must be the E4M3 scale bytes as uint8, got {w_scales.dtype}")
     if w_gd.dtype != torch.float32:
         raise TypeError(f"w_global_decode must be float32, got {w_gd.dtype}")
-    n, k = w_codes.shape[-2], w_codes.shape[-1] * 2
+    if w_codes.shape[-1] == 0:
+        if w_ongrid is None:
+            raise ValueError(
+                "w_codes holds no packed bytes ([.., N, 0]: a weight quantized on-grid only) "
+                "and w_ongrid is None: pass the weight's on-grid copy as w_ongrid"
+            )
+        if w_ongrid.dtype != torch.bfloat16 or w_ongrid.shape[:-1] != w_codes.shape[:-1]:
+            raise ValueError(
+                f"w_ongrid must be bfloat16 [.., N, K] matching w_codes {tuple(w_codes.shape)}, "
+                f"got {w_ongrid.dtype}{list(w_ongrid.shape)}"
+            )
+    n, k = weight_nk(w_codes, w_ongrid)
     if x.shape[-1] != k:
         raise ValueError(f"x last dim {x.shape[-1]} != weight in-features K={k}")
-    if tuple(w_scales.shape) != (*w_codes.shape[:-1], k // BLOCK_SIZE):
+    want_scales = (*w_codes.shape[:-1], k // BLOCK_SIZE if w_codes.shape[-1] else 0)
+    if tuple(w_scales.shape) != want_scales:
         raise ValueError(
             f"w_scales shape {tuple(w_scales.shape)} does not match w_codes {tuple(w_codes.shape)}"
         )
@@ -89,6 +119,7 @@ def check_weight(x, w_codes, w_scales, w_gd, *, experts: bool) -> tuple[int, int
 
 def weight_tensor(w_codes, w_scales, w_gd, n: int, k: int) -> NVFP4Tensor:
     """Rebuild the NVFP4Tensor from the op arguments (w_scales: E4M3 bytes as uint8)."""
+    require_packed_bytes(w_codes)
     return NVFP4Tensor(codes=w_codes, block_scales=w_scales.view(torch.float8_e4m3fn), global_decode=w_gd,
                        shape=(*w_codes.shape[:-2], n, k), block="16x16")  # fmt: skip
 
@@ -206,7 +237,7 @@ def cuda_dgrad(dy2, w_codes, w_scales, w_gd, w_ongrid, weight, recipe, seed, off
     from .nvfp4_gemm import launch_gemm
     from .quantize_kernel import quantize_triton
 
-    n, k = w_codes.shape[-2], w_codes.shape[-1] * 2
+    n, k = weight_nk(w_codes, w_ongrid)
     if recipe.dgrad == "bf16":
         if offsets is not None:
             raise NotImplementedError("grouped dgrad in bf16 is done per expert by the caller")

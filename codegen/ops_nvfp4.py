@@ -92,14 +92,27 @@ def _cached_weight(x, block, gs, rounding, seed):
     return cache.get(x, gs, lambda: _quantize_impl(x, block, gs, rounding, seed))
 
 
-def _quantize_impl(x, block, gs, rounding, seed, with_ongrid=False):
+def _no_packed_bytes(x):
+    """The (codes, block scales) of a weight quantized on-grid only: [..., N, 0] each, shapes
+    that say so (`nvfp4_impl.check_weight` then takes K from the on-grid copy)."""
+    lead = x.shape[:-1]
+    return (x.new_empty((*lead, 0), dtype=torch.uint8),
+            x.new_empty((*lead, 0), dtype=torch.float8_e4m3fn))  # fmt: skip
+
+
+def _quantize_impl(x, block, gs, rounding, seed, with_ongrid=False, packed=True):
     """-> (codes, block scales, global decode), plus the on-grid BF16 values when with_ongrid
-    (on CUDA from the same kernel pass)."""
+    (on CUDA from the same kernel pass); packed=False (with with_ongrid): the on-grid values
+    only, codes and scales empty (`_no_packed_bytes`)."""
     if x.device.type == "cuda":
         from .quantize_kernel import quantize_triton
 
         if isinstance(gs, torch.Tensor) and gs.numel() > 1:
             gs = gs.reshape(-1, 1, 1)
+        if with_ongrid and not packed:
+            ongrid, gd = quantize_triton(x, block=block, global_scale=gs, rounding=rounding,
+                                         seed=seed, out="ongrid")  # fmt: skip
+            return (*_no_packed_bytes(x), gd.contiguous(), ongrid)
         q = quantize_triton(x, block=block, global_scale=gs, rounding=rounding, seed=seed,
                             out="both" if with_ongrid else "packed")  # fmt: skip
         if with_ongrid:
@@ -114,7 +127,9 @@ def _quantize_impl(x, block, gs, rounding, seed, with_ongrid=False):
                          check_finite=False)  # fmt: skip
     if with_ongrid:
         scale_bytes = q.block_scales.view(torch.uint8)
-        return q.codes, q.block_scales, q.global_decode, ongrid_weight(q.codes, scale_bytes)
+        ongrid = ongrid_weight(q.codes, scale_bytes)
+        codes, scales = (q.codes, q.block_scales) if packed else _no_packed_bytes(x)
+        return codes, scales, q.global_decode, ongrid
     return q.codes, q.block_scales, q.global_decode
 
 
@@ -142,6 +157,7 @@ def _check_packed_weight(w_codes, w_scales):
             f"w_codes must be packed E2M1 codes, uint8 [.., N, K/2], got "
             f"{getattr(w_codes, 'dtype', w_codes)}{list(getattr(w_codes, 'shape', []))}"
         )
+    impl.require_packed_bytes(w_codes)
     k = w_codes.shape[-1] * 2
     want = (*w_codes.shape[:-1], k // BLOCK_SIZE)
     if not isinstance(w_scales, torch.Tensor) or w_scales.dtype != torch.uint8:
@@ -181,21 +197,27 @@ def quantize_with_ongrid(
     static_amax: torch.Tensor | None,
     rounding: str,
     seed: int,
+    packed: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`quantize` (same arguments, same first three outputs) plus the on-grid BF16 copy of the
     result, `ongrid_weight(codes, scales)`: on CUDA both from one read of x (one kernel instead
-    of quantize, then a second pass decoding the packed bytes)."""
+    of quantize, then a second pass decoding the packed bytes). packed=False: no packed bytes
+    (codes and scales [..., N, 0]), for a graph whose GEMMs all read the on-grid copy (the
+    learner's: `passes/skip_unread_packed_weights.py`); the copy and global decode unchanged."""
     gs = _quantize_global(x, global_scale, static_amax)
     cached = _cached_weight(x, block, gs, rounding, seed)
     if cached is not None:
         codes, scales, gd = cached
-        return codes, scales, gd, ongrid_weight(codes, scales.view(torch.uint8))
-    return _quantize_impl(x, block, gs, rounding, seed, with_ongrid=True)
+        ongrid = ongrid_weight(codes, scales.view(torch.uint8))
+        return (codes, scales, gd, ongrid) if packed else (*_no_packed_bytes(x), gd, ongrid)
+    return _quantize_impl(x, block, gs, rounding, seed, with_ongrid=True, packed=packed)
 
 
 @quantize_with_ongrid.register_fake
-def _(x, block, global_scale, static_amax, rounding, seed):
+def _(x, block, global_scale, static_amax, rounding, seed, packed=True):
     codes, scales, gd = _quantize_fake(x, block, global_scale, static_amax, rounding, seed)
+    if not packed:
+        codes, scales = _no_packed_bytes(x)
     return codes, scales, gd, x.new_empty(x.shape, dtype=torch.bfloat16)
 
 
@@ -217,19 +239,21 @@ def nvfp4_linear(
     site: int = 0,
 ) -> torch.Tensor:
     rec = impl.recipe_from_json(recipe)
-    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False)
+    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
+                             w_ongrid=w_ongrid)  # fmt: skip
     x2 = _flat(x)
     if x.device.type == "cuda":
         y = impl.cuda_linear(x2, w_codes, w_scales, w_global_decode, w_ongrid, bias, rec, x_amax)
     else:
-        w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
+        w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)  # needs packed bytes
         y = impl.cpu_linear(x2, w, bias, rec, x_amax)
     return y.reshape(*x.shape[:-1], n)
 
 
 @nvfp4_linear.register_fake
 def _(x, weight, w_codes, w_scales, w_global_decode, bias, x_amax, recipe, w_ongrid=None, site=0):
-    n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False)
+    n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
+                             w_ongrid=w_ongrid)  # fmt: skip
     return x.new_empty((*x.shape[:-1], n))
 
 
@@ -253,7 +277,8 @@ def nvfp4_linear_backward(
     from it (`sr_stream.call_seed`), so steps and layers never share rounding noise."""
     rec = impl.recipe_from_json(recipe)
     seed = backward_seed(seed, x.device)
-    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False)
+    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
+                             w_ongrid=w_ongrid)  # fmt: skip
     dy2, x2 = _flat(grad_out), _flat(x)
     cuda = x.device.type == "cuda"
     empty = x.new_empty((0,), dtype=torch.float32)
@@ -280,7 +305,7 @@ def nvfp4_linear_backward(
 @nvfp4_linear_backward.register_fake
 def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, w_ongrid, recipe, seed,
       needs_x, needs_w, needs_bias):  # fmt: skip
-    n, k = w_codes.shape[-2], w_codes.shape[-1] * 2
+    n, k = impl.weight_nk(w_codes, w_ongrid)
     dx = x.new_empty(x.shape) if needs_x else x.new_empty((0,))
     dw = x.new_empty((n, k) if needs_w else (0,), dtype=weight.dtype)
     db = x.new_empty((n,) if needs_bias else (0,), dtype=torch.float32)
@@ -351,7 +376,8 @@ def nvfp4_grouped_mm(
     site: int = 0,
 ) -> torch.Tensor:
     rec = impl.recipe_from_json(recipe)
-    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True)
+    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
+                             w_ongrid=w_ongrid)  # fmt: skip
     _check_grouped(x, offsets, w_codes.shape[0])
     if x.device.type == "cuda":
         return impl.cuda_linear(x, w_codes, w_scales, w_global_decode, w_ongrid, None, rec,
@@ -367,7 +393,8 @@ def nvfp4_grouped_mm(
 @nvfp4_grouped_mm.register_fake
 def _(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax, recipe, w_ongrid=None,
       site=0):  # fmt: skip
-    n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True)
+    n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
+                             w_ongrid=w_ongrid)  # fmt: skip
     _check_grouped(x, offsets, w_codes.shape[0])
     return x.new_empty((x.shape[0], n))
 
@@ -392,7 +419,8 @@ def nvfp4_grouped_mm_backward(
     `seed` is the call site's stream key, as in nvfp4_linear_backward."""
     rec = impl.recipe_from_json(recipe)
     seed = backward_seed(seed, x.device)
-    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True)
+    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
+                             w_ongrid=w_ongrid)  # fmt: skip
     num_experts = w_codes.shape[0]
     cuda = x.device.type == "cuda"
     dx, dw = x.new_empty((0,)), x.new_empty((0,), dtype=weight.dtype)
@@ -429,7 +457,7 @@ def nvfp4_grouped_mm_backward(
 @nvfp4_grouped_mm_backward.register_fake
 def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, offsets, w_ongrid, recipe, seed,
       needs_x, needs_w):  # fmt: skip
-    e, n, k = w_codes.shape[0], w_codes.shape[1], w_codes.shape[2] * 2
+    e, (n, k) = w_codes.shape[0], impl.weight_nk(w_codes, w_ongrid)
     dx = x.new_empty(x.shape) if needs_x else x.new_empty((0,))
     dw = x.new_empty((e, n, k) if needs_w else (0,), dtype=weight.dtype)
     return dx, dw

@@ -51,6 +51,8 @@ def drop_ongrid_weights(gm: torch.fx.GraphModule) -> int:
     every NVFP4 GEMM gets w_ongrid=None back (its forward and its dgrad then dequantize for
     themselves), the weight quantize nodes return to plain `quantize`; returns how many copies
     went. The bits do not change."""
+    from .passes.skip_unread_packed_weights import set_packed
+
     ops = torch.ops.fp4_compile
     dropped = 0
     for node in list(gm.graph.nodes):
@@ -61,8 +63,11 @@ def drop_ongrid_weights(gm: torch.fx.GraphModule) -> int:
                 user.args = tuple(None if a is get else a for a in user.args)
             gm.graph.erase_node(get)
             dropped += 1
+        if len(node.args) > 6 and not node.args[6]:  # quantized on-grid only: packed again
+            set_packed(node, True)
         node.target = ops.quantize.default
         node.meta["val"] = node.meta["val"][:3]
+        node.args = node.args[:6]
     if dropped:
         gm.graph.lint()
         gm.recompile()

@@ -24,6 +24,7 @@ from .lower_silu_muls import lower_silu_muls
 from .lower_small_reductions import lower_small_reductions
 from .report import GemmDecision, LoweringReport
 from .select_gemms import select_gemms
+from .skip_unread_packed_weights import skip_unread_packed_weights
 from .stable_sorts import stable_sorts
 from .verify import LoweringError, op_census, verify
 
@@ -31,6 +32,7 @@ PIPELINE = (
     select_gemms,  # decide NVFP4 vs BF16 per GEMM (recipe patterns, layers, shapes)
     lower_linears,  # linear -> nvfp4_linear (weights quantized once, shared) | invariant BF16 linear
     lower_moe,  # grouped experts -> nvfp4_grouped_mm | invariant BF16 grouped mm
+    skip_unread_packed_weights,  # weights only read on-grid: no packed bytes written
     lower_routing,  # softmax + top-k of the router -> invariant routing (deterministic ties)
     stable_sorts,  # sort / argsort -> stable: one token order per expert on every implementation
     lower_rms_norm,  # RMSNorm pattern -> invariant rms_norm

@@ -1,0 +1,80 @@
+"""Pass, skip unread packed weights: a weight whose every NVFP4 GEMM reads its on-grid BF16 copy
+(`targets.emit_ongrid_weight`: the learner's shapes on CUDA) is quantized on-grid only, its
+`quantize_with_ongrid` node switched to packed=False. Nothing in such a graph reads the packed
+codes and scales (the forward and, through autograd, the dgrad read the copy; the ops take N
+and K from it), and writing them cost ~0.8 ms of a ~31 ms H200 learner step
+(`benchmarks/results/2026-12-04_quantize_2c9e3e9.md`: 128 experts' gate_up 0.97 ms with both
+outputs vs 0.70 ms on-grid only). The same bits everywhere they are read. A weight with any
+other reader (a GEMM without the copy, an output, anything else) keeps its packed bytes; the
+exported rollout graph never has on-grid copies, so its weights are always packed."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from ..recipe import NVFP4Recipe
+from .graph_utils import propagate_val
+from .report import LoweringReport
+
+W_ONGRID_ARG = 8  # of fp4_compile::nvfp4_linear and ::nvfp4_grouped_mm
+
+
+def _getitems(node: fx.Node) -> dict[int, list[fx.Node]]:
+    out: dict[int, list[fx.Node]] = {}
+    for user in node.users:
+        if user.op != "call_function" or user.target is not operator.getitem:
+            return {}
+        out.setdefault(user.args[1], []).append(user)
+    return out
+
+
+def _only_gemms_with(readers, copy: fx.Node, gemms) -> bool:
+    return all(u.op == "call_function" and u.target in gemms and u.args[W_ONGRID_ARG] is copy
+               for u in readers)  # fmt: skip
+
+
+def packed_bytes_unread(q: fx.Node, gemms) -> bool:
+    """Whether no node reads the packed codes / scales of `quantize_with_ongrid` node q: every
+    reader of codes, and of the scales' uint8 view, is an NVFP4 GEMM also given q's copy."""
+    items = _getitems(q)
+    copies = items.get(3, [])
+    if len(copies) != 1 or set(items) - {0, 1, 2, 3}:
+        return False
+    copy = copies[0]
+    codes_readers = [u for g in items.get(0, []) for u in g.users]
+    scale_views = [u for g in items.get(1, []) for u in g.users]
+    if not all(v.op == "call_function" and v.target is torch.ops.aten.view.dtype
+               for v in scale_views):  # fmt: skip
+        return False
+    scale_readers = [u for v in scale_views for u in v.users]
+    return _only_gemms_with(codes_readers, copy, gemms) and _only_gemms_with(
+        scale_readers, copy, gemms
+    )
+
+
+def set_packed(q: fx.Node, packed: bool) -> None:
+    """Switch `quantize_with_ongrid` node q to packed=`packed`, its outputs' metadata after it."""
+    q.args = (*q.args[:6], packed)
+    propagate_val(q)
+    for item in list(q.users):
+        propagate_val(item)
+        for view in item.users:
+            if view.op == "call_function" and view.target is torch.ops.aten.view.dtype:
+                propagate_val(view)
+
+
+def skip_unread_packed_weights(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport):
+    ops = torch.ops.fp4_compile
+    gemms = (ops.nvfp4_linear.default, ops.nvfp4_grouped_mm.default)
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not ops.quantize_with_ongrid.default:
+            continue
+        if len(node.args) > 6 and not node.args[6]:
+            continue
+        if packed_bytes_unread(node, gemms):
+            set_packed(node, False)
+            report.count("packed_weight_skipped")
+    gm.recompile()
