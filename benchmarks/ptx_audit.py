@@ -221,7 +221,7 @@ def _attention_cases() -> list[KernelCase]:
     strides = {"sqb": (i32, hq * t * d), "sqh": (i32, t * d), "sqt": (i32, d),
                "skb": (i32, hkv * t * d), "skh": (i32, t * d), "skt": (i32, d),
                "smb": (i32, 0), "smh": (i32, 0), "smt": (i32, 0)}  # fmt: skip
-    common = {"qs_ptr": ("*i32", 0), "kl_ptr": ("*i32", 0), "m_ptr": (bf16, 0),
+    common = {"qs_ptr": ("*i32", 0), "kl_ptr": ("*i32", 0), "m_ptr": ("*i32", 0),
               "lse_ptr": ("*fp32", 0), "Tq": (i32, t), "G": (i32, hq // hkv),
               "scale": ("fp32", 0.0), **strides}  # fmt: skip
     flags = {"CAUSAL": True, "HAS_MASK": False, "DOT": tl.bfloat16, "D": d}

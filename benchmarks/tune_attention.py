@@ -3,7 +3,11 @@
 on the learner's shape: causal, 8 sequences x 512 tokens, 32 query / 4 key-value heads, head
 dim 128 (Qwen3-30B-A3B), bf16.
 
-    python -m benchmarks.tune_attention [--only forward,dq,dkdv]
+    python -m benchmarks.tune_attention [--only forward,dq,dkdv] [--variants causal,mask]
+
+Two launch variants: `causal` (is_causal, no mask tensor) and `mask` (the same causal pattern
+as a boolean [B, 1, T, T] tensor: what transformers builds under torch.compile, so what the
+learner runs).
 
 - forward: each candidate config is timed and checked for what the forward's contract needs
   (`invariant ok`: a sequence decoded token by token at a few positions and alone in a batch
@@ -50,6 +54,8 @@ DQ_CANDIDATES = (
     KernelConfig(64, 32, 0, num_warps=4, num_stages=3),
 )
 DKDV_CANDIDATES = (
+    KernelConfig(32, 64, 0, num_warps=8, num_stages=2),
+    KernelConfig(32, 64, 0, num_warps=8, num_stages=3),
     KernelConfig(64, 64, 0, num_warps=8, num_stages=2),
     KernelConfig(64, 64, 0, num_warps=4, num_stages=3),
     KernelConfig(32, 64, 0, num_warps=4, num_stages=3),
@@ -73,6 +79,14 @@ def bench(fn) -> float:
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+
+
+def launch_args(variant: str):
+    """(mask, causal) of the variant."""
+    if variant == "causal":
+        return None, True
+    tril = torch.ones(T, T, device="cuda", dtype=torch.bool).tril()
+    return tril.expand(B, 1, T, T), False
 
 
 def inputs(seed: int = 0):
@@ -104,25 +118,30 @@ def forward_invariant(ik, q, k, v, out) -> bool:
     return ok
 
 
-def forward_section(rows):
+def forward_section(rows, variant: str):
     from fp4_compile.codegen import invariant_kernels as ik
 
     q, k, v, _, qs, kl = inputs()
+    mask, causal = launch_args(variant)
     sdpa = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
         q, k, v, is_causal=True, enable_gqa=True))  # fmt: skip
     ref = None
     pinned_now = cfgs.ATTENTION[ARCH]
     for cfg in (pinned_now, *(c for c in FORWARD_CANDIDATES if c != pinned_now)):
-        row = {"section": "forward", "config": cfg.__dict__.copy(), "baseline_ms": sdpa}
+        row = {"section": f"forward {variant}", "config": cfg.__dict__.copy(),
+               "baseline_ms": sdpa}  # fmt: skip
         try:
             with pinned(cfgs.ATTENTION, cfg):
 
                 def run():
-                    return ik.attention(q, k, v, qs, kl, None, True, D**-0.5)
+                    return ik.attention(q, k, v, qs, kl, mask, causal, D**-0.5)
 
                 out, lse = run()
                 row["ms"] = bench(run)
                 row["invariant_ok"] = forward_invariant(ik, q, k, v, out)
+                if variant != "causal":  # the same pattern as a tensor: the same bits
+                    want, _ = ik.attention(q, k, v, qs, kl, None, True, D**-0.5)
+                    row["invariant_ok"] &= count_bytes_differ(out, want) == 0
             flat = _flat(out, lse)
             ref = flat if ref is None else ref
             row["differ"] = count_bytes_differ(flat, ref)
@@ -132,11 +151,12 @@ def forward_section(rows):
         rows.append(row)
 
 
-def _backward_sweep(rows, section: str, variants):
+def _backward_sweep(rows, section: str, variants, variant: str):
     from fp4_compile.codegen import invariant_kernels as ik
     from fp4_compile.codegen.attention_backward import attention_backward
 
     q, k, v, go, qs, kl = inputs()
+    mask, causal = launch_args(variant)
     q.requires_grad_(True), k.requires_grad_(True), v.requires_grad_(True)
 
     def sdpa_step():
@@ -146,15 +166,15 @@ def _backward_sweep(rows, section: str, variants):
 
     base = bench(sdpa_step)
     qd, kd, vd = q.detach(), k.detach(), v.detach()
-    out, lse = ik.attention(qd, kd, vd, qs, kl, None, True, D**-0.5)
+    out, lse = ik.attention(qd, kd, vd, qs, kl, mask, causal, D**-0.5)
     ref = None
     for label, value in variants:
-        row = {"section": section, "config": label, "baseline_ms": base}
+        row = {"section": f"{section} {variant}", "config": label, "baseline_ms": base}
         try:
             with pinned(cfgs.ATTENTION_BACKWARD, value):
 
                 def run():
-                    return attention_backward(go, qd, kd, vd, out, lse, qs, kl, None, True,
+                    return attention_backward(go, qd, kd, vd, out, lse, qs, kl, mask, causal,
                                               D**-0.5)  # fmt: skip
 
                 flat = _flat(*run())
@@ -172,16 +192,16 @@ def _label(cfg: KernelConfig) -> dict:
     return cfg.__dict__.copy()
 
 
-def dq_section(rows):
+def dq_section(rows, variant: str):
     dq, dkdv = cfgs.ATTENTION_BACKWARD[ARCH]
     candidates = (dq, *(c for c in DQ_CANDIDATES if c != dq))
-    _backward_sweep(rows, "dq", [({"dq": _label(c)}, (c, dkdv)) for c in candidates])
+    _backward_sweep(rows, "dq", [({"dq": _label(c)}, (c, dkdv)) for c in candidates], variant)
 
 
-def dkdv_section(rows):
+def dkdv_section(rows, variant: str):
     dq, dkdv = cfgs.ATTENTION_BACKWARD[ARCH]
     candidates = (dkdv, *(c for c in DKDV_CANDIDATES if c != dkdv))
-    _backward_sweep(rows, "dkdv", [({"dkdv": _label(c)}, (dq, c)) for c in candidates])
+    _backward_sweep(rows, "dkdv", [({"dkdv": _label(c)}, (dq, c)) for c in candidates], variant)
 
 
 SECTIONS = {"forward": forward_section, "dq": dq_section, "dkdv": dkdv_section}
@@ -210,6 +230,7 @@ def markdown(env, rows) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
+    parser.add_argument("--variants", default="causal,mask", help="comma-separated: causal,mask")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("this tuner needs a CUDA GPU")
@@ -219,7 +240,8 @@ def main() -> None:
     stem = out / f"{env['date']}_tune_attention"
     rows: list = []
     for name in args.only.split(","):
-        SECTIONS[name](rows)
+        for variant in args.variants.split(","):
+            SECTIONS[name](rows, variant)
         stem.with_suffix(".json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
         stem.with_suffix(".md").write_text(markdown(env, rows))
     print(markdown(env, rows))

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from . import invariant_configs as cfgs
-from .invariant_kernels import visible
+from .invariant_kernels import mask_key_end, pack_mask_bits, visible
 from .runtime import arch_of, check_kernel_device, interpreting
 
 
@@ -57,6 +57,9 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q
     hi = kv_len
     if CAUSAL:
         hi = tl.minimum(hi, tl.max(tl.where(row_live, pos, 0)) + 1)
+    if HAS_MASK:  # key blocks no row sees add exact zeros to dq: skipped
+        hi = mask_key_end(hi, kv_len, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, CAUSAL,
+                          BLOCK_N)  # fmt: skip
     dq = tl.zeros((BLOCK_M, D), tl.float32)
     for n0 in range(0, hi, BLOCK_N):  # key blocks from 0, in order
         j = n0 + tl.arange(0, BLOCK_N)
@@ -72,6 +75,26 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q
         ds = p * (dp - delta[:, None]) * scale
         dq = tl.dot(ds.to(DOT), k.to(DOT), dq, input_precision="ieee")
     tl.store(dq_ptr + row_off, dq.to(dq_ptr.dtype.element_ty), mask=row_live[:, None])
+
+
+@triton.jit
+def _mask_row_range(lo, num_rows, j, key_live, b, kvh, G, q_start, m_ptr, smb, smh, smt, Tq,
+                    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
+    """(first, end) row-block bounds, multiples of BLOCK_M within [lo, num_rows), holding every
+    row that sees one of the keys j through the mask (first == end when none does)."""
+    first = num_rows + lo * 0
+    last = lo * 0 - 1
+    for r0 in range(lo, num_rows, BLOCK_M):
+        rows = r0 + tl.arange(0, BLOCK_M)
+        qi = rows // G
+        vis = visible(j, key_live, qi < Tq, q_start + qi, qi, kvh * G + rows % G, b, m_ptr,
+                      smb, smh, smt, CAUSAL, True)  # fmt: skip
+        seen = tl.max(vis.to(tl.int32), axis=1) > 0
+        first = tl.minimum(first, tl.min(tl.where(seen, rows, num_rows)))
+        last = tl.maximum(last, tl.max(tl.where(seen, rows, -1)))
+    first = tl.minimum(first, num_rows) // BLOCK_M * BLOCK_M
+    end = tl.where(last < 0, first, (last // BLOCK_M + 1) * BLOCK_M)
+    return first, end
 
 
 @triton.jit
@@ -97,7 +120,11 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
     if CAUSAL:  # queries before the block's first key see none of it
         lo = tl.maximum(pid_n * BLOCK_N - q_start, 0) * G // BLOCK_M * BLOCK_M
     lo = tl.where(pid_n * BLOCK_N >= kv_len, num_rows, lo)  # dead key slots only: zeros
-    for r0 in range(lo, num_rows, BLOCK_M):  # row blocks in order
+    hi = num_rows
+    if HAS_MASK:  # row blocks that see none of these keys add exact zeros to dk, dv: skipped
+        lo, hi = _mask_row_range(lo, num_rows, j, key_live, b, kvh, G, q_start, m_ptr, smb,
+                                 smh, smt, Tq, CAUSAL, BLOCK_M)  # fmt: skip
+    for r0 in range(lo, hi, BLOCK_M):  # row blocks in order
         rows = r0 + tl.arange(0, BLOCK_M)
         qi = rows // G
         hq = kvh * G + rows % G
@@ -145,7 +172,7 @@ def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, c
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
     if mask is not None:
-        mask_arg = mask.to(torch.int8).expand(b, hq, tq, tk)  # broadcast: stride 0
+        mask_arg = pack_mask_bits(mask, b, hq, tq, tk)
         sm = (mask_arg.stride(0), mask_arg.stride(1), mask_arg.stride(2))
     else:
         sm, mask_arg = (0, 0, 0), q

@@ -128,14 +128,54 @@ def _round_bf16(x):
 def visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
             CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):  # fmt: skip
     """[rows, keys] booleans: key j is live, the row is live, causal (j <= the row's position)
-    and the mask (if any); shared by the forward and the backward kernels."""
+    and the mask (if any, bit-packed by `pack_mask_bits`); shared by the forward and the
+    backward kernels. j: a block of consecutive keys, 32-aligned when longer than 32."""
     vis = key_live[None, :] & row_live[:, None]
     if CAUSAL:
         vis = vis & (j[None, :] <= pos[:, None])
     if HAS_MASK:
-        vis = vis & tl.load(m_ptr + b * smb + hq[:, None] * smh + qi[:, None] * smt + j[None, :],
-                            mask=row_live[:, None] & key_live[None, :], other=0).to(tl.int1)  # fmt: skip
+        # one int32 word per row and 32 keys: a [rows] load per word of the block (a [rows,
+        # keys] tensor of byte pointers took 64 registers a thread and spilled on sm_90)
+        NW: tl.constexpr = (j.shape[0] + 31) // 32
+        word = j // 32
+        first = tl.min(word)
+        row_off = b * smb + hq * smh + qi * smt
+        bits = tl.zeros(vis.shape, tl.int32)
+        for i in tl.static_range(NW):
+            here = word == first + i
+            live = tl.max((here & key_live).to(tl.int32), axis=0)
+            w_live = row_live & ((qi * 0 + live) > 0)  # [rows]: the interpreter wants a vector
+            w = tl.load(m_ptr + row_off + first + i, mask=w_live, other=0)
+            bits = tl.where(here[None, :], (w[:, None] >> (j % 32)[None, :]) & 1, bits)
+        vis = vis & (bits != 0)
     return vis
+
+
+def pack_mask_bits(mask: torch.Tensor, b: int, h: int, tq: int, tk: int) -> torch.Tensor:
+    """A boolean attention mask (True = attend) broadcastable to [b, h, tq, tk] -> int32 words
+    [b, h, tq, ceil(tk / 32)] (broadcast dims stride 0): bit i of word w is key 32 w + i."""
+    words = -(-tk // 32)
+    m = mask.to(torch.bool).expand(*mask.shape[:-1], tk)
+    m = torch.nn.functional.pad(m.to(torch.int64), (0, words * 32 - tk))
+    shifts = torch.arange(32, device=mask.device, dtype=torch.int64)
+    packed = (m.reshape(*m.shape[:-1], words, 32) << shifts).sum(-1)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    return packed.expand(b, h, tq, words)
+
+
+@triton.jit
+def mask_key_end(hi, kv_len, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
+                 CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """1 + the last key below hi that a live row of the block sees through the mask (0 if
+    none). Key blocks past it hold no visible key for any of these rows, which leaves their
+    state untouched bit for bit: skipping them changes no bit. (A causal mask handed over as a
+    tensor, what transformers builds under torch.compile, would otherwise walk every block.)"""
+    end = hi * 0
+    for n0 in range(0, hi, BLOCK_N):
+        j = n0 + tl.arange(0, BLOCK_N)
+        vis = visible(j, j < kv_len, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, CAUSAL, True)
+        end = tl.maximum(end, tl.max(tl.where(vis, j[None, :] + 1, 0)))
+    return end
 
 
 @triton.jit
@@ -161,6 +201,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr
     hi = kv_len
     if CAUSAL:
         hi = tl.minimum(hi, tl.max(tl.where(row_live, pos, 0)) + 1)
+    if HAS_MASK:
+        hi = mask_key_end(hi, kv_len, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, CAUSAL,
+                          BLOCK_N)  # fmt: skip
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     # The row sum l runs on the tensor cores like the numerator: the MMA sums each row in an
     # order fixed by the instruction, whatever register layout the compiler picks for this
@@ -220,7 +263,7 @@ def attention(q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float):
     out = torch.empty(q.shape, dtype=torch.float32 if interp else q.dtype, device=q.device)
     lse = torch.empty((b, hq, tq), dtype=torch.float32, device=q.device)
     if mask is not None:
-        mask_arg = mask.to(torch.int8).expand(b, hq, tq, k.shape[2])  # broadcast: stride 0
+        mask_arg = pack_mask_bits(mask, b, hq, tq, k.shape[2])
         sm = (mask_arg.stride(0), mask_arg.stride(1), mask_arg.stride(2))
     else:
         sm, mask_arg = (0, 0, 0), q
