@@ -26,13 +26,13 @@ import triton
 import triton.language as tl
 
 from . import invariant_configs as cfgs
-from .invariant_kernels import mask_key_end, pack_mask_bits, visible
+from .invariant_kernels import mask_args, mask_key_end, visible
 from .runtime import arch_of, check_kernel_device, interpreting
 
 
 @triton.jit
 def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, qs_ptr, kl_ptr,
-               m_ptr, sqb, sqh, sqt, skb, skh, skt, smb, smh, smt, Tq, G, scale,
+               m_ptr, iv_ptr, ivf_ptr, sqb, sqh, sqt, skb, skh, skt, smb, smh, smt, Tq, G, scale,
                CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr, D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     pid_m = tl.program_id(0)
@@ -57,9 +57,10 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q
     hi = kv_len
     if CAUSAL:
         hi = tl.minimum(hi, tl.max(tl.where(row_live, pos, 0)) + 1)
+    iv_ok = False
     if HAS_MASK:  # key blocks no row sees add exact zeros to dq: skipped
-        hi = mask_key_end(hi, kv_len, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, CAUSAL,
-                          BLOCK_N)  # fmt: skip
+        iv_ok = tl.load(ivf_ptr) != 0
+        hi = mask_key_end(hi, row_live, qi, hq, b, smb, smh, iv_ptr, iv_ok)
     dq = tl.zeros((BLOCK_M, D), tl.float32)
     for n0 in range(0, hi, BLOCK_N):  # key blocks from 0, in order
         j = n0 + tl.arange(0, BLOCK_N)
@@ -68,8 +69,8 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q
         k = tl.load(k_ptr + kv_off, mask=key_live[:, None], other=0.0)
         v = tl.load(v_ptr + kv_off, mask=key_live[:, None], other=0.0)
         s = tl.dot(q.to(DOT), tl.trans(k).to(DOT), input_precision="ieee") * scale
-        vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
-                       CAUSAL, HAS_MASK)  # fmt: skip
+        vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, iv_ptr,
+                      iv_ok, CAUSAL, HAS_MASK)  # fmt: skip
         p = tl.where(vis, tl.exp(s - lse[:, None]), 0.0)
         dp = tl.dot(do.to(DOT), tl.trans(v).to(DOT), input_precision="ieee")
         ds = p * (dp - delta[:, None]) * scale
@@ -78,18 +79,20 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q
 
 
 @triton.jit
-def _mask_row_range(lo, num_rows, j, key_live, b, kvh, G, q_start, m_ptr, smb, smh, smt, Tq,
-                    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
-    """(first, end) row-block bounds, multiples of BLOCK_M within [lo, num_rows), holding every
-    row that sees one of the keys j through the mask (first == end when none does)."""
+def _mask_row_range(lo, num_rows, j0, j1, b, kvh, G, smb, smh, iv_ptr, Tq,
+                    BLOCK_M: tl.constexpr):  # fmt: skip
+    """(first, end): row-block bounds, multiples of BLOCK_M within [lo, num_rows), holding every
+    row whose interval [lo_r, hi_r) meets the keys [j0, j1) (first == end when none does)."""
     first = num_rows + lo * 0
     last = lo * 0 - 1
     for r0 in range(lo, num_rows, BLOCK_M):
         rows = r0 + tl.arange(0, BLOCK_M)
         qi = rows // G
-        vis = visible(j, key_live, qi < Tq, q_start + qi, qi, kvh * G + rows % G, b, m_ptr,
-                      smb, smh, smt, CAUSAL, True)  # fmt: skip
-        seen = tl.max(vis.to(tl.int32), axis=1) > 0
+        row = b * smb + (kvh * G + rows % G) * smh + qi
+        live = qi < Tq
+        lo_r = tl.load(iv_ptr + 2 * row, mask=live, other=0)
+        hi_r = tl.load(iv_ptr + 2 * row + 1, mask=live, other=0)
+        seen = live & (lo_r < j1) & (hi_r > j0) & (lo_r < hi_r)
         first = tl.minimum(first, tl.min(tl.where(seen, rows, num_rows)))
         last = tl.maximum(last, tl.max(tl.where(seen, rows, -1)))
     first = tl.minimum(first, num_rows) // BLOCK_M * BLOCK_M
@@ -99,7 +102,7 @@ def _mask_row_range(lo, num_rows, j, key_live, b, kvh, G, q_start, m_ptr, smb, s
 
 @triton.jit
 def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, qs_ptr,
-                 kl_ptr, m_ptr, sqb, sqh, sqt, skb, skh, skt, smb, smh, smt, Tq, G, scale, Tk,
+                 kl_ptr, m_ptr, iv_ptr, ivf_ptr, sqb, sqh, sqt, skb, skh, skt, smb, smh, smt, Tq, G, scale, Tk,
                  CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     pid_n = tl.program_id(0)
@@ -121,9 +124,12 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
         lo = tl.maximum(pid_n * BLOCK_N - q_start, 0) * G // BLOCK_M * BLOCK_M
     lo = tl.where(pid_n * BLOCK_N >= kv_len, num_rows, lo)  # dead key slots only: zeros
     hi = num_rows
+    iv_ok = False
     if HAS_MASK:  # row blocks that see none of these keys add exact zeros to dk, dv: skipped
-        lo, hi = _mask_row_range(lo, num_rows, j, key_live, b, kvh, G, q_start, m_ptr, smb,
-                                 smh, smt, Tq, CAUSAL, BLOCK_M)  # fmt: skip
+        iv_ok = tl.load(ivf_ptr) != 0
+        if iv_ok:
+            lo, hi = _mask_row_range(lo, num_rows, pid_n * BLOCK_N, pid_n * BLOCK_N + BLOCK_N, b,
+                                     kvh, G, smb, smh, iv_ptr, Tq, BLOCK_M)  # fmt: skip
     for r0 in range(lo, hi, BLOCK_M):  # row blocks in order
         rows = r0 + tl.arange(0, BLOCK_M)
         qi = rows // G
@@ -138,8 +144,8 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
         delta = tl.load(delta_ptr + stat, mask=row_live, other=0.0)
         pos = q_start + qi
         s = tl.dot(q.to(DOT), tl.trans(k).to(DOT), input_precision="ieee") * scale
-        vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
-                       CAUSAL, HAS_MASK)  # fmt: skip
+        vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, iv_ptr,
+                      iv_ok, CAUSAL, HAS_MASK)  # fmt: skip
         p = tl.where(vis, tl.exp(s - lse[:, None]), 0.0)
         dv = tl.dot(tl.trans(p).to(DOT), do.to(DOT), dv, input_precision="ieee")
         dp = tl.dot(do.to(DOT), tl.trans(v).to(DOT), input_precision="ieee")
@@ -172,10 +178,10 @@ def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, c
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
     if mask is not None:
-        mask_arg = pack_mask_bits(mask, b, hq, tq, tk)
-        sm = (mask_arg.stride(0), mask_arg.stride(1), mask_arg.stride(2))
+        mask_arg, (smb, smh), iv, iv_ok = mask_args(mask, b, hq, tq, tk)
+        sm = (smb, smh, mask_arg.shape[1])
     else:
-        sm, mask_arg = (0, 0, 0), q
+        sm, mask_arg, iv, iv_ok = (0, 0, 0), q, lse, lse
     qs = q_start_B.to(torch.int32).contiguous()
     kl = kv_len_B.to(torch.int32).contiguous()
     dot = tl.float32 if interp else tl.bfloat16
@@ -183,7 +189,8 @@ def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, c
     flags = {"CAUSAL": causal, "HAS_MASK": mask is not None, "DOT": dot, "D": d}
     if b and tq:
         _dq_kernel[(triton.cdiv(tq * g, cfg_dq.block_m), b, hkv)](
-            q, k, v, o, do, lse, delta, dq, qs, kl, mask_arg, *strides, tq, g, scale, **flags,
+            q, k, v, o, do, lse, delta, dq, qs, kl, mask_arg, iv, iv_ok, *strides, tq, g, scale,
+            **flags,
             BLOCK_M=cfg_dq.block_m, BLOCK_N=cfg_dq.block_n, **cfg_dq.launch_kwargs(),
         )  # fmt: skip
     if b and tk:
@@ -192,7 +199,8 @@ def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, c
             dv.zero_()
         else:
             _dkdv_kernel[(triton.cdiv(tk, cfg_dkdv.block_n), b, hkv)](
-                q, k, v, do, lse, delta, dk, dv, qs, kl, mask_arg, *strides, tq, g, scale, tk,
+                q, k, v, do, lse, delta, dk, dv, qs, kl, mask_arg, iv, iv_ok, *strides, tq, g,
+                scale, tk,
                 **flags, BLOCK_M=cfg_dkdv.block_m, BLOCK_N=cfg_dkdv.block_n,
                 **cfg_dkdv.launch_kwargs(),
             )  # fmt: skip

@@ -125,62 +125,82 @@ def _round_bf16(x):
 
 
 @triton.jit
-def visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
+def visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, iv_ptr, iv_ok,
             CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):  # fmt: skip
     """[rows, keys] booleans: key j is live, the row is live, causal (j <= the row's position)
-    and the mask (if any, bit-packed by `pack_mask_bits`); shared by the forward and the
-    backward kernels. j: a block of consecutive keys, 32-aligned when longer than 32."""
+    and the mask (if any: `mask_args`); shared by the forward and the backward kernels.
+    Mask row of (b, head hq, query qi): b * smb + hq * smh + qi (broadcast dims 0), its bits
+    at row * smt (smt = the int32 words of a mask row), its [lo, hi) at iv_ptr + 2 row. iv_ok:
+    every row's visible keys are that one interval (what causal and padding masks are): then the
+    two bounds decide, as cheap as the causal test; else the bits are read."""
     vis = key_live[None, :] & row_live[:, None]
     if CAUSAL:
         vis = vis & (j[None, :] <= pos[:, None])
     if HAS_MASK:
-        # one int32 word per row and 32 keys: a [rows] load per word of the block (a [rows,
-        # keys] tensor of byte pointers took 64 registers a thread and spilled on sm_90)
-        NW: tl.constexpr = (j.shape[0] + 31) // 32
-        word = j // 32
-        first = tl.min(word)
-        row_off = b * smb + hq * smh + qi * smt
-        bits = tl.zeros(vis.shape, tl.int32)
-        for i in tl.static_range(NW):
-            here = word == first + i
-            live = tl.max((here & key_live).to(tl.int32), axis=0)
-            w_live = row_live & ((qi * 0 + live) > 0)  # [rows]: the interpreter wants a vector
-            w = tl.load(m_ptr + row_off + first + i, mask=w_live, other=0)
-            bits = tl.where(here[None, :], (w[:, None] >> (j % 32)[None, :]) & 1, bits)
-        vis = vis & (bits != 0)
+        row = b * smb + hq * smh + qi
+        if iv_ok:
+            lo = tl.load(iv_ptr + 2 * row, mask=row_live, other=0)
+            hi = tl.load(iv_ptr + 2 * row + 1, mask=row_live, other=0)
+            vis = vis & (j[None, :] >= lo[:, None]) & (j[None, :] < hi[:, None])
+        else:
+            # bit-packed: one int32 word per row and 32 keys, a [rows] load per word of the
+            # block (a [rows, keys] tensor of byte pointers took 64 registers a thread and
+            # spilled on sm_90). j: consecutive keys, 32-aligned when longer than 32.
+            NW: tl.constexpr = (j.shape[0] + 31) // 32
+            word = j // 32
+            first = tl.min(word)
+            row_off = row.to(tl.int64) * smt
+            bits = tl.zeros(vis.shape, tl.int32)
+            for i in tl.static_range(NW):
+                here = word == first + i
+                live = tl.max((here & key_live).to(tl.int32), axis=0)
+                w_live = row_live & ((qi * 0 + live) > 0)  # a vector: the interpreter wants one
+                w = tl.load(m_ptr + row_off + first + i, mask=w_live, other=0)
+                bits = tl.where(here[None, :], (w[:, None] >> (j % 32)[None, :]) & 1, bits)
+            vis = vis & (bits != 0)
     return vis
 
 
-def pack_mask_bits(mask: torch.Tensor, b: int, h: int, tq: int, tk: int) -> torch.Tensor:
-    """A boolean attention mask (True = attend) broadcastable to [b, h, tq, tk] -> int32 words
-    [b, h, tq, ceil(tk / 32)] (broadcast dims stride 0): bit i of word w is key 32 w + i."""
+def mask_args(mask: torch.Tensor, b: int, h: int, tq: int, tk: int):
+    """What the kernels take for a boolean mask (True = attend) broadcastable to [b, h, tq, tk]:
+    (int32 words [rows, ceil(tk / 32)], bit i of word w = key 32 w + i; row strides (smb, smh)
+    in rows, 0 on broadcast dims; int32 [rows, 2] each row's [lo, hi) = [first visible key,
+    last + 1); int32 [1] flag: every row's visible keys are exactly its [lo, hi)). On the
+    device, no host sync (CUDA-graph safe)."""
+    m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)).to(torch.bool)
+    m = m.expand(m.shape[0], m.shape[1], tq, tk).contiguous()
+    mb, mh = m.shape[0], m.shape[1]
+    keys = torch.arange(tk, device=m.device, dtype=torch.int32)
+    hi = torch.where(m, keys + 1, 0).amax(-1)
+    lo = torch.where(m, keys, tk).amin(-1)
+    count = m.sum(-1, dtype=torch.int32)
+    iv_ok = (count == (hi - lo).clamp(min=0)).all().to(torch.int32).reshape(1)
+    iv = torch.stack((lo, hi), -1).to(torch.int32).reshape(-1, 2)
+    strides = ((mh * tq if mb > 1 else 0), (tq if mh > 1 else 0))
     words = -(-tk // 32)
-    m = mask.to(torch.bool).expand(*mask.shape[:-1], tk)
-    m = torch.nn.functional.pad(m.to(torch.int64), (0, words * 32 - tk))
-    shifts = torch.arange(32, device=mask.device, dtype=torch.int64)
-    packed = (m.reshape(*m.shape[:-1], words, 32) << shifts).sum(-1)
+    bits = torch.nn.functional.pad(m.reshape(-1, tk).to(torch.int64), (0, words * 32 - tk))
+    shifts = torch.arange(32, device=m.device, dtype=torch.int64)
+    packed = (bits.reshape(-1, words, 32) << shifts).sum(-1)
     packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
-    return packed.expand(b, h, tq, words)
+    return packed, strides, iv, iv_ok
 
 
 @triton.jit
-def mask_key_end(hi, kv_len, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
-                 CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """1 + the last key below hi that a live row of the block sees through the mask (0 if
-    none). Key blocks past it hold no visible key for any of these rows, which leaves their
-    state untouched bit for bit: skipping them changes no bit. (A causal mask handed over as a
-    tensor, what transformers builds under torch.compile, would otherwise walk every block.)"""
-    end = hi * 0
-    for n0 in range(0, hi, BLOCK_N):
-        j = n0 + tl.arange(0, BLOCK_N)
-        vis = visible(j, j < kv_len, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, CAUSAL, True)
-        end = tl.maximum(end, tl.max(tl.where(vis, j[None, :] + 1, 0)))
-    return end
+def mask_key_end(hi, row_live, qi, hq, b, smb, smh, iv_ptr, iv_ok):
+    """hi lowered to 1 + the last key a live row of the block sees through an interval mask
+    (iv_ok; else hi). Key blocks past it hold no visible key for any of these rows, which
+    leaves their state untouched bit for bit: skipping them changes no bit. (A causal mask
+    handed over as a tensor, what transformers builds under torch.compile, would otherwise
+    walk every key block.)"""
+    if iv_ok:
+        row_hi = tl.load(iv_ptr + 2 * (b * smb + hq * smh + qi) + 1, mask=row_live, other=0)
+        hi = tl.minimum(hi, tl.max(row_hi))
+    return hi
 
 
 @triton.jit
-def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr,
-                      sqb, sqh, sqt, skb, skh, skt, sob, soh, sot, smb, smh, smt,
+def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr, iv_ptr,
+                      ivf_ptr, sqb, sqh, sqt, skb, skh, skt, sob, soh, sot, smb, smh, smt,
                       Tq, G, scale, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
                       DOT: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr):  # fmt: skip
@@ -201,9 +221,10 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr
     hi = kv_len
     if CAUSAL:
         hi = tl.minimum(hi, tl.max(tl.where(row_live, pos, 0)) + 1)
+    iv_ok = False
     if HAS_MASK:
-        hi = mask_key_end(hi, kv_len, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, CAUSAL,
-                          BLOCK_N)  # fmt: skip
+        iv_ok = tl.load(ivf_ptr) != 0
+        hi = mask_key_end(hi, row_live, qi, hq, b, smb, smh, iv_ptr, iv_ok)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     # The row sum l runs on the tensor cores like the numerator: the MMA sums each row in an
     # order fixed by the instruction, whatever register layout the compiler picks for this
@@ -222,8 +243,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr
         v = tl.load(v_ptr + b * skb + kvh * skh + j[:, None] * skt + d[None, :],
                     mask=key_live[:, None], other=0.0).to(DOT)  # fmt: skip
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
-                      CAUSAL, HAS_MASK)  # fmt: skip
+        vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, iv_ptr,
+                      iv_ok, CAUSAL, HAS_MASK)  # fmt: skip
         s = tl.where(vis, s, float("-inf"))
         any_vis = tl.max(vis.to(tl.int32), axis=1) > 0
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -263,13 +284,14 @@ def attention(q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float):
     out = torch.empty(q.shape, dtype=torch.float32 if interp else q.dtype, device=q.device)
     lse = torch.empty((b, hq, tq), dtype=torch.float32, device=q.device)
     if mask is not None:
-        mask_arg = pack_mask_bits(mask, b, hq, tq, k.shape[2])
-        sm = (mask_arg.stride(0), mask_arg.stride(1), mask_arg.stride(2))
+        mask_arg, (smb, smh), iv, iv_ok = mask_args(mask, b, hq, tq, k.shape[2])
+        sm = (smb, smh, mask_arg.shape[1])
     else:
-        sm, mask_arg = (0, 0, 0), q
+        sm, mask_arg, iv, iv_ok = (0, 0, 0), q, lse, lse
     grid = (triton.cdiv(tq * g, cfg.block_m), b, hkv)
     _attention_kernel[grid](
         q, k, v, out, lse, q_start_B.to(torch.int32).contiguous(), kv_len_B.to(torch.int32).contiguous(), mask_arg,
+        iv, iv_ok,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         out.stride(0), out.stride(1), out.stride(2), *sm, tq, g, scale,
         CAUSAL=causal, HAS_MASK=mask is not None, DOT=_dot_dtype(), D=d,
