@@ -161,27 +161,46 @@ def visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, iv_ptr,
     return vis
 
 
+@triton.jit
+def _mask_args_kernel(m_ptr, words_ptr, iv_ptr, ok_ptr, Tk, W, BLOCK_W: tl.constexpr):
+    """One mask row (bytes, 0 or 1) per program, BLOCK_W words (32 keys each) a step -> its
+    bit words, its [lo, hi) and, into ok_ptr[0], 0 when its visible keys are not [lo, hi)."""
+    row = tl.program_id(0).to(tl.int64)
+    bit = tl.arange(0, 32)
+    lo = tl.full((), 0, tl.int32) + Tk
+    hi = tl.full((), 0, tl.int32)
+    count = tl.full((), 0, tl.int32)
+    for w0 in range(0, W, BLOCK_W):
+        w = w0 + tl.arange(0, BLOCK_W)
+        key = w[:, None] * 32 + bit[None, :]  # [BLOCK_W, 32]
+        m = tl.load(m_ptr + row * Tk + key, mask=(w[:, None] < W) & (key < Tk), other=0) != 0
+        words = tl.sum(tl.where(m, 1 << bit[None, :], 0), axis=1)  # disjoint bits: exact
+        tl.store(words_ptr + row * W + w, words, mask=w < W)
+        lo = tl.minimum(lo, tl.min(tl.where(m, key, Tk)))
+        hi = tl.maximum(hi, tl.max(tl.where(m, key + 1, 0)))
+        count += tl.sum(m.to(tl.int32))
+    tl.store(iv_ptr + row * 2, lo)
+    tl.store(iv_ptr + row * 2 + 1, hi)
+    tl.atomic_min(ok_ptr, (count == tl.maximum(hi - lo, 0)).to(tl.int32))  # min: order-free
+
+
 def mask_args(mask: torch.Tensor, b: int, h: int, tq: int, tk: int):
     """What the kernels take for a boolean mask (True = attend) broadcastable to [b, h, tq, tk]:
     (int32 words [rows, ceil(tk / 32)], bit i of word w = key 32 w + i; row strides (smb, smh)
     in rows, 0 on broadcast dims; int32 [rows, 2] each row's [lo, hi) = [first visible key,
-    last + 1); int32 [1] flag: every row's visible keys are exactly its [lo, hi)). On the
-    device, no host sync (CUDA-graph safe)."""
+    last + 1); int32 [1] flag: every row's visible keys are exactly its [lo, hi)). One read of
+    the mask on the device (`_mask_args_kernel`), no host sync (CUDA-graph safe)."""
     m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)).to(torch.bool)
     m = m.expand(m.shape[0], m.shape[1], tq, tk).contiguous()
     mb, mh = m.shape[0], m.shape[1]
-    keys = torch.arange(tk, device=m.device, dtype=torch.int32)
-    hi = torch.where(m, keys + 1, 0).amax(-1)
-    lo = torch.where(m, keys, tk).amin(-1)
-    count = m.sum(-1, dtype=torch.int32)
-    iv_ok = (count == (hi - lo).clamp(min=0)).all().to(torch.int32).reshape(1)
-    iv = torch.stack((lo, hi), -1).to(torch.int32).reshape(-1, 2)
+    rows, words = mb * mh * tq, -(-tk // 32)
+    packed = torch.empty((rows, words), dtype=torch.int32, device=m.device)
+    iv = torch.empty((rows, 2), dtype=torch.int32, device=m.device)
+    iv_ok = torch.ones(1, dtype=torch.int32, device=m.device)
+    if rows:
+        _mask_args_kernel[(rows,)](m.view(torch.uint8), packed, iv, iv_ok, tk, words,
+                                   BLOCK_W=32 if not interpreting() else 1)  # fmt: skip
     strides = ((mh * tq if mb > 1 else 0), (tq if mh > 1 else 0))
-    words = -(-tk // 32)
-    bits = torch.nn.functional.pad(m.reshape(-1, tk).to(torch.int64), (0, words * 32 - tk))
-    shifts = torch.arange(32, device=m.device, dtype=torch.int64)
-    packed = (bits.reshape(-1, words, 32) << shifts).sum(-1)
-    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
     return packed, strides, iv, iv_ok
 
 
