@@ -98,6 +98,31 @@ def sass_instructions(case: KernelCase) -> int:
     return len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", text, re.M))
 
 
+def resource_usage(case: KernelCase) -> dict:
+    """Registers per thread, stack (local memory) bytes per thread and spill stores (SASS `STL`)
+    of the sm_90 cubin (cuobjdump / nvdisasm bundled with Triton). 255 registers with spill
+    stores is a kernel that keeps too much live: the invariant attention held FP32 copies of
+    q, k and v and, with a mask tensor, a [rows, keys] tensor of byte pointers (2026-12-04)."""
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compile_sm90(case, "cubin"))
+        f.flush()
+        usage = subprocess.run([os.path.join(tools, "cuobjdump"), "--dump-resource-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", f.name],
+                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+    regs = re.search(r"REG:(\d+)", usage)
+    stack = re.search(r"STACK:(\d+)", usage)
+    return {"registers": int(regs.group(1)) if regs else -1,
+            "stack bytes": int(stack.group(1)) if stack else -1,
+            "spill stores": len(re.findall(r"\bSTL\b", sass))}  # fmt: skip
+
+
 def count(ptx: str) -> dict:
     return {k: len(re.findall(p, ptx)) for k, p in PATTERNS.items()}
 
@@ -208,8 +233,10 @@ def _quantize_cases() -> list[KernelCase]:
 
 
 def _attention_cases() -> list[KernelCase]:
-    """The invariant attention's forward and its two backward launches, causal, 512
-    queries, 32 query / 4 key-value heads, head dim 128 (contiguous [B, H, T, D])."""
+    """The invariant attention's forward and its two backward launches, 512 queries, 32 query
+    / 4 key-value heads, head dim 128 (contiguous [B, H, T, D]): causal (is_causal), and with a
+    mask tensor (what transformers hands the learner under torch.compile: `mask_args`' row
+    intervals and bit words)."""
     import triton.language as tl
 
     from fp4_compile.codegen import attention_backward as ab
@@ -219,31 +246,36 @@ def _attention_cases() -> list[KernelCase]:
     hq, hkv, t, d = 32, 4, 512, 128  # batch 8: only the strides below see it
     i32, bf16 = "i32", "*bf16"
     strides = {"sqb": (i32, hq * t * d), "sqh": (i32, t * d), "sqt": (i32, d),
-               "skb": (i32, hkv * t * d), "skh": (i32, t * d), "skt": (i32, d),
-               "smb": (i32, 0), "smh": (i32, 0), "smt": (i32, 0)}  # fmt: skip
+               "skb": (i32, hkv * t * d), "skh": (i32, t * d), "skt": (i32, d)}  # fmt: skip
+    no_mask = {"smb": (i32, 0), "smh": (i32, 0), "smt": (i32, 0)}
+    mask = {"smb": (i32, t), "smh": (i32, 0), "smt": (i32, t // 32)}  # rows per sequence, words
     common = {"qs_ptr": ("*i32", 0), "kl_ptr": ("*i32", 0), "m_ptr": ("*i32", 0),
-              "lse_ptr": ("*fp32", 0), "Tq": (i32, t), "G": (i32, hq // hkv),
-              "scale": ("fp32", 0.0), **strides}  # fmt: skip
-    flags = {"CAUSAL": True, "HAS_MASK": False, "DOT": tl.bfloat16, "D": d}
+              "iv_ptr": ("*i32", 0), "ivf_ptr": ("*i32", 0), "lse_ptr": ("*fp32", 0),
+              "Tq": (i32, t), "G": (i32, hq // hkv), "scale": ("fp32", 0.0), **strides}  # fmt: skip
     fwd = cfgs.attention_config("sm_90")
     dq_cfg, dkdv_cfg = cfgs.attention_backward_configs("sm_90")
     tensors = {n: (bf16, 0) for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "do_ptr", "dq_ptr",
                                        "dk_ptr", "dv_ptr")}  # fmt: skip
     out_strides = {"sob": (i32, hq * t * d), "soh": (i32, t * d), "sot": (i32, d)}
-    return [
-        KernelCase("attention forward (invariant)", ik._attention_kernel,
-                   {**tensors, **common, **out_strides},
-                   {**flags, "BLOCK_M": fwd.block_m, "BLOCK_N": fwd.block_n},
-                   fwd.num_warps, fwd.num_stages, {}),  # launched with Triton's defaults
-        KernelCase("attention backward dQ", ab._dq_kernel,
-                   {**tensors, **common, "delta_ptr": ("*fp32", 0)},
-                   {**flags, "BLOCK_M": dq_cfg.block_m, "BLOCK_N": dq_cfg.block_n},
-                   dq_cfg.num_warps, dq_cfg.num_stages, {}),
-        KernelCase("attention backward dK/dV", ab._dkdv_kernel,
-                   {**tensors, **common, "delta_ptr": ("*fp32", 0), "Tk": (i32, t)},
-                   {**flags, "BLOCK_M": dkdv_cfg.block_m, "BLOCK_N": dkdv_cfg.block_n},
-                   dkdv_cfg.num_warps, dkdv_cfg.num_stages, {}),
-    ]  # fmt: skip
+    cases = []
+    for label, flags, sm in (("", {"CAUSAL": True, "HAS_MASK": False}, no_mask),
+                             (", mask tensor", {"CAUSAL": False, "HAS_MASK": True}, mask)):  # fmt: skip
+        flags = {**flags, "DOT": tl.bfloat16, "D": d}
+        cases += [
+            KernelCase(f"attention forward (invariant){label}", ik._attention_kernel,
+                       {**tensors, **common, **sm, **out_strides},
+                       {**flags, "BLOCK_M": fwd.block_m, "BLOCK_N": fwd.block_n},
+                       fwd.num_warps, fwd.num_stages, {}),  # launched with Triton's defaults
+            KernelCase(f"attention backward dQ{label}", ab._dq_kernel,
+                       {**tensors, **common, **sm, "delta_ptr": ("*fp32", 0)},
+                       {**flags, "BLOCK_M": dq_cfg.block_m, "BLOCK_N": dq_cfg.block_n},
+                       dq_cfg.num_warps, dq_cfg.num_stages, {}),
+            KernelCase(f"attention backward dK/dV{label}", ab._dkdv_kernel,
+                       {**tensors, **common, **sm, "delta_ptr": ("*fp32", 0), "Tk": (i32, t)},
+                       {**flags, "BLOCK_M": dkdv_cfg.block_m, "BLOCK_N": dkdv_cfg.block_n},
+                       dkdv_cfg.num_warps, dkdv_cfg.num_stages, {}),
+        ]  # fmt: skip
+    return cases
 
 
 def main() -> None:
@@ -253,12 +285,14 @@ def main() -> None:
     import triton
 
     if "--json" in sys.argv[1:]:
-        print(json.dumps({c.name: count(compile_sm90(c)) for c in learner_cases()}))
+        print(json.dumps({c.name: {**count(compile_sm90(c)), **resource_usage(c)}
+                          for c in learner_cases()}))  # fmt: skip
         return
     print(f"# PTX audit: sm_90 code of the learner's hot kernels, compiled without a GPU "
           f"(Triton {triton.__version__})\n")  # fmt: skip
-    print("| kernel | " + " | ".join(PATTERNS) + " | SASS instructions (per element) |")
-    print("| --- |" + " --- |" * (len(PATTERNS) + 1))
+    print("| kernel | " + " | ".join(PATTERNS) + " | SASS instructions (per element) "
+          "| registers | stack bytes | spill stores |")  # fmt: skip
+    print("| --- |" + " --- |" * (len(PATTERNS) + 4))
     for case in learner_cases():
         try:
             row = count(compile_sm90(case))
@@ -267,10 +301,13 @@ def main() -> None:
             if case.name.startswith("quantize"):
                 threads = 32 * case.num_warps
                 per = f" ({sass * threads / (case.constexprs['BLOCK_M'] * case.constexprs['BLOCK_K']):.1f})"
+            use = resource_usage(case)
             print(
                 f"| {case.name} | "
                 + " | ".join(str(row[k]) for k in PATTERNS)
-                + f" | {sass}{per} |"
+                + f" | {sass}{per} | "
+                + " | ".join(str(v) for v in use.values())
+                + " |"
             )
         except Exception as exc:  # recorded, not hidden
             print(f"| {case.name} | ERROR: {type(exc).__name__}: {str(exc)[:200]} |")

@@ -38,9 +38,20 @@ def test_gemm_operands_are_pipelined_async_copies(audit):
 
 def test_attention_kernels_keep_their_async_copies(audit):
     att = [name for name in audit if name.startswith("attention")]
-    assert len(att) == 3, sorted(audit)
+    assert len(att) == 6, sorted(audit)  # forward, dQ, dK/dV; causal and with a mask tensor
     for name in att:
         assert audit[name]["cp.async 16B"] >= 16, (name, audit[name])
+
+
+def test_attention_forward_and_dq_do_not_spill(audit):
+    """The forward held FP32 copies of q, k, v (255 registers, spill stores) until 2026-12-04
+    and, with a mask tensor, a [rows, keys] tensor of byte pointers; both gone. (dK/dV at its
+    pinned 4 warps does spill and still measured faster than 8 warps without:
+    benchmarks/results/2026-12-04_tune_attention_10bb871.md.)"""
+    names = [n for n in audit if n.startswith(("attention forward", "attention backward dQ"))]
+    assert len(names) == 4, sorted(audit)
+    for name in names:
+        assert audit[name]["spill stores"] == 0, (name, audit[name])
 
 
 def test_quantize_kernels_load_and_store_vectors(audit):
