@@ -11,6 +11,13 @@ from pathlib import Path
 import torch
 
 
+def median_ms(fn) -> float:
+    """`triton.testing.do_bench` median of fn, in ms (the offline tuners' timer)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+
+
 def environment() -> dict:
     env = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
     try:

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import environment
+from benchmarks.common import median_ms as bench
 from fp4_compile.codegen import invariant_configs as cfgs
 from fp4_compile.codegen.invariant_configs import KernelConfig
 from fp4_compile.testing import count_bytes_differ
@@ -73,12 +74,6 @@ def pinned(table: dict, value):
         yield
     finally:
         table[ARCH] = saved
-
-
-def bench(fn) -> float:
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
 
 
 def launch_args(variant: str):

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import environment
+from benchmarks.common import median_ms as bench
 from fp4_compile import NVFP4Recipe
 from fp4_compile.codegen import configs
 from fp4_compile.codegen.configs import TileConfig
@@ -77,12 +78,6 @@ def pinned(key, cfg: TileConfig):
         yield
     finally:
         configs.PINNED[key] = saved
-
-
-def bench(fn) -> float:
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
 
 
 def routing_offsets(seed: int = 0) -> torch.Tensor:
