@@ -27,12 +27,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-from pathlib import Path
 
 import torch
 
-from benchmarks.common import environment
+from benchmarks.common import environment, write_results
 from benchmarks.common import median_ms as bench
 from fp4_compile.codegen import invariant_configs as cfgs
 from fp4_compile.codegen.invariant_configs import KernelConfig
@@ -230,15 +228,12 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("this tuner needs a CUDA GPU")
     env = environment()
-    out = Path(os.environ.get("OUT", "benchmarks/results"))
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{env['date']}_tune_attention"
     rows: list = []
     for name in args.only.split(","):
         for variant in args.variants.split(","):
             SECTIONS[name](rows, variant)
-        stem.with_suffix(".json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
-        stem.with_suffix(".md").write_text(markdown(env, rows))
+            # written after every section: a cut run keeps what it measured
+            write_results("tune_attention", {"env": env, "rows": rows}, markdown(env, rows))
     print(markdown(env, rows))
 
 

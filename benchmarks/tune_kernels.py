@@ -19,11 +19,10 @@ import argparse
 import contextlib
 import json
 import os
-from pathlib import Path
 
 import torch
 
-from benchmarks.common import environment
+from benchmarks.common import environment, write_results
 from benchmarks.common import median_ms as bench
 from fp4_compile import NVFP4Recipe
 from fp4_compile.codegen import configs
@@ -288,14 +287,11 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("this tuner needs a CUDA GPU")
     env = environment()
-    out = Path(os.environ.get("OUT", "benchmarks/results"))
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{env['date']}_tune_kernels"
     rows: list = []
     for name in args.only.split(","):
         SECTIONS[name](rows)
-        stem.with_suffix(".json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
-        stem.with_suffix(".md").write_text(markdown(env, rows))
+        # written after every section: a cut run keeps what it measured
+        write_results("tune_kernels", {"env": env, "rows": rows}, markdown(env, rows))
     print(markdown(env, rows))
 
 
