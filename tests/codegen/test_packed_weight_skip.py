@@ -129,7 +129,9 @@ def test_gemm_ops_refuse_empty_codes_without_a_copy_or_on_a_decoding_path():
         ops.ongrid_weight(codes, scales.view(torch.uint8))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the on-grid GEMM path runs only there)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (the on-grid GEMM path runs only there)"
+)
 @pytest.mark.parametrize("experts", [0, 3])
 def test_cuda_forward_and_gradients_equal_the_packed_weight(experts):
     lead = (experts,) if experts else ()
