@@ -45,10 +45,14 @@ def _(x, idx):
 
 def row_segments(idx: torch.Tensor, num_rows: int):
     """(order, starts, counts): positions of idx grouped by row (stable: ascending within a
-    row), the first entry of row r in `order` and how many there are (int64, on idx's device)."""
-    idx = torch.where(idx < 0, idx + num_rows, idx).to(torch.int64)  # x[idx] wraps negatives
-    sorted_idx, order = torch.sort(idx, stable=True)
-    rows = torch.arange(num_rows, device=idx.device, dtype=torch.int64)
+    row), the first entry of row r in `order` and how many there are (int64, on idx's device).
+    The row ids are sorted in the narrowest integer type that holds them (int16 below 2**15
+    rows, else int32 / int64): CUDA's radix sort makes one 8-bit pass per key byte (int64: 8),
+    and a stable sort's order is fixed by the key order alone, so `order` is the same."""
+    idx = torch.where(idx < 0, idx + num_rows, idx)  # x[idx] wraps negatives
+    key = torch.int16 if num_rows <= 2**15 else torch.int32 if num_rows <= 2**31 else torch.int64
+    sorted_idx, order = torch.sort(idx.to(key), stable=True)
+    rows = torch.arange(num_rows, device=idx.device, dtype=key)
     starts = torch.searchsorted(sorted_idx, rows)
     counts = torch.searchsorted(sorted_idx, rows, right=True) - starts
     return order, starts, counts

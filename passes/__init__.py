@@ -22,6 +22,7 @@ from .lower_routing import lower_routing
 from .lower_row_scales import lower_row_scales
 from .lower_silu_muls import lower_silu_muls
 from .lower_small_reductions import lower_small_reductions
+from .narrow_expert_sort_keys import narrow_expert_sort_keys
 from .report import GemmDecision, LoweringReport
 from .select_gemms import select_gemms
 from .skip_unread_packed_weights import skip_unread_packed_weights
@@ -35,6 +36,7 @@ PIPELINE = (
     skip_unread_packed_weights,  # weights only read on-grid: no packed bytes written
     lower_routing,  # softmax + top-k of the router -> invariant routing (deterministic ties)
     stable_sorts,  # sort / argsort -> stable: one token order per expert on every implementation
+    narrow_expert_sort_keys,  # expert ids sorted as uint8 / int16: 1-2 radix passes, not 8
     lower_rms_norm,  # RMSNorm pattern -> invariant rms_norm
     lower_attention,  # SDPA -> invariant attention (fixed key blocks from position 0)
     lower_small_reductions,  # small float sums (MoE top-k combine) -> fixed-order ordered_sum

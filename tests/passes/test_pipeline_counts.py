@@ -40,6 +40,7 @@ def test_qwen3_moe_counts():
     assert rep.counts["embedding"] == 1
     assert rep.counts["repeat_kv"] == 4  # GQA: keys and values per layer
     assert rep.counts["stable_sort"] == 2  # the experts' sort of (token, expert) pairs, per layer
+    assert rep.counts["narrow_expert_sort_keys"] == 2  # ... on uint8 expert ids
     assert rep.counts["silu_mul"] == 2  # the experts' SwiGLU per layer
     assert rep.counts["gather_rows"] == 4  # per layer: tokens to experts, outputs back to slots
     routers = [g for g in rep.gemms if g.module.endswith("mlp.gate")]
