@@ -61,11 +61,14 @@ def test_rms_norm_backward_kernel_matches_exact_math(dtype, hdim):
 
 
 def test_rms_norm_backward_kernel_rows_are_invariant_and_dweight_deterministic():
-    from fp4_compile.codegen.rms_norm_backward import rms_norm_backward
+    from fp4_compile.codegen.rms_norm_backward import TILES_PER_PROGRAM, rms_norm_backward, tiling
 
-    gy, h, w = _inputs(45, 96, torch.bfloat16, seed=3)
+    tile = tiling(96)[1]
+    per_program = tile * TILES_PER_PROGRAM
+    gy, h, w = _inputs(2 * per_program + 5, 96, torch.bfloat16, seed=3)
     dh, dw = rms_norm_backward(gy, h, w, 1e-6)
-    for i in (0, 31, 32, 44):  # across program boundaries (32 rows per program)
+    # across tile and program boundaries
+    for i in (0, tile - 1, tile, per_program - 1, per_program, 2 * per_program + 4):
         dh_i, _ = rms_norm_backward(gy[i : i + 1], h[i : i + 1], w, 1e-6)
         assert_bitwise_equal(dh_i[0], dh[i], f"row {i}")
     _, dw2 = rms_norm_backward(gy, h, w, 1e-6)
@@ -74,3 +77,23 @@ def test_rms_norm_backward_kernel_rows_are_invariant_and_dweight_deterministic()
     assert dw_nw is None
     ones = torch.ones_like(w)
     assert_bitwise_equal(dh_nw, rms_norm_backward(gy, h, ones, 1e-6)[0], "no weight == ones")
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced"])
+def test_rms_norm_backward_reads_strided_grads_bitwise(layout):
+    """q_norm / k_norm gradients arrive as a transposed view [B, S, heads, D] of [B, heads, S,
+    D] memory, or a row-sliced one: read through their strides, the same bits as contiguous."""
+    from fp4_compile.codegen.rms_norm_backward import rms_norm_backward
+
+    b, s, heads, d = 2, 5, 3, 64
+    gy, h, w = _inputs(b * s * heads, d, torch.bfloat16, seed=4)
+    h = h.reshape(b, s, heads, d)
+    if layout == "transposed":
+        g = gy.reshape(b, heads, s, d).transpose(1, 2)
+    else:
+        g = torch.cat([gy.reshape(b, s, heads, d)] * 2, dim=-1)[..., :d]
+    assert not g.is_contiguous()
+    dh, dw = rms_norm_backward(g, h, w, 1e-6)
+    dh_c, dw_c = rms_norm_backward(g.contiguous(), h, w, 1e-6)
+    assert_bitwise_equal(dh, dh_c, "dh")
+    assert_bitwise_equal(dw, dw_c, "dweight")
