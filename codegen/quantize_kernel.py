@@ -97,20 +97,20 @@ def _mix32(h):
 
 @triton.jit
 def _sr_uniform(flat, key, key_hi):
-    """`sr_stream.sr_uniforms` at int64 flat indices, in registers: bitwise the same stream."""
+    """`sr_stream.sr_uniforms` at int64 flat indices, in registers: bitwise the same stream
+    (one mixer round; a second where the index's high word is not zero)."""
     lo = (flat & 0xFFFFFFFF).to(tl.uint32)
     hi = (flat >> 32).to(tl.uint32)
     h = _mix32(lo ^ key)
-    h = _mix32(h ^ hi ^ key_hi)
+    h = tl.where(hi != 0, _mix32(h ^ hi ^ key_hi), h)
     return (h >> 8).to(tl.float32) * 5.9604644775390625e-08  # 2**-24, exact
 
 
 @triton.jit
-def _sr_uniform32(flat, key, key_hi):
+def _sr_uniform32(flat, key):
     """`_sr_uniform` at flat indices below 2**31 held in int32 (their high word is 0): the
-    same bits without 64-bit index arithmetic."""
+    same bits without 64-bit index arithmetic, one mixer round."""
     h = _mix32(flat.to(tl.uint32) ^ key)
-    h = _mix32(h ^ key_hi)
     return (h >> 8).to(tl.float32) * 5.9604644775390625e-08  # 2**-24, exact
 
 
@@ -125,9 +125,8 @@ def _quantize_kernel(
     KEY_FROM_PTR: tl.constexpr = False, PACKED_TOO: tl.constexpr = False,
     ONE_SEGMENT: tl.constexpr = False, FLAT32: tl.constexpr = False,
 ):  # fmt: skip
-    # FLAT32 (segmented only): every stochastic-rounding flat index is below 2**31: the stream
-    # is drawn with int32 index arithmetic (`_sr_uniform32`), the same bits; ~6% fewer sm_90
-    # SASS instructions there (the plain path's int64 index compiled shorter than an int32 one).
+    # FLAT32: every stochastic-rounding flat index is below 2**31: the stream is drawn with
+    # int32 index arithmetic and one mixer round (`_sr_uniform32`), the same bits.
     # ONGRID: store the on-grid values; else the packed codes and scale bytes. PACKED_TOO (with
     # ONGRID): both, from one read of x (a weight's packed form and its on-grid copy).
     # KEY_FROM_PTR (not segmented): the SR stream key is key_ptr[0] / key_hi_ptr[0] on the device
@@ -200,7 +199,7 @@ def _quantize_kernel(
             khi = tl.load(key_hi_ptr + gblk).to(tl.uint32)
             if FLAT32:
                 flat = rows3 * width.to(tl.int32) + (cols3 - start.to(tl.int32))
-                u = _sr_uniform32(flat, klo, khi)
+                u = _sr_uniform32(flat, klo)
             else:
                 flat = rows3.to(tl.int64) * width + (cols3 - start)
                 u = _sr_uniform(flat, klo, khi)
@@ -211,7 +210,10 @@ def _quantize_kernel(
             else:
                 klo = sr_key.to(tl.uint32)
                 khi = sr_key_hi.to(tl.uint32)
-            u = _sr_uniform(rows3.to(tl.int64) * K + cols3, klo, khi)
+            if FLAT32:
+                u = _sr_uniform32(rows3 * K + cols3, klo)
+            else:
+                u = _sr_uniform(rows3.to(tl.int64) * K + cols3, klo, khi)
         # the grid points around |v| are floor(y) and floor(y) + 1 (in units of the spacing), and
         # y - floor(y) is exactly the reference's (|v| - lo) / (hi - lo): round up when u < it
         # (|v| on the grid: 0, never up)
@@ -374,7 +376,7 @@ def quantize_triton(
             0, gd2, 0, 0,  # no segments
             TILE16=block == "16x16", STOCHASTIC=rounding == "stochastic", ONGRID=out != "packed",
             SEGMENTED=False, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
-            KEY_FROM_PTR=device_seed, PACKED_TOO=out == "both",
+            KEY_FROM_PTR=device_seed, PACKED_TOO=out == "both", FLAT32=r * k < FLAT32_LIMIT,
             **cfg.launch_kwargs(), **compile_options(dev),
         )  # fmt: skip
     if out == "ongrid":

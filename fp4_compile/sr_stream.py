@@ -3,8 +3,12 @@
 CPU and GPU give the same bits without drawing on the host (a CPU `torch.Generator` plus a
 host-to-device copy cost tens of ms per gradient GEMM at learner sizes).
 
-u[i] = (h(seed, i) >> 8) * 2^-24, with h two rounds of the "lowbias32" mixer over uint32
-(emulated in int64; every product is split so that it stays below 2^63, hence no overflow).
+u[i] = (h(seed, i) >> 8) * 2^-24, with h = mix(lo(i) ^ key) for the "lowbias32" mixer over
+uint32 (emulated in int64; every product is split so that it stays below 2^63, hence no
+overflow); an index of 2^32 or more (its high word hi(i) != 0) takes a second round,
+mix(h ^ hi(i) ^ (key >> 1)). One round, not two, below 2^32: the quantize kernel is ALU-bound on
+the H200 (Nsight Compute, 2026-12-04: the integer pipe 89% busy in the stochastic-rounding
+quantize) and the second round, which only ever mixed in a zero high word, was a quarter of it.
 
 And the per-call seeds: the lowering gives every NVFP4 GEMM a call-site id (`site_id` of its
 module path); at run time `call_seed` mixes it with that site's call counter, so two layers, two
@@ -77,9 +81,15 @@ def sr_uniforms(shape, seed: int, device) -> torch.Tensor:
     for s in shape:
         n *= int(s)
     idx = torch.arange(n, dtype=torch.int64, device=device)
+    return uniforms_at(idx, key).reshape(tuple(shape))
+
+
+def uniforms_at(idx: torch.Tensor, key: int) -> torch.Tensor:
+    """FP32 uniforms of the stream with key `key` (`sr_key(seed)`) at int64 flat indices."""
     h = _mix32((idx & _M32) ^ key)
-    h = _mix32(h ^ ((idx >> 32) & _M32) ^ (key >> 1))
-    return ((h >> 8).to(torch.float32) * (1.0 / 16777216.0)).reshape(tuple(shape))
+    hi = (idx >> 32) & _M32  # indices of 2^32 and more take a second round
+    h = torch.where(hi != 0, _mix32(h ^ hi ^ (key >> 1)), h)
+    return (h >> 8).to(torch.float32) * (1.0 / 16777216.0)
 
 
 def site_id(name: str) -> int:

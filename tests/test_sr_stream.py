@@ -20,11 +20,27 @@ from fp4_compile.testing import assert_bitwise_equal
 
 
 def test_uniforms_pinned_values():
-    """The stream is part of the numerics contract: these bits must not change silently."""
+    """The stream is part of the numerics contract: these bits must not change silently.
+    (Changed on 2026-12-04: one mixer round below index 2^32, the kernel's ALU cost.)"""
     u = sr_uniforms((2, 3), 123, "cpu")
-    want = torch.tensor([[10510628, 6311011, 8411043], [14719176, 4953663, 970457]]) / 2.0**24
+    want = torch.tensor([[9868074, 13253248, 2969796], [1557271, 8623703, 981616]]) / 2.0**24
     want = want.to(torch.float32)
     assert_bitwise_equal(u, want, "sr_uniforms(seed=123)")
+
+
+def test_uniforms_one_round_below_2_32_two_above():
+    """u = mix(lo ^ key) >> 8 below index 2^32; from there a second round mixes the high word
+    in (else index i and i + 2^32 would draw the same noise)."""
+    from fp4_compile.sr_stream import _M32, _mix32_int, sr_key, uniforms_at
+
+    key = sr_key(123)
+    idx = torch.tensor([5, 2**32 - 1, 2**32 + 5, 3 * 2**32 + 5])
+    u = uniforms_at(idx, key)
+    one = [(_mix32_int((i & _M32) ^ key) >> 8) / 2.0**24 for i in idx.tolist()]
+    two = [(_mix32_int(_mix32_int((i & _M32) ^ key) ^ (i >> 32) ^ (key >> 1)) >> 8) / 2.0**24
+           for i in idx.tolist()]  # fmt: skip
+    assert u.tolist() == one[:2] + two[2:]
+    assert len(set(u.tolist())) == 4 and u[0] != u[2]
 
 
 def test_uniforms_statistics_and_range():
