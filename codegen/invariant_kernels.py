@@ -218,6 +218,34 @@ def mask_key_end(hi, row_live, qi, hq, b, smb, smh, iv_ptr, iv_ok):
 
 
 @triton.jit
+def _attend_block(q, k_ptr, v_ptr, kv_base, skt, j, key_live, d, vis, m_i, acc, l_acc, ones,
+                  scale, DOT: tl.constexpr):  # fmt: skip
+    """One key block of the forward: scores, online softmax, the numerator and the row sum
+    on the MMA (see `_attention_kernel`). -> (m_i, acc, l_acc)."""
+    k = tl.load(k_ptr + kv_base + j[:, None] * skt + d[None, :], mask=key_live[:, None],
+                other=0.0).to(DOT)  # fmt: skip
+    v = tl.load(v_ptr + kv_base + j[:, None] * skt + d[None, :], mask=key_live[:, None],
+                other=0.0).to(DOT)  # fmt: skip
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+    s = tl.where(vis, s, float("-inf"))
+    any_vis = tl.max(vis.to(tl.int32), axis=1) > 0
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(any_vis, m_new, 0.0)
+    p = tl.where(vis, tl.exp(s - m_safe[:, None]), 0.0)
+    # a block with no visible key leaves the row's state untouched, bit for bit: its
+    # alpha is 1 and its p all zeros, which the MMAs add exactly
+    alpha = tl.where(m_i == float("-inf"), 0.0, tl.exp(m_i - m_safe))
+    alpha = tl.where(any_vis, alpha, 1.0)
+    p_hi = _round_bf16(p)
+    p16 = p_hi.to(DOT)
+    acc = tl.dot(p16, v, acc * alpha[:, None], input_precision="ieee")
+    l_acc = tl.dot(p16, ones, l_acc * alpha[:, None], input_precision="ieee")
+    l_acc = tl.dot(_round_bf16(p - p_hi).to(DOT), ones, l_acc, input_precision="ieee")
+    m_i = tl.where(any_vis, m_new, m_i)
+    return m_i, acc, l_acc
+
+
+@triton.jit
 def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr, iv_ptr,
                       ivf_ptr, sqb, sqh, sqt, skb, skh, skt, sob, soh, sot, smb, smh, smt,
                       Tq, G, scale, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
@@ -254,31 +282,42 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr
     ones = tl.full((BLOCK_N, 16), 1.0, DOT)
     l_acc = tl.zeros((BLOCK_M, 16), tl.float32)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
-    for n0 in range(0, hi, BLOCK_N):  # keys in fixed blocks from position 0, in order
-        j = n0 + tl.arange(0, BLOCK_N)
-        key_live = j < kv_len
-        k = tl.load(k_ptr + b * skb + kvh * skh + j[:, None] * skt + d[None, :],
-                    mask=key_live[:, None], other=0.0).to(DOT)  # fmt: skip
-        v = tl.load(v_ptr + b * skb + kvh * skh + j[:, None] * skt + d[None, :],
-                    mask=key_live[:, None], other=0.0).to(DOT)  # fmt: skip
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, iv_ptr,
-                      iv_ok, CAUSAL, HAS_MASK)  # fmt: skip
-        s = tl.where(vis, s, float("-inf"))
-        any_vis = tl.max(vis.to(tl.int32), axis=1) > 0
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(any_vis, m_new, 0.0)
-        p = tl.where(vis, tl.exp(s - m_safe[:, None]), 0.0)
-        # a block with no visible key leaves the row's state untouched, bit for bit: its
-        # alpha is 1 and its p all zeros, which the MMAs add exactly
-        alpha = tl.where(m_i == float("-inf"), 0.0, tl.exp(m_i - m_safe))
-        alpha = tl.where(any_vis, alpha, 1.0)
-        p_hi = _round_bf16(p)
-        p16 = p_hi.to(DOT)
-        acc = tl.dot(p16, v, acc * alpha[:, None], input_precision="ieee")
-        l_acc = tl.dot(p16, ones, l_acc * alpha[:, None], input_precision="ieee")
-        l_acc = tl.dot(_round_bf16(p - p_hi).to(DOT), ones, l_acc, input_precision="ieee")
-        m_i = tl.where(any_vis, m_new, m_i)
+    kv_base = b * skb + kvh * skh
+    # keys in fixed blocks from position 0, in order. An interval mask (iv_ok) runs its own loop:
+    # each row's [lo, hi) loaded once, key blocks before the block rows' first visible key
+    # skipped (they leave every row's state untouched, bit for bit, like the blocks past the
+    # last), no bit-word path in the loop body. The same block arithmetic, so the same bits.
+    if HAS_MASK:
+        if iv_ok:
+            mrow = b * smb + hq * smh + qi
+            lo_r = tl.load(iv_ptr + 2 * mrow, mask=row_live, other=0)
+            hi_r = tl.load(iv_ptr + 2 * mrow + 1, mask=row_live, other=0)
+            first = tl.min(tl.where(row_live, lo_r, kv_len))
+            for n0 in range(first // BLOCK_N * BLOCK_N, hi, BLOCK_N):
+                j = n0 + tl.arange(0, BLOCK_N)
+                key_live = j < kv_len
+                vis = key_live[None, :] & row_live[:, None]
+                if CAUSAL:
+                    vis = vis & (j[None, :] <= pos[:, None])
+                vis = vis & (j[None, :] >= lo_r[:, None]) & (j[None, :] < hi_r[:, None])
+                m_i, acc, l_acc = _attend_block(q, k_ptr, v_ptr, kv_base, skt, j, key_live, d,
+                                                vis, m_i, acc, l_acc, ones, scale, DOT)  # fmt: skip
+        else:
+            for n0 in range(0, hi, BLOCK_N):
+                j = n0 + tl.arange(0, BLOCK_N)
+                key_live = j < kv_len
+                vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
+                              iv_ptr, iv_ok, CAUSAL, HAS_MASK)  # fmt: skip
+                m_i, acc, l_acc = _attend_block(q, k_ptr, v_ptr, kv_base, skt, j, key_live, d,
+                                                vis, m_i, acc, l_acc, ones, scale, DOT)  # fmt: skip
+    else:
+        for n0 in range(0, hi, BLOCK_N):
+            j = n0 + tl.arange(0, BLOCK_N)
+            key_live = j < kv_len
+            vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, iv_ptr,
+                          iv_ok, CAUSAL, HAS_MASK)  # fmt: skip
+            m_i, acc, l_acc = _attend_block(q, k_ptr, v_ptr, kv_base, skt, j, key_live, d, vis,
+                                            m_i, acc, l_acc, ones, scale, DOT)  # fmt: skip
     l_i = tl.max(l_acc, axis=1)
     seen = l_i > 0
     out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)

@@ -2,8 +2,8 @@
 CUDA, else in the Triton interpreter.
 
 Contracts: `mask_args` finds each row's [lo, hi) and flags exactly the masks whose rows are
-intervals; for an interval mask the interval path (bounds, skipped key and row blocks) gives the
-bits of the byte path, forward and backward; a causal mask tensor gives the bits of is_causal;
+intervals; for an interval mask the interval path (bounds, skipped key and row blocks, leading
+ones too) gives the bits of the byte path, forward and backward; a causal mask tensor gives the bits of is_causal;
 a mask that is not intervals (random) stays within the reference's budget.
 """
 
@@ -100,6 +100,24 @@ def test_interval_path_equals_byte_path_and_causal(kernels, monkeypatch):
         assert_bitwise_equal(got, want, f"{name}: interval path vs bit path")
     for got, want, name in zip(causal_tensor[:2], causal[:2], ("out", "lse")):
         assert_bitwise_equal(got, want, f"{name}: causal mask tensor vs is_causal")
+
+
+def test_left_padded_interval_mask_skips_leading_blocks_bitwise(kernels, monkeypatch):
+    """Left padding (RL prompts): sequence 1's first 21 keys are padding, so its rows start at
+    key 21 (its first rows see no key at all); the forward's interval loop starts at the block
+    of the rows' first visible key. Bitwise the bit path, forward and backward."""
+    ik, ab = kernels
+    tril = torch.ones(T, T, dtype=torch.bool, device=DEV).tril()
+    keep = torch.ones(B, T, dtype=torch.bool, device=DEV)
+    keep[1, :21] = False
+    mask = (tril[None] & keep[:, None, :])[:, None]
+    assert int(ik.mask_args(mask, B, HQ, T, T)[3]) == 1
+    fast = _forward_backward(ik, ab, mask, False)
+    with monkeypatch.context() as mp:
+        _force_bit_path(mp, ik)
+        slow = _forward_backward(ik, ab, mask, False)
+    for got, want, name in zip(fast, slow, ("out", "lse", "dq", "dk", "dv")):
+        assert_bitwise_equal(got, want, f"{name}: left-padded interval path vs bit path")
 
 
 def test_non_interval_mask_within_the_reference_budget(kernels):
