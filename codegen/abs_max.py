@@ -72,13 +72,15 @@ def tensor_abs_max(x: torch.Tensor) -> torch.Tensor:
     return rows.amax()
 
 
-def segment_abs_max(x_TD: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+def segment_abs_max(x_TD: torch.Tensor, ends: torch.Tensor, rows: torch.Tensor | None = None):
     """max |x| over the rows of each expert (rows sorted by expert, expert e's rows
     [ends[e-1], ends[e])) -> FP32 [E], 0 for an expert without rows: the row maxima (one read
-    of x), then each expert's max of its rows' (`segment_column_abs_max` of one column). A
-    scatter_reduce of the row maxima into E bins took ~45 us per call on the H200 (atomics on E
-    addresses); the column kernel over all of x took ~250 us (2026-12-04_learner_1bb6149.md)."""
-    rows = row_abs_max(x_TD)
+    of x; or `rows`, x's `row_abs_max` when the caller has it), then each expert's max of its
+    rows' (`segment_column_abs_max` of one column). A scatter_reduce of the row maxima into E
+    bins took ~45 us per call on the H200 (atomics on E addresses); the column kernel over all
+    of x took ~250 us (2026-12-04_learner_1bb6149.md)."""
+    if rows is None:
+        rows = row_abs_max(x_TD)
     return segment_column_abs_max(rows.reshape(-1, 1), ends).reshape(-1)
 
 

@@ -95,14 +95,15 @@ def segment_layout(offsets: torch.Tensor, num_tokens: int) -> dict:
             "block_group": group.to(torch.int32)}  # fmt: skip
 
 
-def _segment_amax(t_TD: torch.Tensor, offsets: torch.Tensor, per_row: bool) -> torch.Tensor:
+def _segment_amax(t_TD: torch.Tensor, offsets: torch.Tensor, per_row: bool, rows=None):
     """Per-expert amax of |t| over its tokens: [E] (per tensor) or [E, D] (per row of t^T),
-    each in one read of t (max is exact in any order and dtype)."""
+    each in one read of t (max is exact in any order and dtype); `rows`: t's row maxima, when
+    the caller has them (per tensor: then t is not read here at all)."""
     from .abs_max import segment_abs_max, segment_column_abs_max
 
     if per_row:
         return segment_column_abs_max(t_TD, offsets)
-    return segment_abs_max(t_TD, offsets)
+    return segment_abs_max(t_TD, offsets, rows)
 
 
 def grouped_wgrad(
@@ -112,9 +113,12 @@ def grouped_wgrad(
     recipe,
     seed: int | torch.Tensor,
     out_dtype: torch.dtype = torch.float32,
+    dy_row_amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dW [E, N, K] in `out_dtype` of the NVFP4 wgrad (recipe.wgrad == "nvfp4"), expert e
     drawing the stochastic-rounding seed `seed + 1 + e` (as `ops_nvfp4.nvfp4_grouped_mm_backward`).
+    `dy_row_amax`: dY's per-row max |dY| (`abs_max.row_abs_max`) when the caller read it already
+    (the dgrad's per-tensor amax comes from the same row maxima)
     The kernel stores `out_dtype` directly: its FP32 epilogue, then one round-to-nearest-even
     cast, the bits of `.to(out_dtype)` of the FP32 result (in the interpreter, whose casts
     truncate, torch casts the FP32 result)."""
@@ -140,7 +144,7 @@ def grouped_wgrad(
         else:
             keys = sr_keys(seed + 1, num_experts, dev)
     seg = (lay["block_group"], lay["start"], lay["width"])
-    amax_dy = _segment_amax(dy_TN, offsets, mode == "per_row")
+    amax_dy = _segment_amax(dy_TN, offsets, mode == "per_row", dy_row_amax)
     a, gd_a = quantize_segments_ongrid(dy_TN, lay["src"], *seg, amax_dy, keys=keys)
     b, gd_b = quantize_segments_ongrid(x_TK, lay["src"], *seg, _segment_amax(x_TK, offsets, False))
     cfg = pick(arch_of(dev), "bf16" if dev.type == "cuda" else "fp32", "nvfp4_wgrad", n)

@@ -424,10 +424,20 @@ def nvfp4_grouped_mm_backward(
     num_experts = w_codes.shape[0]
     cuda = x.device.type == "cuda"
     dx, dw = x.new_empty((0,)), x.new_empty((0,), dtype=weight.dtype)
+    dy_rows = dy_amax = None
+    if (cuda and needs_x and needs_w and rec.dgrad == "nvfp4" and rec.wgrad == "nvfp4"
+            and rec.grad.global_scale == "per_tensor" and grad_out.numel()):  # fmt: skip
+        # one read of dY for both amaxes: the dgrad's per tensor (the max of the row maxima,
+        # as `tensor_abs_max`) and the wgrad's per expert (each expert's max of its rows')
+        from .abs_max import row_abs_max
+
+        dy_rows = row_abs_max(grad_out)
+        dy_amax = dy_rows.amax()
     if needs_x:
         if cuda and rec.dgrad == "nvfp4":
             dx = impl.cuda_dgrad(grad_out, w_codes, w_scales, w_global_decode, w_ongrid, weight,
-                                 rec, seed, offsets=offsets, out_dtype=x.dtype)  # fmt: skip
+                                 rec, seed, offsets=offsets, out_dtype=x.dtype,
+                                 dy_amax=dy_amax)  # fmt: skip
         else:
             dx = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
             dyq = None if rec.dgrad == "bf16" else impl._q_grad(grad_out, rec, seed)
@@ -444,7 +454,8 @@ def nvfp4_grouped_mm_backward(
     if needs_w and cuda and rec.wgrad == "nvfp4":  # all experts at once, == the loop below
         from .grouped_wgrad import grouped_wgrad
 
-        dw = grouped_wgrad(grad_out, x, offsets, rec, seed, out_dtype=weight.dtype)
+        dw = grouped_wgrad(grad_out, x, offsets, rec, seed, out_dtype=weight.dtype,
+                           dy_row_amax=dy_rows)  # fmt: skip
     elif needs_w:
         dw = torch.zeros((num_experts, n, k), dtype=torch.float32, device=x.device)
         wgrad = impl.cuda_wgrad if cuda else impl.cpu_wgrad
