@@ -68,7 +68,11 @@ _GEMM_ONGRID_SM90 = (
 _WGRAD_SM90 = ((None, TileConfig(128, 256, 64, num_warps=8, num_stages=3)),)
 
 # Quantize: BLOCK_M rows x BLOCK_K columns per program (BLOCK_M a multiple of 16 for 16x16 tiles).
-_QUANT_SM90 = ((None, TileConfig(16, 0, 256, num_warps=4, num_stages=1)),)
+# H200, learner shapes, same run, 0 bytes differ (benchmarks/results/2026-12-04_tune_kernels_
+# f330937.md), against 16x256 with 4 warps: activation RNE 0.133 -> 0.124 ms, weight gate_up
+# (16x16 on-grid, amax included) 0.706 -> 0.664 ms, down 0.370 -> 0.366, gradient SR 0.207 ->
+# 0.206 (every tiling within 10%: the kernel is ALU-bound, not tiling-bound).
+_QUANT_SM90 = ((None, TileConfig(16, 0, 128, num_warps=2, num_stages=1)),)
 _QUANT_INTERPRETER = ((None, TileConfig(16, 0, 64, num_warps=1, num_stages=1)),)
 # The transposing (segmented) quantize of the wgrad operands, pinned apart: its strided token
 # loads want more programs in flight. H200, learner shapes, same run, 0 bytes differ
