@@ -1,6 +1,6 @@
 """`minite train tiny --nproc 2` (torchrun, gloo, FSDP2 learner) vs the same run in one
 process: every logged metric of the rollout side (rewards, learner/rollout mismatch, rollout
-correction) is equal, exactly; strict keeps gap 0; the loss agrees to FP32 rounding (the same
+correction) of the first step (same weights) is equal, exactly; strict keeps gap 0; the loss agrees to FP32 rounding (the same
 sum, cut in two); the gradient norm and the weights after the run agree within the FSDP
 tolerance of tests/rl/test_fsdp.py (the NVFP4 wgrad quantizes each rank's part of dY with its
 own amax); the checkpoint of the 2-process run is refused by a 1-process resume."""
@@ -36,13 +36,18 @@ def test_two_processes_match_one_process(tmp_path):
     assert "2 (FSDP2)" in out2 and len(one) == len(two) == 2
     for a, b in zip(one, two):
         assert b["world"] == 2
+        # exactly equal where both runs sample from the same weights (step 0); after an update
+        # the weights differ by design (each rank's dY quantized with its own amax, see above),
+        # so a later step may sample another token (seen at step 1 when the SR stream changed,
+        # 2026-12-04): there the strict contract (gap 0) is what must hold on both sides
         for k, v in a.items():
-            if not k.startswith(NOT_EQUAL):
+            if a["step"] == 0 and not k.startswith(NOT_EQUAL):
                 assert b[k] == v, f"step {a['step']}: {k} = {b[k]!r} with 2 processes, {v!r} with 1"
         assert a["mismatch/max_abs_dlogp"] == 0 and b["mismatch/max_abs_dlogp"] == 0
         assert a["mismatch/frac_bitwise_equal"] == 1 and b["mismatch/frac_bitwise_equal"] == 1
-        assert b["loss/policy"] == pytest.approx(a["loss/policy"], rel=1e-5, abs=1e-7)
-        assert b["grad/norm"] == pytest.approx(a["grad/norm"], rel=0.35)
+        if a["step"] == 0:  # the same samples: the same loss, a close gradient
+            assert b["loss/policy"] == pytest.approx(a["loss/policy"], rel=1e-5, abs=1e-7)
+            assert b["grad/norm"] == pytest.approx(a["grad/norm"], rel=0.35)
     s1 = load_checkpoint(latest_checkpoint(tmp_path / "one" / "checkpoints"), kind="grpo")
     s2 = load_checkpoint(latest_checkpoint(tmp_path / "two" / "checkpoints"), kind="grpo")
     w0 = load_checkpoint(next((tmp_path / "cache").glob("warm_start-*.ckpt")), kind="warm_start")
