@@ -86,18 +86,21 @@ def _forward_backward(ik, ab, mask, causal):
     return (out, lse, *grads)
 
 
-def test_interval_path_equals_byte_path_and_causal(kernels, monkeypatch):
-    ik, ab = kernels
-    mask = _causal_padded()
+def _assert_interval_path_equals_bit_path(ik, ab, mask, monkeypatch, label):
     fast = _forward_backward(ik, ab, mask, False)
-    causal_tensor = _forward_backward(ik, ab, torch.ones(T, T, dtype=torch.bool).tril().to(DEV),
-                                      False)  # fmt: skip
-    causal = _forward_backward(ik, ab, None, True)
     with monkeypatch.context() as mp:
         _force_bit_path(mp, ik)
         slow = _forward_backward(ik, ab, mask, False)
     for got, want, name in zip(fast, slow, ("out", "lse", "dq", "dk", "dv")):
-        assert_bitwise_equal(got, want, f"{name}: interval path vs bit path")
+        assert_bitwise_equal(got, want, f"{name}: {label} interval path vs bit path")
+
+
+def test_interval_path_equals_byte_path_and_causal(kernels, monkeypatch):
+    ik, ab = kernels
+    _assert_interval_path_equals_bit_path(ik, ab, _causal_padded(), monkeypatch, "padded")
+    causal_tensor = _forward_backward(ik, ab, torch.ones(T, T, dtype=torch.bool).tril().to(DEV),
+                                      False)  # fmt: skip
+    causal = _forward_backward(ik, ab, None, True)
     for got, want, name in zip(causal_tensor[:2], causal[:2], ("out", "lse")):
         assert_bitwise_equal(got, want, f"{name}: causal mask tensor vs is_causal")
 
@@ -112,12 +115,7 @@ def test_left_padded_interval_mask_skips_leading_blocks_bitwise(kernels, monkeyp
     keep[1, :21] = False
     mask = (tril[None] & keep[:, None, :])[:, None]
     assert int(ik.mask_args(mask, B, HQ, T, T)[3]) == 1
-    fast = _forward_backward(ik, ab, mask, False)
-    with monkeypatch.context() as mp:
-        _force_bit_path(mp, ik)
-        slow = _forward_backward(ik, ab, mask, False)
-    for got, want, name in zip(fast, slow, ("out", "lse", "dq", "dk", "dv")):
-        assert_bitwise_equal(got, want, f"{name}: left-padded interval path vs bit path")
+    _assert_interval_path_equals_bit_path(ik, ab, mask, monkeypatch, "left-padded")
 
 
 def test_non_interval_mask_within_the_reference_budget(kernels):
