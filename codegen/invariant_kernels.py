@@ -287,20 +287,31 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr
     # each row's [lo, hi) loaded once, key blocks before the block rows' first visible key
     # skipped (they leave every row's state untouched, bit for bit, like the blocks past the
     # last), no bit-word path in the loop body. The same block arithmetic, so the same bits.
-    if iv_ok:  # a runtime test with a mask; without one a constant False (never compiled)
-        mrow = b * smb + hq * smh + qi
-        lo_r = tl.load(iv_ptr + 2 * mrow, mask=row_live, other=0)
-        hi_r = tl.load(iv_ptr + 2 * mrow + 1, mask=row_live, other=0)
-        first = tl.min(tl.where(row_live, lo_r, kv_len))
-        for n0 in range(first // BLOCK_N * BLOCK_N, hi, BLOCK_N):
-            j = n0 + tl.arange(0, BLOCK_N)
-            key_live = j < kv_len
-            vis = key_live[None, :] & row_live[:, None]
-            if CAUSAL:
-                vis = vis & (j[None, :] <= pos[:, None])
-            vis = vis & (j[None, :] >= lo_r[:, None]) & (j[None, :] < hi_r[:, None])
-            m_i, acc, l_acc = _attend_block(q, k_ptr, v_ptr, kv_base, skt, j, key_live, d, vis,
-                                            m_i, acc, l_acc, ones, scale, DOT)  # fmt: skip
+    # (the generic loop is written twice: `if iv_ok` outside `if HAS_MASK` compiled the interval
+    # loop into the maskless variant too on Triton 3.6, with its placeholder pointers)
+    if HAS_MASK:
+        if iv_ok:
+            mrow = b * smb + hq * smh + qi
+            lo_r = tl.load(iv_ptr + 2 * mrow, mask=row_live, other=0)
+            hi_r = tl.load(iv_ptr + 2 * mrow + 1, mask=row_live, other=0)
+            first = tl.min(tl.where(row_live, lo_r, kv_len))
+            for n0 in range(first // BLOCK_N * BLOCK_N, hi, BLOCK_N):
+                j = n0 + tl.arange(0, BLOCK_N)
+                key_live = j < kv_len
+                vis = key_live[None, :] & row_live[:, None]
+                if CAUSAL:
+                    vis = vis & (j[None, :] <= pos[:, None])
+                vis = vis & (j[None, :] >= lo_r[:, None]) & (j[None, :] < hi_r[:, None])
+                m_i, acc, l_acc = _attend_block(q, k_ptr, v_ptr, kv_base, skt, j, key_live, d,
+                                                vis, m_i, acc, l_acc, ones, scale, DOT)  # fmt: skip
+        else:
+            for n0 in range(0, hi, BLOCK_N):
+                j = n0 + tl.arange(0, BLOCK_N)
+                key_live = j < kv_len
+                vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
+                              iv_ptr, iv_ok, CAUSAL, HAS_MASK)  # fmt: skip
+                m_i, acc, l_acc = _attend_block(q, k_ptr, v_ptr, kv_base, skt, j, key_live, d,
+                                                vis, m_i, acc, l_acc, ones, scale, DOT)  # fmt: skip
     else:
         for n0 in range(0, hi, BLOCK_N):
             j = n0 + tl.arange(0, BLOCK_N)
