@@ -92,7 +92,7 @@ def is_annotation(key: str) -> bool:
 def profile_call(fn, wall_ms: float, top: int = 20) -> dict:
     """One call of `fn` under torch.profiler: GPU busy time (sum of kernel time) vs the call's
     wall time measured without the profiler (a host-bound call has a low ratio), the kernels
-    with the most GPU time (`top` for the tables, 100 with their class in `gpu_kernels`), and the operators with the most CPU time (fp4_compile:: ops include
+    with the most GPU time (`top` for the tables, up to 400 with their class in `gpu_kernels`), and the operators with the most CPU time (fp4_compile:: ops include
     their host-side work)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -146,7 +146,7 @@ def profile_call(fn, wall_ms: float, top: int = 20) -> dict:
                 "ms": dev_us(e) / 1e3,
                 "calls": e.count,
             }
-            for e in sorted(kernels, key=dev_us, reverse=True)[:100]
+            for e in sorted(kernels, key=dev_us, reverse=True)[:400]
         ],  # fmt: skip
         "gpu_by_minite_op": [
             {"name": e.key[:90], "gpu_ms": dev_total_us(e) / 1e3, "calls": e.count}

@@ -161,7 +161,7 @@ def learner_cases() -> list[KernelCase]:
                 f"{label} (nvfp4_gemm)", gemm._nvfp4_gemm_kernel,
                 {"a_ptr": (bf16, 0), "b_ptr": (bf16, 0), "bs_ptr": ("*u8", 0),
                  "gda_ptr": (f32, 0), "gdb_ptr": (f32, 0), "bias_ptr": (f32, 0),
-                 "out_ptr": (bf16, 0), "tile_end_ptr": ("*i32", 0), "group_end_ptr": ("*i32", 0),
+                 "out_ptr": (bf16, 0), "group_end_ptr": ("*i32", 0),
                  "M": (i32, t), "N": (i32, n), "K": (i32, k), "E": (i32, e),
                  "stride_am": (i32, k), "stride_ak": (i32, 1), "stride_be": (i32, sbe),
                  "stride_bn": (i32, sbn), "stride_bk": (i32, sbk), "stride_se": (i32, 0),
@@ -179,7 +179,7 @@ def learner_cases() -> list[KernelCase]:
             "dense wgrad [2048, 4096] x [2048, 4096]^T (nvfp4_gemm)", gemm._nvfp4_gemm_kernel,
             {"a_ptr": (bf16, 0), "b_ptr": (bf16, 0), "bs_ptr": ("*u8", 0), "gda_ptr": (f32, 0),
              "gdb_ptr": (f32, 0), "bias_ptr": (f32, 0), "out_ptr": (bf16, 0),
-             "tile_end_ptr": ("*i32", 0), "group_end_ptr": ("*i32", 0), "M": (i32, 2048),
+             "group_end_ptr": ("*i32", 0), "M": (i32, 2048),
              "N": (i32, 2048), "K": (i32, 4096), "E": (i32, 1), "stride_am": (i32, 4096),
              "stride_ak": (i32, 1), "stride_be": (i32, 0), "stride_bn": (i32, 4096),
              "stride_bk": (i32, 1), "stride_se": (i32, 0), "stride_sn": (i32, 0),
@@ -197,7 +197,7 @@ def learner_cases() -> list[KernelCase]:
 
 def _quantize_cases() -> list[KernelCase]:
     """The quantize kernel's learner launches: an activation (1x16, per-row, RNE, on-grid out),
-    a gradient (1x16, per tensor, SR with a device-held key), a weight (16x16, on-grid only:
+    a gradient (1x16, per tensor, SR with a device-held seed), a weight (16x16, on-grid only:
     the learner's GEMMs read nothing else), and the wgrad's transposing segmented quantize (SR)."""
     from fp4_compile.codegen import configs
     from fp4_compile.codegen import quantize_kernel as qk
@@ -210,13 +210,12 @@ def _quantize_cases() -> list[KernelCase]:
         args = {"x_ptr": ("*bf16", 0), "mult_ptr": (f32, 0), "gd_ptr": (f32, 0),
                 "codes_ptr": ("*u8", 0), "scales_ptr": ("*u8", 0), "ongrid_ptr": ("*bf16", 0),
                 "R": (i32, r), "K": (i32, k), "stride_xr": (i32, stride_xr),
-                "mult_stride": (i32, 0), "gd_stride": (i32, 0), "sr_key": (i32, 12345),
-                "sr_key_hi": (i32, 6172), "group_ptr": ("*i32", 0), "seg_start_ptr": ("*i64", 0),
-                "seg_width_ptr": ("*i64", 0), "key_ptr": ("*i64", 0), "key_hi_ptr": ("*i64", 0),
-                "group_stride": (i32, 0), "src_ptr": ("*i64", 0), "stride_xc": (i32, stride_xc),
+                "mult_stride": (i32, 0), "gd_stride": (i32, 0), "sr_seed": ("i64", 2**40 + 12345),
+                "seed_ptr": ("*i64", 0), "seed_offset": (i32, 1), "group_ptr": ("*i32", 0),
+                "seg_start_ptr": ("*i64", 0), "seg_width_ptr": ("*i64", 0), "group_stride": (i32, 0), "src_ptr": ("*i64", 0), "stride_xc": (i32, stride_xc),
                 "n_tok": (i32, 0)}  # fmt: skip
         flags = {"TILE16": False, "STOCHASTIC": False, "ONGRID": True, "SEGMENTED": False,
-                 "KEY_FROM_PTR": False, "PACKED_TOO": False, "ONE_SEGMENT": False, "FLAT32": False,
+                 "SEED_FROM_PTR": False, "PACKED_TOO": False, "ONE_SEGMENT": False, "FLAT32": False,
                  "BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k, **flags}  # fmt: skip
         return KernelCase(f"quantize: {label}", qk._quantize_kernel, args, flags,
                           cfg.num_warps, cfg.num_stages)  # fmt: skip
@@ -224,7 +223,7 @@ def _quantize_cases() -> list[KernelCase]:
     return [
         case("activation [32768, 2048] per-row RNE on-grid", q, 32768, 2048, 2048, 0, {}),
         case("gradient [32768, 2048] per-tensor SR on-grid", q, 32768, 2048, 2048, 0,
-             {"STOCHASTIC": True, "KEY_FROM_PTR": True, "FLAT32": True}),
+             {"STOCHASTIC": True, "SEED_FROM_PTR": True, "FLAT32": True}),
         case("weight [196608, 2048] 16x16 on-grid", q, 196608, 2048, 2048, 0, {"TILE16": True}),
         case("wgrad dY^T segments [1536, 34816] SR", qs, 1536, 34816, 1, 1536,
              {"STOCHASTIC": True, "SEGMENTED": True, "FLAT32": True}),

@@ -144,18 +144,16 @@ def quantize_section(rows):
     cases["weight [128, 2048, 768] per_expert 16x16 on-grid"] = lambda: quantize_triton(
         w_down, block="16x16", global_scale="per_expert", out="ongrid"
     )
-    from fp4_compile.codegen.grouped_wgrad import segment_layout
-    from fp4_compile.sr_stream import sr_keys
+    from fp4_compile.codegen.segment_layout import segment_layout
 
     offsets = routing_offsets()
     lay = segment_layout(offsets, x.shape[0])
     amax = torch.ones(EXPERTS, device="cuda")
-    keys = sr_keys(11, EXPERTS, "cuda")
     for case, run in cases.items():
         sweep("quantize", case, key, QUANT_CANDIDATES, run, rows, baseline_ms=copy_ms)
     segments = {  # the transposing quantize of the wgrad operands (token-major tiles)
         "wgrad dY^T segments [2048, C] SR ongrid": lambda: quantize_segments_ongrid(
-            x, lay["src"], lay["block_group"], lay["start"], lay["width"], amax, keys=keys
+            x, lay["src"], lay["block_group"], lay["start"], lay["width"], amax, seed=11
         ),
         "wgrad X^T segments [2048, C] RNE ongrid": lambda: quantize_segments_ongrid(
             x, lay["src"], lay["block_group"], lay["start"], lay["width"], amax
@@ -171,13 +169,14 @@ def wgrad_section(rows):
 
     from fp4_compile.codegen import grouped_wgrad as gw
     from fp4_compile.codegen.quantize_kernel import quantize_segments_ongrid
+    from fp4_compile.codegen.segment_layout import segment_layout
 
     offsets = routing_offsets()
     for name, n, k in (("gate_up", 2 * MOE_I, HIDDEN), ("down", HIDDEN, MOE_I)):
         dy = torch.randn(TOKENS * TOPK, n, device="cuda", dtype=torch.bfloat16)
         x = torch.randn(TOKENS * TOPK, k, device="cuda", dtype=torch.bfloat16)
         base = bench(lambda: torch._grouped_mm(dy.t(), x, offs=offsets))
-        lay = gw.segment_layout(offsets, dy.shape[0])
+        lay = segment_layout(offsets, dy.shape[0])
         seg = (lay["block_group"], lay["start"], lay["width"])
         a, gd_a = quantize_segments_ongrid(dy, lay["src"], *seg, torch.ones(EXPERTS, device="cuda"))
         b, gd_b = quantize_segments_ongrid(x, lay["src"], *seg, torch.ones(EXPERTS, device="cuda"))

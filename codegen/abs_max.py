@@ -54,7 +54,8 @@ def row_abs_max(x2: torch.Tensor) -> torch.Tensor:
     if x2.dim() != 2 or (x2.shape[1] > 1 and x2.stride(1) != 1):
         raise ValueError(f"x must be [R, K] with a unit stride along K, got {tuple(x2.shape)}")
     r, k = x2.shape
-    out = torch.zeros(r, dtype=torch.float32, device=x2.device)
+    # every row is written when K > 0 (no memset to replay per call); zeros for K = 0
+    out = (torch.empty if k else torch.zeros)(r, dtype=torch.float32, device=x2.device)
     block_r, block_k, warps = _CONFIG.get(arch_of(x2.device), _CONFIG["sm_90"])
     if r and k:
         _row_abs_max_kernel[(triton.cdiv(r, block_r),)](
@@ -117,7 +118,7 @@ def segment_column_abs_max(x_TD: torch.Tensor, ends: torch.Tensor) -> torch.Tens
     if ends.dim() != 1 or ends.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"ends must be int32/int64 [E], got {ends.dtype}{list(ends.shape)}")
     num_experts, d = ends.shape[0], x_TD.shape[1]
-    out = torch.zeros((num_experts, d), dtype=torch.float32, device=x_TD.device)
+    out = torch.empty((num_experts, d), dtype=torch.float32, device=x_TD.device)  # all written
     interp = arch_of(x_TD.device) == "interpreter"
     block_d = min(256 if not interp else 32, max(16, triton.next_power_of_2(d)))
     block_t = (512 if not interp else 64) // block_d * 16  # rows per step: 16 x 512 / block_d

@@ -15,7 +15,7 @@ Bitwise equal to the per-expert loop `nvfp4_impl.cuda_wgrad(dY[s:t], X[s:t], rec
   start, with the config the loop's dense launch picks for M = N: the same tiles, zeros where the
   loop's masked loads give zeros, the same MMA sequence (both take the pinned "nvfp4_wgrad"
   config), the same epilogue `(acc * gd_a) * gd_b`.
-Launches: a handful of torch ops for the layout and the amaxes, 2 quantize kernels, 1 GEMM,
+Launches: one for the layout (`segment_layout.py`), the amaxes, 2 quantize kernels, 1 GEMM,
 against 3 kernels and about 20 torch ops per expert for the loop (and no host read of offsets).
 """
 
@@ -26,9 +26,10 @@ import triton
 import triton.language as tl
 
 from ..format import BLOCK_SIZE
-from ..sr_stream import sr_keys
+from ..sr_stream import DeviceSeed
 from .configs import pick
 from .runtime import arch_of, check_kernel_device, compile_options, interpreting
+from .segment_layout import segment_layout
 
 
 @triton.jit
@@ -73,28 +74,6 @@ def _grouped_wgrad_kernel(
              mask=rmask[:, None] & cmask[None, :])  # fmt: skip
 
 
-def segment_layout(offsets: torch.Tensor, num_tokens: int) -> dict:
-    """Device tensors of the padded layout: per column its token `src` [C] (-1: padding), per
-    token its expert [T]; per expert `start`, `width` (int64 [E]); per 16-column block its
-    expert `block_group` (int32)."""
-    ends = offsets.to(torch.int64)
-    counts = ends - torch.cat([ends.new_zeros(1), ends[:-1]])
-    width = (counts + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
-    pend = torch.cumsum(width, 0)
-    start = pend - width
-    num_experts = ends.shape[0]
-    cols = -(-(num_tokens + (BLOCK_SIZE - 1) * num_experts) // BLOCK_SIZE) * BLOCK_SIZE
-    tok = torch.arange(num_tokens, device=offsets.device)
-    expert = torch.searchsorted(ends, tok, right=True)
-    dest = start[expert] + tok - (ends - counts)[expert]
-    blocks = torch.arange(0, cols, BLOCK_SIZE, device=offsets.device)
-    group = torch.searchsorted(pend, blocks, right=True).clamp_(max=num_experts - 1)
-    src = torch.full((cols,), -1, dtype=torch.int64, device=offsets.device)
-    src[dest] = tok  # unique destinations: deterministic
-    return {"src": src, "expert": expert, "start": start, "width": width, "cols": cols,
-            "block_group": group.to(torch.int32)}  # fmt: skip
-
-
 def _segment_amax(t_TD: torch.Tensor, offsets: torch.Tensor, per_row: bool, rows=None):
     """Per-expert amax of |t| over its tokens: [E] (per tensor) or [E, D] (per row of t^T),
     each in one read of t (max is exact in any order and dtype); `rows`: t's row maxima, when
@@ -134,18 +113,12 @@ def grouped_wgrad(
     (t, n), k = dy_TN.shape, x_TK.shape[1]
     dev = dy_TN.device
     lay = segment_layout(offsets, t)
-    keys = None
-    if recipe.grad.rounding == "stochastic":  # seed: an int, or int64 [1] held on the device
-        device_seed = isinstance(seed, torch.Tensor)
-        if device_seed:
-            from .sr_keys import device_sr_keys
-
-            keys = device_sr_keys(seed, 1, num_experts)
-        else:
-            keys = sr_keys(seed + 1, num_experts, dev)
+    sr_seed = None
+    if recipe.grad.rounding == "stochastic":  # expert e: seed + 1 + e (host or device seed)
+        sr_seed = (DeviceSeed(seed) if isinstance(seed, torch.Tensor) else seed) + 1
     seg = (lay["block_group"], lay["start"], lay["width"])
     amax_dy = _segment_amax(dy_TN, offsets, mode == "per_row", dy_row_amax)
-    a, gd_a = quantize_segments_ongrid(dy_TN, lay["src"], *seg, amax_dy, keys=keys)
+    a, gd_a = quantize_segments_ongrid(dy_TN, lay["src"], *seg, amax_dy, seed=sr_seed)
     b, gd_b = quantize_segments_ongrid(x_TK, lay["src"], *seg, _segment_amax(x_TK, offsets, False))
     cfg = pick(arch_of(dev), "bf16" if dev.type == "cuda" else "fp32", "nvfp4_wgrad", n)
     interp = interpreting() or dev.type != "cuda"

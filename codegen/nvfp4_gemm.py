@@ -43,7 +43,7 @@ def _e4m3_value(byte):
 
 @triton.jit
 def _nvfp4_gemm_kernel(
-    a_ptr, b_ptr, bs_ptr, gda_ptr, gdb_ptr, bias_ptr, out_ptr, tile_end_ptr, group_end_ptr,
+    a_ptr, b_ptr, bs_ptr, gda_ptr, gdb_ptr, bias_ptr, out_ptr, group_end_ptr,
     M, N, K, E,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_se, stride_sn,
     gda_stride, gdb_stride, stride_om, stride_on,
@@ -54,17 +54,21 @@ def _nvfp4_gemm_kernel(
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     if GROUPED:
-        # which expert owns tile t: tile_end[e] = cumulative tile count of experts 0..e
+        # which expert owns tile t: experts' M tiles laid end to end, tile_end[e] = the tiles
+        # of experts 0..e (computed here from the group ends: no per-call layout tensors)
         eidx = tl.arange(0, BLOCK_E)
-        ends = tl.load(tile_end_ptr + eidx, mask=eidx < E, other=2147483647)
-        e = tl.sum((ends <= t).to(tl.int32), axis=0)
+        emask = eidx < E
+        row_hi = tl.load(group_end_ptr + eidx, mask=emask, other=0)
+        row_lo = tl.load(group_end_ptr + eidx - 1, mask=emask & (eidx > 0), other=0)
+        tiles = tl.where(emask, (row_hi - row_lo + BLOCK_M - 1) // BLOCK_M, 0)
+        tile_end = tl.where(emask, tl.cumsum(tiles, 0), 2147483647)
+        e = tl.sum((tile_end <= t).to(tl.int32), axis=0)
         if e >= E:
             return
-        first = e == 0
-        prev = tl.maximum(e - 1, 0)
-        tile_start = tl.where(first, 0, tl.load(tile_end_ptr + prev))
-        row_start = tl.where(first, 0, tl.load(group_end_ptr + prev))
-        row_end = tl.minimum(tl.load(group_end_ptr + e), M)
+        is_e = eidx == e
+        tile_start = tl.sum(tl.where(is_e, tile_end - tiles, 0), axis=0)
+        row_start = tl.sum(tl.where(is_e, row_lo, 0), axis=0)
+        row_end = tl.minimum(tl.sum(tl.where(is_e, row_hi, 0), axis=0), M)
         rows = row_start + (t - tile_start) * BLOCK_M + tl.arange(0, BLOCK_M)
         e64 = e.to(tl.int64)
     else:
@@ -212,16 +216,16 @@ def launch_gemm(
     if m == 0 or n == 0:
         return out.to(out_dtype)
     if grouped:
-        ends = offsets.to(torch.int32)
-        counts = ends - torch.cat([ends.new_zeros(1), ends[:-1]])
-        tile_end = torch.cumsum((counts + cfg.block_m - 1) // cfg.block_m, 0).to(torch.int32)
+        if offsets.dtype != torch.int32:
+            raise TypeError(f"offsets must be int32, got {offsets.dtype}")
+        ends = offsets
         num_m_tiles = triton.cdiv(m, cfg.block_m) + num_experts
     else:
-        ends = tile_end = gd_a  # unused pointers
+        ends = gd_a  # an unused pointer
         num_m_tiles = triton.cdiv(m, cfg.block_m)
     grid = (num_m_tiles, triton.cdiv(n, cfg.block_n))
     _nvfp4_gemm_kernel[grid](
-        a_MK, b_main, b_scales, gd_a, gd_b, bias if bias is not None else gd_b, out, tile_end, ends,
+        a_MK, b_main, b_scales, gd_a, gd_b, bias if bias is not None else gd_b, out, ends,
         m, n, k, num_experts,
         a_MK.stride(0), a_MK.stride(1), b_main.stride(0), b_main.stride(1), stride_bk,
         stride_se, stride_sn,

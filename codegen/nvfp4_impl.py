@@ -258,7 +258,7 @@ def quantize_transposed_ongrid(t_TD, *, global_scale, rounding="rne", seed=None)
     reads t strided, as ONE segment: `grouped_wgrad`'s path with one expert, its layout derived
     in the kernel).
     global_scale: "per_tensor", "per_row", or the FP32 amax [] of t; seed an int or an int64
-    [1] device tensor (stochastic rounding)."""
+    [1] device tensor or `sr_stream.DeviceSeed` (stochastic rounding)."""
     from .quantize_kernel import quantize_tokens_transposed_ongrid
 
     d = t_TD.shape[1]
@@ -275,17 +275,11 @@ def quantize_transposed_ongrid(t_TD, *, global_scale, rounding="rne", seed=None)
         raise ValueError(
             f"global_scale must be 'per_tensor', 'per_row' or an amax, got {global_scale!r}"
         )
-    key = None
-    if rounding == "stochastic":
-        if isinstance(seed, torch.Tensor):  # held on the device: its key computed there
-            from .sr_keys import device_sr_keys
-
-            key = device_sr_keys(seed, 0, 1)
-        else:
-            from ..sr_stream import sr_key
-
-            key = sr_key(int(seed))
-    ongrid, gd = quantize_tokens_transposed_ongrid(t_TD, amax, key=key)
+    if rounding == "stochastic" and seed is None:
+        raise ValueError("rounding='stochastic' needs a seed")
+    ongrid, gd = quantize_tokens_transposed_ongrid(
+        t_TD, amax, seed=seed if rounding == "stochastic" else None
+    )
     return ongrid, (gd.reshape(d, 1) if per_row else gd.reshape(()))
 
 

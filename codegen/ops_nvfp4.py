@@ -29,7 +29,7 @@ import torch
 
 from .. import reference as ref
 from ..format import BLOCK_SIZE, decode_e2m1, unpack_codes
-from ..sr_stream import call_seed, device_call_seed, site_seed
+from ..sr_stream import DeviceSeed, call_seed, site_seed
 from . import nvfp4_impl as impl
 from .weight_cache import active_cache
 
@@ -45,12 +45,16 @@ def capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def backward_seed(site_key: int, device: torch.device) -> int | torch.Tensor:
+def backward_seed(site_key: int, device: torch.device) -> int | DeviceSeed:
     """This call's stochastic-rounding seed: from the site's host counter (`call_seed`), or,
-    inside a CUDA-graph capture, from its device counter (`device_call_seed`, int64 [1]): a
-    replay runs no Python, so only a counter the graph itself advances gives each replay
-    fresh noise."""
-    return device_call_seed(site_key, device) if capturing(device) else call_seed(site_key)
+    inside a CUDA-graph capture, from its device counter (a `DeviceSeed`, bitwise
+    `sr_stream.device_call_seed`, in one launch): a replay runs no Python, so only a counter the
+    graph itself advances gives each replay fresh noise."""
+    if capturing(device):
+        from .device_seed import next_device_seed
+
+        return next_device_seed(site_key, device)
+    return call_seed(site_key)
 
 
 # ---------------------------------------------------------------------------------------------

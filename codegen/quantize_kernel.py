@@ -25,8 +25,8 @@ import triton.language as tl
 
 from ..format import BLOCK_SIZE, NVFP4Tensor
 from ..reference import _validate_input, global_amax
-from ..sr_stream import sr_key
 from .configs import pick
+from .device_seed import seed_launch_args
 from .runtime import arch_of, check_kernel_device, compile_options, interpreting
 
 FLAT32_LIMIT = 2**31  # flat SR indices below it: int32 arithmetic (tests lower it to cover int64)
@@ -115,26 +115,35 @@ def _sr_uniform32(flat, key):
 
 
 @triton.jit
+def _sr_key_of(s):
+    """`sr_stream.sr_key` of int64 seeds s >= 0, as uint32: the key a stream is drawn with."""
+    lo = (s & 0xFFFFFFFF).to(tl.uint32)
+    hi = (s >> 32).to(tl.uint32)
+    return _mix32(_mix32(lo) ^ hi ^ 0x9E3779B9)
+
+
+@triton.jit(do_not_specialize=["sr_seed"])
 def _quantize_kernel(
     x_ptr, mult_ptr, gd_ptr, codes_ptr, scales_ptr, ongrid_ptr,
-    R, K, stride_xr, mult_stride, gd_stride, sr_key, sr_key_hi,
-    group_ptr, seg_start_ptr, seg_width_ptr, key_ptr, key_hi_ptr, group_stride, src_ptr,
+    R, K, stride_xr, mult_stride, gd_stride, sr_seed, seed_ptr, seed_offset,
+    group_ptr, seg_start_ptr, seg_width_ptr, group_stride, src_ptr,
     stride_xc, n_tok,
     TILE16: tl.constexpr, STOCHASTIC: tl.constexpr, ONGRID: tl.constexpr,
     SEGMENTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    KEY_FROM_PTR: tl.constexpr = False, PACKED_TOO: tl.constexpr = False,
+    SEED_FROM_PTR: tl.constexpr = False, PACKED_TOO: tl.constexpr = False,
     ONE_SEGMENT: tl.constexpr = False, FLAT32: tl.constexpr = False,
 ):  # fmt: skip
     # FLAT32: every stochastic-rounding flat index is below 2**31: the stream is drawn with
     # int32 index arithmetic and one mixer round (`_sr_uniform32`), the same bits.
     # ONGRID: store the on-grid values; else the packed codes and scale bytes. PACKED_TOO (with
     # ONGRID): both, from one read of x (a weight's packed form and its on-grid copy).
-    # KEY_FROM_PTR (not segmented): the SR stream key is key_ptr[0] / key_hi_ptr[0] on the device
-    # (a seed held on the device: CUDA-graph replays, `sr_stream.device_call_seed`), not sr_key.
+    # The SR seed: sr_seed (a host int), or SEED_FROM_PTR: seed_ptr[0] + seed_offset (a seed held
+    # on the device: CUDA-graph replays, `sr_stream.DeviceSeed`). The key `sr_key(seed)` is
+    # derived here, per program (two mixer rounds on a scalar; no key tensors, no launches).
     # SEGMENTED: the columns are groups laid end to end (16-aligned segments, one per expert);
     # group_ptr[b] is the group of 16-column block b. Global scales are per group (x per row:
     # mult[g * group_stride + row * mult_stride]), and the SR stream of a group is that of its
-    # own [R, width] matrix: flat index row * width + (col - start), key key_ptr[g]. Column c
+    # own [R, width] matrix: flat index row * width + (col - start), seed (seed + g). Column c
     # reads x[row, src[c]] (x strided: stride_xr, stride_xc), or zero where src[c] < 0: the
     # quantizer gathers and transposes tokens itself (no padded copy of the operand).
     # ONE_SEGMENT (with SEGMENTED): the layout of one segment of all K columns, column c token c
@@ -191,12 +200,16 @@ def _quantize_kernel(
     mag = tl.abs(v)
     y, base = _e2m1_scaled(mag)
     if STOCHASTIC:
+        if SEED_FROM_PTR:
+            seed0 = tl.load(seed_ptr) + seed_offset
+        else:
+            seed0 = sr_seed.to(tl.int64)
         if SEGMENTED and not ONE_SEGMENT:
             gblk = tl.load(group_ptr + blk, mask=blk < K // 16, other=0)[None, :, None]
             start = tl.load(seg_start_ptr + gblk)
             width = tl.load(seg_width_ptr + gblk)
-            klo = tl.load(key_ptr + gblk).to(tl.uint32)
-            khi = tl.load(key_hi_ptr + gblk).to(tl.uint32)
+            klo = _sr_key_of(seed0 + gblk)
+            khi = klo >> 1
             if FLAT32:
                 flat = rows3 * width.to(tl.int32) + (cols3 - start.to(tl.int32))
                 u = _sr_uniform32(flat, klo)
@@ -204,12 +217,8 @@ def _quantize_kernel(
                 flat = rows3.to(tl.int64) * width + (cols3 - start)
                 u = _sr_uniform(flat, klo, khi)
         else:
-            if KEY_FROM_PTR:
-                klo = tl.load(key_ptr).to(tl.uint32)
-                khi = tl.load(key_hi_ptr).to(tl.uint32)
-            else:
-                klo = sr_key.to(tl.uint32)
-                khi = sr_key_hi.to(tl.uint32)
+            klo = _sr_key_of(seed0)
+            khi = klo >> 1
             if FLAT32:
                 u = _sr_uniform32(rows3 * K + cols3, klo)
             else:
@@ -309,8 +318,8 @@ def quantize_triton(
     """Quantize with the Triton kernel. out="packed" -> NVFP4Tensor (bitwise == reference);
     out="ongrid" -> (on-grid values [..., K] in `ongrid_dtype`, global_decode); out="both" ->
     (NVFP4Tensor, on-grid values) from one read of x (a weight's packed form and on-grid copy).
-    `seed` (stochastic rounding): an int, or an int64 [1] tensor on x's device holding it (a
-    seed drawn on the device, `sr_stream.device_call_seed`): the same stream either way.
+    `seed` (stochastic rounding): an int, or a seed held on x's device (`sr_stream.DeviceSeed`,
+    or an int64 [1] tensor: a CUDA-graph call's seed): the same stream either way.
     global_scale "per_expert" (x [E, N, K], 16x16) equals `reference.quantize_experts`; a static
     amax of shape [E, 1, 1] gives one static scale per expert."""
     _validate_input(x, block, name)
@@ -345,18 +354,8 @@ def quantize_triton(
     else:
         gd2, mult2 = gd.reshape(-1), mult.reshape(-1)
     dev = x.device
-    device_seed = rounding == "stochastic" and isinstance(seed, torch.Tensor)
-    if device_seed:
-        if seed.dtype != torch.int64 or seed.numel() != 1 or seed.device != dev:
-            raise ValueError(
-                f"a tensor seed must be int64 with one element on {dev}, got "
-                f"{seed.dtype}{list(seed.shape)} on {seed.device}"
-            )
-        from .sr_keys import device_sr_keys
-
-        keys = device_sr_keys(seed, 0, 1)
-        key_lo, key_hi = keys, keys >> 1
-    key = sr_key(seed) if rounding == "stochastic" and not device_seed else 0
+    host_seed, seed_t, seed_off = seed_launch_args(seed, dev) if rounding == "stochastic" else (
+        0, None, 0)  # fmt: skip
     if out in ("packed", "both"):
         codes = torch.empty((r, k // 2), dtype=torch.uint8, device=dev)
         scales = torch.empty((r, k // BLOCK_SIZE), dtype=torch.uint8, device=dev)
@@ -371,12 +370,13 @@ def quantize_triton(
         grid = (triton.cdiv(r, cfg.block_m), triton.cdiv(k, cfg.block_k))
         _quantize_kernel[grid](
             x2, mult2, gd2, codes, scales, ongrid,
-            r, k, x2.stride(0), 1 if per_row else 0, 1 if per_row else 0, key, key >> 1,
-            gd2, gd2, gd2, key_lo if device_seed else gd2, key_hi if device_seed else gd2,
-            0, gd2, 0, 0,  # no segments
+            r, k, x2.stride(0), 1 if per_row else 0, 1 if per_row else 0,
+            host_seed, gd2 if seed_t is None else seed_t, seed_off,
+            gd2, gd2, gd2, 0, gd2, 0, 0,  # no segments
             TILE16=block == "16x16", STOCHASTIC=rounding == "stochastic", ONGRID=out != "packed",
             SEGMENTED=False, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
-            KEY_FROM_PTR=device_seed, PACKED_TOO=out == "both", FLAT32=r * k < FLAT32_LIMIT,
+            SEED_FROM_PTR=seed_t is not None, PACKED_TOO=out == "both",
+            FLAT32=r * k < FLAT32_LIMIT,
             **cfg.launch_kwargs(), **compile_options(dev),
         )  # fmt: skip
     if out == "ongrid":
@@ -399,7 +399,7 @@ def quantize_segments_ongrid(
     seg_width: torch.Tensor,
     amax: torch.Tensor,
     *,
-    keys: torch.Tensor | None = None,
+    seed=None,
     ongrid_dtype: torch.dtype = torch.bfloat16,
 ):
     """1x16 quantize of the padded transpose X [D, C] of x [T, D]: column c of X is token
@@ -407,15 +407,15 @@ def quantize_segments_ongrid(
     laid end to end (16-aligned), each quantized as its own [D, width_g] matrix: equal, bitwise,
     to `quantize_triton(X[:, seg_g], out="ongrid")` per segment. block_group int32 [C/16] (the
     segment of each 16-column block), seg_start / seg_width int64 [G], amax FP32 [G] (per
-    tensor) or [G, D] (per row of X), keys int64 [G] (`sr_stream.sr_key` of each segment's seed:
-    stochastic rounding) or None (RNE). -> (on-grid [D, C], global decode [G] or [G, D])."""
+    tensor) or [G, D] (per row of X); seed None (RNE) or the seed of segment 0 (stochastic
+    rounding: segment g draws the stream of seed + g; an int or a device seed). -> (on-grid [D, C], global decode [G] or [G, D])."""
     check_kernel_device(x_TD, "x")
     if x_TD.dim() != 2 or src.dim() != 1 or src.shape[0] % BLOCK_SIZE:
         raise ValueError(
             f"x must be [T, D] and src [C] with C % 16 == 0: {x_TD.shape}, {src.shape}"
         )
     c = src.shape[0]
-    return _launch_transposed(x_TD, amax, c, keys=keys, layout=(src, block_group, seg_start,
+    return _launch_transposed(x_TD, amax, c, seed=seed, layout=(src, block_group, seg_start,
                               seg_width), ongrid_dtype=ongrid_dtype)  # fmt: skip
 
 
@@ -423,22 +423,22 @@ def quantize_tokens_transposed_ongrid(
     x_TD: torch.Tensor,
     amax: torch.Tensor,
     *,
-    key: int | torch.Tensor | None = None,
+    seed=None,
     ongrid_dtype: torch.dtype = torch.bfloat16,
 ):
     """`quantize_segments_ongrid` of ONE segment of all tokens (X = x^T zero-padded to a
     multiple of 16 columns), without layout tensors: the kernel derives column c's token (c,
-    or padding from T on). amax FP32 [1] or [1, D]; key: None (RNE), an int (`sr_key` of the
-    seed) or an int64 [1] device tensor holding it. Bitwise the segmented call with src =
-    [0..T) + [-1] * pad, one group, start 0, width C (and keys [key])."""
+    or padding from T on). amax FP32 [1] or [1, D]; seed: None (RNE), an int or a device seed
+    (`sr_stream.DeviceSeed`, or an int64 [1] tensor). Bitwise the segmented call with src =
+    [0..T) + [-1] * pad, one group, start 0, width C (and the same seed)."""
     check_kernel_device(x_TD, "x")
     if x_TD.dim() != 2:
         raise ValueError(f"x must be [T, D], got {tuple(x_TD.shape)}")
     cols = -(-x_TD.shape[0] // BLOCK_SIZE) * BLOCK_SIZE
-    return _launch_transposed(x_TD, amax, cols, keys=key, layout=None, ongrid_dtype=ongrid_dtype)
+    return _launch_transposed(x_TD, amax, cols, seed=seed, layout=None, ongrid_dtype=ongrid_dtype)
 
 
-def _launch_transposed(x_TD, amax, c, *, keys, layout, ongrid_dtype):
+def _launch_transposed(x_TD, amax, c, *, seed, layout, ongrid_dtype):
     r = x_TD.shape[1]
     if amax.dim() not in (1, 2) or (amax.dim() == 2 and amax.shape[1] != r):
         raise ValueError(f"amax must be [G] or [G, D={r}], got {tuple(amax.shape)}")
@@ -448,20 +448,19 @@ def _launch_transposed(x_TD, amax, c, *, keys, layout, ongrid_dtype):
     cfg = pick(arch_of(x_TD.device), "any", "nvfp4_quantize_segments", r)
     one = layout is None
     src, block_group, seg_start, seg_width = (gd, gd, gd, gd) if one else layout
-    host_key = keys if isinstance(keys, int) else 0
-    key_t = keys if isinstance(keys, torch.Tensor) else seg_start
-    key_hi = key_t >> 1 if isinstance(keys, torch.Tensor) else seg_start
+    host_seed, seed_t, seed_off = (0, None, 0) if seed is None else seed_launch_args(
+        seed, x_TD.device)  # fmt: skip
     if r and c:
         grid = (triton.cdiv(r, cfg.block_m), triton.cdiv(c, cfg.block_k))
         _quantize_kernel[grid](
             x_TD, mult, gd, ongrid, ongrid, ongrid,
-            r, c, x_TD.stride(1), 1 if amax.dim() == 2 else 0, 0, host_key, host_key >> 1,
-            block_group, seg_start, seg_width, key_t, key_hi, r if amax.dim() == 2 else 1,
+            r, c, x_TD.stride(1), 1 if amax.dim() == 2 else 0, 0,
+            host_seed, gd if seed_t is None else seed_t, seed_off,
+            block_group, seg_start, seg_width, r if amax.dim() == 2 else 1,
             src, x_TD.stride(0), x_TD.shape[0],
-            TILE16=False, STOCHASTIC=keys is not None, ONGRID=True, SEGMENTED=True,
+            TILE16=False, STOCHASTIC=seed is not None, ONGRID=True, SEGMENTED=True,
             BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, ONE_SEGMENT=one,
-            FLAT32=r * c < FLAT32_LIMIT,
-            KEY_FROM_PTR=one and isinstance(keys, torch.Tensor),
+            FLAT32=r * c < FLAT32_LIMIT, SEED_FROM_PTR=seed_t is not None,
             **cfg.launch_kwargs(), **compile_options(x_TD.device),
         )  # fmt: skip
     return ongrid, gd

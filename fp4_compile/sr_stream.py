@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import zlib
+from dataclasses import dataclass
 
 import torch
 
@@ -63,15 +64,6 @@ def sr_key(seed: int) -> int:
     if seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     return _mix32_int(_mix32_int(seed & _M32) ^ ((seed >> 32) & _M32) ^ 0x9E3779B9)
-
-
-def sr_keys(first_seed: int, count: int, device) -> torch.Tensor:
-    """int64 [count]: `sr_key(first_seed + i)` for i < count, computed on `device` (no
-    host-to-device copy, which would wait for the device's queue)."""
-    if first_seed < 0 or first_seed + count > 2**63 - 1:
-        raise ValueError(f"seeds {first_seed}..+{count} out of the non-negative int64 range")
-    s = torch.arange(count, dtype=torch.int64, device=device) + first_seed
-    return _mix32(_mix32(s & _M32) ^ ((s >> 32) & _M32) ^ 0x9E3779B9)
 
 
 def sr_uniforms(shape, seed: int, device) -> torch.Tensor:
@@ -172,9 +164,9 @@ def prepare_device_counters(site_keys, device) -> None:
                 _device_counters[slot] = torch.full((1,), start, dtype=torch.int64, device=device)
 
 
-def device_call_seed(site_key: int, device) -> torch.Tensor:
-    """int64 [1] on `device`: `nth_call_seed(graph_site_key(site_key), n)` for the site's device
-    count n, which then advances by one, all as device ops (a CUDA graph replays them)."""
+def device_counter(site_key: int, device) -> tuple[torch.Tensor, int]:
+    """(the site's device counter, int64 [1]; the high bits of its graph family's seeds): what
+    `device_call_seed` combines (and `codegen.device_seed.next_device_seed`, in one launch)."""
     slot = (int(site_key), str(torch.device(device)))
     counter = _device_counters.get(slot)
     if counter is None:
@@ -183,17 +175,40 @@ def device_call_seed(site_key: int, device) -> torch.Tensor:
             "a backward GEMM ran inside a CUDA-graph capture that the minite backend did not "
             "prepare (compile with options={'cuda_graphs': True})"
         )
-    high = nth_call_seed(graph_site_key(site_key), 0)
+    return counter, nth_call_seed(graph_site_key(site_key), 0)
+
+
+def device_call_seed(site_key: int, device) -> torch.Tensor:
+    """int64 [1] on `device`: `nth_call_seed(graph_site_key(site_key), n)` for the site's device
+    count n, which then advances by one, all as device ops (a CUDA graph replays them)."""
+    counter, high = device_counter(site_key, device)
     seed = ((counter & 0xFFFFFF) << 12) | high
     counter.add_(1)
     return seed
 
 
-def sr_keys_of(seeds: torch.Tensor, first: int, count: int) -> torch.Tensor:
-    """int64 [count] on the seeds' device: `sr_key(seeds[0] + first + i)` for i < count, bitwise
-    `sr_keys(seed + first, count, device)` for a device-held seed (int64 [1])."""
-    s = seeds.reshape(1) + (first + torch.arange(count, dtype=torch.int64, device=seeds.device))
-    return _mix32(_mix32(s & _M32) ^ ((s >> 32) & _M32) ^ 0x9E3779B9)
+@dataclass(frozen=True)
+class DeviceSeed:
+    """A seed held on the device (`tensor`, int64 [1]: a CUDA-graph call's seed) plus a host
+    offset: `seed + k` is another DeviceSeed, with no kernel (the kernels drawing the stream add
+    the offset and derive the key themselves). The stream is that of the int seed
+    `tensor.item() + offset`."""
+
+    tensor: torch.Tensor
+    offset: int = 0
+
+    def __post_init__(self):
+        t = self.tensor
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.numel() != 1:
+            raise ValueError(
+                "a device seed must be an int64 tensor with one element, got "
+                f"{getattr(t, 'dtype', type(t).__name__)}{list(getattr(t, 'shape', []))}"
+            )
+        if not isinstance(self.offset, int) or self.offset < 0:
+            raise ValueError(f"offset must be a non-negative int, got {self.offset!r}")
+
+    def __add__(self, k: int) -> DeviceSeed:
+        return DeviceSeed(self.tensor, self.offset + int(k))
 
 
 def _device_state() -> dict[int, int]:

@@ -99,16 +99,6 @@ def test_backward_draws_fresh_noise_each_call_and_reproduces_after_reset():
     set_sr_state(None)
 
 
-def test_sr_keys_on_device_equal_sr_key():
-    from fp4_compile.sr_stream import sr_key, sr_keys
-
-    for first in (0, 7, 2**40 + 4097, 2**62 + 3 * 4096):
-        got = sr_keys(first, 130, "cpu").tolist()
-        assert got == [sr_key(first + i) for i in range(130)], first
-    with pytest.raises(ValueError, match="out of the non-negative"):
-        sr_keys(-1, 2, "cpu")
-
-
 @pytest.fixture
 def fresh_device_counters(monkeypatch):
     """The device counters are process state: each test gets its own (and leaves none)."""
@@ -151,14 +141,6 @@ def test_device_counters_give_the_graph_family_seeds(fresh_device_counters):
     assert int(sr.device_call_seed(b, "cpu")) == nth_call_seed(sr.graph_site_key(b), 5)
 
 
-def test_sr_keys_of_a_device_seed_equal_sr_keys():
-    from fp4_compile.sr_stream import sr_keys, sr_keys_of
-
-    for seed in (0, 2**40 + 4096, 2**62 + 3 * 4096):
-        t = torch.tensor([seed], dtype=torch.int64)
-        assert_bitwise_equal(sr_keys_of(t, 1, 130), sr_keys(seed + 1, 130, "cpu"), str(seed))
-
-
 def test_backward_seed_switches_to_the_device_counter_while_capturing(
     fresh_device_counters, monkeypatch
 ):
@@ -174,4 +156,6 @@ def test_backward_seed_switches_to_the_device_counter_while_capturing(
     sr.prepare_device_counters([a], cpu)
     monkeypatch.setattr(ops_nvfp4, "capturing", lambda device: True)
     s = ops_nvfp4.backward_seed(a, cpu)
-    assert isinstance(s, torch.Tensor) and int(s) == nth_call_seed(sr.graph_site_key(a), 0)
+    assert isinstance(s, sr.DeviceSeed) and s.offset == 0
+    assert int(s.tensor) == nth_call_seed(sr.graph_site_key(a), 0)
+    assert int(ops_nvfp4.backward_seed(a, cpu).tensor) == nth_call_seed(sr.graph_site_key(a), 1)

@@ -381,6 +381,7 @@ def test_device_held_seeds_draw_the_same_streams():
     an int: the quantizer (packed and on-grid), the dense dgrad and wgrad, the MoE wgrad."""
     from fp4_compile.codegen.grouped_wgrad import grouped_wgrad
     from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.sr_stream import DeviceSeed
 
     assert STRICT.grad.rounding == "stochastic"
     seed = 2**62 + 5 * 4096
@@ -391,11 +392,18 @@ def test_device_held_seeds_draw_the_same_streams():
     og_t, _ = quantize_triton(x, seed=t, out="ongrid", **kw)
     og_i, _ = quantize_triton(x, seed=seed, out="ongrid", **kw)
     assert_bitwise_equal(og_t, og_i, "on-grid")
-    with pytest.raises(ValueError, match="tensor seed must be int64"):
+    with pytest.raises(ValueError, match="device seed must be an int64 tensor"):
         quantize_triton(x, seed=t.to(torch.int32), **kw)
+    with pytest.raises(ValueError, match="seed must be an int in"):
+        quantize_triton(x, seed=-1, **kw)
+    # a DeviceSeed's host offset: the stream of seed + offset, no kernel to add it
+    og_o, _ = quantize_triton(x, seed=DeviceSeed(t) + 3, out="ongrid", **kw)
+    assert_bitwise_equal(og_o, quantize_triton(x, seed=seed + 3, out="ongrid", **kw)[0], "+3")
     dy, xs = _x(40, 32, seed=1), _x(40, 48, seed=2)
-    assert_bitwise_equal(impl.cuda_wgrad(dy, xs, STRICT, t + 1),
+    assert_bitwise_equal(impl.cuda_wgrad(dy, xs, STRICT, DeviceSeed(t) + 1),
                          impl.cuda_wgrad(dy, xs, STRICT, seed + 1), "wgrad")  # fmt: skip
+    assert_bitwise_equal(impl.cuda_wgrad(dy, xs, STRICT, t),
+                         impl.cuda_wgrad(dy, xs, STRICT, seed), "wgrad, tensor seed")  # fmt: skip
     w = _x(32, 48, dtype=torch.float32, seed=3)
     wq = ref.quantize(w, block="16x16")
     args = (wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, None, w, STRICT)
@@ -403,18 +411,31 @@ def test_device_held_seeds_draw_the_same_streams():
     offsets = torch.tensor([5, 5, 22, 40], dtype=torch.int32, device=DEV)
     assert_bitwise_equal(grouped_wgrad(dy, xs, offsets, STRICT, t),
                          grouped_wgrad(dy, xs, offsets, STRICT, seed), "MoE wgrad")  # fmt: skip
+    assert_bitwise_equal(grouped_wgrad(dy, xs, offsets, STRICT, DeviceSeed(t) + 4096),
+                         grouped_wgrad(dy, xs, offsets, STRICT, seed + 4096),
+                         "MoE wgrad, offset")  # fmt: skip
 
 
-def test_device_sr_keys_kernel_equals_sr_keys():
-    """Bitwise: the one-launch key kernel == sr_stream.sr_keys (and sr_keys_of), over two
-    blocks of keys, for seeds of a graph call's size (bits up to 62); bad seeds are refused."""
-    from fp4_compile.codegen.sr_keys import device_sr_keys
-    from fp4_compile.sr_stream import sr_keys, sr_keys_of
+def test_next_device_seed_is_device_call_seed(monkeypatch):
+    """Bitwise: the one-launch device seed (`device_seed.next_device_seed`) == the torch ops of
+    `sr_stream.device_call_seed`, call after call, with the site's counter advanced alike; an
+    unprepared site is the same clear error."""
+    from fp4_compile import sr_stream
+    from fp4_compile.codegen.device_seed import next_device_seed
+    from fp4_compile.sr_stream import DeviceSeed, graph_site_key
 
-    for seed in (0, 2**40 + 4096, 2**62 + 3 * 4096 + 7):
-        t = torch.tensor([seed], dtype=torch.int64, device=DEV)
-        got = device_sr_keys(t, 1, 130)
-        assert_bitwise_equal(got.cpu(), sr_keys(seed + 1, 130, "cpu"), f"seed {seed}")
-        assert_bitwise_equal(got.cpu(), sr_keys_of(t.cpu(), 1, 130), f"seed {seed} (torch ops)")
-    with pytest.raises(ValueError, match="int64"):
-        device_sr_keys(torch.tensor([1.0], device=DEV), 0, 1)
+    monkeypatch.setattr(sr_stream, "_device_counters", {})
+    set_sr_state(None)
+    a, b = 12345, 2**31 - 7
+    with pytest.raises(RuntimeError, match="no device stochastic-rounding counter"):
+        next_device_seed(a, DEV)
+    sr_stream.prepare_device_counters([a, b], DEV)
+    set_sr_state({graph_site_key(b): 2**24 - 2})  # the counter wraps in the seed's 24 bits
+    for n in range(3):
+        got = next_device_seed(a, DEV)
+        assert isinstance(got, DeviceSeed) and got.offset == 0
+        assert int(got.tensor) == nth_call_seed(graph_site_key(a), n)
+        wrapped = next_device_seed(b, DEV)
+        assert int(wrapped.tensor) == nth_call_seed(graph_site_key(b), 2**24 - 2 + n)
+    assert int(sr_stream.device_call_seed(a, DEV)) == nth_call_seed(graph_site_key(a), 3)
+    set_sr_state(None)
