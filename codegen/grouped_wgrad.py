@@ -93,6 +93,7 @@ def grouped_wgrad(
     seed: int | torch.Tensor,
     out_dtype: torch.dtype = torch.float32,
     dy_row_amax: torch.Tensor | None = None,
+    x_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dW [E, N, K] in `out_dtype` of the NVFP4 wgrad (recipe.wgrad == "nvfp4"), expert e
     drawing the stochastic-rounding seed `seed + 1 + e` (as `ops_nvfp4.nvfp4_grouped_mm_backward`).
@@ -100,7 +101,9 @@ def grouped_wgrad(
     (the dgrad's per-tensor amax comes from the same row maxima)
     The kernel stores `out_dtype` directly: its FP32 epilogue, then one round-to-nearest-even
     cast, the bits of `.to(out_dtype)` of the FP32 result (in the interpreter, whose casts
-    truncate, torch casts the FP32 result)."""
+    truncate, torch casts the FP32 result).
+    `x_index` (int [T]): the operand X is x_TK[x_index] (the MoE token gather), read through the
+    index by the quantizer: bitwise `grouped_wgrad(dy, x_TK[x_index], ...)` without the copy."""
     check_kernel_device(dy_TN, "grad_out")
     from .quantize_kernel import quantize_segments_ongrid
 
@@ -112,14 +115,22 @@ def grouped_wgrad(
     num_experts = offsets.shape[0]
     (t, n), k = dy_TN.shape, x_TK.shape[1]
     dev = dy_TN.device
-    lay = segment_layout(offsets, t)
+    lay = segment_layout(offsets, t, row_index=x_index)
     sr_seed = None
     if recipe.grad.rounding == "stochastic":  # expert e: seed + 1 + e (host or device seed)
         sr_seed = (DeviceSeed(seed) if isinstance(seed, torch.Tensor) else seed) + 1
     seg = (lay["block_group"], lay["start"], lay["width"])
     amax_dy = _segment_amax(dy_TN, offsets, mode == "per_row", dy_row_amax)
     a, gd_a = quantize_segments_ongrid(dy_TN, lay["src"], *seg, amax_dy, seed=sr_seed)
-    b, gd_b = quantize_segments_ongrid(x_TK, lay["src"], *seg, _segment_amax(x_TK, offsets, False))
+    if x_index is None:
+        b, gd_b = quantize_segments_ongrid(
+            x_TK, lay["src"], *seg, _segment_amax(x_TK, offsets, False)
+        )
+    else:  # the gathered rows' maxima: each source row's, read once per source row
+        from .abs_max import row_abs_max
+
+        amax_x = _segment_amax(None, offsets, False, row_abs_max(x_TK)[x_index])
+        b, gd_b = quantize_segments_ongrid(x_TK, lay["src_rows"], *seg, amax_x)
     cfg = pick(arch_of(dev), "bf16" if dev.type == "cuda" else "fp32", "nvfp4_wgrad", n)
     interp = interpreting() or dev.type != "cuda"
     out = torch.empty((num_experts, n, k), dtype=torch.float32 if interp else out_dtype,

@@ -43,14 +43,16 @@ def _e4m3_value(byte):
 
 @triton.jit
 def _nvfp4_gemm_kernel(
-    a_ptr, b_ptr, bs_ptr, gda_ptr, gdb_ptr, bias_ptr, out_ptr, group_end_ptr,
+    a_ptr, b_ptr, bs_ptr, gda_ptr, gdb_ptr, bias_ptr, out_ptr, group_end_ptr, a_rows_ptr,
     M, N, K, E,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_se, stride_sn,
     gda_stride, gdb_stride, stride_om, stride_on,
     GROUPED: tl.constexpr, B_PACKED: tl.constexpr, HAS_BIAS: tl.constexpr,
     DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_E: tl.constexpr,
+    BLOCK_E: tl.constexpr, A_GATHER: tl.constexpr = False,
 ):  # fmt: skip
+    # A_GATHER: row r of the product reads row a_rows[r] of A (and of a per-row gd_a): the MoE
+    # experts' token gather done by the operand load (A quantized once per token, not per copy)
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     if GROUPED:
@@ -77,6 +79,10 @@ def _nvfp4_gemm_kernel(
         row_end = M
         rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < row_end
+    if A_GATHER:
+        arows = tl.load(a_rows_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    else:
+        arows = rows
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     b_base = b_ptr + e64 * stride_be
@@ -85,7 +91,7 @@ def _nvfp4_gemm_kernel(
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         kmask = kk < K
-        a = tl.load(a_ptr + rows[:, None] * stride_am + kk[None, :] * stride_ak,
+        a = tl.load(a_ptr + arows[:, None] * stride_am + kk[None, :] * stride_ak,
                     mask=rmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
         if B_PACKED:
             kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
@@ -106,7 +112,7 @@ def _nvfp4_gemm_kernel(
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
-    gda = tl.load(gda_ptr + rows * gda_stride, mask=rmask, other=1.0)
+    gda = tl.load(gda_ptr + arows * gda_stride, mask=rmask, other=1.0)
     gdb = tl.load(gdb_ptr + e * gdb_stride)
     out = (acc * gda[:, None]) * gdb
     if HAS_BIAS:
@@ -177,15 +183,22 @@ def launch_gemm(
     offsets: torch.Tensor | None = None,
     rows_per_group: int | None = None,
     config_op: str | None = None,
+    a_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the GEMM. b: on-grid [N, K] / [E, N, K] (any strides), or packed (codes, scale
     bytes) [.., N, K/2] and [.., N, K/16]. offsets (int32 [E] group ends) selects the grouped
     kernel; `rows_per_group` (a static estimate of M per expert) picks the config bucket of the
     pinned table `config_op` (default: "nvfp4_gemm" for packed B, "nvfp4_gemm_ongrid" for
-    on-grid B; the weight gradient passes "nvfp4_wgrad")."""
+    on-grid B; the weight gradient passes "nvfp4_wgrad"). `a_rows` (int32 / int64 [M]): row r of
+    the product reads row a_rows[r] of a_MK (and of a per-row gd_a), which may then have any
+    number of rows: a gather of A's rows in the operand load."""
     check_kernel_device(a_MK, "x")
     dev = a_MK.device
-    m, k = a_MK.shape
+    k = a_MK.shape[1]
+    if a_rows is not None and (a_rows.dim() != 1 or a_rows.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"a_rows must be int32/int64 [M], got {a_rows.dtype}{list(a_rows.shape)}")
+    m = a_MK.shape[0] if a_rows is None else a_rows.shape[0]
+    m_a = a_MK.shape[0]
     packed = isinstance(b, tuple)
     b_main = b[0] if packed else b
     grouped = offsets is not None
@@ -205,7 +218,7 @@ def launch_gemm(
         stride_se = stride_sn = 0
     gd_a = gd_a.reshape(-1)
     gd_b = gd_b.reshape(-1)
-    if gd_a.numel() not in (1, m) or gd_b.numel() not in (1, num_experts):
+    if gd_a.numel() not in (1, m_a) or gd_b.numel() not in (1, num_experts):
         raise ValueError(
             f"global scales: gd_a {tuple(gd_a.shape)} for M={m}, gd_b {tuple(gd_b.shape)}"
         )
@@ -226,13 +239,14 @@ def launch_gemm(
     grid = (num_m_tiles, triton.cdiv(n, cfg.block_n))
     _nvfp4_gemm_kernel[grid](
         a_MK, b_main, b_scales, gd_a, gd_b, bias if bias is not None else gd_b, out, ends,
+        a_rows if a_rows is not None else ends,
         m, n, k, num_experts,
         a_MK.stride(0), a_MK.stride(1), b_main.stride(0), b_main.stride(1), stride_bk,
         stride_se, stride_sn,
         1 if gd_a.numel() > 1 else 0, 1 if gd_b.numel() > 1 else 0, out.stride(0), out.stride(1),
         GROUPED=grouped, B_PACKED=packed, HAS_BIAS=bias is not None, DOT_F32=dev.type != "cuda",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        BLOCK_E=max(triton.next_power_of_2(num_experts), 2),
+        BLOCK_E=max(triton.next_power_of_2(num_experts), 2), A_GATHER=a_rows is not None,
         **cfg.launch_kwargs(), **compile_options(dev),
     )  # fmt: skip
     return out.to(out_dtype) if interp else out

@@ -196,19 +196,40 @@ def forward_uses_ongrid(device_type: str, rows: int) -> bool:
     return device_type == "cuda" and rows >= ONGRID_FORWARD_MIN_ROWS
 
 
-def cuda_linear(x2, w_codes, w_scales, w_gd, w_ongrid, bias, recipe, x_amax, offsets=None):
+def gathered_global_scale(x2, x_index, recipe, x_amax):
+    """The activation global-scale argument of `quantize` for the rows x2[x_index], when x2
+    itself is what gets quantized (per row: the rows' own scales; per tensor: the amax of the
+    gathered rows only, from x2's row maxima, exact: max is a per-row then any-order max)."""
+    gs = act_global(recipe, x_amax)
+    if isinstance(gs, str) and gs == "per_tensor":
+        from .abs_max import row_abs_max
+
+        if x_index.numel() == 0:
+            return torch.zeros((), dtype=torch.float32, device=x2.device)
+        return row_abs_max(x2)[x_index].amax()
+    return gs
+
+
+def cuda_linear(x2, w_codes, w_scales, w_gd, w_ongrid, bias, recipe, x_amax, offsets=None,
+                x_index=None):  # fmt: skip
+    """The forward GEMM. `x_index` (MoE): the product's rows are x2[x_index]; x2 is quantized
+    once per row (1x16 blocks are row-local, so a gathered row's quantization is its source
+    row's) and the GEMM gathers the on-grid rows in its operand load: bitwise
+    `cuda_linear(x2[x_index], ...)` without the gathered copy or quantizing each token top-k
+    times."""
     from .nvfp4_gemm import launch_gemm, ongrid_weight
     from .quantize_kernel import quantize_triton
 
-    a, gd_a = quantize_triton(
-        x2, block="1x16", global_scale=act_global(recipe, x_amax), out="ongrid"
-    )
-    rows = x2.shape[0] if offsets is None else max(1, -(-x2.shape[0] // w_codes.shape[0]))
+    gs = act_global(recipe, x_amax) if x_index is None else gathered_global_scale(
+        x2, x_index, recipe, x_amax)  # fmt: skip
+    a, gd_a = quantize_triton(x2, block="1x16", global_scale=gs, out="ongrid")
+    m = x2.shape[0] if x_index is None else x_index.shape[0]
+    rows = m if offsets is None else max(1, -(-m // w_codes.shape[0]))
     if w_ongrid is None and forward_uses_ongrid(x2.device.type, rows):
         w_ongrid = ongrid_weight(w_codes, w_scales)
     b = w_ongrid if w_ongrid is not None else (w_codes, w_scales)
     return launch_gemm(a, gd_a, b, w_gd, bias=bias, out_dtype=x2.dtype, offsets=offsets,
-                       rows_per_group=rows)  # fmt: skip
+                       rows_per_group=rows, a_rows=x_index)  # fmt: skip
 
 
 def _ongrid_weight(w_codes, w_scales, w_gd, w_ongrid, n, k):

@@ -31,6 +31,7 @@ from .. import reference as ref
 from ..format import BLOCK_SIZE, decode_e2m1, unpack_codes
 from ..sr_stream import DeviceSeed, call_seed, site_seed
 from . import nvfp4_impl as impl
+from .gather_rows import gather_rows_backward
 from .weight_cache import active_cache
 
 _LIB = "fp4_compile"
@@ -346,9 +347,15 @@ nvfp4_linear.register_autograd(_linear_backward, setup_context=_linear_setup_con
 # nvfp4_grouped_mm (MoE experts)
 
 
-def _check_grouped(x, offsets, num_experts):
+def _check_grouped(x, offsets, num_experts, x_index=None):
     if x.dim() != 2:
         raise ValueError(f"x must be [T, K] (tokens sorted by expert), got {tuple(x.shape)}")
+    if x_index is not None and (
+        x_index.dim() != 1 or x_index.dtype not in (torch.int32, torch.int64)
+    ):
+        raise ValueError(
+            f"x_index must be int32/int64 [T], got {x_index.dtype}{list(x_index.shape)}"
+        )
     if not isinstance(offsets, torch.Tensor) or offsets.dtype != torch.int32:
         raise TypeError(
             f"offsets must be an int32 tensor, got {getattr(offsets, 'dtype', offsets)}"
@@ -378,14 +385,21 @@ def nvfp4_grouped_mm(
     recipe: str,
     w_ongrid: torch.Tensor | None = None,
     site: int = 0,
+    x_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """The experts' GEMM over tokens sorted by expert: x [T, K], or (x_index given) the rows
+    x[x_index] (the MoE token gather folded in, `passes/fold_expert_gathers.py`: bitwise the
+    op on the gathered copy, its backward returning the gradient of x with `gather_rows`'
+    position-ordered sums)."""
     rec = impl.recipe_from_json(recipe)
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
                              w_ongrid=w_ongrid)  # fmt: skip
-    _check_grouped(x, offsets, w_codes.shape[0])
+    _check_grouped(x, offsets, w_codes.shape[0], x_index)
     if x.device.type == "cuda":
         return impl.cuda_linear(x, w_codes, w_scales, w_global_decode, w_ongrid, None, rec,
-                                x_amax, offsets=offsets)  # fmt: skip
+                                x_amax, offsets=offsets, x_index=x_index)  # fmt: skip
+    if x_index is not None:
+        x = x[x_index]
     ref.check_offsets(offsets, x.shape[0], w_codes.shape[0])
     w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
     xq = ref.quantize(
@@ -396,11 +410,11 @@ def nvfp4_grouped_mm(
 
 @nvfp4_grouped_mm.register_fake
 def _(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax, recipe, w_ongrid=None,
-      site=0):  # fmt: skip
+      site=0, x_index=None):  # fmt: skip
     n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
                              w_ongrid=w_ongrid)  # fmt: skip
-    _check_grouped(x, offsets, w_codes.shape[0])
-    return x.new_empty((x.shape[0], n))
+    _check_grouped(x, offsets, w_codes.shape[0], x_index)
+    return x.new_empty((x.shape[0] if x_index is None else x_index.shape[0], n))
 
 
 @torch.library.custom_op(f"{_LIB}::nvfp4_grouped_mm_backward", mutates_args=())
@@ -417,16 +431,23 @@ def nvfp4_grouped_mm_backward(
     seed: int,
     needs_x: bool,
     needs_w: bool,
+    x_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (dX [T, K] in x.dtype or [0], dW [E, N, K] in weight.dtype or [0]). dY is quantized over all T
     tokens for dgrad; wgrad quantizes each expert's dY_e^T and X_e^T separately (seed + 1 + e).
-    `seed` is the call site's stream key, as in nvfp4_linear_backward."""
+    `seed` is the call site's stream key, as in nvfp4_linear_backward. With `x_index` the
+    forward's rows were x[x_index]: dX is the gradient of x (`gather_rows_backward` of the
+    gathered rows' gradient) and the wgrad reads X^T through the index."""
     rec = impl.recipe_from_json(recipe)
     seed = backward_seed(seed, x.device)
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
                              w_ongrid=w_ongrid)  # fmt: skip
     num_experts = w_codes.shape[0]
     cuda = x.device.type == "cuda"
+    x_src = x
+    if x_index is not None and not cuda:
+        x = x[x_index]  # the reference path works on the gathered copy
+    rows = x.shape[0] if x_index is None else x_index.shape[0]
     dx, dw = x.new_empty((0,)), x.new_empty((0,), dtype=weight.dtype)
     dy_rows = dy_amax = None
     if (cuda and needs_x and needs_w and rec.dgrad == "nvfp4" and rec.wgrad == "nvfp4"
@@ -443,7 +464,7 @@ def nvfp4_grouped_mm_backward(
                                  rec, seed, offsets=offsets, out_dtype=x.dtype,
                                  dy_amax=dy_amax)  # fmt: skip
         else:
-            dx = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+            dx = torch.zeros((rows, k), dtype=torch.float32, device=x.device)
             dyq = None if rec.dgrad == "bf16" else impl._q_grad(grad_out, rec, seed)
             w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
             for e, s, t in _groups(offsets):
@@ -455,12 +476,16 @@ def nvfp4_grouped_mm_backward(
                                              w_e.global_decode.reshape(()), n, k)  # fmt: skip
                     dx[s:t] = ref.nvfp4_mm(dyq[s:t], impl.transpose_tiled(w_e))
             dx = dx.to(x.dtype)
+        if x_index is not None:  # the gradient of x: each row's gathered copies summed
+            dx = gather_rows_backward(dx, x_index, x_src.shape[0])
     if needs_w and cuda and rec.wgrad == "nvfp4":  # all experts at once, == the loop below
         from .grouped_wgrad import grouped_wgrad
 
         dw = grouped_wgrad(grad_out, x, offsets, rec, seed, out_dtype=weight.dtype,
-                           dy_row_amax=dy_rows)  # fmt: skip
+                           dy_row_amax=dy_rows, x_index=x_index)  # fmt: skip
     elif needs_w:
+        if x_index is not None and cuda:
+            x = x[x_index]
         dw = torch.zeros((num_experts, n, k), dtype=torch.float32, device=x.device)
         wgrad = impl.cuda_wgrad if cuda else impl.cpu_wgrad
         for e, s, t in _groups(offsets):
@@ -471,7 +496,7 @@ def nvfp4_grouped_mm_backward(
 
 @nvfp4_grouped_mm_backward.register_fake
 def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, offsets, w_ongrid, recipe, seed,
-      needs_x, needs_w):  # fmt: skip
+      needs_x, needs_w, x_index=None):  # fmt: skip
     e, (n, k) = w_codes.shape[0], impl.weight_nk(w_codes, w_ongrid)
     dx = x.new_empty(x.shape) if needs_x else x.new_empty((0,))
     dw = x.new_empty((e, n, k) if needs_w else (0,), dtype=weight.dtype)
@@ -479,24 +504,24 @@ def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, offsets, w_ongrid
 
 
 def _grouped_setup_context(ctx, inputs, output):
-    x, weight, w_codes, w_scales, w_gd, offsets, x_amax, recipe, w_ongrid, site = inputs
-    ctx.save_for_backward(x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid)
+    x, weight, w_codes, w_scales, w_gd, offsets, x_amax, recipe, w_ongrid, site, x_index = inputs
+    ctx.save_for_backward(x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, x_index)
     ctx.recipe = recipe
     ctx.site = site
     ctx.weight_dtype = weight.dtype
 
 
 def _grouped_backward(ctx, grad_out):
-    x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid = ctx.saved_tensors
+    x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, x_index = ctx.saved_tensors
     needs = ctx.needs_input_grad
     rec = impl.recipe_from_json(ctx.recipe)
     dx, dw = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(
         grad_out, x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, ctx.recipe,
-        site_seed(rec.seed, ctx.site), needs[0], needs[1],
+        site_seed(rec.seed, ctx.site), needs[0], needs[1], x_index,
     )  # fmt: skip
     dx = dx if needs[0] else None
     dw = dw.to(ctx.weight_dtype) if needs[1] else None
-    return dx, dw, None, None, None, None, None, None, None, None
+    return dx, dw, None, None, None, None, None, None, None, None, None
 
 
 nvfp4_grouped_mm.register_autograd(_grouped_backward, setup_context=_grouped_setup_context)

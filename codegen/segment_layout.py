@@ -27,8 +27,8 @@ from .runtime import check_kernel_device
 
 @triton.jit
 def _segment_layout_kernel(
-    ends_ptr, src_ptr, group_ptr, start_ptr, width_ptr, E, C,
-    BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr,
+    ends_ptr, src_ptr, group_ptr, start_ptr, width_ptr, row_index_ptr, src_rows_ptr, E, C,
+    BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr, ROW_INDEX: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     c = pid * BLOCK_C + tl.arange(0, BLOCK_C)  # this program's columns
@@ -60,16 +60,23 @@ def _segment_layout_kernel(
         col_carry += tl.sum(width, 0)
     off = c - seg_begin
     inside = (n_le < E) & (off < tok_end - tok_begin)
-    tl.store(src_ptr + c, tl.where(inside, tok_begin + off, -1), mask=c < C)
+    src = tl.where(inside, tok_begin + off, -1)
+    tl.store(src_ptr + c, src, mask=c < C)
+    if ROW_INDEX:  # the source row of each column's token, through the gather index
+        row = tl.load(row_index_ptr + src, mask=inside & (c < C), other=-1).to(tl.int64)
+        tl.store(src_rows_ptr + c, tl.where(inside, row, -1), mask=c < C)
     group = tl.minimum(blk_le, E - 1).to(tl.int32)
     tl.store(group_ptr + b, group, mask=b < C // 16)
 
 
-def segment_layout(offsets: torch.Tensor, num_tokens: int) -> dict:
+def segment_layout(
+    offsets: torch.Tensor, num_tokens: int, row_index: torch.Tensor | None = None
+) -> dict:
     """Device tensors of the padded layout of `num_tokens` tokens grouped by `offsets` (int32
     [E] group ends): `src` int64 [C] (the token of each column, -1 padding), `start` / `width`
     int64 [E] (each expert's columns), `block_group` int32 [C / 16] (each 16-column block's
-    expert), and `cols` = C."""
+    expert), and `cols` = C. With `row_index` (int [num_tokens]: token t is row row_index[t]
+    of a source tensor, the MoE gather) also `src_rows` int64 [C]: row_index[src], -1 padding."""
     check_kernel_device(offsets, "offsets")
     if offsets.dim() != 1 or offsets.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"offsets must be int32/int64 [E], got {offsets.dtype}"
@@ -77,6 +84,11 @@ def segment_layout(offsets: torch.Tensor, num_tokens: int) -> dict:
     num_experts = offsets.shape[0]
     if num_experts == 0:
         raise ValueError("offsets must hold at least one expert's end")
+    if row_index is not None and (
+        row_index.dim() != 1 or row_index.shape[0] != num_tokens or row_index.is_floating_point()
+    ):
+        raise ValueError(f"row_index must be an integer [{num_tokens}] tensor, got "
+                         f"{row_index.dtype}{list(row_index.shape)}")  # fmt: skip
     cols = -(-(num_tokens + (BLOCK_SIZE - 1) * num_experts) // BLOCK_SIZE) * BLOCK_SIZE
     dev = offsets.device
     src = torch.empty((cols,), dtype=torch.int64, device=dev)
@@ -85,7 +97,13 @@ def segment_layout(offsets: torch.Tensor, num_tokens: int) -> dict:
     width = torch.empty((num_experts,), dtype=torch.int64, device=dev)
     block_e = min(128, triton.next_power_of_2(num_experts))
     block_c = max(BLOCK_SIZE, 8192 // block_e)
+    src_rows = torch.empty_like(src) if row_index is not None else None
     _segment_layout_kernel[(triton.cdiv(cols, block_c),)](
-        offsets, src, group, start, width, num_experts, cols, BLOCK_C=block_c, BLOCK_E=block_e
-    )
-    return {"src": src, "start": start, "width": width, "cols": cols, "block_group": group}
+        offsets, src, group, start, width,
+        row_index if row_index is not None else src, src_rows if src_rows is not None else src,
+        num_experts, cols, BLOCK_C=block_c, BLOCK_E=block_e, ROW_INDEX=row_index is not None,
+    )  # fmt: skip
+    out = {"src": src, "start": start, "width": width, "cols": cols, "block_group": group}
+    if src_rows is not None:
+        out["src_rows"] = src_rows
+    return out

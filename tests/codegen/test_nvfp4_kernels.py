@@ -439,3 +439,56 @@ def test_next_device_seed_is_device_call_seed(monkeypatch):
         assert int(wrapped.tensor) == nth_call_seed(graph_site_key(b), 2**24 - 2 + n)
     assert int(sr_stream.device_call_seed(a, DEV)) == nth_call_seed(graph_site_key(a), 3)
     set_sr_state(None)
+
+
+@pytest.mark.parametrize("act", ["per_row", "per_tensor"])
+def test_grouped_forward_with_x_index_equals_gathered_copy(act):
+    """Bitwise: the grouped forward reading x[x_index] through the index (x quantized once per
+    row, the on-grid rows gathered by the GEMM's operand load) == the same call on the gathered
+    copy; a token routed twice, one never routed (its row must not change a per-tensor amax),
+    int32 and int64 indices, empty experts."""
+    from fp4_compile.recipe import QuantSpec
+
+    rec = NVFP4Recipe.strict(activation=QuantSpec(block="1x16", global_scale=act))
+    e, n, k = 4, 32, 64
+    w = _x(e, n, k, dtype=torch.float32, seed=3)
+    wq = ref.quantize_experts(w)
+    sc = wq.block_scales.view(torch.uint8)
+    h = _x(12, k, seed=4)
+    h[11] *= 1000.0  # never gathered: the largest row of h
+    idx = torch.tensor([3, 0, 7, 7, 1, 2, 9, 10, 5, 4, 0, 8, 6, 3], device=DEV)
+    offsets = torch.tensor([5, 5, 9, 14], dtype=torch.int32, device=DEV)
+    args = (wq.codes, sc, wq.global_decode, None, None, rec, None)
+    want = impl.cuda_linear(h[idx], *args, offsets=offsets)
+    for index in (idx, idx.to(torch.int32)):
+        got = impl.cuda_linear(h, *args, offsets=offsets, x_index=index)
+        assert_bitwise_equal(got, want, f"{index.dtype}")
+
+
+def test_grouped_backward_with_x_index_equals_gathered_copy():
+    """Bitwise: the backward op given x_index == the op on the gathered copy followed by
+    `gather_rows_backward` (dX of the source rows), and the MoE wgrad reading X^T through the
+    index == the wgrad of the gathered copy."""
+    from fp4_compile.codegen.gather_rows import gather_rows_backward
+    from fp4_compile.codegen.grouped_wgrad import grouped_wgrad
+
+    e, n, k = 4, 32, 48
+    w = _x(e, n, k, dtype=torch.float32, seed=3)
+    wq = ref.quantize_experts(w)
+    h = _x(9, k, seed=12)
+    idx = torch.tensor([3, 0, 7, 7, 1, 2, 5, 4, 0, 8, 6, 3, 1, 2, 5, 6], device=DEV)
+    offsets = torch.tensor([5, 5, 11, 16], dtype=torch.int32, device=DEV)
+    dy = _x(16, n, seed=11)
+    seed = 2**40 + 4096
+    assert_bitwise_equal(grouped_wgrad(dy, h, offsets, STRICT, seed, x_index=idx),
+                         grouped_wgrad(dy, h[idx], offsets, STRICT, seed), "wgrad")  # fmt: skip
+    wargs = (w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, offsets, None,
+             impl.recipe_to_json(STRICT), 7, True, True)  # fmt: skip
+    set_sr_state(None)
+    dh, dw = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(dy, h, *wargs, idx)
+    set_sr_state(None)
+    dxg, dw_g = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(dy, h[idx], *wargs)
+    assert dh.shape == h.shape
+    assert_bitwise_equal(dh, gather_rows_backward(dxg, idx, h.shape[0]), "dX of the source")
+    assert_bitwise_equal(dw, dw_g, "dW")
+    set_sr_state(None)

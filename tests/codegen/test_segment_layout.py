@@ -80,3 +80,19 @@ def test_bad_offsets_are_refused():
         segment_layout(torch.zeros((2, 2), dtype=torch.int32, device=DEV), 4)
     with pytest.raises(ValueError, match="at least one expert"):
         segment_layout(torch.zeros((0,), dtype=torch.int32, device=DEV), 0)
+
+
+def test_row_index_gives_each_columns_source_row():
+    """src_rows = row_index[src] (-1 padding): the wgrad's X^T read through the MoE gather."""
+    from fp4_compile.codegen.segment_layout import segment_layout
+
+    counts = [10, 0, 7, 16]
+    offsets = _offsets(counts)
+    t = sum(counts)
+    row_index = torch.randperm(t, generator=torch.Generator().manual_seed(1)).to(DEV) // 3
+    got = segment_layout(offsets, t, row_index=row_index)
+    src = got["src"]
+    want = torch.where(src >= 0, row_index[src.clamp(min=0)], -1)
+    assert_bitwise_equal(got["src_rows"], want, "src_rows")
+    with pytest.raises(ValueError, match="row_index must be an integer"):
+        segment_layout(offsets, t, row_index=row_index[:-1])
