@@ -191,8 +191,26 @@ def learner_cases() -> list[KernelCase]:
             dense.num_warps, dense.num_stages,
         )
     )  # fmt: skip
-    cases += _attention_cases() + _quantize_cases()
+    cases += _attention_cases() + _quantize_cases() + _layout_cases()
     return cases
+
+
+def _layout_cases() -> list[KernelCase]:
+    """The MoE wgrad's padded layout (`codegen/segment_layout.py`), 128 experts, 32768 tokens,
+    with the gather index (gate_up's X^T) as the learner launches it: its tiles must not spill
+    (an int64 [64, 128] version did: 0.11 ms per call)."""
+    from fp4_compile.codegen import segment_layout as sl
+
+    i64, i32 = "*i64", "*i32"
+    return [
+        KernelCase(
+            "segment layout: 128 experts, 34688 columns, gather index", sl._segment_layout_kernel,
+            {"ends_ptr": (i32, 0), "src_ptr": (i64, 0), "group_ptr": (i32, 0),
+             "start_ptr": (i64, 0), "width_ptr": (i64, 0), "row_index_ptr": (i64, 0),
+             "src_rows_ptr": (i64, 0), "E": ("i32", 128), "C": ("i32", 34688)},
+            {"BLOCK_C": 16, "BLOCK_E": 128, "ROW_INDEX": True}, 4, 3,
+        )
+    ]  # fmt: skip
 
 
 def _quantize_cases() -> list[KernelCase]:
