@@ -102,8 +102,9 @@ def grouped_wgrad(
     The kernel stores `out_dtype` directly: its FP32 epilogue, then one round-to-nearest-even
     cast, the bits of `.to(out_dtype)` of the FP32 result (in the interpreter, whose casts
     truncate, torch casts the FP32 result).
-    `x_index` (int [T]): the operand X is x_TK[x_index] (the MoE token gather), read through the
-    index by the quantizer: bitwise `grouped_wgrad(dy, x_TK[x_index], ...)` without the copy."""
+    `x_index` (int [T]): the operand X is x_TK[x_index], a zero row where x_index < 0 (the MoE
+    token gather, `nvfp4_impl.gather_zero_rows`), read through the index by the quantizer:
+    bitwise `grouped_wgrad(dy, gather_zero_rows(x_TK, x_index), ...)` without the copy."""
     check_kernel_device(dy_TN, "grad_out")
     from .quantize_kernel import quantize_segments_ongrid
 
@@ -127,9 +128,9 @@ def grouped_wgrad(
             x_TK, lay["src"], *seg, _segment_amax(x_TK, offsets, False)
         )
     else:  # the gathered rows' maxima: each source row's, read once per source row
-        from .abs_max import row_abs_max
+        from .nvfp4_impl import gathered_row_abs_max
 
-        amax_x = _segment_amax(None, offsets, False, row_abs_max(x_TK)[x_index])
+        amax_x = _segment_amax(None, offsets, False, gathered_row_abs_max(x_TK, x_index))
         b, gd_b = quantize_segments_ongrid(x_TK, lay["src_rows"], *seg, amax_x)
     cfg = pick(arch_of(dev), "bf16" if dev.type == "cuda" else "fp32", "nvfp4_wgrad", n)
     interp = interpreting() or dev.type != "cuda"

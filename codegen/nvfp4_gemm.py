@@ -51,8 +51,10 @@ def _nvfp4_gemm_kernel(
     DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_E: tl.constexpr, A_GATHER: tl.constexpr = False,
 ):  # fmt: skip
-    # A_GATHER: row r of the product reads row a_rows[r] of A (and of a per-row gd_a): the MoE
-    # experts' token gather done by the operand load (A quantized once per token, not per copy)
+    # A_GATHER: row r of the product reads row a_rows[r] of A (and of a per-row gd_a), a zero
+    # row where a_rows[r] < 0: the MoE experts' token gather (and its masked rows) done by the
+    # operand load (A quantized once per token, not per copy). A zero row's product is +0.0 in
+    # every column whatever its gd_a (finite): the gathered-copy path's zero row gives +0.0 too
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     if GROUPED:
@@ -80,9 +82,11 @@ def _nvfp4_gemm_kernel(
         rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < row_end
     if A_GATHER:
-        arows = tl.load(a_rows_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        arows = tl.load(a_rows_ptr + rows, mask=rmask, other=-1).to(tl.int64)
+        amask = rmask & (arows >= 0)
     else:
         arows = rows
+        amask = rmask
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     b_base = b_ptr + e64 * stride_be
@@ -92,7 +96,7 @@ def _nvfp4_gemm_kernel(
         kk = k0 + tl.arange(0, BLOCK_K)
         kmask = kk < K
         a = tl.load(a_ptr + arows[:, None] * stride_am + kk[None, :] * stride_ak,
-                    mask=rmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
+                    mask=amask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
         if B_PACKED:
             kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
             byte = tl.load(b_base + cols[:, None] * stride_bn + kb[None, :],
@@ -112,7 +116,7 @@ def _nvfp4_gemm_kernel(
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
-    gda = tl.load(gda_ptr + arows * gda_stride, mask=rmask, other=1.0)
+    gda = tl.load(gda_ptr + arows * gda_stride, mask=amask, other=1.0)
     gdb = tl.load(gdb_ptr + e * gdb_stride)
     out = (acc * gda[:, None]) * gdb
     if HAS_BIAS:
@@ -191,7 +195,8 @@ def launch_gemm(
     pinned table `config_op` (default: "nvfp4_gemm" for packed B, "nvfp4_gemm_ongrid" for
     on-grid B; the weight gradient passes "nvfp4_wgrad"). `a_rows` (int32 / int64 [M]): row r of
     the product reads row a_rows[r] of a_MK (and of a per-row gd_a), which may then have any
-    number of rows: a gather of A's rows in the operand load."""
+    number of rows, or is a zero row where a_rows[r] < 0: a gather of A's rows in the operand
+    load."""
     check_kernel_device(a_MK, "x")
     dev = a_MK.device
     k = a_MK.shape[1]

@@ -196,23 +196,40 @@ def forward_uses_ongrid(device_type: str, rows: int) -> bool:
     return device_type == "cuda" and rows >= ONGRID_FORWARD_MIN_ROWS
 
 
+def gather_zero_rows(x2: torch.Tensor, x_index: torch.Tensor) -> torch.Tensor:
+    """x2[x_index] with a zero row where x_index < 0 (the grouped ops' `x_index` semantics:
+    the experts' token gather, masked rows zeroed), as a copy."""
+    rows = x2[x_index.clamp(min=0)]
+    return torch.where((x_index >= 0).unsqueeze(-1), rows, torch.zeros((), dtype=x2.dtype,
+                                                                      device=x2.device))  # fmt: skip
+
+
+def gathered_row_abs_max(x2, x_index):
+    """max |row| of each row of `gather_zero_rows(x2, x_index)` (FP32), from one read of x2's
+    rows (a gathered row's max is its source row's; a zero row's is 0)."""
+    from .abs_max import row_abs_max
+
+    rows = row_abs_max(x2)[x_index.clamp(min=0)]
+    return torch.where(x_index >= 0, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+
+
 def gathered_global_scale(x2, x_index, recipe, x_amax):
-    """The activation global-scale argument of `quantize` for the rows x2[x_index], when x2
-    itself is what gets quantized (per row: the rows' own scales; per tensor: the amax of the
-    gathered rows only, from x2's row maxima, exact: max is a per-row then any-order max)."""
+    """The activation global-scale argument of `quantize` for the rows
+    `gather_zero_rows(x2, x_index)`, when x2 itself is what gets quantized (per row: the rows'
+    own scales; per tensor: the amax of the gathered rows only, from x2's row maxima, exact:
+    max is a per-row then any-order max)."""
     gs = act_global(recipe, x_amax)
     if isinstance(gs, str) and gs == "per_tensor":
-        from .abs_max import row_abs_max
-
         if x_index.numel() == 0:
             return torch.zeros((), dtype=torch.float32, device=x2.device)
-        return row_abs_max(x2)[x_index].amax()
+        return gathered_row_abs_max(x2, x_index).amax()
     return gs
 
 
 def cuda_linear(x2, w_codes, w_scales, w_gd, w_ongrid, bias, recipe, x_amax, offsets=None,
                 x_index=None):  # fmt: skip
-    """The forward GEMM. `x_index` (MoE): the product's rows are x2[x_index]; x2 is quantized
+    """The forward GEMM. `x_index` (MoE): the product's rows are x2[x_index] (a zero row where
+    x_index < 0: `gather_zero_rows`); x2 is quantized
     once per row (1x16 blocks are row-local, so a gathered row's quantization is its source
     row's) and the GEMM gathers the on-grid rows in its operand load: bitwise
     `cuda_linear(x2[x_index], ...)` without the gathered copy or quantizing each token top-k

@@ -388,9 +388,9 @@ def nvfp4_grouped_mm(
     x_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The experts' GEMM over tokens sorted by expert: x [T, K], or (x_index given) the rows
-    x[x_index] (the MoE token gather folded in, `passes/fold_expert_gathers.py`: bitwise the
-    op on the gathered copy, its backward returning the gradient of x with `gather_rows`'
-    position-ordered sums)."""
+    x[x_index], a zero row where x_index < 0 (the MoE token gather and its masked rows folded
+    in, `passes/fold_expert_gathers.py`: bitwise the op on the gathered copy, its backward
+    returning the gradient of x with `gather_rows`' position-ordered sums)."""
     rec = impl.recipe_from_json(recipe)
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
                              w_ongrid=w_ongrid)  # fmt: skip
@@ -399,7 +399,7 @@ def nvfp4_grouped_mm(
         return impl.cuda_linear(x, w_codes, w_scales, w_global_decode, w_ongrid, None, rec,
                                 x_amax, offsets=offsets, x_index=x_index)  # fmt: skip
     if x_index is not None:
-        x = x[x_index]
+        x = impl.gather_zero_rows(x, x_index)
     ref.check_offsets(offsets, x.shape[0], w_codes.shape[0])
     w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
     xq = ref.quantize(
@@ -415,6 +415,16 @@ def _(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax, recipe, w_
                              w_ongrid=w_ongrid)  # fmt: skip
     _check_grouped(x, offsets, w_codes.shape[0], x_index)
     return x.new_empty((x.shape[0] if x_index is None else x_index.shape[0], n))
+
+
+def _scatter_gathered(dx_g: torch.Tensor, x_index: torch.Tensor, rows: int) -> torch.Tensor:
+    """The gradient of x from that of `gather_zero_rows(x, x_index)`: `gather_rows_backward`'s
+    position-ordered sums, a zero row's positions sent to one extra row that is dropped. The
+    same bits as masking those positions' gradients to +0.0 and summing them in (the unfolded
+    graph: masked_fill's backward, then the gather's): each sum starts from +0.0, so it is never
+    -0.0, and adding +0.0 to it changes no bit."""
+    idx = torch.where(x_index >= 0, x_index, rows)
+    return gather_rows_backward(dx_g, idx, rows + 1)[:rows]
 
 
 @torch.library.custom_op(f"{_LIB}::nvfp4_grouped_mm_backward", mutates_args=())
@@ -446,7 +456,7 @@ def nvfp4_grouped_mm_backward(
     cuda = x.device.type == "cuda"
     x_src = x
     if x_index is not None and not cuda:
-        x = x[x_index]  # the reference path works on the gathered copy
+        x = impl.gather_zero_rows(x, x_index)  # the reference path works on the gathered copy
     rows = x.shape[0] if x_index is None else x_index.shape[0]
     dx, dw = x.new_empty((0,)), x.new_empty((0,), dtype=weight.dtype)
     dy_rows = dy_amax = None
@@ -477,7 +487,7 @@ def nvfp4_grouped_mm_backward(
                     dx[s:t] = ref.nvfp4_mm(dyq[s:t], impl.transpose_tiled(w_e))
             dx = dx.to(x.dtype)
         if x_index is not None:  # the gradient of x: each row's gathered copies summed
-            dx = gather_rows_backward(dx, x_index, x_src.shape[0])
+            dx = _scatter_gathered(dx, x_index, x_src.shape[0])
     if needs_w and cuda and rec.wgrad == "nvfp4":  # all experts at once, == the loop below
         from .grouped_wgrad import grouped_wgrad
 
@@ -485,7 +495,7 @@ def nvfp4_grouped_mm_backward(
                            dy_row_amax=dy_rows, x_index=x_index)  # fmt: skip
     elif needs_w:
         if x_index is not None and cuda:
-            x = x[x_index]
+            x = impl.gather_zero_rows(x, x_index)
         dw = torch.zeros((num_experts, n, k), dtype=torch.float32, device=x.device)
         wgrad = impl.cuda_wgrad if cuda else impl.cpu_wgrad
         for e, s, t in _groups(offsets):

@@ -5,7 +5,7 @@ to x's dtype at the end. Left to autograd, `expand`'s backward is a stock sum ov
 reduced in one order by eager ATen and in another by Inductor's generated kernel: the dK / dV of
 every GQA layer could differ in the last bit between a compiled step and the eager lowered graph
 (the bf16 recipe's 30B-shaped row at 4096 tokens on the H200, 2026-12-03). The forward is a copy:
-its bits are the inputs'. On CUDA (FP32, BF16) the backward is one Triton pass
+its bits are the inputs' (on CUDA one Triton pass, `repeat_kv_kernel`). On CUDA (FP32, BF16) the backward is one Triton pass
 (`group_sum_kernel`), the same roundings."""
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ def _check(x: torch.Tensor, n_rep: int) -> None:
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     _check(x, n_rep)
     b, h, _, t, d = x.shape
+    if x.device.type == "cuda":  # one read, vector stores (the stock copy of the expand is scalar)
+        from .repeat_kv_kernel import repeat_rows
+
+        return repeat_rows(x.reshape(b * h, 1, t * d), n_rep).reshape(b, h * n_rep, t, d)
     return x.expand(b, h, n_rep, t, d).reshape(b, h * n_rep, t, d).contiguous()
 
 

@@ -5,7 +5,10 @@ are row-local, so a gathered row's quantization is its source row's; a per-tenso
 over the gathered rows only) and gathers the on-grid rows in the GEMM's operand load; its
 backward reads X^T through the index and returns h's gradient with `gather_rows`' own
 position-ordered sums. The same bits as the unfolded graph, without the top_k-times gathered
-copy of h, its quantize and its amax (an MoE layer of the learner: 8x the tokens)."""
+copy of h, its quantize and its amax (an MoE layer of the learner: 8x the tokens).
+A whole-row zero fill of the gathered copy (transformers 5.17's experts always apply their
+expert-parallel sentinel mask, `masked_fill_(mask, 0.0)`) folds in as index -1: the op's zero
+row."""
 
 from __future__ import annotations
 
@@ -13,24 +16,67 @@ import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import erase_dead, fake, replace_with_call
-from .patterns import is_cast
+from .graph_utils import fake, insert_call, replace_with_call
+from .patterns import _is, is_cast
 from .report import LoweringReport
+
+aten = torch.ops.aten
 
 X_INDEX_ARG = 10  # of fp4_compile::nvfp4_grouped_mm, after site
 
 
-def _sole_reader_chain(x: fx.Node):
-    """[x, and the dtype-preserving casts between it and its GEMM] when each has one reader (the
-    experts call `.to(weight.dtype)` on their input: a no-op cast in a bf16 model)."""
-    chain = [x]
-    while is_cast(x) and isinstance(x.args[0], fx.Node):
-        src = x.args[0]
-        if fake(src) is None or fake(x) is None or fake(src).dtype != fake(x).dtype:
+def _is_masked_fill(node) -> bool:
+    return _is(node, methods=("masked_fill", "masked_fill_"),
+               overloads=(aten.masked_fill, aten.masked_fill_))  # fmt: skip
+
+
+def _in_place(node: fx.Node) -> bool:
+    name = node.target if isinstance(node.target, str) else node.target.__name__
+    return name.split(".")[0].endswith("_")
+
+
+def _row_zero_mask(node: fx.Node, rows: int | None):
+    """The [rows, 1] bool mask of `node` when it is x.masked_fill(mask, 0) zeroing whole rows
+    of a [rows, K] x (transformers' sentinel mask of the experts' input), else None."""
+    if len(node.args) != 3 or node.kwargs:
+        return None
+    mask, value = node.args[1], node.args[2]
+    m = fake(mask)
+    if not isinstance(value, (int, float)) or value != 0 or m is None or m.dtype != torch.bool:
+        return None
+    return mask if rows is not None and tuple(m.shape) == (rows, 1) else None
+
+
+def _source(x: fx.Node):
+    """From the GEMM's input back to a gather: (gather node, the nodes in between, row mask or
+    None), or None. In between: dtype-preserving casts (the experts call `.to(weight.dtype)`)
+    and at most one whole-row zero fill (the sentinel mask: a functional `masked_fill` in an
+    exported graph, or `masked_fill_` in place on the gathered copy in a Dynamo graph, then a
+    second reader of the gather node); every one of them read by nothing else."""
+    ops = torch.ops.fp4_compile
+    chain, mask = [], None
+    while not (x.op == "call_function" and x.target is ops.gather_rows.default):
+        src = x.args[0] if x.args else None
+        if len(x.users) != 1 or not isinstance(src, fx.Node) or fake(src) is None:
+            return None
+        if _is_masked_fill(x) and mask is None and not _in_place(x):
+            mask = _row_zero_mask(x, fake(src).shape[0])
+            if mask is None:
+                return None
+        elif not (is_cast(x) and fake(x) is not None and fake(src).dtype == fake(x).dtype):
             return None  # a real conversion: the GEMM quantizes the converted values
-        chain.append(src)
+        chain.append(x)
         x = src
-    return chain if all(len(n.users) == 1 for n in chain) else None
+    reader = chain[-1] if chain else None
+    others = [u for u in x.users if u is not reader]
+    if len(others) == 1 and mask is None and _is_masked_fill(others[0]) and not others[0].users:
+        mask = _row_zero_mask(others[0], fake(x).shape[0] if fake(x) is not None else None)
+        if mask is None:
+            return None
+        chain.append(others[0])  # in place on the gathered copy
+    elif others:
+        return None
+    return x, chain, mask
 
 
 def fold_expert_gathers(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
@@ -39,19 +85,23 @@ def fold_expert_gathers(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Lowerin
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not ops.nvfp4_grouped_mm.default:
             continue
-        if not isinstance(node.args[0], fx.Node) or len(node.args) > X_INDEX_ARG or node.kwargs:
+        if len(node.args) > X_INDEX_ARG or node.kwargs:
             continue
-        chain = _sole_reader_chain(node.args[0])
-        gathered = chain[-1] if chain else None
-        if (
-            gathered is None
-            or gathered.op != "call_function"
-            or (gathered.target is not ops.gather_rows.default)
-        ):
+        found = _source(node.args[0])
+        if found is None:
             continue
+        gathered, chain, mask = found
         h, idx = gathered.args
+        if mask is not None:  # masked rows: index -1, a zero row in the op
+            rows_mask = insert_call(graph, aten.squeeze.dim, (mask, -1), before=node, like=node)
+            idx = insert_call(graph, aten.where.ScalarSelf, (rows_mask, -1, idx), before=node,
+                              like=node)  # fmt: skip
         args = (*node.args, *([0] * (X_INDEX_ARG - len(node.args))))  # site defaults to 0
         replace_with_call(graph, node, node.target, (h, *args[1:], idx))
-        erase_dead(graph, chain)
+        for dead in chain:  # GEMM side first: each one's only reader is gone
+            if not dead.users:
+                graph.erase_node(dead)
+        if not gathered.users:
+            graph.erase_node(gathered)
         report.count("expert_gather_folded")
     gm.recompile()

@@ -73,3 +73,20 @@ def test_bad_input_is_named():
         group_sum(x, round_each=True, out_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"\[A, N >= 1, C\]"):
         group_sum(x[0], round_each=False, out_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_repeat_rows_is_the_expand_copy(dtype):
+    """repeat_kv's CUDA forward (`repeat_kv_kernel.repeat_rows`) == x.expand(...).contiguous(),
+    bitwise (NaN, inf and -0.0 included: a copy), rows longer than one block, n_rep 1."""
+    from fp4_compile.codegen.repeat_kv_kernel import repeat_rows
+
+    x = torch.randn(3, 1, 2500).to(dtype)
+    x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -0.0])
+    for n in (1, 4):
+        got = repeat_rows(x.to(DEV), n).cpu()
+        want = x.expand(3, n, 2500).contiguous()
+        assert got.shape == want.shape
+        assert torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8)), n
+    with pytest.raises(ValueError, match=r"x must be \[A, 1, C\]"):
+        repeat_rows(x.to(DEV).reshape(1, 3, 2500), 2)

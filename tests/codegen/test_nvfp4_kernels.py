@@ -446,7 +446,7 @@ def test_grouped_forward_with_x_index_equals_gathered_copy(act):
     """Bitwise: the grouped forward reading x[x_index] through the index (x quantized once per
     row, the on-grid rows gathered by the GEMM's operand load) == the same call on the gathered
     copy; a token routed twice, one never routed (its row must not change a per-tensor amax),
-    int32 and int64 indices, empty experts."""
+    masked rows (index -1: zero rows), int32 and int64 indices, empty experts."""
     from fp4_compile.recipe import QuantSpec
 
     rec = NVFP4Recipe.strict(activation=QuantSpec(block="1x16", global_scale=act))
@@ -456,10 +456,11 @@ def test_grouped_forward_with_x_index_equals_gathered_copy(act):
     sc = wq.block_scales.view(torch.uint8)
     h = _x(12, k, seed=4)
     h[11] *= 1000.0  # never gathered: the largest row of h
-    idx = torch.tensor([3, 0, 7, 7, 1, 2, 9, 10, 5, 4, 0, 8, 6, 3], device=DEV)
+    idx = torch.tensor([3, 0, 7, 7, 1, 2, 9, -1, 5, 4, 0, 8, 6, 3], device=DEV)
     offsets = torch.tensor([5, 5, 9, 14], dtype=torch.int32, device=DEV)
     args = (wq.codes, sc, wq.global_decode, None, None, rec, None)
-    want = impl.cuda_linear(h[idx], *args, offsets=offsets)
+    want = impl.cuda_linear(impl.gather_zero_rows(h, idx), *args, offsets=offsets)
+    assert bool((want[7] == 0).all())
     for index in (idx, idx.to(torch.int32)):
         got = impl.cuda_linear(h, *args, offsets=offsets, x_index=index)
         assert_bitwise_equal(got, want, f"{index.dtype}")
@@ -467,8 +468,9 @@ def test_grouped_forward_with_x_index_equals_gathered_copy(act):
 
 def test_grouped_backward_with_x_index_equals_gathered_copy():
     """Bitwise: the backward op given x_index == the op on the gathered copy followed by
-    `gather_rows_backward` (dX of the source rows), and the MoE wgrad reading X^T through the
-    index == the wgrad of the gathered copy."""
+    `gather_rows_backward` (dX of the source rows; masked rows, index -1, add their zeroed
+    gradients as the unfolded graph does), and the MoE wgrad reading X^T through the index ==
+    the wgrad of the gathered copy."""
     from fp4_compile.codegen.gather_rows import gather_rows_backward
     from fp4_compile.codegen.grouped_wgrad import grouped_wgrad
 
@@ -477,18 +479,23 @@ def test_grouped_backward_with_x_index_equals_gathered_copy():
     wq = ref.quantize_experts(w)
     h = _x(9, k, seed=12)
     idx = torch.tensor([3, 0, 7, 7, 1, 2, 5, 4, 0, 8, 6, 3, 1, 2, 5, 6], device=DEV)
+    masked = torch.zeros(16, dtype=torch.bool, device=DEV)
+    masked[[2, 9]] = True
+    x_index = torch.where(masked, -1, idx)
     offsets = torch.tensor([5, 5, 11, 16], dtype=torch.int32, device=DEV)
     dy = _x(16, n, seed=11)
     seed = 2**40 + 4096
-    assert_bitwise_equal(grouped_wgrad(dy, h, offsets, STRICT, seed, x_index=idx),
-                         grouped_wgrad(dy, h[idx], offsets, STRICT, seed), "wgrad")  # fmt: skip
+    xg = impl.gather_zero_rows(h, x_index)
+    assert_bitwise_equal(grouped_wgrad(dy, h, offsets, STRICT, seed, x_index=x_index),
+                         grouped_wgrad(dy, xg, offsets, STRICT, seed), "wgrad")  # fmt: skip
     wargs = (w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, offsets, None,
              impl.recipe_to_json(STRICT), 7, True, True)  # fmt: skip
     set_sr_state(None)
-    dh, dw = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(dy, h, *wargs, idx)
+    dh, dw = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(dy, h, *wargs, x_index)
     set_sr_state(None)
-    dxg, dw_g = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(dy, h[idx], *wargs)
+    dxg, dw_g = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(dy, xg, *wargs)
     assert dh.shape == h.shape
-    assert_bitwise_equal(dh, gather_rows_backward(dxg, idx, h.shape[0]), "dX of the source")
+    want = gather_rows_backward(dxg.masked_fill(masked[:, None], 0.0), idx, h.shape[0])
+    assert_bitwise_equal(dh, want, "dX of the source")
     assert_bitwise_equal(dw, dw_g, "dW")
     set_sr_state(None)

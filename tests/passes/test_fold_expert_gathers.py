@@ -1,0 +1,95 @@
+"""The experts' token gather folded into the NVFP4 grouped GEMM (`passes/fold_expert_gathers.py`):
+it fires on transformers' experts as they are (with and without the expert-parallel sentinel
+mask, which transformers 5.17 applies on every call: a whole-row `masked_fill_` of the gathered
+copy), and the compiled model's logits and every gradient equal, bit for bit, the same model
+compiled without the fold."""
+
+import pytest
+import torch
+
+import fp4_compile
+from fp4_compile import passes
+from fp4_compile.models import tiny_qwen3_moe
+from fp4_compile.passes.fold_expert_gathers import fold_expert_gathers
+from fp4_compile.sr_stream import set_sr_state
+from fp4_compile.testing import assert_bitwise_equal
+
+
+def _model(sentinel_mask: bool):
+    model = tiny_qwen3_moe(layers=2, dtype=torch.bfloat16)
+    for m in model.modules():
+        if hasattr(m, "_is_expert_parallel"):
+            m._is_expert_parallel = sentinel_mask  # the masked path of transformers' experts
+    return model
+
+
+def _run(model, ids):
+    torch._dynamo.reset()
+    model.zero_grad(set_to_none=True)
+    set_sr_state(None)
+    out = torch.compile(model, backend="minite", fullgraph=True)(ids, use_cache=False).logits
+    out.float().pow(2).mean().backward()
+    return out.detach(), {
+        n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+    }
+
+
+@pytest.mark.parametrize("sentinel_mask", [False, True], ids=["plain", "sentinel-mask"])
+def test_fold_fires_and_changes_no_bit(sentinel_mask, monkeypatch):
+    model = _model(sentinel_mask)
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1)
+    )
+    (report,) = fp4_compile.explain(model, ids, use_cache=False, print_report=False)
+    assert report.counts["expert_gather_folded"] == 2  # one per layer: gate_up's input
+    y, g = _run(model, ids)
+    monkeypatch.setattr(
+        passes, "PIPELINE", tuple(p for p in passes.PIPELINE if p is not fold_expert_gathers)
+    )
+    y_ref, g_ref = _run(model, ids)
+    assert_bitwise_equal(y, y_ref, "logits")
+    assert g.keys() == g_ref.keys() and len(g) > 10
+    for name in g:
+        assert_bitwise_equal(g[name], g_ref[name], name)
+    set_sr_state(None)
+
+
+def test_masked_rows_are_zero_rows_of_the_op():
+    """x_index -1 = a zero row, forward and backward, on the CPU (reference) path: the same
+    values and gradients as masking a gathered copy (the unfolded graph)."""
+    from fp4_compile import NVFP4Recipe
+    from fp4_compile import reference as ref
+    from fp4_compile.codegen import nvfp4_impl as impl
+
+    rec = impl.recipe_to_json(NVFP4Recipe.strict())
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(3, 32, 48, generator=g)
+    wq = ref.quantize_experts(w)
+    h = torch.randn(5, 48, generator=g, dtype=torch.float32).to(torch.bfloat16)
+    idx = torch.tensor([0, 3, 1, 4, 2, 0, 3, 1])
+    mask = torch.tensor([0, 0, 1, 0, 0, 1, 0, 0], dtype=torch.bool)
+    offsets = torch.tensor([3, 3, 8], dtype=torch.int32)
+    args = (
+        w,
+        wq.codes,
+        wq.block_scales.view(torch.uint8),
+        wq.global_decode,
+        offsets,
+        None,
+        rec,
+        None,
+        0,
+    )
+    h1 = h.clone().requires_grad_()
+    y = torch.ops.fp4_compile.nvfp4_grouped_mm(h1, *args, torch.where(mask, -1, idx))
+    h2 = h.clone().requires_grad_()
+    x2 = torch.ops.fp4_compile.gather_rows(h2, idx).masked_fill(mask[:, None], 0.0)
+    y_ref = torch.ops.fp4_compile.nvfp4_grouped_mm(x2, *args)
+    assert_bitwise_equal(y, y_ref, "forward")
+    dy = torch.randn(y.shape, generator=g).to(y.dtype)
+    set_sr_state(None)
+    y.backward(dy)
+    set_sr_state(None)
+    y_ref.backward(dy)
+    assert_bitwise_equal(h1.grad, h2.grad, "dh")
+    set_sr_state(None)
