@@ -152,9 +152,9 @@ def learner_cases() -> list[KernelCase]:
             wg.num_warps, wg.num_stages,
         ),
     ]  # fmt: skip
-    for label, (sbe, sbn, sbk) in (
-        ("MoE forward, B on-grid [E, N, K]", (n * k, k, 1)),
-        ("MoE dgrad, B = W^T view of on-grid [E, N, K]", (n * k, 1, n)),
+    for label, (sbe, sbn, sbk), gather in (
+        ("MoE forward, B on-grid [E, N, K], A rows gathered", (n * k, k, 1), True),
+        ("MoE dgrad, B = W^T view of on-grid [E, N, K]", (n * k, 1, n), False),
     ):
         cases.append(
             KernelCase(
@@ -169,7 +169,7 @@ def learner_cases() -> list[KernelCase]:
                  "stride_om": (i32, n), "stride_on": (i32, 1)},
                 {"GROUPED": True, "B_PACKED": False, "HAS_BIAS": False, "DOT_F32": False,
                  "BLOCK_M": ongrid.block_m, "BLOCK_N": ongrid.block_n,
-                 "BLOCK_K": ongrid.block_k, "BLOCK_E": e},
+                 "BLOCK_K": ongrid.block_k, "BLOCK_E": e, "A_GATHER": gather},
                 ongrid.num_warps, ongrid.num_stages,
             )
         )  # fmt: skip
@@ -187,7 +187,7 @@ def learner_cases() -> list[KernelCase]:
              "stride_on": (i32, 1)},
             {"GROUPED": False, "B_PACKED": False, "HAS_BIAS": False, "DOT_F32": False,
              "BLOCK_M": dense.block_m, "BLOCK_N": dense.block_n, "BLOCK_K": dense.block_k,
-             "BLOCK_E": 2},
+             "BLOCK_E": 2, "A_GATHER": False},
             dense.num_warps, dense.num_stages,
         )
     )  # fmt: skip

@@ -32,7 +32,9 @@ def test_gemm_operands_are_pipelined_async_copies(audit):
     for name in gemms:
         row = audit[name]
         assert row["cp.async 16B"] >= 16, (name, row)  # A and B tiles, every pipeline stage
-        assert row["ld.global scalar"] <= 8, (name, row)  # the epilogue's scales, not operands
+        # the epilogue's scales, not operands (the gathered forward also loads its rows' index,
+        # once, before the K loop)
+        assert row["ld.global scalar"] <= (12 if "gathered" in name else 8), (name, row)
         assert row["wgmma"] >= 1, (name, row)
 
 

@@ -193,6 +193,13 @@ def test_opcheck():
         torch.ops.fp4_compile.nvfp4_grouped_mm.default,
         (xg, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, off, None, impl.recipe_to_json(STRICT), None),
     )  # fmt: skip
+    # the folded token gather: rows of h through x_index (-1: a zero row), gradient of h
+    h = _x(6, 32, dtype=torch.float32).requires_grad_()
+    x_index = torch.tensor([0, 5, 2, -1, 2, 4, 1, 0, 3, 5])
+    torch.library.opcheck(
+        torch.ops.fp4_compile.nvfp4_grouped_mm.default,
+        (h, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, off, None, impl.recipe_to_json(STRICT), None, 0, x_index),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
