@@ -4,7 +4,16 @@ Triton is imported lazily by the kernel modules, never by this package's import.
 `fp4_compile.rl`. Importing this package registers the `fp4_compile::` NVFP4 ops (no Triton).
 """
 
-from . import embedding, gather_rows, invariant_grouped, ordered_sum, repeat_kv, row_scale, silu_mul  # noqa: F401  (register the ops)
+from . import (  # noqa: F401  (register the ops)
+    embedding,
+    gather_rows,
+    invariant_grouped,
+    moe_combine,
+    ordered_sum,
+    repeat_kv,
+    row_scale,
+    silu_mul,
+)
 from .invariant import (
     attention,
     linear,

@@ -23,9 +23,11 @@ BLOCK_R, BLOCK_C = 4, 512
 
 
 @triton.jit
-def _gather_rows_backward_kernel(g_ptr, order_ptr, start_ptr, count_ptr, out_ptr, R, C,
+def _gather_rows_backward_kernel(g_ptr, order_ptr, start_ptr, count_ptr, out_ptr, R, C, ROW_DIV,
                                  BF16: tl.constexpr, BLOCK_R: tl.constexpr,
                                  BLOCK_C: tl.constexpr):  # fmt: skip
+    # position p's gradient is row p // ROW_DIV of g (1: g itself; k: the expanded gradient of
+    # a sum over k slots, `moe_combine`, read without the expanded copy)
     pid = tl.program_id(0)  # one grid axis (2**31 programs): rows x column blocks can be many
     num_col_blocks = tl.cdiv(C, BLOCK_C)
     rows = (pid // num_col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -39,7 +41,8 @@ def _gather_rows_backward_kernel(g_ptr, order_ptr, start_ptr, count_ptr, out_ptr
         live = j < count
         p = tl.load(order_ptr + start + j, mask=live, other=0)
         m = live[:, None] & cmask[None, :]
-        g = tl.load(g_ptr + p[:, None] * C + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        g_row = (p // ROW_DIV).to(tl.int64)
+        g = tl.load(g_ptr + g_row[:, None] * C + cols[None, :], mask=m, other=0.0).to(tl.float32)
         acc = tl.where(live[:, None], acc + g, acc)
     if BF16:  # ties to even with integer ops (the interpreter's bf16 cast truncates)
         acc = _round_bf16(acc)
@@ -47,7 +50,10 @@ def _gather_rows_backward_kernel(g_ptr, order_ptr, start_ptr, count_ptr, out_ptr
     tl.store(out_ptr + out, acc.to(out_ptr.dtype.element_ty), mask=rlive[:, None] & cmask[None, :])
 
 
-def gather_rows_backward_triton(grad: torch.Tensor, idx: torch.Tensor, num_rows: int):
+def gather_rows_backward_triton(grad: torch.Tensor, idx: torch.Tensor, num_rows: int,
+                                row_div: int = 1):  # fmt: skip
+    """The backward of x[idx] (x of `num_rows` rows) given grad, whose row q // row_div is
+    position q's gradient (row_div > 1: the expanded gradient of a sum over row_div slots)."""
     check_kernel_device(grad, "grad")
     order, starts, counts = row_segments(idx, num_rows)
     g2 = grad.contiguous().reshape(grad.shape[0], -1)  # the kernel's row stride is C
@@ -56,7 +62,8 @@ def gather_rows_backward_triton(grad: torch.Tensor, idx: torch.Tensor, num_rows:
     if num_rows and c:
         grid = (triton.cdiv(num_rows, BLOCK_R) * triton.cdiv(c, BLOCK_C),)
         _gather_rows_backward_kernel[grid](
-            g2, order, starts, counts, out, num_rows, c, BF16=grad.dtype == torch.bfloat16,
+            g2, order, starts, counts, out, num_rows, c, row_div,
+            BF16=grad.dtype == torch.bfloat16,
             BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C,
             num_warps=4, **compile_options(grad.device),
         )  # fmt: skip

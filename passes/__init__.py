@@ -12,6 +12,7 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .fold_expert_gathers import fold_expert_gathers
+from .fold_moe_combine import fold_moe_combine
 from .lower_attention import lower_attention
 from .lower_embeddings import lower_embeddings
 from .lower_gathers import lower_gathers
@@ -44,6 +45,7 @@ PIPELINE = (
     lower_row_scales,  # x[..., H] * w[..., 1] (routing weights) -> row_scale, ordered backward
     lower_gathers,  # x[idx] rows (MoE token gathers) -> gather_rows, position-ordered backward
     fold_expert_gathers,  # gather_rows only read by an NVFP4 grouped GEMM -> its x_index
+    fold_moe_combine,  # row_scale -> gather_rows -> view -> ordered_sum (top-k combine): one op
     lower_silu_muls,  # silu(a) * b (SwiGLU) -> silu_mul, one implementation for every engine
     lower_outer_products,  # K = 1 matmuls (rotary embedding) -> broadcast multiply, same bits
     lower_embeddings,  # token embedding -> embedding op with one opaque (same-kernel) backward

@@ -1,8 +1,9 @@
-"""The experts' token gather folded into the NVFP4 grouped GEMM (`passes/fold_expert_gathers.py`):
-it fires on transformers' experts as they are (with and without the expert-parallel sentinel
+"""The folds of the MoE experts' data movement into one op each: the token gather into the NVFP4
+grouped GEMM (`passes/fold_expert_gathers.py`) and the top-k combine (`passes/fold_moe_combine.py`).
+Each fires on transformers' experts as they are (with and without the expert-parallel sentinel
 mask, which transformers 5.17 applies on every call: a whole-row `masked_fill_` of the gathered
-copy), and the compiled model's logits and every gradient equal, bit for bit, the same model
-compiled without the fold."""
+copy and of each grouped GEMM's output), and the compiled model's logits and every gradient
+equal, bit for bit, the same model compiled without that fold."""
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import fp4_compile
 from fp4_compile import passes
 from fp4_compile.models import tiny_qwen3_moe
 from fp4_compile.passes.fold_expert_gathers import fold_expert_gathers
+from fp4_compile.passes.fold_moe_combine import fold_moe_combine
 from fp4_compile.sr_stream import set_sr_state
 from fp4_compile.testing import assert_bitwise_equal
 
@@ -34,18 +36,18 @@ def _run(model, ids):
     }
 
 
+@pytest.mark.parametrize("fold", [fold_expert_gathers, fold_moe_combine], ids=lambda f: f.__name__)
 @pytest.mark.parametrize("sentinel_mask", [False, True], ids=["plain", "sentinel-mask"])
-def test_fold_fires_and_changes_no_bit(sentinel_mask, monkeypatch):
+def test_fold_fires_and_changes_no_bit(sentinel_mask, fold, monkeypatch):
     model = _model(sentinel_mask)
     ids = torch.randint(
         0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1)
     )
     (report,) = fp4_compile.explain(model, ids, use_cache=False, print_report=False)
     assert report.counts["expert_gather_folded"] == 2  # one per layer: gate_up's input
+    assert report.counts["moe_combine_folded"] == 2  # one per layer
     y, g = _run(model, ids)
-    monkeypatch.setattr(
-        passes, "PIPELINE", tuple(p for p in passes.PIPELINE if p is not fold_expert_gathers)
-    )
+    monkeypatch.setattr(passes, "PIPELINE", tuple(p for p in passes.PIPELINE if p is not fold))
     y_ref, g_ref = _run(model, ids)
     assert_bitwise_equal(y, y_ref, "logits")
     assert g.keys() == g_ref.keys() and len(g) > 10

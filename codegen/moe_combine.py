@@ -1,0 +1,103 @@
+"""`fp4_compile::moe_combine`: the MoE experts' top-k combine as ONE op,
+  out[t] = ordered_sum over j < k of row_scale(x, w)[idx[t * k + j]]
+(x [S, H] the experts' outputs sorted by expert, w [S, 1] their routing weights, idx [S] the
+slots' rows in token order, S = T * k), which the lowering had as four ops
+(`passes/fold_moe_combine.py`): `row_scale`, `gather_rows`, a view [T, k, H] and `ordered_sum`
+over k. Bitwise their composition, by definition: the CPU implementation IS the composition of
+their reference functions, and the CUDA kernels repeat their roundings step for step:
+- forward: per token, each slot's product x[p] * w[p] in FP32, rounded to the result dtype
+  (promote(x, w), as `row_scale`), summed in slot order from slot 0's value, every partial sum
+  rounded to that dtype (`ordered_sum`); one pass over x instead of four over [S, H];
+- backward: the gradient of row_scale's output is `gather_rows`' position-ordered FP32 sum of
+  the slots' gradients, where slot q's gradient is grad[q // k] (`ordered_sum`'s backward is an
+  expand): the sum reads grad's rows directly (no expanded [S, H] copy), then `row_scale`'s own
+  backward (`row_scale_backward`: grad_x, and grad_w in its fixed tree order).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .gather_rows import gather_rows_backward_reference
+from .ordered_sum import ordered_sum_torch
+from .row_scale import row_scale_backward
+
+KERNEL_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def _check(x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int) -> None:
+    if x.dim() != 2 or not x.dtype.is_floating_point:
+        raise ValueError(f"moe_combine needs x floating [S, H], got {x.dtype} {tuple(x.shape)}")
+    if w.shape != (x.shape[0], 1) or not w.dtype.is_floating_point:
+        raise ValueError(f"moe_combine needs w floating [S, 1], got {w.dtype} {tuple(w.shape)}")
+    if idx.dim() != 1 or idx.shape[0] != x.shape[0] or idx.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"moe_combine needs idx int [S={x.shape[0]}], got {idx.dtype} "
+                         f"{tuple(idx.shape)}")  # fmt: skip
+    if not isinstance(k, int) or k < 1 or x.shape[0] % k:
+        raise ValueError(f"k must be a positive int dividing S={x.shape[0]}, got {k!r}")
+
+
+def moe_combine_reference(x, w, idx, k):
+    """The forward as the composition of the four ops' CPU implementations."""
+    y = (x * w)[idx]  # row_scale, then gather_rows (x[idx]: negatives wrap)
+    return ordered_sum_torch(y.reshape(x.shape[0] // k, k, x.shape[1]), 1, False)
+
+
+@torch.library.custom_op("fp4_compile::moe_combine", mutates_args=())
+def moe_combine(x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int) -> torch.Tensor:
+    _check(x, w, idx, k)
+    out_dtype = torch.promote_types(x.dtype, w.dtype)
+    on_kernel = x.dtype in KERNEL_DTYPES and w.dtype in KERNEL_DTYPES
+    if x.device.type == "cuda" and on_kernel and x.numel():
+        from .moe_combine_kernel import moe_combine_triton
+
+        return moe_combine_triton(x, w, idx, k, out_dtype)
+    return moe_combine_reference(x, w, idx, k).contiguous()
+
+
+@moe_combine.register_fake
+def _(x, w, idx, k):
+    _check(x, w, idx, k)
+    out_dtype = torch.promote_types(x.dtype, w.dtype)
+    return x.new_empty((x.shape[0] // k, x.shape[1]), dtype=out_dtype)
+
+
+def slot_grad_sums_reference(grad: torch.Tensor, idx: torch.Tensor, k: int) -> torch.Tensor:
+    """The gradient of row_scale's output: `gather_rows` backward of the expanded grad."""
+    t, h = grad.shape
+    expanded = grad.unsqueeze(1).expand(t, k, h).reshape(t * k, h)
+    return gather_rows_backward_reference(expanded, idx, t * k)
+
+
+@torch.library.custom_op("fp4_compile::moe_combine_backward", mutates_args=())
+def moe_combine_backward(
+    grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_x in x.dtype, grad_w in w.dtype)."""
+    if grad.device.type == "cuda" and grad.dtype in KERNEL_DTYPES and grad.numel():
+        from .gather_rows_kernel import gather_rows_backward_triton
+
+        g1 = gather_rows_backward_triton(grad, idx, x.shape[0], row_div=k)
+    else:
+        g1 = slot_grad_sums_reference(grad, idx, k)
+    return row_scale_backward(g1, x, w)
+
+
+@moe_combine_backward.register_fake
+def _(grad, x, w, idx, k):
+    return torch.empty_like(x), torch.empty_like(w)
+
+
+def _setup(ctx, inputs, output):
+    x, w, idx, k = inputs
+    ctx.save_for_backward(x, w, idx)
+    ctx.k = k
+
+
+def _backward(ctx, grad):
+    x, w, idx = ctx.saved_tensors
+    grad_x, grad_w = moe_combine_backward(grad.contiguous(), x, w, idx, ctx.k)
+    return grad_x, grad_w, None, None
+
+
+moe_combine.register_autograd(_backward, setup_context=_setup)

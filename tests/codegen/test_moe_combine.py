@@ -1,0 +1,96 @@
+"""`fp4_compile::moe_combine` (the MoE top-k combine as one op) == the four ops it replaces
+(`row_scale`, `gather_rows`, a view, `ordered_sum`), bitwise, forward and backward: the CPU
+implementation against the ops themselves, and the Triton kernels (the interpreter here, CUDA on
+the GPU) against the CPU implementation; BF16 and FP32 results, mixed dtypes, a permutation and
+an index with repeated and negative rows, signed zeros."""
+
+import pytest
+import torch
+
+import fp4_compile.codegen  # noqa: F401  (registers the ops)
+from fp4_compile.testing import assert_bitwise_equal
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+ops = torch.ops.fp4_compile
+
+
+def _case(dtype_x, dtype_w, t=6, k=3, h=700, permutation=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    s = t * k
+    x = (torch.randn(s, h, generator=g) * 3).to(dtype_x)
+    x[0, :4] = torch.tensor([0.0, -0.0, 1e-30, -1e-30])
+    w = torch.rand(s, 1, generator=g).to(dtype_w)
+    if permutation:
+        idx = torch.randperm(s, generator=g)
+    else:  # repeated rows, a row never read, a negative (wrapping) index
+        idx = torch.randint(0, s - 1, (s,), generator=g)
+        idx[3] = -2
+    return x, w, idx, k
+
+
+def _four_ops(x, w, idx, k):
+    y = ops.row_scale(x, w)
+    y = ops.gather_rows(y, idx)
+    return ops.ordered_sum(y.view(x.shape[0] // k, k, x.shape[1]), 1, False)
+
+
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
+                                    (torch.bfloat16, torch.float32)], ids=["bf16", "fp32", "mixed"])  # fmt: skip
+@pytest.mark.parametrize("permutation", [True, False], ids=["perm", "repeats"])
+def test_op_equals_the_four_ops(dtypes, permutation):
+    """Forward and both gradients == the composition's autograd, bitwise (CPU: the reference
+    implementations; CUDA: the kernels on both sides)."""
+    x, w, idx, k = _case(*dtypes, permutation=permutation)
+    x, w, idx = x.to(DEV), w.to(DEV), idx.to(DEV)  # CUDA: the kernels on both sides
+    x1, w1 = x.clone().requires_grad_(), w.clone().requires_grad_()
+    x2, w2 = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y1 = ops.moe_combine(x1, w1, idx, k)
+    y2 = _four_ops(x2, w2, idx, k)
+    assert_bitwise_equal(y1, y2, "forward")
+    g = torch.randn(y1.shape, generator=torch.Generator().manual_seed(3)).to(y1.dtype).to(DEV)
+    y1.backward(g)
+    y2.backward(g)
+    assert_bitwise_equal(x1.grad, x2.grad, "grad x")
+    assert_bitwise_equal(w1.grad, w2.grad, "grad w")
+
+
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
+                                    (torch.bfloat16, torch.float32)], ids=["bf16", "fp32", "mixed"])  # fmt: skip
+@pytest.mark.parametrize("permutation", [True, False], ids=["perm", "repeats"])
+def test_kernels_equal_the_reference(dtypes, permutation):
+    """The forward kernel and the backward's slot-gradient sums (read through row // k) ==
+    the CPU implementation, bitwise (CUDA, or the interpreter)."""
+    pytest.importorskip("triton")
+    import os
+
+    if DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    from fp4_compile.codegen.gather_rows_kernel import gather_rows_backward_triton
+    from fp4_compile.codegen.moe_combine import moe_combine_reference, slot_grad_sums_reference
+    from fp4_compile.codegen.moe_combine_kernel import moe_combine_triton
+
+    x, w, idx, k = _case(*dtypes, permutation=permutation)
+    out_dtype = torch.promote_types(x.dtype, w.dtype)
+    got = moe_combine_triton(x.to(DEV), w.to(DEV), idx.to(DEV), k, out_dtype).cpu()
+    assert_bitwise_equal(got, moe_combine_reference(x, w, idx, k), "forward")
+    grad = torch.randn(x.shape[0] // k, x.shape[1], generator=torch.Generator().manual_seed(4))
+    grad = grad.to(out_dtype)
+    grad[0, :2] = torch.tensor([-0.0, 0.0])
+    idx_w = torch.where(idx < 0, idx + x.shape[0], idx)  # gather_rows_backward's own wrap
+    sums = gather_rows_backward_triton(grad.to(DEV), idx_w.to(DEV), x.shape[0], row_div=k).cpu()
+    assert_bitwise_equal(sums, slot_grad_sums_reference(grad, idx, k), "slot gradient sums")
+
+
+def test_bad_arguments_are_refused():
+    x, w, idx, k = _case(torch.float32, torch.float32)
+    with pytest.raises(ValueError, match="k must be a positive int dividing"):
+        ops.moe_combine(x, w, idx, 4)
+    with pytest.raises(ValueError, match=r"w floating \[S, 1\]"):
+        ops.moe_combine(x, w.reshape(-1), idx, k)
+    with pytest.raises(ValueError, match="idx int"):
+        ops.moe_combine(x, w, idx.float(), k)
+
+
+def test_opcheck():
+    x, w, idx, k = _case(torch.bfloat16, torch.bfloat16, h=64)
+    torch.library.opcheck(ops.moe_combine.default, (x.requires_grad_(), w.requires_grad_(), idx, k))
