@@ -23,6 +23,7 @@ from .report import LoweringReport
 aten = torch.ops.aten
 
 X_INDEX_ARG = 10  # of fp4_compile::nvfp4_grouped_mm, after site
+_DEFAULTS = (None, 0)  # w_ongrid (arg 8) and site (arg 9), when the call leaves them out
 
 
 def _is_masked_fill(node) -> bool:
@@ -47,7 +48,7 @@ def _row_zero_mask(node: fx.Node, rows: int | None):
     return mask if rows is not None and tuple(m.shape) == (rows, 1) else None
 
 
-def _source(x: fx.Node):
+def _source(x: fx.Node, gemm: fx.Node):
     """From the GEMM's input back to a gather: (gather node, the nodes in between, row mask or
     None), or None. In between: dtype-preserving casts (the experts call `.to(weight.dtype)`)
     and at most one whole-row zero fill (the sentinel mask: a functional `masked_fill` in an
@@ -67,7 +68,7 @@ def _source(x: fx.Node):
             return None  # a real conversion: the GEMM quantizes the converted values
         chain.append(x)
         x = src
-    reader = chain[-1] if chain else None
+    reader = chain[-1] if chain else gemm
     others = [u for u in x.users if u is not reader]
     if len(others) == 1 and mask is None and _is_masked_fill(others[0]) and not others[0].users:
         mask = _row_zero_mask(others[0], fake(x).shape[0] if fake(x) is not None else None)
@@ -87,16 +88,24 @@ def fold_expert_gathers(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Lowerin
             continue
         if len(node.args) > X_INDEX_ARG or node.kwargs:
             continue
-        found = _source(node.args[0])
+        found = _source(node.args[0], node)
         if found is None:
             continue
         gathered, chain, mask = found
         h, idx = gathered.args
+        rows = fake(h).shape[0] if fake(h) is not None else None
+        if not isinstance(rows, int):
+            continue
+        # x[idx] wraps a negative index; the op's -1 is a zero row: wrap first (the experts'
+        # indices are never negative; one fused elementwise kernel over [S] ints)
+        negative = insert_call(graph, aten.lt.Scalar, (idx, 0), before=node, like=node)
+        wrapped = insert_call(graph, aten.add.Scalar, (idx, rows), before=node, like=node)
+        idx = insert_call(graph, aten.where.self, (negative, wrapped, idx), before=node, like=node)
         if mask is not None:  # masked rows: index -1, a zero row in the op
             rows_mask = insert_call(graph, aten.squeeze.dim, (mask, -1), before=node, like=node)
             idx = insert_call(graph, aten.where.ScalarSelf, (rows_mask, -1, idx), before=node,
                               like=node)  # fmt: skip
-        args = (*node.args, *([0] * (X_INDEX_ARG - len(node.args))))  # site defaults to 0
+        args = (*node.args, *_DEFAULTS[len(node.args) - 8 :])  # the 8 required, then defaults
         replace_with_call(graph, node, node.target, (h, *args[1:], idx))
         for dead in chain:  # GEMM side first: each one's only reader is gone
             if not dead.users:

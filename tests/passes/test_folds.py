@@ -95,3 +95,38 @@ def test_masked_rows_are_zero_rows_of_the_op():
     y_ref.backward(dy)
     assert_bitwise_equal(h1.grad, h2.grad, "dh")
     set_sr_state(None)
+
+
+def test_fold_keeps_a_negative_gather_index_wrapping():
+    """x[idx] wraps a negative index (-1 is the last row), the folded op's -1 is a zero row: the
+    pass wraps the index first, so the folded graph == the unfolded one on a graph whose gather
+    index has negative entries (a make_fx graph: the pass on aten-level graphs)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fp4_compile import NVFP4Recipe
+    from fp4_compile import reference as ref
+    from fp4_compile.codegen import nvfp4_impl as impl
+    from fp4_compile.passes.report import LoweringReport
+
+    rec = impl.recipe_to_json(NVFP4Recipe.strict())
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(2, 32, 48, generator=g)
+    wq = ref.quantize_experts(w)
+    scales = wq.block_scales.view(torch.uint8)
+    h = torch.randn(5, 48, generator=g).to(torch.bfloat16)
+    idx = torch.tensor([0, -1, 3, -5, 2, 4])
+    offsets = torch.tensor([2, 6], dtype=torch.int32)
+    ops = torch.ops.fp4_compile
+
+    def f(h, idx, w, codes, scales, gd, offsets):
+        x = ops.gather_rows(h, idx)
+        return ops.nvfp4_grouped_mm(x, w, codes, scales, gd, offsets, None, rec)
+
+    args = (h, idx, w, wq.codes, scales, wq.global_decode, offsets)
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    want = gm(*args)
+    report = LoweringReport(recipe_fingerprint="test")
+    fold_expert_gathers(gm, NVFP4Recipe.strict(), report)
+    assert report.counts["expert_gather_folded"] == 1
+    assert not any(n.target is ops.gather_rows.default for n in gm.graph.nodes)
+    assert_bitwise_equal(gm(*args), want, "folded, negative indices")
