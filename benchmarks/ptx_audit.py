@@ -169,7 +169,8 @@ def learner_cases() -> list[KernelCase]:
                  "stride_om": (i32, n), "stride_on": (i32, 1)},
                 {"GROUPED": True, "B_PACKED": False, "HAS_BIAS": False, "DOT_F32": False,
                  "BLOCK_M": ongrid.block_m, "BLOCK_N": ongrid.block_n,
-                 "BLOCK_K": ongrid.block_k, "BLOCK_E": e, "A_GATHER": gather},
+                 "BLOCK_K": ongrid.block_k, "BLOCK_E": e, "A_GATHER": gather,
+                 "GDA_SHARED": False},
                 ongrid.num_warps, ongrid.num_stages,
             )
         )  # fmt: skip
@@ -187,7 +188,7 @@ def learner_cases() -> list[KernelCase]:
              "stride_on": (i32, 1)},
             {"GROUPED": False, "B_PACKED": False, "HAS_BIAS": False, "DOT_F32": False,
              "BLOCK_M": dense.block_m, "BLOCK_N": dense.block_n, "BLOCK_K": dense.block_k,
-             "BLOCK_E": 2, "A_GATHER": False},
+             "BLOCK_E": 2, "A_GATHER": False, "GDA_SHARED": True},
             dense.num_warps, dense.num_stages,
         )
     )  # fmt: skip

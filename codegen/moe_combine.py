@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .gather_rows import KERNEL_DTYPES as GATHER_KERNEL_DTYPES
 from .gather_rows import gather_rows_backward_reference
 from .ordered_sum import ordered_sum_torch
 from .row_scale import row_scale_backward
@@ -74,7 +75,9 @@ def moe_combine_backward(
     grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(grad_x in x.dtype, grad_w in w.dtype)."""
-    if grad.device.type == "cuda" and grad.dtype in KERNEL_DTYPES and grad.numel():
+    # the slot sums on the kernel for every dtype `gather_rows`' backward has one for (fp16 too:
+    # its torch reference reads a count on the host, which a CUDA-graph capture refuses)
+    if grad.device.type == "cuda" and grad.dtype in GATHER_KERNEL_DTYPES and grad.numel():
         from .gather_rows_kernel import gather_rows_backward_triton
 
         g1 = gather_rows_backward_triton(grad, idx, x.shape[0], row_div=k)

@@ -49,12 +49,14 @@ def _nvfp4_gemm_kernel(
     gda_stride, gdb_stride, stride_om, stride_on,
     GROUPED: tl.constexpr, B_PACKED: tl.constexpr, HAS_BIAS: tl.constexpr,
     DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_E: tl.constexpr, A_GATHER: tl.constexpr = False,
+    BLOCK_E: tl.constexpr, A_GATHER: tl.constexpr = False, GDA_SHARED: tl.constexpr = False,
 ):  # fmt: skip
     # A_GATHER: row r of the product reads row a_rows[r] of A (and of a per-row gd_a), a zero
     # row where a_rows[r] < 0: the MoE experts' token gather (and its masked rows) done by the
-    # operand load (A quantized once per token, not per copy). A zero row's product is +0.0 in
-    # every column whatever its gd_a (finite): the gathered-copy path's zero row gives +0.0 too
+    # operand load (A quantized once per token, not per copy). A zero row's product is
+    # (+0.0 * gd_a) * gd_b: a per-row gd_a of a zero row is finite (its own amax is 0), so any
+    # finite stand-in gives the same +0.0; a shared gd_a (per tensor, static) is loaded for the
+    # zero row too, as the gathered copy's row uses it (a NaN amax must still give NaN)
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     if GROUPED:
@@ -116,7 +118,10 @@ def _nvfp4_gemm_kernel(
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
-    gda = tl.load(gda_ptr + arows * gda_stride, mask=amask, other=1.0)
+    if GDA_SHARED:  # one gd_a for every row (gda_stride 0), zero rows included
+        gda = tl.load(gda_ptr + rows * 0, mask=rmask, other=1.0)
+    else:
+        gda = tl.load(gda_ptr + arows * gda_stride, mask=amask, other=1.0)
     gdb = tl.load(gdb_ptr + e * gdb_stride)
     out = (acc * gda[:, None]) * gdb
     if HAS_BIAS:
@@ -252,6 +257,7 @@ def launch_gemm(
         GROUPED=grouped, B_PACKED=packed, HAS_BIAS=bias is not None, DOT_F32=dev.type != "cuda",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         BLOCK_E=max(triton.next_power_of_2(num_experts), 2), A_GATHER=a_rows is not None,
+        GDA_SHARED=gd_a.numel() == 1,
         **cfg.launch_kwargs(), **compile_options(dev),
     )  # fmt: skip
     return out.to(out_dtype) if interp else out

@@ -15,8 +15,10 @@ from .runtime import check_kernel_device, interpreting
 
 @triton.jit
 def _repeat_rows_kernel(x_ptr, out_ptr, N, C, BLOCK: tl.constexpr):
-    a = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    pid = tl.program_id(0)  # one grid axis: rows x column blocks may pass grid-y's 65535
+    num_col_blocks = tl.cdiv(C, BLOCK)
+    a = (pid // num_col_blocks).to(tl.int64)
+    cols = (pid % num_col_blocks) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < C
     row = tl.load(x_ptr + a * C + cols, mask=mask)
     for n in range(N):
@@ -33,7 +35,7 @@ def repeat_rows(x_A1C: torch.Tensor, n: int) -> torch.Tensor:
     out = torch.empty((a, n, c), dtype=x.dtype, device=x.device)
     if a and c and n:
         block = 2048
-        _repeat_rows_kernel[(a, triton.cdiv(c, block))](
+        _repeat_rows_kernel[(a * triton.cdiv(c, block),)](
             x, out, n, c, BLOCK=block, **({} if interpreting() else {"num_warps": 4})
         )
     return out

@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import fake, insert_call, replace_with_call
+from .graph_utils import fake, insert_call, replace_with_call, written_between
 from .patterns import _is, is_cast
 from .report import LoweringReport
 
@@ -70,13 +70,16 @@ def _source(x: fx.Node, gemm: fx.Node):
         x = src
     reader = chain[-1] if chain else gemm
     others = [u for u in x.users if u is not reader]
-    if len(others) == 1 and mask is None and _is_masked_fill(others[0]) and not others[0].users:
-        mask = _row_zero_mask(others[0], fake(x).shape[0] if fake(x) is not None else None)
+    if others:  # only an in-place row fill of the gathered copy, before the GEMM side reads it
+        fill = others[0]
+        order = {n: i for i, n in enumerate(x.graph.nodes)}
+        if not (len(others) == 1 and mask is None and _is_masked_fill(fill) and _in_place(fill)
+                and fill.args[0] is x and not fill.users and order[fill] < order[reader]):  # fmt: skip
+            return None
+        mask = _row_zero_mask(fill, fake(x).shape[0] if fake(x) is not None else None)
         if mask is None:
             return None
-        chain.append(others[0])  # in place on the gathered copy
-    elif others:
-        return None
+        chain.append(fill)
     return x, chain, mask
 
 
@@ -93,6 +96,8 @@ def fold_expert_gathers(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Lowerin
             continue
         gathered, chain, mask = found
         h, idx = gathered.args
+        if written_between(graph, gathered, node, (h, idx, mask)):
+            continue  # the op would read them after a write the gather did not see
         rows = fake(h).shape[0] if fake(h) is not None else None
         if not isinstance(rows, int):
             continue

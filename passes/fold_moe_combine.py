@@ -11,7 +11,7 @@ import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import fake, replace_with_call
+from .graph_utils import fake, replace_with_call, written_between
 from .patterns import _is
 from .report import LoweringReport
 
@@ -57,6 +57,8 @@ def fold_moe_combine(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRe
             continue
         if hv != h or t * k != s or tuple(fw.shape) != (s, 1) or tuple(fi.shape) != (s,):
             continue
+        if written_between(graph, scaled, node, (x, w, idx)):
+            continue  # the op would read them after a write row_scale / the gather did not see
         replace_with_call(graph, node, ops.moe_combine.default, (x, w, idx, k))
         for dead in (view, gathered, scaled):
             graph.erase_node(dead)

@@ -181,6 +181,45 @@ def insert_call(
     return node
 
 
+def written_args(node: fx.Node) -> list:
+    """The arguments `node` may write: self of an in-place method (`x.mul_()`) or function, the
+    arguments an ATen / custom op's schema marks as written, an `out=` tensor."""
+    if node.op == "call_method":
+        in_place = isinstance(node.target, str) and node.target.endswith("_")
+        return [node.args[0]] if in_place and node.args else []
+    if node.op != "call_function":
+        return []
+    written = [node.kwargs["out"]] if "out" in node.kwargs else []
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None:
+        for k, a in enumerate(schema.arguments):
+            if a.alias_info is not None and a.alias_info.is_write:
+                written.append(node.args[k] if k < len(node.args) else node.kwargs.get(a.name))
+        return written
+    name = getattr(node.target, "__name__", "")
+    if name.endswith("_") and not name.startswith("_") and node.args:
+        written.append(node.args[0])
+    return written
+
+
+def written_between(graph: fx.Graph, first: fx.Node, last: fx.Node, tensors) -> bool:
+    """Whether a node after `first` and before `last` (graph order) may write one of `tensors`
+    (a pass that moves a read of them from `first` to `last` must not fold across a write)."""
+    tensors = {t for t in tensors if isinstance(t, fx.Node)}
+    between = False
+    for node in graph.nodes:
+        if node is last:
+            return False
+        if between:
+            flat = [
+                a for x in written_args(node) for a in (x if isinstance(x, (list, tuple)) else (x,))
+            ]
+            if any(a in tensors for a in flat if isinstance(a, fx.Node)):
+                return True
+        between = between or node is first
+    return False
+
+
 def replace_with_call(graph: fx.Graph, node: fx.Node, target, args: tuple) -> fx.Node:
     """Replace `node` by call_function(target, args) in its place (its metadata carried over,
     `insert_call`); every user of node now reads the new node, and node is erased."""

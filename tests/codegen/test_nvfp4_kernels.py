@@ -499,3 +499,23 @@ def test_grouped_backward_with_x_index_equals_gathered_copy():
     assert_bitwise_equal(dh, want, "dX of the source")
     assert_bitwise_equal(dw, dw_g, "dW")
     set_sr_state(None)
+
+
+def test_gathered_zero_rows_share_a_nan_global_scale():
+    """A shared (per-tensor) activation scale made NaN by a NaN in a gathered row: the zero
+    rows (index -1) of the gathered forward are NaN too, as the gathered copy's zero rows are
+    (0 * NaN), not +0.0."""
+    rec = NVFP4Recipe.te()
+    assert rec.activation.global_scale == "per_tensor"
+    w = _x(2, 32, 64, dtype=torch.float32, seed=3)
+    wq = ref.quantize_experts(w)
+    h = _x(5, 64, seed=4)
+    h[0, 3] = float("nan")
+    idx = torch.tensor([0, -1, 3, 1, 2, 4], device=DEV)
+    offsets = torch.tensor([2, 6], dtype=torch.int32, device=DEV)
+    args = (wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, None, None, rec, None)
+    got = impl.cuda_linear(h, *args, offsets=offsets, x_index=idx)
+    want = impl.cuda_linear(impl.gather_zero_rows(h, idx), *args, offsets=offsets)
+    assert bool(torch.isnan(want[1]).all())
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    assert_bitwise_equal(got.nan_to_num(0.0), want.nan_to_num(0.0), "non-NaN values")

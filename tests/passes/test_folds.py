@@ -130,3 +130,73 @@ def test_fold_keeps_a_negative_gather_index_wrapping():
     assert report.counts["expert_gather_folded"] == 1
     assert not any(n.target is ops.gather_rows.default for n in gm.graph.nodes)
     assert_bitwise_equal(gm(*args), want, "folded, negative indices")
+
+
+def _gather_gemm_graph(f, *tensors):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(f, tracing_mode="fake")(*tensors)
+
+
+@pytest.mark.parametrize("case", ["fill_after_gemm", "dead_functional_fill", "source_written"])
+def test_fold_refuses_what_would_change_the_result(case):
+    """The gather fold only takes a row fill that is in place on the gathered copy AND before
+    the GEMM reads it, and never moves the read of h past a write to h: a fill after the GEMM,
+    a dead functional fill, an in-place write of h between the gather and the GEMM are left
+    alone (the graph's result unchanged)."""
+    from fp4_compile import NVFP4Recipe
+    from fp4_compile import reference as ref
+    from fp4_compile.codegen import nvfp4_impl as impl
+    from fp4_compile.passes.report import LoweringReport
+
+    rec = impl.recipe_to_json(NVFP4Recipe.strict())
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(2, 32, 48, generator=g)
+    wq = ref.quantize_experts(w)
+    ops = torch.ops.fp4_compile
+    h = torch.randn(5, 48, generator=g).to(torch.bfloat16)
+    idx = torch.tensor([0, 1, 3, 2, 2, 4])
+    mask = torch.tensor([1, 0, 0, 1, 0, 0], dtype=torch.bool)[:, None]
+    offsets = torch.tensor([2, 6], dtype=torch.int32)
+
+    def f(h, idx, mask, w, codes, scales, gd, offsets):
+        x = ops.gather_rows(h, idx)
+        if case == "source_written":
+            h.mul_(2.0)
+        if case == "dead_functional_fill":
+            _ = x.masked_fill(mask, 0.0)
+        y = ops.nvfp4_grouped_mm(x, w, codes, scales, gd, offsets, None, rec)
+        if case == "fill_after_gemm":
+            x.masked_fill_(mask, 0.0)
+        return y
+
+    args = (h, idx, mask, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode,
+            offsets)  # fmt: skip
+    gm = _gather_gemm_graph(f, *args)
+    want = gm(h.clone(), *args[1:])
+    report = LoweringReport(recipe_fingerprint="test")
+    fold_expert_gathers(gm, NVFP4Recipe.strict(), report)
+    assert "expert_gather_folded" not in report.counts
+    assert_bitwise_equal(gm(h.clone(), *args[1:]), want, case)
+
+
+def test_combine_fold_refuses_a_write_between():
+    """An in-place write of the experts' output between row_scale and the sum: no fold."""
+    from fp4_compile.passes.report import LoweringReport
+
+    ops = torch.ops.fp4_compile
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 16, generator=g)
+    w = torch.rand(6, 1, generator=g)
+    idx = torch.randperm(6, generator=g)
+
+    def f(x, w, idx):
+        s = ops.row_scale(x, w)
+        x.mul_(2.0)
+        y = ops.gather_rows(s, idx).view(3, 2, 16)
+        return ops.ordered_sum(y, 1, False)
+
+    gm = _gather_gemm_graph(f, x, w, idx)
+    report = LoweringReport(recipe_fingerprint="test")
+    fold_moe_combine(gm, None, report)
+    assert "moe_combine_folded" not in report.counts
