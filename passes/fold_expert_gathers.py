@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import fake, insert_call, replace_with_call, written_between
+from .graph_utils import fake, insert_call, replace_with_call, written_args, written_between
 from .patterns import _is, is_cast
 from .report import LoweringReport
 
@@ -29,11 +29,6 @@ _DEFAULTS = (None, 0)  # w_ongrid (arg 8) and site (arg 9), when the call leaves
 def _is_masked_fill(node) -> bool:
     return _is(node, methods=("masked_fill", "masked_fill_"),
                overloads=(aten.masked_fill, aten.masked_fill_))  # fmt: skip
-
-
-def _in_place(node: fx.Node) -> bool:
-    name = node.target if isinstance(node.target, str) else node.target.__name__
-    return name.split(".")[0].endswith("_")
 
 
 def _row_zero_mask(node: fx.Node, rows: int | None):
@@ -60,7 +55,7 @@ def _source(x: fx.Node, gemm: fx.Node):
         src = x.args[0] if x.args else None
         if len(x.users) != 1 or not isinstance(src, fx.Node) or fake(src) is None:
             return None
-        if _is_masked_fill(x) and mask is None and not _in_place(x):
+        if _is_masked_fill(x) and mask is None and not written_args(x):
             mask = _row_zero_mask(x, fake(src).shape[0])
             if mask is None:
                 return None
@@ -73,8 +68,9 @@ def _source(x: fx.Node, gemm: fx.Node):
     if others:  # only an in-place row fill of the gathered copy, before the GEMM side reads it
         fill = others[0]
         order = {n: i for i, n in enumerate(x.graph.nodes)}
-        if not (len(others) == 1 and mask is None and _is_masked_fill(fill) and _in_place(fill)
-                and fill.args[0] is x and not fill.users and order[fill] < order[reader]):  # fmt: skip
+        if not (len(others) == 1 and mask is None and _is_masked_fill(fill)
+                and written_args(fill) == [x] and not fill.users
+                and order[fill] < order[reader]):  # fmt: skip
             return None
         mask = _row_zero_mask(fill, fake(x).shape[0] if fake(x) is not None else None)
         if mask is None:

@@ -11,20 +11,9 @@ import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import fake, replace_with_call
+from .graph_utils import fake, replace_with_call, written_between
 from .patterns import is_mul, is_silu
 from .report import LoweringReport
-
-
-def _writes_in_place(node: fx.Node, a: fx.Node) -> bool:
-    """Whether node may mutate a: an in-place method / op (`mul_`, `aten.add_`) on it, or an
-    `out=` argument naming it."""
-    if node.op not in ("call_function", "call_method"):
-        return False
-    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
-    name = str(name).split(".")[0]
-    in_place = name.endswith("_") and not name.startswith("__")
-    return (in_place and bool(node.args) and node.args[0] is a) or node.kwargs.get("out") is a
 
 
 def _silu_mul_operands(node):
@@ -43,11 +32,8 @@ def _silu_mul_operands(node):
             continue
         if not fa.dtype.is_floating_point or fo.dtype != fa.dtype:
             continue
-        between = s.next
-        while between is not node:  # the op reads a at the multiply, not at the silu
-            if _writes_in_place(between, a):
-                return None
-            between = between.next
+        if written_between(node.graph, s, node, (a,)):  # the op reads a at the multiply
+            return None
         return s, a, b
     return None
 
