@@ -21,12 +21,20 @@ import torch
 from .gather_rows import KERNEL_DTYPES as GATHER_KERNEL_DTYPES
 from .gather_rows import gather_rows_backward_reference
 from .ordered_sum import ordered_sum_torch
-from .row_scale import row_scale_backward
+from .row_scale import BLOCK as ROW_SCALE_BLOCK
+from .row_scale import KERNEL_DTYPES as ROW_SCALE_KERNEL_DTYPES
+from .row_scale import row_scale_backward, row_scale_backward_reference
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 
 
-def _check(x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int) -> None:
+def _check(x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int, row_mask=None) -> None:
+    if row_mask is not None and (
+        row_mask.dtype != torch.bool
+        or tuple(row_mask.shape) not in ((x.shape[0],), (x.shape[0], 1))
+    ):
+        raise ValueError(f"row_mask must be bool [S] or [S, 1] (S={x.shape[0]}), got "
+                         f"{row_mask.dtype} {tuple(row_mask.shape)}")  # fmt: skip
     if x.dim() != 2 or not x.dtype.is_floating_point:
         raise ValueError(f"moe_combine needs x floating [S, H], got {x.dtype} {tuple(x.shape)}")
     if w.shape != (x.shape[0], 1) or not w.dtype.is_floating_point:
@@ -38,27 +46,38 @@ def _check(x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int) -> None:
         raise ValueError(f"k must be a positive int dividing S={x.shape[0]}, got {k!r}")
 
 
-def moe_combine_reference(x, w, idx, k):
-    """The forward as the composition of the four ops' CPU implementations."""
+def _rows_zeroed(x, row_mask):
+    return x if row_mask is None else x.masked_fill(row_mask.reshape(-1, 1), 0.0)
+
+
+def moe_combine_reference(x, w, idx, k, row_mask=None):
+    """The forward as the composition of the four ops' CPU implementations (on
+    `x.masked_fill(row_mask, 0)` where a row mask is given)."""
+    x = _rows_zeroed(x, row_mask)
     y = (x * w)[idx]  # row_scale, then gather_rows (x[idx]: negatives wrap)
     return ordered_sum_torch(y.reshape(x.shape[0] // k, k, x.shape[1]), 1, False)
 
 
 @torch.library.custom_op("fp4_compile::moe_combine", mutates_args=())
-def moe_combine(x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int) -> torch.Tensor:
-    _check(x, w, idx, k)
+def moe_combine(
+    x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int,
+    row_mask: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """`row_mask` (bool [S] / [S, 1]): the combine of `x.masked_fill(row_mask, 0)` without that
+    copy (transformers' sentinel post-mask folded in: `passes/fold_row_masks.py`)."""
+    _check(x, w, idx, k, row_mask)
     out_dtype = torch.promote_types(x.dtype, w.dtype)
     on_kernel = x.dtype in KERNEL_DTYPES and w.dtype in KERNEL_DTYPES
     if x.device.type == "cuda" and on_kernel and x.numel():
         from .moe_combine_kernel import moe_combine_triton
 
-        return moe_combine_triton(x, w, idx, k, out_dtype)
-    return moe_combine_reference(x, w, idx, k).contiguous()
+        return moe_combine_triton(x, w, idx, k, out_dtype, row_mask)
+    return moe_combine_reference(x, w, idx, k, row_mask).contiguous()
 
 
 @moe_combine.register_fake
-def _(x, w, idx, k):
-    _check(x, w, idx, k)
+def _(x, w, idx, k, row_mask=None):
+    _check(x, w, idx, k, row_mask)
     out_dtype = torch.promote_types(x.dtype, w.dtype)
     return x.new_empty((x.shape[0] // k, x.shape[1]), dtype=out_dtype)
 
@@ -72,9 +91,11 @@ def slot_grad_sums_reference(grad: torch.Tensor, idx: torch.Tensor, k: int) -> t
 
 @torch.library.custom_op("fp4_compile::moe_combine_backward", mutates_args=())
 def moe_combine_backward(
-    grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(grad_x in x.dtype, grad_w in w.dtype)."""
+    grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int,
+    row_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(grad_x in x.dtype, grad_w in w.dtype); with `row_mask`, through the folded masked_fill
+    (masked rows: x read as zeros, grad_x +0.0)."""
     # the slot sums on the kernel for every dtype `gather_rows`' backward has one for (fp16 too:
     # its torch reference reads a count on the host, which a CUDA-graph capture refuses)
     if grad.device.type == "cuda" and grad.dtype in GATHER_KERNEL_DTYPES and grad.numel():
@@ -83,24 +104,33 @@ def moe_combine_backward(
         g1 = gather_rows_backward_triton(grad, idx, x.shape[0], row_div=k)
     else:
         g1 = slot_grad_sums_reference(grad, idx, k)
-    return row_scale_backward(g1, x, w)
+    if row_mask is None:
+        return row_scale_backward(g1, x, w)
+    on_kernel = all(t.dtype in ROW_SCALE_KERNEL_DTYPES for t in (g1, x, w))
+    if x.device.type == "cuda" and x.shape[-1] and on_kernel:
+        from .row_scale_kernel import row_scale_backward_triton
+
+        return row_scale_backward_triton(g1, x, w, ROW_SCALE_BLOCK, row_mask)
+    return row_scale_backward_reference(g1, x, w, row_mask)
 
 
 @moe_combine_backward.register_fake
-def _(grad, x, w, idx, k):
+def _(grad, x, w, idx, k, row_mask=None):
     return torch.empty_like(x), torch.empty_like(w)
 
 
 def _setup(ctx, inputs, output):
-    x, w, idx, k = inputs
-    ctx.save_for_backward(x, w, idx)
+    x, w, idx, k, *rest = inputs
+    mask = rest[0] if rest else None
+    ctx.save_for_backward(x, w, idx, *([] if mask is None else [mask]))
     ctx.k = k
 
 
 def _backward(ctx, grad):
-    x, w, idx = ctx.saved_tensors
-    grad_x, grad_w = moe_combine_backward(grad.contiguous(), x, w, idx, ctx.k)
-    return grad_x, grad_w, None, None
+    x, w, idx, *mask = ctx.saved_tensors
+    grad_x, grad_w = moe_combine_backward(grad.contiguous(), x, w, idx, ctx.k,
+                                          mask[0] if mask else None)  # fmt: skip
+    return grad_x, grad_w, None, None, None
 
 
 moe_combine.register_autograd(_backward, setup_context=_setup)

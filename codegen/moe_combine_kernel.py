@@ -24,12 +24,14 @@ BLOCK_T, BLOCK_H = 4, 512
 
 
 @triton.jit
-def _slot_value(x_ptr, w_ptr, idx_ptr, t, j, S, H, cols, tmask, cmask, K_TOP,
-                BF16: tl.constexpr):  # fmt: skip
+def _slot_value(x_ptr, w_ptr, idx_ptr, m_ptr, t, j, S, H, cols, tmask, cmask, K_TOP,
+                BF16: tl.constexpr, ROW_MASK: tl.constexpr):  # fmt: skip
     p = tl.load(idx_ptr + t * K_TOP + j, mask=tmask, other=0).to(tl.int64)
     p = tl.where(p < 0, p + S, p)
     wv = tl.load(w_ptr + p, mask=tmask, other=0.0).to(tl.float32)
     m = tmask[:, None] & cmask[None, :]
+    if ROW_MASK:  # a masked row of x reads as zeros (x.masked_fill(row_mask, 0) folded in)
+        m = m & (tl.load(m_ptr + p, mask=tmask, other=1) == 0)[:, None]
     xv = tl.load(x_ptr + p[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
     v = xv * wv[:, None]
     if BF16:
@@ -38,34 +40,38 @@ def _slot_value(x_ptr, w_ptr, idx_ptr, t, j, S, H, cols, tmask, cmask, K_TOP,
 
 
 @triton.jit
-def _moe_combine_kernel(x_ptr, w_ptr, idx_ptr, out_ptr, S, T, H, K_TOP, BF16: tl.constexpr,
-                        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+def _moe_combine_kernel(x_ptr, w_ptr, idx_ptr, out_ptr, m_ptr, S, T, H, K_TOP,
+                        BF16: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+                        ROW_MASK: tl.constexpr = False):  # fmt: skip
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     tmask = t < T
     cmask = cols < H
     t64 = t.to(tl.int64)
-    acc = _slot_value(x_ptr, w_ptr, idx_ptr, t64, 0, S, H, cols, tmask, cmask, K_TOP, BF16)
+    acc = _slot_value(x_ptr, w_ptr, idx_ptr, m_ptr, t64, 0, S, H, cols, tmask, cmask, K_TOP,
+                      BF16, ROW_MASK)  # fmt: skip
     for j in range(1, K_TOP):
-        acc = acc + _slot_value(x_ptr, w_ptr, idx_ptr, t64, j, S, H, cols, tmask, cmask, K_TOP,
-                                BF16)  # fmt: skip
+        acc = acc + _slot_value(x_ptr, w_ptr, idx_ptr, m_ptr, t64, j, S, H, cols, tmask, cmask,
+                                K_TOP, BF16, ROW_MASK)  # fmt: skip
         if BF16:
             acc = _round_bf16_keep_nan(acc)
     tl.store(out_ptr + t64[:, None] * H + cols[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=tmask[:, None] & cmask[None, :])  # fmt: skip
 
 
-def moe_combine_triton(x, w, idx, k, out_dtype):
+def moe_combine_triton(x, w, idx, k, out_dtype, row_mask=None):
     check_kernel_device(x, "x")
     s, h = x.shape
     t = s // k
     x2, w1, idx1 = x.contiguous(), w.reshape(-1).contiguous(), idx.contiguous()
+    m = None if row_mask is None else row_mask.reshape(-1).contiguous().view(torch.uint8)
     interp = interpreting()  # its fp32 -> bf16 casts truncate: store FP32 (exact values)
     out = torch.empty((t, h), dtype=torch.float32 if interp else out_dtype, device=x.device)
     if t and h:
         _moe_combine_kernel[(triton.cdiv(t, BLOCK_T), triton.cdiv(h, BLOCK_H))](
-            x2, w1, idx1, out, s, t, h, k, BF16=out_dtype == torch.bfloat16,
-            BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H, **({} if interp else {"num_warps": 4}),
+            x2, w1, idx1, out, m if m is not None else out, s, t, h, k,
+            BF16=out_dtype == torch.bfloat16, BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H,
+            ROW_MASK=m is not None, **({} if interp else {"num_warps": 4}),
             **compile_options(x.device),
         )  # fmt: skip
     return out.to(out_dtype)

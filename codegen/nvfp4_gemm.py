@@ -57,8 +57,12 @@ def _nvfp4_gemm_kernel(
     # (+0.0 * gd_a) * gd_b: a per-row gd_a of a zero row is finite (its own amax is 0), so any
     # finite stand-in gives the same +0.0; a shared gd_a (per tensor, static) is loaded for the
     # zero row too, as the gathered copy's row uses it (a NaN amax must still give NaN)
-    t = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    # one grid axis, the N tiles of an M tile adjacent in launch order: the programs in flight
+    # share their A rows (L2 hits) instead of re-reading all of A once per N tile (A is the
+    # largest operand of the MoE GEMMs: [T * k, K]). The order of tiles changes no bits.
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    t = tl.program_id(0) // n_tiles
+    pid_n = tl.program_id(0) % n_tiles
     if GROUPED:
         # which expert owns tile t: experts' M tiles laid end to end, tile_end[e] = the tiles
         # of experts 0..e (computed here from the group ends: no per-call layout tensors)
@@ -246,7 +250,7 @@ def launch_gemm(
     else:
         ends = gd_a  # an unused pointer
         num_m_tiles = triton.cdiv(m, cfg.block_m)
-    grid = (num_m_tiles, triton.cdiv(n, cfg.block_n))
+    grid = (num_m_tiles * triton.cdiv(n, cfg.block_n),)
     _nvfp4_gemm_kernel[grid](
         a_MK, b_main, b_scales, gd_a, gd_b, bias if bias is not None else gd_b, out, ends,
         a_rows if a_rows is not None else ends,

@@ -53,9 +53,16 @@ def row_scale_backward(
     return row_scale_backward_reference(grad, x, w)
 
 
-def row_scale_backward_reference(grad, x, w):
-    """The backward's math as torch ops (the CPU implementation; the kernel's reference)."""
+def row_scale_backward_reference(grad, x, w, row_mask=None):
+    """The backward's math as torch ops (the CPU implementation; the kernel's reference). With
+    `row_mask` (bool, x.shape[:-1] or [.., 1]): the backward of row_scale(x.masked_fill(m, 0),
+    w) through the masked_fill (masked rows: x read as zeros, grad_x +0.0)."""
+    col = None if row_mask is None else row_mask.reshape(*x.shape[:-1], 1)
+    if col is not None:
+        x = x.masked_fill(col, 0.0)
     grad_x = (grad * w).to(x.dtype)
+    if col is not None:
+        grad_x = grad_x.masked_fill(col, 0.0)
     prod = grad.to(torch.float32) * x.to(torch.float32)
     grad_w = im.block_sum(prod, BLOCK)[..., None].to(w.dtype)
     return grad_x, grad_w

@@ -34,16 +34,21 @@ def _halve(v, BLOCK_R: tl.constexpr, HALF: tl.constexpr):
 
 @triton.jit
 def _row_scale_backward_block(
-    g_ptr, x_ptr, gx_ptr, w, r64, rmask, h0, H,
-    BLOCK_R: tl.constexpr, BLOCK: tl.constexpr,
+    g_ptr, x_ptr, gx_ptr, w, r64, rmask, keep, h0, H,
+    BLOCK_R: tl.constexpr, BLOCK: tl.constexpr, ROW_MASK: tl.constexpr,
 ):  # fmt: skip
-    """Store grad_x for columns [h0, h0 + BLOCK) and return the block's tree sum of grad * x."""
+    """Store grad_x for columns [h0, h0 + BLOCK) and return the block's tree sum of grad * x
+    (ROW_MASK: rows where `keep` is false read x as +0.0 and store a +0.0 grad_x)."""
     cols = h0 + tl.arange(0, BLOCK)
     mask = rmask[:, None] & (cols < H)[None, :]
     offs = r64[:, None] * H + cols[None, :]
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    gx = g * w[:, None]
+    if ROW_MASK:
+        x = tl.load(x_ptr + offs, mask=mask & keep[:, None], other=0.0).to(tl.float32)
+        gx = tl.where(keep[:, None], g * w[:, None], 0.0)
+    else:
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        gx = g * w[:, None]
     tl.store(gx_ptr + offs, gx.to(gx_ptr.dtype.element_ty), mask=mask)
     p = g * x
     p = _halve(p, BLOCK_R, 32)
@@ -57,21 +62,27 @@ def _row_scale_backward_block(
 
 @triton.jit
 def _row_scale_backward_kernel(
-    g_ptr, x_ptr, w_ptr, gx_ptr, gw_ptr, R, H,
-    BLOCK_R: tl.constexpr, BLOCK: tl.constexpr,
+    g_ptr, x_ptr, w_ptr, gx_ptr, gw_ptr, m_ptr, R, H,
+    BLOCK_R: tl.constexpr, BLOCK: tl.constexpr, ROW_MASK: tl.constexpr = False,
 ):  # fmt: skip
+    # ROW_MASK: the backward of row_scale(x.masked_fill(m, 0), w) through the masked_fill: rows
+    # with m[r] != 0 read x as zeros, and their grad_x is +0.0 (masked_fill's backward)
     tl.static_assert(BLOCK == 64, "the tree below is written for blocks of 64")
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
     r64 = rows.to(tl.int64)
     w = tl.load(w_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+    keep = rmask
+    if ROW_MASK:
+        keep = tl.load(m_ptr + rows, mask=rmask, other=1) == 0
     # the first block's sum starts the accumulator (no identity constant: a -0.0 literal came
     # out as +0.0 on the H200, turning a sum of negative zeros positive)
-    acc = _row_scale_backward_block(g_ptr, x_ptr, gx_ptr, w, r64, rmask, 0, H, BLOCK_R, BLOCK)
+    acc = _row_scale_backward_block(g_ptr, x_ptr, gx_ptr, w, r64, rmask, keep, 0, H, BLOCK_R,
+                                    BLOCK, ROW_MASK)  # fmt: skip
     for h0 in range(BLOCK, H, BLOCK):
         acc = acc + _row_scale_backward_block(
-            g_ptr, x_ptr, gx_ptr, w, r64, rmask, h0, H, BLOCK_R, BLOCK
+            g_ptr, x_ptr, gx_ptr, w, r64, rmask, keep, h0, H, BLOCK_R, BLOCK, ROW_MASK
         )
     tl.store(gw_ptr + rows, acc, mask=rmask)
 
@@ -107,9 +118,10 @@ def row_scale_triton(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def row_scale_backward_triton(
-    grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, block: int = 64
+    grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, block: int = 64, row_mask=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(grad_x in x.dtype, grad_w in w.dtype), bitwise `row_scale.row_scale_backward`."""
+    """(grad_x in x.dtype, grad_w in w.dtype), bitwise `row_scale.row_scale_backward` (with
+    `row_mask`, bool [R]: `row_scale_backward_reference(..., row_mask)`)."""
     check_kernel_device(grad, "grad")
     if block != 64:
         raise ValueError(f"block must be 64 (the kernel's tree), got {block}")
@@ -125,10 +137,18 @@ def row_scale_backward_triton(
     interp = interpreting()  # its fp32 -> bf16 casts truncate: store FP32, let torch round
     gx = torch.empty(x2.shape, dtype=torch.float32 if interp else x.dtype, device=x.device)
     gw = torch.empty((r,), dtype=torch.float32, device=x.device)
+    m = None
+    if row_mask is not None:
+        m = row_mask.reshape(-1).contiguous()
+        if m.dtype != torch.bool or m.shape[0] != r:
+            raise ValueError(f"row_mask must be bool with {r} rows, got {m.dtype} "
+                             f"{tuple(row_mask.shape)}")  # fmt: skip
+        m = m.view(torch.uint8)
     if r:
         block_r = 16
         _row_scale_backward_kernel[(triton.cdiv(r, block_r),)](
-            g2, x2, w1, gx, gw, r, h, BLOCK_R=block_r, BLOCK=block,
+            g2, x2, w1, gx, gw, m if m is not None else gw, r, h, BLOCK_R=block_r, BLOCK=block,
+            ROW_MASK=m is not None,
             **({} if interp else {"num_warps": 4}), **compile_options(x.device),
         )  # fmt: skip
     return gx.to(x.dtype).reshape(x.shape), gw.to(w.dtype).reshape(w.shape)

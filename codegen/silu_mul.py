@@ -32,56 +32,97 @@ def _check(a: torch.Tensor, b: torch.Tensor) -> None:
         )
 
 
+def _check_mask(a: torch.Tensor, row_mask: torch.Tensor | None) -> None:
+    rows = a.shape[:-1]
+    if row_mask is not None and (
+        row_mask.dtype != torch.bool or tuple(row_mask.shape) not in (tuple(rows), (*rows, 1))
+    ):
+        raise ValueError(
+            f"row_mask must be bool of shape {tuple(rows)} or {(*rows, 1)}, got "
+            f"{row_mask.dtype} {tuple(row_mask.shape)}"
+        )
+
+
+def _column(a: torch.Tensor, row_mask: torch.Tensor) -> torch.Tensor:
+    return row_mask.reshape(*a.shape[:-1], 1)
+
+
+def _rows_zeroed(t: torch.Tensor, row_mask: torch.Tensor) -> torch.Tensor:
+    """t with the masked rows +0.0, in t's own strides: ATen's CPU silu rounds differently on
+    a strided view than on a contiguous copy (FP32), and the unfolded graph hands it the
+    strided halves of the masked tensor."""
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return out.copy_(t).masked_fill_(_column(t, row_mask), 0.0)
+
+
 @torch.library.custom_op("fp4_compile::silu_mul", mutates_args=())
-def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def silu_mul(
+    a: torch.Tensor, b: torch.Tensor, row_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """silu(a) * b; with `row_mask` (bool, one per row): that of a and b with the masked rows
+    zeroed first (`x.masked_fill(row_mask, 0)` folded in: `passes/fold_row_masks.py`)."""
     _check(a, b)
+    _check_mask(a, row_mask)
     if a.device.type == "cuda":
         from .silu_mul_kernel import kernel_applies, silu_mul_triton
 
         if kernel_applies(a, b):
-            return silu_mul_triton(a, b)
+            return silu_mul_triton(a, b, row_mask)
+    if row_mask is not None:
+        a, b = _rows_zeroed(a, row_mask), _rows_zeroed(b, row_mask)
     return (F.silu(a) * b).contiguous()  # the layout the fake promises, whatever a's is
 
 
 @silu_mul.register_fake
-def _(a, b):
+def _(a, b, row_mask=None):
     _check(a, b)
+    _check_mask(a, row_mask)
     return torch.empty(a.shape, dtype=a.dtype, device=a.device)
 
 
 @torch.library.custom_op("fp4_compile::silu_mul_backward", mutates_args=())
 def silu_mul_backward(
-    grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor
+    grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor, row_mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_a, grad_b); with `row_mask`: the backward of silu_mul on the masked a and b, then
+    the masked rows of both gradients +0.0 (`masked_fill`'s own backward)."""
     if a.device.type == "cuda":
         from .silu_mul_kernel import kernel_applies, silu_mul_backward_triton
 
         if kernel_applies(grad, a, b):
-            return silu_mul_backward_triton(grad, a, b)
-    return silu_mul_backward_reference(grad, a, b)
+            return silu_mul_backward_triton(grad, a, b, row_mask)
+    return silu_mul_backward_reference(grad, a, b, row_mask)
 
 
-def silu_mul_backward_reference(grad, a, b):
-    """Eager autograd's backward of F.silu(a) * b, as ATen ops (the CPU implementation)."""
+def silu_mul_backward_reference(grad, a, b, row_mask=None):
+    """Eager autograd's backward of F.silu(a) * b, as ATen ops (the CPU implementation); with
+    `row_mask`, of `F.silu(a_m) * b_m` through `masked_fill` (a_m = a.masked_fill(m, 0))."""
+    if row_mask is not None:
+        col = _column(a, row_mask)
+        a, b = _rows_zeroed(a, row_mask), _rows_zeroed(b, row_mask)
     grad_b = grad * F.silu(a)
     grad_a = aten.silu_backward(grad * b, a)
+    if row_mask is not None:
+        grad_a, grad_b = grad_a.masked_fill(col, 0.0), grad_b.masked_fill(col, 0.0)
     return grad_a.contiguous(), grad_b.contiguous()
 
 
 @silu_mul_backward.register_fake
-def _(grad, a, b):
+def _(grad, a, b, row_mask=None):
     return torch.empty(a.shape, dtype=a.dtype, device=a.device), torch.empty(
         b.shape, dtype=b.dtype, device=b.device
     )
 
 
 def _setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
+    a, b, *rest = inputs
+    mask = rest[0] if rest else None
+    ctx.save_for_backward(a, b, *([] if mask is None else [mask]))
 
 
 def _backward(ctx, grad):
-    a, b = ctx.saved_tensors
-    return silu_mul_backward(grad, a, b)
+    a, b, *mask = ctx.saved_tensors
+    return (*silu_mul_backward(grad, a, b, mask[0] if mask else None), None)
 
 
 silu_mul.register_autograd(_backward, setup_context=_setup)

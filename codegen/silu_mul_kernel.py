@@ -53,23 +53,31 @@ def _sigmoid(a, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _silu_mul_kernel(a_ptr, b_ptr, o_ptr, R, C, sa, sb,
+def _silu_mul_kernel(a_ptr, b_ptr, o_ptr, m_ptr, R, C, sa, sb,
                      BF16: tl.constexpr, INTERP: tl.constexpr, BLOCK_R: tl.constexpr,
-                     BLOCK_C: tl.constexpr):  # fmt: skip
+                     BLOCK_C: tl.constexpr, ROW_MASK: tl.constexpr = False):  # fmt: skip
+    # ROW_MASK: rows r with m[r] != 0 read a and b as zeros (the op on `x.masked_fill(m, 0)`'s
+    # halves, without that copy: `passes/fold_row_masks.py`)
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (rows < R)[:, None] & (cols < C)[None, :]
-    a = tl.load(a_ptr + rows[:, None] * sa + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + rows[:, None] * sb + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    lmask = mask
+    if ROW_MASK:
+        lmask = mask & (tl.load(m_ptr + rows, mask=rows < R, other=1) == 0)[:, None]
+    a = tl.load(a_ptr + rows[:, None] * sa + cols[None, :], mask=lmask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + rows[:, None] * sb + cols[None, :], mask=lmask, other=0.0).to(tl.float32)
     s = _rnd(tl.math.div_rn(a, 1.0 + _exp(-a, INTERP)), BF16)
     out = _rnd(s * b, BF16)
     tl.store(o_ptr + rows[:, None] * C + cols[None, :], out.to(o_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _silu_mul_backward_kernel(g_ptr, a_ptr, b_ptr, ga_ptr, gb_ptr, R, C, sg, sa, sb,
+def _silu_mul_backward_kernel(g_ptr, a_ptr, b_ptr, ga_ptr, gb_ptr, m_ptr, R, C, sg, sa, sb,
                               BF16: tl.constexpr, INTERP: tl.constexpr,
-                              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
+                              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                              ROW_MASK: tl.constexpr = False):  # fmt: skip
+    # ROW_MASK: rows r with m[r] != 0 get +0.0 gradients (`masked_fill`'s backward), whatever
+    # a, b and grad hold there
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (rows < R)[:, None] & (cols < C)[None, :]
@@ -82,6 +90,10 @@ def _silu_mul_backward_kernel(g_ptr, a_ptr, b_ptr, ga_ptr, gb_ptr, R, C, sg, sa,
     gs = _rnd(g * b, BF16)
     sig = _sigmoid(a, INTERP)
     grad_a = _rnd((gs * sig) * tl.fma(a, 1.0 - sig, 1.0), BF16)
+    if ROW_MASK:
+        keep = (tl.load(m_ptr + rows, mask=rows < R, other=1) == 0)[:, None]
+        grad_a = tl.where(keep, grad_a, 0.0)
+        grad_b = tl.where(keep, grad_b, 0.0)
     out = rows[:, None] * C + c2
     tl.store(ga_ptr + out, grad_a.to(ga_ptr.dtype.element_ty), mask=mask)
     tl.store(gb_ptr + out, grad_b.to(gb_ptr.dtype.element_ty), mask=mask)
@@ -112,27 +124,43 @@ def _grid(r: int, c: int):
     return (triton.cdiv(r, BLOCK_R), triton.cdiv(c, BLOCK_C))
 
 
-def silu_mul_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _mask_bytes(row_mask, r: int):
+    """The row mask as R bytes (a bool [R] / [.., 1] tensor viewed as uint8), or None."""
+    if row_mask is None:
+        return None
+    m = row_mask.reshape(-1).contiguous()
+    if m.dtype != torch.bool or m.shape[0] != r:
+        raise ValueError(
+            f"row_mask must be bool with {r} rows, got {m.dtype} {tuple(row_mask.shape)}"
+        )
+    return m.view(torch.uint8)
+
+
+def silu_mul_triton(a: torch.Tensor, b: torch.Tensor, row_mask=None) -> torch.Tensor:
     check_kernel_device(a, "a")
     a2, b2 = _rows_view(a), _rows_view(b)
     r, c = a2.shape
+    m = _mask_bytes(row_mask, r)
     out = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     _silu_mul_kernel[_grid(r, c)](
-        a2, b2, out, r, c, a2.stride(0), b2.stride(0), BF16=a.dtype == torch.bfloat16,
-        INTERP=interpreting(), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, num_warps=4, **compile_options(a.device),
+        a2, b2, out, m if m is not None else out, r, c, a2.stride(0), b2.stride(0),
+        BF16=a.dtype == torch.bfloat16, INTERP=interpreting(), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C,
+        ROW_MASK=m is not None, num_warps=4, **compile_options(a.device),
     )  # fmt: skip
     return out
 
 
-def silu_mul_backward_triton(grad, a, b):
+def silu_mul_backward_triton(grad, a, b, row_mask=None):
     check_kernel_device(a, "a")
     g2, a2, b2 = _rows_view(grad), _rows_view(a), _rows_view(b)
     r, c = a2.shape
+    m = _mask_bytes(row_mask, r)
     grad_a = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     grad_b = torch.empty(b.shape, dtype=b.dtype, device=b.device)
     _silu_mul_backward_kernel[_grid(r, c)](
-        g2, a2, b2, grad_a, grad_b, r, c, g2.stride(0), a2.stride(0), b2.stride(0),
-        BF16=a.dtype == torch.bfloat16, INTERP=interpreting(), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C,
-        num_warps=4, **compile_options(a.device),
+        g2, a2, b2, grad_a, grad_b, m if m is not None else grad_a, r, c, g2.stride(0),
+        a2.stride(0), b2.stride(0), BF16=a.dtype == torch.bfloat16, INTERP=interpreting(),
+        BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, ROW_MASK=m is not None, num_warps=4,
+        **compile_options(a.device),
     )  # fmt: skip
     return grad_a, grad_b

@@ -1,5 +1,6 @@
 """The folds of the MoE experts' data movement into one op each: the token gather into the NVFP4
-grouped GEMM (`passes/fold_expert_gathers.py`) and the top-k combine (`passes/fold_moe_combine.py`).
+grouped GEMM (`passes/fold_expert_gathers.py`), the top-k combine (`passes/fold_moe_combine.py`)
+and the sentinel row masks of the GEMMs' outputs into their readers (`passes/fold_row_masks.py`).
 Each fires on transformers' experts as they are (with and without the expert-parallel sentinel
 mask, which transformers 5.17 applies on every call: a whole-row `masked_fill_` of the gathered
 copy and of each grouped GEMM's output), and the compiled model's logits and every gradient
@@ -9,10 +10,12 @@ import pytest
 import torch
 
 import fp4_compile
+import fp4_compile.codegen  # noqa: F401  (registers the ops)
 from fp4_compile import passes
 from fp4_compile.models import tiny_qwen3_moe
 from fp4_compile.passes.fold_expert_gathers import fold_expert_gathers
 from fp4_compile.passes.fold_moe_combine import fold_moe_combine
+from fp4_compile.passes.fold_row_masks import fold_row_masks
 from fp4_compile.sr_stream import set_sr_state
 from fp4_compile.testing import assert_bitwise_equal
 
@@ -36,7 +39,8 @@ def _run(model, ids):
     }
 
 
-@pytest.mark.parametrize("fold", [fold_expert_gathers, fold_moe_combine], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fold", [fold_expert_gathers, fold_moe_combine, fold_row_masks],
+                         ids=lambda f: f.__name__)  # fmt: skip
 @pytest.mark.parametrize("sentinel_mask", [False, True], ids=["plain", "sentinel-mask"])
 def test_fold_fires_and_changes_no_bit(sentinel_mask, fold, monkeypatch):
     model = _model(sentinel_mask)
@@ -46,6 +50,8 @@ def test_fold_fires_and_changes_no_bit(sentinel_mask, fold, monkeypatch):
     (report,) = fp4_compile.explain(model, ids, use_cache=False, print_report=False)
     assert report.counts["expert_gather_folded"] == 2  # one per layer: gate_up's input
     assert report.counts["moe_combine_folded"] == 2  # one per layer
+    # the sentinel post-masks of both expert GEMMs' outputs: into silu_mul and moe_combine
+    assert report.counts.get("row_mask_folded", 0) == (4 if sentinel_mask else 0)
     y, g = _run(model, ids)
     monkeypatch.setattr(passes, "PIPELINE", tuple(p for p in passes.PIPELINE if p is not fold))
     y_ref, g_ref = _run(model, ids)
@@ -200,3 +206,55 @@ def test_combine_fold_refuses_a_write_between():
     report = LoweringReport(recipe_fingerprint="test")
     fold_moe_combine(gm, None, report)
     assert "moe_combine_folded" not in report.counts
+
+
+@pytest.mark.parametrize(
+    "case", ["fold", "other_reader", "source_written", "in_place_fill", "one_half_elsewhere"]
+)
+def test_row_mask_fold_on_aten_graphs(case):
+    """On make_fx (ATen) graphs: the sentinel post-masks read only by silu_mul (through
+    chunk(2, -1)) and moe_combine fold (the graph's values unchanged, no masked_fill left);
+    another reader of the masked copy, a write to x between the fill and the op, an in-place
+    fill, or a silu_mul whose other operand is not the masked copy's half: left alone."""
+    from fp4_compile.passes.report import LoweringReport
+
+    ops = torch.ops.fp4_compile
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 16, generator=g).to(torch.bfloat16)
+    z = torch.randn(6, 16, generator=g).to(torch.bfloat16)
+    mask = torch.tensor([1, 0, 0, 1, 0, 0], dtype=torch.bool)[:, None]
+    w = torch.rand(6, 1, generator=g).to(torch.bfloat16)
+    idx = torch.randperm(6, generator=g)
+
+    def f(x, z, mask, w, idx):
+        if case == "in_place_fill":
+            y = x.clone()
+            y.masked_fill_(mask, 0.0)
+        else:
+            y = x.masked_fill(mask, 0.0)
+        if case == "source_written":
+            x.mul_(2.0)
+        a, b = y.chunk(2, dim=-1)
+        if case == "one_half_elsewhere":
+            b = z[:, 8:]
+        h = ops.silu_mul(a, b)
+        y2 = z.masked_fill(mask, 0.0)
+        out = ops.moe_combine(y2, w, idx, 2)
+        if case == "other_reader":
+            out = out + y2[::2].sum()
+        return h, out
+
+    args = (x, z, mask, w, idx)
+    gm = _gather_gemm_graph(f, *args)
+    want = gm(x.clone(), *args[1:])
+    report = LoweringReport(recipe_fingerprint="test")
+    fold_row_masks(gm, None, report)
+    got = gm(x.clone(), *args[1:])
+    assert_bitwise_equal(got[0], want[0], f"{case}: silu_mul")
+    assert_bitwise_equal(got[1], want[1], f"{case}: moe_combine")
+    folded = report.counts.get("row_mask_folded", 0)
+    expected = {"fold": 2, "other_reader": 1, "source_written": 1, "in_place_fill": 1,
+                "one_half_elsewhere": 1}[case]  # fmt: skip
+    assert folded == expected, (case, folded)
+    fills = [n for n in gm.graph.nodes if "masked_fill" in str(n.target)]
+    assert len(fills) == 2 - expected
