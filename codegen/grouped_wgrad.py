@@ -94,7 +94,6 @@ def grouped_wgrad(
     out_dtype: torch.dtype = torch.float32,
     dy_row_amax: torch.Tensor | None = None,
     x_index: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dW [E, N, K] in `out_dtype` of the NVFP4 wgrad (recipe.wgrad == "nvfp4"), expert e
     drawing the stochastic-rounding seed `seed + 1 + e` (as `ops_nvfp4.nvfp4_grouped_mm_backward`).
@@ -105,9 +104,7 @@ def grouped_wgrad(
     truncate, torch casts the FP32 result).
     `x_index` (int [T]): the operand X is x_TK[x_index], a zero row where x_index < 0 (the MoE
     token gather, `nvfp4_impl.gather_zero_rows`), read through the index by the quantizer:
-    bitwise `grouped_wgrad(dy, gather_zero_rows(x_TK, x_index), ...)` without the copy.
-    `out`: a contiguous [E, N, K] `out_dtype` tensor to store into (the caller's, e.g. made on the
-    main stream for a launch on the side stream); ignored in the interpreter."""
+    bitwise `grouped_wgrad(dy, gather_zero_rows(x_TK, x_index), ...)` without the copy."""
     check_kernel_device(dy_TN, "grad_out")
     from .quantize_kernel import quantize_segments_ongrid
 
@@ -137,12 +134,8 @@ def grouped_wgrad(
         b, gd_b = quantize_segments_ongrid(x_TK, lay["src_rows"], *seg, amax_x)
     cfg = pick(arch_of(dev), "bf16" if dev.type == "cuda" else "fp32", "nvfp4_wgrad", n)
     interp = interpreting() or dev.type != "cuda"
-    if out is None or interp:
-        out = torch.empty((num_experts, n, k), dtype=torch.float32 if interp else out_dtype,
-                          device=dev)  # fmt: skip
-    elif out.shape != (num_experts, n, k) or out.dtype != out_dtype or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous [{num_experts}, {n}, {k}] {out_dtype}, got "
-                         f"{out.dtype} {tuple(out.shape)}")  # fmt: skip
+    out = torch.empty((num_experts, n, k), dtype=torch.float32 if interp else out_dtype,
+                      device=dev)  # fmt: skip
     if n and k and num_experts:
         grid = (triton.cdiv(n, cfg.block_m), triton.cdiv(k, cfg.block_n), num_experts)
         _grouped_wgrad_kernel[grid](

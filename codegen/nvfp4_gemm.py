@@ -197,7 +197,6 @@ def launch_gemm(
     rows_per_group: int | None = None,
     config_op: str | None = None,
     a_rows: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the GEMM. b: on-grid [N, K] / [E, N, K] (any strides), or packed (codes, scale
     bytes) [.., N, K/2] and [.., N, K/16]. offsets (int32 [E] group ends) selects the grouped
@@ -206,8 +205,7 @@ def launch_gemm(
     on-grid B; the weight gradient passes "nvfp4_wgrad"). `a_rows` (int32 / int64 [M]): row r of
     the product reads row a_rows[r] of a_MK (and of a per-row gd_a), which may then have any
     number of rows, or is a zero row where a_rows[r] < 0: a gather of A's rows in the operand
-    load. `out`: a contiguous [M, N] tensor of `out_dtype` to store into (allocated by the caller,
-    e.g. on another stream than the launch's: `side_stream.SideBranch`); not in the interpreter."""
+    load."""
     check_kernel_device(a_MK, "x")
     dev = a_MK.device
     k = a_MK.shape[1]
@@ -241,11 +239,7 @@ def launch_gemm(
     op = config_op or ("nvfp4_gemm" if packed else "nvfp4_gemm_ongrid")
     cfg = pick(arch_of(dev), _dot_key(dev), op, rows_per_group or m)
     interp = interpreting()
-    if out is None or interp:
-        out = torch.empty((m, n), dtype=torch.float32 if interp else out_dtype, device=dev)
-    elif out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous [{m}, {n}] {out_dtype}, got "
-                         f"{out.dtype} {tuple(out.shape)}")  # fmt: skip
+    out = torch.empty((m, n), dtype=torch.float32 if interp else out_dtype, device=dev)
     if m == 0 or n == 0:
         return out.to(out_dtype)
     if grouped:

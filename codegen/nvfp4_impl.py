@@ -321,9 +321,9 @@ def quantize_transposed_ongrid(t_TD, *, global_scale, rounding="rne", seed=None)
     return ongrid, (gd.reshape(d, 1) if per_row else gd.reshape(()))
 
 
-def cuda_wgrad(dy2, x2, recipe, seed, *, out_dtype=torch.float32, dy_amax=None, out=None):
-    """dW [N, K] in `out_dtype` (stored directly by the GEMM, as in cuda_dgrad; into `out` when
-    given). dY^T and X^T are quantized straight from dY and X (no transposed copies)."""
+def cuda_wgrad(dy2, x2, recipe, seed, *, out_dtype=torch.float32, dy_amax=None):
+    """dW [N, K] in `out_dtype` (stored directly by the GEMM, as in cuda_dgrad). dY^T and X^T
+    are quantized straight from dY and X (no transposed copies)."""
     from .nvfp4_gemm import launch_gemm
 
     if recipe.wgrad == "bf16":
@@ -332,4 +332,4 @@ def cuda_wgrad(dy2, x2, recipe, seed, *, out_dtype=torch.float32, dy_amax=None, 
     a, gd_a = quantize_transposed_ongrid(dy2, global_scale=scale,
                                          rounding=recipe.grad.rounding, seed=seed)  # fmt: skip
     b, gd_b = quantize_transposed_ongrid(x2, global_scale="per_tensor")
-    return launch_gemm(a, gd_a, b, gd_b, out_dtype=out_dtype, config_op="nvfp4_wgrad", out=out)
+    return launch_gemm(a, gd_a, b, gd_b, out_dtype=out_dtype, config_op="nvfp4_wgrad")

@@ -31,7 +31,6 @@ from .. import reference as ref
 from ..format import BLOCK_SIZE, decode_e2m1, unpack_codes
 from ..sr_stream import DeviceSeed, call_seed, site_seed
 from . import nvfp4_impl as impl
-from . import side_stream
 from .gather_rows import gather_rows_backward
 from .weight_cache import active_cache
 
@@ -290,27 +289,15 @@ def nvfp4_linear_backward(
     empty = x.new_empty((0,), dtype=torch.float32)
     dx, dw, db = x.new_empty((0,)), empty, empty
     dy_amax = impl.grad_amax(dy2, rec) if cuda and needs_x and needs_w else None
-    branch = None
-    if needs_x and needs_w and rec.wgrad == "nvfp4" and side_stream.enabled(x.device):
-        # wgrad on the side stream, beside the dgrad (`side_stream.py`); dW made on this one
-        dw = torch.empty((n, k), dtype=weight.dtype, device=x.device)
-        branch = side_stream.SideBranch(x.device)
-        with branch:
-            dw = impl.cuda_wgrad(dy2, x2, rec, seed + 1, out_dtype=weight.dtype, dy_amax=dy_amax,
-                                 out=dw)  # fmt: skip
-    try:
-        if needs_x:
-            if cuda:
-                dx2 = impl.cuda_dgrad(dy2, w_codes, w_scales, w_global_decode, w_ongrid, weight,
-                                      rec, seed, out_dtype=x.dtype, dy_amax=dy_amax)  # fmt: skip
-            else:
-                w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
-                dx2 = impl.cpu_dgrad(dy2, w, weight, rec, seed)
-            dx = dx2.to(x.dtype).reshape(x.shape)
-    finally:
-        if branch is not None:
-            branch.join()
-    if needs_w and branch is None:
+    if needs_x:
+        if cuda:
+            dx2 = impl.cuda_dgrad(dy2, w_codes, w_scales, w_global_decode, w_ongrid, weight, rec,
+                                  seed, out_dtype=x.dtype, dy_amax=dy_amax)  # fmt: skip
+        else:
+            w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
+            dx2 = impl.cpu_dgrad(dy2, w, weight, rec, seed)
+        dx = dx2.to(x.dtype).reshape(x.shape)
+    if needs_w:
         if cuda:
             dw = impl.cuda_wgrad(dy2, x2, rec, seed + 1, out_dtype=weight.dtype, dy_amax=dy_amax)
         else:
@@ -440,27 +427,6 @@ def _scatter_gathered(dx_g: torch.Tensor, x_index: torch.Tensor, rows: int) -> t
     return gather_rows_backward(dx_g, idx, rows + 1)[:rows]
 
 
-def _grouped_dgrad(grad_out, x, weight, w_codes, w_scales, w_global_decode, offsets, w_ongrid,
-                   rec, seed, rows, n, k, dy_amax):  # fmt: skip
-    """dX [rows, K] in x.dtype of the grouped GEMM (the gathered rows' gradient with x_index)."""
-    if x.device.type == "cuda" and rec.dgrad == "nvfp4":
-        return impl.cuda_dgrad(grad_out, w_codes, w_scales, w_global_decode, w_ongrid, weight,
-                               rec, seed, offsets=offsets, out_dtype=x.dtype,
-                               dy_amax=dy_amax)  # fmt: skip
-    dx = torch.zeros((rows, k), dtype=torch.float32, device=x.device)
-    dyq = None if rec.dgrad == "bf16" else impl._q_grad(grad_out, rec, seed)
-    w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
-    for e, s, t in _groups(offsets):
-        if rec.dgrad == "bf16":
-            dx[s:t] = impl.cpu_dgrad(grad_out[s:t], None, weight[e], rec, seed)
-        else:
-            w_e = w[e]
-            w_e = impl.weight_tensor(w_e.codes, w_e.block_scales.view(torch.uint8),
-                                     w_e.global_decode.reshape(()), n, k)  # fmt: skip
-            dx[s:t] = ref.nvfp4_mm(dyq[s:t], impl.transpose_tiled(w_e))
-    return dx.to(x.dtype)
-
-
 @torch.library.custom_op(f"{_LIB}::nvfp4_grouped_mm_backward", mutates_args=())
 def nvfp4_grouped_mm_backward(
     grad_out: torch.Tensor,
@@ -502,29 +468,27 @@ def nvfp4_grouped_mm_backward(
 
         dy_rows = row_abs_max(grad_out)
         dy_amax = dy_rows.amax()
-    branch = None
-    if needs_x and needs_w and rec.wgrad == "nvfp4" and side_stream.enabled(x.device):
-        # all experts' wgrad on the side stream, beside the dgrad (`side_stream.py`); dW made
-        # on this stream
-        from .grouped_wgrad import grouped_wgrad
-
-        dw = torch.empty((num_experts, n, k), dtype=weight.dtype, device=x.device)
-        branch = side_stream.SideBranch(x.device)
-        with branch:
-            dw = grouped_wgrad(grad_out, x, offsets, rec, seed, out_dtype=weight.dtype,
-                               dy_row_amax=dy_rows, x_index=x_index, out=dw)  # fmt: skip
-    try:
-        if needs_x:
-            dx = _grouped_dgrad(grad_out, x, weight, w_codes, w_scales, w_global_decode, offsets,
-                                w_ongrid, rec, seed, rows, n, k, dy_amax)  # fmt: skip
-            if x_index is not None:  # the gradient of x: each row's gathered copies summed
-                dx = _scatter_gathered(dx, x_index, x_src.shape[0])
-    finally:
-        if branch is not None:
-            branch.join()
-    if branch is not None or not needs_w:
-        pass
-    elif cuda and rec.wgrad == "nvfp4":  # all experts at once, == the loop below
+    if needs_x:
+        if cuda and rec.dgrad == "nvfp4":
+            dx = impl.cuda_dgrad(grad_out, w_codes, w_scales, w_global_decode, w_ongrid, weight,
+                                 rec, seed, offsets=offsets, out_dtype=x.dtype,
+                                 dy_amax=dy_amax)  # fmt: skip
+        else:
+            dx = torch.zeros((rows, k), dtype=torch.float32, device=x.device)
+            dyq = None if rec.dgrad == "bf16" else impl._q_grad(grad_out, rec, seed)
+            w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
+            for e, s, t in _groups(offsets):
+                if rec.dgrad == "bf16":
+                    dx[s:t] = impl.cpu_dgrad(grad_out[s:t], None, weight[e], rec, seed)
+                else:
+                    w_e = w[e]
+                    w_e = impl.weight_tensor(w_e.codes, w_e.block_scales.view(torch.uint8),
+                                             w_e.global_decode.reshape(()), n, k)  # fmt: skip
+                    dx[s:t] = ref.nvfp4_mm(dyq[s:t], impl.transpose_tiled(w_e))
+            dx = dx.to(x.dtype)
+        if x_index is not None:  # the gradient of x: each row's gathered copies summed
+            dx = _scatter_gathered(dx, x_index, x_src.shape[0])
+    if needs_w and cuda and rec.wgrad == "nvfp4":  # all experts at once, == the loop below
         from .grouped_wgrad import grouped_wgrad
 
         dw = grouped_wgrad(grad_out, x, offsets, rec, seed, out_dtype=weight.dtype,
