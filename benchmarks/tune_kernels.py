@@ -72,6 +72,17 @@ WGRAD_CANDIDATES = (
 )
 
 
+# `--deep`: the pinned on-grid / wgrad tile (first) against deeper software pipelines of the same
+# tile and its transpose (4 stages of 128x256x64 operands: 192 KiB of shared memory, 1 program per
+# SM) and the packed table's tile, for the MoE GEMMs only (`--only grouped,wgrad`).
+DEEP_CANDIDATES = (
+    TileConfig(128, 256, 64, num_warps=8, num_stages=3),
+    TileConfig(128, 256, 64, num_warps=8, num_stages=4),
+    TileConfig(256, 128, 64, num_warps=8, num_stages=3),
+    TileConfig(256, 128, 64, num_warps=8, num_stages=4),
+)
+
+
 @contextlib.contextmanager
 def pinned(key, cfg: TileConfig):
     """Every M bucket of `key` replaced by `cfg` for the duration (restored after)."""
@@ -289,7 +300,12 @@ def markdown(env, rows) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
+    parser.add_argument("--deep", action="store_true",
+                        help="GEMM / wgrad candidates: DEEP_CANDIDATES (pipeline depth)")  # fmt: skip
     args = parser.parse_args()
+    if args.deep:
+        global GEMM_CANDIDATES, WGRAD_CANDIDATES
+        GEMM_CANDIDATES = WGRAD_CANDIDATES = DEEP_CANDIDATES
     if not torch.cuda.is_available():
         raise SystemExit("this tuner needs a CUDA GPU")
     env = environment()
