@@ -57,10 +57,13 @@ _GEMM_INTERPRETER = ((None, TileConfig(16, 32, 32, num_warps=1, num_stages=1)),)
 # B on-grid BF16 (no in-register dequantize): wider N tiles pay off at M > 64 (H200, learner
 # shapes, benchmarks/results/2026-12-03_tune_kernels.md: MoE gate_up forward 0.86 -> 0.73 ms,
 # dgrad 0.67 -> 0.52 ms, down dgrad 0.50 -> 0.33 ms; down forward 0.45 -> 0.60 ms; 0 bytes
-# differ from 128x128).
+# differ from 128x128). A 4-stage pipeline of the same tile (192 KiB of shared memory), H200,
+# same run, 0 bytes differ (benchmarks/results/2026-12-04_tune_kernels_deep_865d6a7.md): MoE
+# gate_up forward 0.574 -> 0.533 ms, down forward 0.321 -> 0.311, down dgrad 0.243 -> 0.229,
+# gate_up dgrad 0.417 -> 0.421 (the wgrad, below, is slower at 4 stages: 0.686 -> 0.704).
 _GEMM_ONGRID_SM90 = (
     (64, TileConfig(64, 64, 64, num_warps=4, num_stages=4)),
-    (None, TileConfig(128, 256, 64, num_warps=8, num_stages=3)),
+    (None, TileConfig(128, 256, 64, num_warps=8, num_stages=4)),
 )
 # Weight gradients (learner only; the dense wgrad and the one-pass MoE wgrad share it, so the
 # MoE wgrad equals the per-expert loop by construction): MoE gate_up 2.01 -> 1.64 ms, down
