@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .group_sum_kernel import _round_bf16_keep_nan
-from .runtime import check_kernel_device, compile_options, interpreting
+from .runtime import check_kernel_device, compile_options, interpreting, row_mask_bytes
 
 BLOCK_T, BLOCK_H = 4, 512
 
@@ -64,7 +64,7 @@ def moe_combine_triton(x, w, idx, k, out_dtype, row_mask=None):
     s, h = x.shape
     t = s // k
     x2, w1, idx1 = x.contiguous(), w.reshape(-1).contiguous(), idx.contiguous()
-    m = None if row_mask is None else row_mask.reshape(-1).contiguous().view(torch.uint8)
+    m = row_mask_bytes(row_mask, s)
     interp = interpreting()  # its fp32 -> bf16 casts truncate: store FP32 (exact values)
     out = torch.empty((t, h), dtype=torch.float32 if interp else out_dtype, device=x.device)
     if t and h:

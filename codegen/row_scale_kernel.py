@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import check_kernel_device, compile_options, interpreting
+from .runtime import check_kernel_device, compile_options, interpreting, row_mask_bytes
 
 
 @triton.jit
@@ -137,13 +137,7 @@ def row_scale_backward_triton(
     interp = interpreting()  # its fp32 -> bf16 casts truncate: store FP32, let torch round
     gx = torch.empty(x2.shape, dtype=torch.float32 if interp else x.dtype, device=x.device)
     gw = torch.empty((r,), dtype=torch.float32, device=x.device)
-    m = None
-    if row_mask is not None:
-        m = row_mask.reshape(-1).contiguous()
-        if m.dtype != torch.bool or m.shape[0] != r:
-            raise ValueError(f"row_mask must be bool with {r} rows, got {m.dtype} "
-                             f"{tuple(row_mask.shape)}")  # fmt: skip
-        m = m.view(torch.uint8)
+    m = row_mask_bytes(row_mask, r)
     if r:
         block_r = 16
         _row_scale_backward_kernel[(triton.cdiv(r, block_r),)](

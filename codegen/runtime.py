@@ -52,3 +52,16 @@ def compile_options(device: torch.device) -> dict:
     if device.type != "cuda":
         return {}
     return {"enable_fp_fusion": False}
+
+
+def row_mask_bytes(row_mask: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    """A kernel's `row_mask` argument (bool, one per row: [R] or [.., 1]) as R contiguous bytes
+    (the bool tensor viewed as uint8; a kernel tests `!= 0`), or None."""
+    if row_mask is None:
+        return None
+    m = row_mask.reshape(-1).contiguous()
+    if m.dtype != torch.bool or m.shape[0] != rows:
+        raise ValueError(
+            f"row_mask must be bool with {rows} rows, got {m.dtype} {tuple(row_mask.shape)}"
+        )
+    return m.view(torch.uint8)

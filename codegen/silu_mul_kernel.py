@@ -25,7 +25,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from .invariant_kernels import _round_bf16
-from .runtime import check_kernel_device, compile_options, interpreting
+from .runtime import check_kernel_device, compile_options, interpreting, row_mask_bytes
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 BLOCK_R, BLOCK_C = 8, 256
@@ -124,23 +124,11 @@ def _grid(r: int, c: int):
     return (triton.cdiv(r, BLOCK_R), triton.cdiv(c, BLOCK_C))
 
 
-def _mask_bytes(row_mask, r: int):
-    """The row mask as R bytes (a bool [R] / [.., 1] tensor viewed as uint8), or None."""
-    if row_mask is None:
-        return None
-    m = row_mask.reshape(-1).contiguous()
-    if m.dtype != torch.bool or m.shape[0] != r:
-        raise ValueError(
-            f"row_mask must be bool with {r} rows, got {m.dtype} {tuple(row_mask.shape)}"
-        )
-    return m.view(torch.uint8)
-
-
 def silu_mul_triton(a: torch.Tensor, b: torch.Tensor, row_mask=None) -> torch.Tensor:
     check_kernel_device(a, "a")
     a2, b2 = _rows_view(a), _rows_view(b)
     r, c = a2.shape
-    m = _mask_bytes(row_mask, r)
+    m = row_mask_bytes(row_mask, r)
     out = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     _silu_mul_kernel[_grid(r, c)](
         a2, b2, out, m if m is not None else out, r, c, a2.stride(0), b2.stride(0),
@@ -154,7 +142,7 @@ def silu_mul_backward_triton(grad, a, b, row_mask=None):
     check_kernel_device(a, "a")
     g2, a2, b2 = _rows_view(grad), _rows_view(a), _rows_view(b)
     r, c = a2.shape
-    m = _mask_bytes(row_mask, r)
+    m = row_mask_bytes(row_mask, r)
     grad_a = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     grad_b = torch.empty(b.shape, dtype=b.dtype, device=b.device)
     _silu_mul_backward_kernel[_grid(r, c)](

@@ -17,30 +17,13 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, insert_call, replace_with_call, written_args, written_between
-from .patterns import _is, is_cast
+from .patterns import is_cast, is_masked_fill, row_zero_mask
 from .report import LoweringReport
 
 aten = torch.ops.aten
 
 X_INDEX_ARG = 10  # of fp4_compile::nvfp4_grouped_mm, after site
 _DEFAULTS = (None, 0)  # w_ongrid (arg 8) and site (arg 9), when the call leaves them out
-
-
-def _is_masked_fill(node) -> bool:
-    return _is(node, methods=("masked_fill", "masked_fill_"),
-               overloads=(aten.masked_fill, aten.masked_fill_))  # fmt: skip
-
-
-def _row_zero_mask(node: fx.Node, rows: int | None):
-    """The [rows, 1] bool mask of `node` when it is x.masked_fill(mask, 0) zeroing whole rows
-    of a [rows, K] x (transformers' sentinel mask of the experts' input), else None."""
-    if len(node.args) != 3 or node.kwargs:
-        return None
-    mask, value = node.args[1], node.args[2]
-    m = fake(mask)
-    if not isinstance(value, (int, float)) or value != 0 or m is None or m.dtype != torch.bool:
-        return None
-    return mask if rows is not None and tuple(m.shape) == (rows, 1) else None
 
 
 def _source(x: fx.Node, gemm: fx.Node):
@@ -55,8 +38,8 @@ def _source(x: fx.Node, gemm: fx.Node):
         src = x.args[0] if x.args else None
         if len(x.users) != 1 or not isinstance(src, fx.Node) or fake(src) is None:
             return None
-        if _is_masked_fill(x) and mask is None and not written_args(x):
-            mask = _row_zero_mask(x, fake(src).shape[0])
+        if is_masked_fill(x) and mask is None and not written_args(x):
+            mask = row_zero_mask(x, fake(src).shape[0])
             if mask is None:
                 return None
         elif not (is_cast(x) and fake(x) is not None and fake(src).dtype == fake(x).dtype):
@@ -68,11 +51,11 @@ def _source(x: fx.Node, gemm: fx.Node):
     if others:  # only an in-place row fill of the gathered copy, before the GEMM side reads it
         fill = others[0]
         order = {n: i for i, n in enumerate(x.graph.nodes)}
-        if not (len(others) == 1 and mask is None and _is_masked_fill(fill)
+        if not (len(others) == 1 and mask is None and is_masked_fill(fill)
                 and written_args(fill) == [x] and not fill.users
                 and order[fill] < order[reader]):  # fmt: skip
             return None
-        mask = _row_zero_mask(fill, fake(x).shape[0] if fake(x) is not None else None)
+        mask = row_zero_mask(fill, fake(x).shape[0] if fake(x) is not None else None)
         if mask is None:
             return None
         chain.append(fill)

@@ -21,29 +21,21 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .graph_utils import arg, fake, written_args, written_between
-from .patterns import _is
+from .patterns import _is, is_masked_fill, row_zero_mask
 from .report import LoweringReport
 
 aten = torch.ops.aten
 
 
-def _is_functional_masked_fill(node) -> bool:
-    return _is(node, methods=("masked_fill",), overloads=(aten.masked_fill,)) and not written_args(
-        node
-    )
-
-
 def _row_mask(node: fx.Node):
-    """The [S, 1] bool mask when `node` is x.masked_fill(mask, 0) on a 2-D x, else None."""
-    if len(node.args) != 3 or node.kwargs:
+    """The [S, 1] bool mask when `node` is a functional x.masked_fill(mask, 0) zeroing whole
+    rows of a 2-D x, else None."""
+    if not is_masked_fill(node) or written_args(node) or not node.args:
         return None
-    x, mask, value = node.args
-    fx_, fm = fake(x), fake(mask)
-    if fx_ is None or fm is None or fx_.dim() != 2 or fm.dtype != torch.bool:
+    fx_ = fake(node.args[0])
+    if fx_ is None or fx_.dim() != 2:
         return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != 0:
-        return None
-    return mask if tuple(fm.shape) == (fx_.shape[0], 1) else None
+    return row_zero_mask(node, fx_.shape[0])
 
 
 def _is_last_dim_halves(split: fx.Node, source: fx.Node) -> bool:
@@ -98,8 +90,6 @@ def _readers(node: fx.Node):
 def fold_row_masks(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
     graph = gm.graph
     for node in list(graph.nodes):
-        if not _is_functional_masked_fill(node):
-            continue
         mask = _row_mask(node)
         if mask is None:
             continue

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from .graph_utils import fake
+
 aten = torch.ops.aten
 
 
@@ -101,6 +103,24 @@ def is_softmax(n) -> bool:
         methods=("softmax",),
         overloads=(aten.softmax, aten._softmax),
     )
+
+
+def is_masked_fill(n) -> bool:
+    """x.masked_fill(mask, value), functional or in place."""
+    return _is(n, methods=("masked_fill", "masked_fill_"),
+               overloads=(aten.masked_fill, aten.masked_fill_))  # fmt: skip
+
+
+def row_zero_mask(node: fx.Node, rows: int | None):
+    """The [rows, 1] bool mask of a masked_fill node that zeroes whole rows of a [rows, K]
+    tensor (transformers' expert-parallel sentinel masks), else None."""
+    if len(node.args) != 3 or node.kwargs:
+        return None
+    mask, value = node.args[1], node.args[2]
+    m = fake(mask)
+    if not isinstance(value, (int, float)) or value != 0 or m is None or m.dtype != torch.bool:
+        return None
+    return mask if rows is not None and tuple(m.shape) == (rows, 1) else None
 
 
 def is_topk(n) -> bool:
