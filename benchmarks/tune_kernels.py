@@ -72,6 +72,17 @@ WGRAD_CANDIDATES = (
 )
 
 
+# The weights' one-read quantize: 4 warps keep more programs resident per SM (its persistent grid
+# waits on all of them); 32 or 16 elements per thread.
+WEIGHT_QUANT_CANDIDATES = (
+    TileConfig(32, 0, 128, num_warps=4, num_stages=1),
+    TileConfig(16, 0, 128, num_warps=2, num_stages=1),
+    TileConfig(16, 0, 128, num_warps=4, num_stages=1),
+    TileConfig(64, 0, 128, num_warps=8, num_stages=1),
+    TileConfig(32, 0, 256, num_warps=8, num_stages=1),
+)
+
+
 # `--deep`: the pinned on-grid / wgrad tile (first) against deeper software pipelines of the same
 # tile and its transpose (4 stages of 128x256x64 operands: 192 KiB of shared memory, 1 program per
 # SM) and the packed table's tile, for the MoE GEMMs only (`--only grouped,wgrad`).
@@ -146,14 +157,15 @@ def quantize_section(rows):
         ),
     }
     # the learner's weights: 16x16 tiles, per-expert scales, on-grid only (its GEMMs read
-    # nothing else: passes/skip_unread_packed_weights.py)
+    # nothing else: passes/skip_unread_packed_weights.py), in the two-step form (this kernel
+    # after the amax pass; the one-read launch has its own section, "weights")
     w = torch.randn(EXPERTS, 2 * MOE_I, HIDDEN, device="cuda", dtype=torch.bfloat16)
     w_down = torch.randn(EXPERTS, HIDDEN, MOE_I, device="cuda", dtype=torch.bfloat16)
     cases["weight [128, 1536, 2048] per_expert 16x16 on-grid"] = lambda: quantize_triton(
-        w, block="16x16", global_scale="per_expert", out="ongrid"
+        w, block="16x16", global_scale="per_expert", out="ongrid", one_read_weights=False
     )
     cases["weight [128, 2048, 768] per_expert 16x16 on-grid"] = lambda: quantize_triton(
-        w_down, block="16x16", global_scale="per_expert", out="ongrid"
+        w_down, block="16x16", global_scale="per_expert", out="ongrid", one_read_weights=False
     )
     from fp4_compile.codegen.segment_layout import segment_layout
 
@@ -173,6 +185,36 @@ def quantize_section(rows):
     for case, run in segments.items():
         sweep("quantize", case, ("sm_90", "any", "nvfp4_quantize_segments"),
               QUANT_CANDIDATES, run, rows, baseline_ms=copy_ms)  # fmt: skip
+
+
+def weights_section(rows):
+    """The weights' one-read quantize (`weight_quantize.py`): tiles and programs per SM, each
+    against the two-step form's bytes (baseline = the two-step form's time, same run)."""
+    from fp4_compile.codegen import weight_quantize as wq
+    from fp4_compile.codegen.quantize_kernel import quantize_triton
+
+    key = ("sm_90", "any", "nvfp4_weight_quantize")
+    shapes = {"gate_up [128, 1536, 2048]": (EXPERTS, 2 * MOE_I, HIDDEN),
+              "down [128, 2048, 768]": (EXPERTS, HIDDEN, MOE_I),
+              "q_proj [4096, 2048] per_tensor": (1, 4096, HIDDEN)}  # fmt: skip
+    for case, shape in shapes.items():
+        w = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+        mode = "per_tensor" if "per_tensor" in case else "per_expert"
+        w = w[0] if mode == "per_tensor" else w
+        two_step = quantize_triton(w, block="16x16", global_scale=mode, out="ongrid",
+                                   one_read_weights=False)  # fmt: skip
+        base_ms = bench(lambda: quantize_triton(w, block="16x16", global_scale=mode, out="ongrid",
+                                                one_read_weights=False))  # fmt: skip
+        for per_sm in (1, 2, 4, 8):
+            label = f"{case}, <= {per_sm} programs per SM"
+            run = lambda per_sm=per_sm: wq.quantize_weight_tiles(  # noqa: E731
+                w, mode, out="ongrid", programs_per_sm=per_sm
+            )
+            out = run()
+            for got, want, what in ((out[0], two_step[0], "on-grid"), (out[1], two_step[1], "gd")):
+                if count_bytes_differ(got, want):
+                    raise AssertionError(f"{label}: {what} differs from the two-step form")
+            sweep("weights", label, key, WEIGHT_QUANT_CANDIDATES, run, rows, baseline_ms=base_ms)
 
 
 def wgrad_section(rows):
@@ -271,15 +313,15 @@ def dense_section(rows):
               baseline_ms=base)  # fmt: skip
 
 
-SECTIONS = {"wgrad": wgrad_section, "quantize": quantize_section,
+SECTIONS = {"wgrad": wgrad_section, "quantize": quantize_section, "weights": weights_section,
             "grouped": grouped_section, "dense": dense_section}  # fmt: skip
 
 
 def markdown(env, rows) -> str:
     lines = [f"# kernel config sweep, {env['gpu']} (emulated NVFP4 (sm_90))", "",
              f"torch {env['torch']}, triton {env['triton']}, commit {env['commit']}, "
-             f"{env['date']}. ms = do_bench median; baseline = device copy (quantize) or BF16 "
-             "torch._grouped_mm / mm (GEMMs), same run; `differ` = output bytes that differ "
+             f"{env['date']}. ms = do_bench median; baseline = device copy (quantize), the "
+             "two-step quantize (weights) or BF16 torch._grouped_mm / mm (GEMMs), same run; `differ` = output bytes that differ "
              "from the pinned config's (first row of each case).", "",
              "| section | case | BLOCK_M x N x K, warps, stages | ms | baseline ms | baseline / ms "
              "| differ |", "| --- " * 7 + "|"]  # fmt: skip

@@ -83,6 +83,11 @@ _QUANT_INTERPRETER = ((None, TileConfig(16, 0, 64, num_warps=1, num_stages=1)),)
 # 0.237 -> 0.130 ms against 16x256 with 4 warps.
 _QUANT_SEGMENTS_SM90 = ((None, TileConfig(16, 0, 128, num_warps=2, num_stages=1)),)
 
+# The weights' one-launch quantize (`weight_quantize.py`): 4 warps, so that its persistent grid
+# (2 programs per SM) is resident whatever the register count; 32 x 128 elements per tile keeps
+# 32 per thread, as the tiling above.
+_WEIGHT_QUANT_SM90 = ((None, TileConfig(32, 0, 128, num_warps=4, num_stages=1)),)
+
 GEMM_OPS = ("nvfp4_gemm", "nvfp4_gemm_ongrid", "nvfp4_wgrad")
 
 PINNED: dict[tuple[str, str, str], tuple] = {
@@ -99,6 +104,8 @@ PINNED: dict[tuple[str, str, str], tuple] = {
     ("interpreter", "any", "nvfp4_quantize"): _QUANT_INTERPRETER,
     ("sm_90", "any", "nvfp4_quantize_segments"): _QUANT_SEGMENTS_SM90,
     ("interpreter", "any", "nvfp4_quantize_segments"): _QUANT_INTERPRETER,
+    ("sm_90", "any", "nvfp4_weight_quantize"): _WEIGHT_QUANT_SM90,
+    ("interpreter", "any", "nvfp4_weight_quantize"): _QUANT_INTERPRETER,
 }
 
 for _key, _table in PINNED.items():

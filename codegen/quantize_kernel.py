@@ -86,6 +86,70 @@ def _e2m1_magnitude(idx):
 
 
 @triton.jit
+def _tile16_max(vmax, BLOCK_M: tl.constexpr, NB: tl.constexpr):
+    """Block maxima [BLOCK_M, NB] of 1x16 blocks -> those of their 16x16 tiles, broadcast back
+    to every row of the tile."""
+    tmax = tl.max(tl.reshape(vmax, (BLOCK_M // 16, 16, NB)), axis=1)
+    return tl.reshape(tl.broadcast_to(tmax[:, None, :], (BLOCK_M // 16, 16, NB)), (BLOCK_M, NB))
+
+
+@triton.jit
+def _block_encode(vmax, mult, gd):
+    """Steps 6-7 of the blocks with maxima vmax: (E4M3 scale byte as int32, its FP32 value, the
+    FP32 encode scale of the block's elements)."""
+    d = vmax * mult  # ONE rounding (step 6)
+    d = tl.minimum(tl.maximum(d, -448.0), 448.0)
+    s_code, s_val = _e4m3_rne(d)
+    enc = tl.minimum(
+        tl.math.div_rn(tl.full(s_val.shape, 1.0, tl.float32), s_val * gd),
+        3.4028234663852886e38,
+    )
+    return s_code, s_val, enc
+
+
+@triton.jit
+def _rne_integer(y):
+    """y in [0, 4] -> (the nearest integer, ties to even, as int32 and as FP32): y + 2**23
+    rounds y to an integer in ONE rounding (the FP32 ulp there is 1); its low mantissa bits
+    are that integer (0..4)."""
+    y_big = y + 8388608.0
+    return y_big.to(tl.int32, bitcast=True) & 7, y_big - 8388608.0  # (the FP32 one exact)
+
+
+@triton.jit
+def _rne_ongrid_magnitude(mag):
+    """|v| in [0, 6] -> its RNE E2M1 magnitude, NaN -> 0: RNE to a multiple of the spacing in
+    one rounding: adding 2**22 / 2**23 / 2**24 makes the FP32 ulp 0.5 / 1 / 2 (ties to the
+    even multiple = the even code, as `_rne_integer`); subtracting it back is exact."""
+    big = tl.where(mag < 2.0, 4194304.0, tl.where(mag < 4.0, 8388608.0, 16777216.0))
+    return tl.where(mag == mag, (mag + big) - big, 0.0)
+
+
+@triton.jit
+def _signed_value(mag_n, v, s_val):
+    """The on-grid value: magnitude mag_n with v's sign (code 8 is -0.0, as `_e2m1_value`),
+    times the block's E4M3 scale s_val [BM, NB] (exact)."""
+    sign = (v < 0.0).to(tl.int32) << 31
+    mag_q = (mag_n.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    return mag_q * s_val[:, :, None]
+
+
+@triton.jit
+def _store_packed(codes_ptr, scales_ptr, code, s_code, rows, rmask, pid_k, blk, K,
+                  BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """Store codes [BLOCK_M, NB, 16] as bytes (two per byte, low nibble first) and the scale
+    bytes s_code [BLOCK_M, NB] of the rows `rows` (valid where rmask), column tile pid_k."""
+    lo_c, hi_c = tl.split(tl.reshape(code, (BLOCK_M, BLOCK_K // 2, 2)))
+    byte = (lo_c | (hi_c << 4)).to(tl.uint8)
+    ccols = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+    cmask = rmask[:, None] & (ccols[None, :] < K // 2)
+    tl.store(codes_ptr + rows[:, None] * (K // 2) + ccols[None, :], byte, mask=cmask)
+    smask = rmask[:, None] & (blk[None, :] < K // 16)
+    tl.store(scales_ptr + rows[:, None] * (K // 16) + blk[None, :], s_code.to(tl.uint8),
+             mask=smask)  # fmt: skip
+
+
+@triton.jit
 def _mix32(h):
     """The "lowbias32" mixer on uint32 (products wrap mod 2^32), as `sr_stream._mix32`."""
     h = h ^ (h >> 16)
@@ -175,8 +239,7 @@ def _quantize_kernel(
     x = x.to(tl.float32)
     vmax = tl.max(tl.abs(x), axis=2)  # [BM, NB]
     if TILE16:
-        tmax = tl.max(tl.reshape(vmax, (BLOCK_M // 16, 16, NB)), axis=1)
-        vmax = tl.reshape(tl.broadcast_to(tmax[:, None, :], (BLOCK_M // 16, 16, NB)), (BLOCK_M, NB))
+        vmax = _tile16_max(vmax, BLOCK_M, NB)
     if SEGMENTED:
         bmask = rmask[:, None] & (blk < K // 16)[None, :]
         if ONE_SEGMENT:
@@ -189,13 +252,7 @@ def _quantize_kernel(
     else:
         mult = tl.load(mult_ptr + rows * mult_stride, mask=rmask, other=1.0)[:, None]
         gd = tl.load(gd_ptr + rows * gd_stride, mask=rmask, other=1.0)[:, None]
-    d = vmax * mult  # ONE rounding (step 6)
-    d = tl.minimum(tl.maximum(d, -448.0), 448.0)
-    s_code, s_val = _e4m3_rne(d)  # [BM, NB]
-    enc = tl.minimum(
-        tl.math.div_rn(tl.full(s_val.shape, 1.0, tl.float32), s_val * gd),
-        3.4028234663852886e38,
-    )
+    s_code, s_val, enc = _block_encode(vmax, mult, gd)  # [BM, NB]
     v = tl.minimum(tl.maximum(x * enc[:, :, None], -6.0), 6.0)
     mag = tl.abs(v)
     y, base = _e2m1_scaled(mag)
@@ -231,11 +288,7 @@ def _quantize_kernel(
         n = lo.to(tl.int32) + up.to(tl.int32)
         n_f = lo + up.to(tl.float32)  # the same integer as FP32 (exact)
     else:
-        # y + 2**23 rounds y to an integer, ties to even, in ONE rounding (the FP32 ulp there
-        # is 1); its low mantissa bits are that integer (0..4)
-        y_big = y + 8388608.0
-        n = y_big.to(tl.int32, bitcast=True) & 7
-        n_f = y_big - 8388608.0  # the same integer as FP32 (exact)
+        n, n_f = _rne_integer(y)
     # NaN (the interpreter's clamp keeps it) compares false everywhere in the reference: code 0
     idx = tl.where(mag == mag, base + n, 0)
     code = idx | ((v < 0.0).to(tl.int32) << 3)
@@ -249,25 +302,12 @@ def _quantize_kernel(
             spacing = tl.where(mag < 2.0, 0.5, tl.where(mag < 4.0, 1.0, 2.0))
             mag_n = tl.where(mag == mag, n_f * spacing, 0.0)
         else:
-            # RNE to a multiple of the spacing in one rounding: adding 2**22 / 2**23 / 2**24
-            # makes the FP32 ulp 0.5 / 1 / 2 (ties to the even multiple = the even code, as
-            # n above); subtracting it back is exact
-            big = tl.where(mag < 2.0, 4194304.0, tl.where(mag < 4.0, 8388608.0, 16777216.0))
-            mag_n = tl.where(mag == mag, (mag + big) - big, 0.0)
-        sign = (v < 0.0).to(tl.int32) << 31  # code 8 is -0.0, as `_e2m1_value`
-        mag_q = (mag_n.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-        val = mag_q * s_val[:, :, None]  # exact
+            mag_n = _rne_ongrid_magnitude(mag)
+        val = _signed_value(mag_n, v, s_val)
         tl.store(ongrid_ptr + rows3 * K + cols3, val.to(ongrid_ptr.dtype.element_ty), mask=mask)
     if PACKED_TOO or not ONGRID:
-        lo_c, hi_c = tl.split(tl.reshape(code, (BLOCK_M, BLOCK_K // 2, 2)))
-        byte = (lo_c | (hi_c << 4)).to(tl.uint8)
-        ccols = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
-        cmask = (rows[:, None] < R) & (ccols[None, :] < K // 2)
-        tl.store(codes_ptr + rows[:, None] * (K // 2) + ccols[None, :], byte, mask=cmask)
-        smask = (rows[:, None] < R) & (blk[None, :] < K // 16)
-        tl.store(
-            scales_ptr + rows[:, None] * (K // 16) + blk[None, :], s_code.to(tl.uint8), mask=smask
-        )
+        _store_packed(codes_ptr, scales_ptr, code, s_code, rows, rmask, pid_k, blk, K, BLOCK_M,
+                      BLOCK_K)  # fmt: skip
 
 
 def global_stage(x: torch.Tensor, global_scale: str | torch.Tensor):
@@ -314,6 +354,7 @@ def quantize_triton(
     out: str = "packed",
     ongrid_dtype: torch.dtype = torch.bfloat16,
     name: str = "x",
+    one_read_weights: bool = True,
 ):
     """Quantize with the Triton kernel. out="packed" -> NVFP4Tensor (bitwise == reference);
     out="ongrid" -> (on-grid values [..., K] in `ongrid_dtype`, global_decode); out="both" ->
@@ -321,7 +362,10 @@ def quantize_triton(
     `seed` (stochastic rounding): an int, or a seed held on x's device (`sr_stream.DeviceSeed`,
     or an int64 [1] tensor: a CUDA-graph call's seed): the same stream either way.
     global_scale "per_expert" (x [E, N, K], 16x16) equals `reference.quantize_experts`; a static
-    amax of shape [E, 1, 1] gives one static scale per expert."""
+    amax of shape [E, 1, 1] gives one static scale per expert.
+    A weight's 16x16 RNE quantize with a data amax (per expert or per tensor) of a contiguous x
+    runs in one launch that reads x once (`weight_quantize.py`, the same bits);
+    one_read_weights=False keeps the two-step form (the amax pass, then this kernel)."""
     _validate_input(x, block, name)
     check_kernel_device(x, name)
     if out not in ("packed", "ongrid", "both"):
@@ -334,6 +378,12 @@ def quantize_triton(
         raise ValueError(f"rounding must be 'rne' or 'stochastic', got {rounding!r}")
     if rounding == "stochastic" and seed is None:
         raise ValueError("rounding='stochastic' needs an integer seed")
+    if (one_read_weights and block == "16x16" and rounding == "rne" and x.numel()
+            and isinstance(global_scale, str) and global_scale in ("per_expert", "per_tensor")
+            and x.is_contiguous()):  # fmt: skip
+        from .weight_quantize import quantize_weight_tiles
+
+        return quantize_weight_tiles(x, global_scale, out=out, ongrid_dtype=ongrid_dtype)
     shape = tuple(x.shape)
     k = shape[-1]
     x2 = x.reshape(-1, k)
