@@ -6,7 +6,12 @@ rows of their token ids, repeated tokens summed). Traced, it is whatever kernel 
 Inductor (ATen's sorted fallback with the backend's deterministic flag, atomic adds without).
 The two sum repeated tokens differently, so a compiled model's embedding gradient differed
 from the same lowered graph run eagerly on the H200 (`benchmarks/results/*backend_gpu_check*`).
-As one opaque op both paths run the same backward: `embedding_dense_backward` itself.
+As one opaque op both paths run the same backward, with ONE definition on every device:
+`gather_rows_backward`'s sums (row r of the gradient = the FP32 sum, in position order, of the
+gradient rows whose id is r, rounded once to the weight's dtype; padding_idx's row zero). On
+CUDA that is one Triton pass after a narrow-key sort; ATen's CUDA `embedding_dense_backward`
+took 21 kernels and 0.18 ms of the H200 learner step (`2026-12-04_learner_gaps_nographs_
+8ba281e.md`) and summed in chunks of its own.
 """
 
 from __future__ import annotations
@@ -40,7 +45,15 @@ def _(weight, ids, padding_idx):
 def embedding_backward(
     grad: torch.Tensor, ids: torch.Tensor, num_weights: int, padding_idx: int
 ) -> torch.Tensor:
-    return torch.ops.aten.embedding_dense_backward(grad, ids, num_weights, padding_idx, False)
+    from .gather_rows import gather_rows_backward
+
+    g2 = grad.reshape(-1, grad.shape[-1])
+    idx = ids.reshape(-1)
+    if padding_idx < 0:
+        return gather_rows_backward(g2, idx, num_weights)
+    # padding_idx's positions summed into one extra row, dropped (its gradient stays zero)
+    idx = torch.where(idx == padding_idx, num_weights, idx)
+    return gather_rows_backward(g2, idx, num_weights + 1)[:num_weights]
 
 
 @embedding_backward.register_fake
