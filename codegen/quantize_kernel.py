@@ -363,9 +363,10 @@ def quantize_triton(
     or an int64 [1] tensor: a CUDA-graph call's seed): the same stream either way.
     global_scale "per_expert" (x [E, N, K], 16x16) equals `reference.quantize_experts`; a static
     amax of shape [E, 1, 1] gives one static scale per expert.
-    A weight's 16x16 RNE quantize with a data amax (per expert or per tensor) of a contiguous x
-    runs in one launch that reads x once (`weight_quantize.py`, the same bits);
-    one_read_weights=False keeps the two-step form (the amax pass, then this kernel)."""
+    A dense weight's 16x16 RNE quantize with a per-tensor data amax (contiguous x) runs in one
+    launch that reads x from HBM once (`weight_quantize.py`, the same bits); one_read_weights=
+    False keeps the two-step form (the amax pass, then this kernel). Per-expert weights keep
+    the two-step form: one launch was slower there (`weight_quantize.py`'s docstring)."""
     _validate_input(x, block, name)
     check_kernel_device(x, name)
     if out not in ("packed", "ongrid", "both"):
@@ -379,7 +380,7 @@ def quantize_triton(
     if rounding == "stochastic" and seed is None:
         raise ValueError("rounding='stochastic' needs an integer seed")
     if (one_read_weights and block == "16x16" and rounding == "rne" and x.numel()
-            and isinstance(global_scale, str) and global_scale in ("per_expert", "per_tensor")
+            and isinstance(global_scale, str) and global_scale == "per_tensor"
             and x.is_contiguous()):  # fmt: skip
         from .weight_quantize import quantize_weight_tiles
 
