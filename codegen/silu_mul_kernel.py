@@ -72,12 +72,13 @@ def _silu_mul_kernel(a_ptr, b_ptr, o_ptr, m_ptr, R, C, sa, sb,
 
 
 @triton.jit
-def _silu_mul_backward_kernel(g_ptr, a_ptr, b_ptr, ga_ptr, gb_ptr, m_ptr, R, C, sg, sa, sb,
+def _silu_mul_backward_kernel(g_ptr, a_ptr, b_ptr, ga_ptr, gb_ptr, m_ptr, R, C, sg, sa, sb, so,
                               BF16: tl.constexpr, INTERP: tl.constexpr,
                               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
                               ROW_MASK: tl.constexpr = False):  # fmt: skip
     # ROW_MASK: rows r with m[r] != 0 get +0.0 gradients (`masked_fill`'s backward), whatever
-    # a, b and grad hold there
+    # a, b and grad hold there. so: the row stride of both outputs (C: two [R, C] tensors; 2C:
+    # the halves of one [R, 2C] gradient, `silu_mul_halves`)
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (rows < R)[:, None] & (cols < C)[None, :]
@@ -94,7 +95,7 @@ def _silu_mul_backward_kernel(g_ptr, a_ptr, b_ptr, ga_ptr, gb_ptr, m_ptr, R, C, 
         keep = (tl.load(m_ptr + rows, mask=rows < R, other=1) == 0)[:, None]
         grad_a = tl.where(keep, grad_a, 0.0)
         grad_b = tl.where(keep, grad_b, 0.0)
-    out = rows[:, None] * C + c2
+    out = rows[:, None] * so + c2
     tl.store(ga_ptr + out, grad_a.to(ga_ptr.dtype.element_ty), mask=mask)
     tl.store(gb_ptr + out, grad_b.to(gb_ptr.dtype.element_ty), mask=mask)
 
@@ -138,17 +139,24 @@ def silu_mul_triton(a: torch.Tensor, b: torch.Tensor, row_mask=None) -> torch.Te
     return out
 
 
-def silu_mul_backward_triton(grad, a, b, row_mask=None):
+def silu_mul_backward_triton(grad, a, b, row_mask=None, *, into_halves=False):
+    """(grad_a, grad_b); into_halves: ONE [R, 2C] tensor, grad_a its first half and grad_b its
+    second (the gradient of the [R, 2C] tensor that a and b are the halves of)."""
     check_kernel_device(a, "a")
     g2, a2, b2 = _rows_view(grad), _rows_view(a), _rows_view(b)
     r, c = a2.shape
     m = row_mask_bytes(row_mask, r)
-    grad_a = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-    grad_b = torch.empty(b.shape, dtype=b.dtype, device=b.device)
+    if into_halves:
+        whole = torch.empty((r, 2 * c), dtype=a.dtype, device=a.device)
+        grad_a, grad_b = whole[:, :c], whole[:, c:]
+    else:
+        grad_a = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+        grad_b = torch.empty(b.shape, dtype=b.dtype, device=b.device)
     _silu_mul_backward_kernel[_grid(r, c)](
         g2, a2, b2, grad_a, grad_b, m if m is not None else grad_a, r, c, g2.stride(0),
-        a2.stride(0), b2.stride(0), BF16=a.dtype == torch.bfloat16, INTERP=interpreting(),
+        a2.stride(0), b2.stride(0), 2 * c if into_halves else c,
+        BF16=a.dtype == torch.bfloat16, INTERP=interpreting(),
         BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, ROW_MASK=m is not None, num_warps=4,
         **compile_options(a.device),
     )  # fmt: skip
-    return grad_a, grad_b
+    return whole if into_halves else (grad_a, grad_b)

@@ -14,14 +14,12 @@ write to x or the mask before the op reads them: left as it is."""
 
 from __future__ import annotations
 
-import operator
-
 import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import arg, fake, written_args, written_between
-from .patterns import _is, is_masked_fill, row_zero_mask
+from .graph_utils import fake, written_args, written_between
+from .patterns import is_last_dim_halves, is_masked_fill, row_zero_mask
 from .report import LoweringReport
 
 aten = torch.ops.aten
@@ -38,28 +36,6 @@ def _row_mask(node: fx.Node):
     return row_zero_mask(node, fx_.shape[0])
 
 
-def _is_last_dim_halves(split: fx.Node, source: fx.Node) -> bool:
-    """Whether `split` cuts `source` [S, 2C] into two [S, C] halves along the last dim (chunk(2)
-    or split(C) as a method, a torch function or an ATen op)."""
-    if not _is(split, functions=(torch.chunk, torch.split), methods=("chunk", "split"),
-               overloads=(aten.chunk, aten.split)):  # fmt: skip
-        return False
-    if not split.args or split.args[0] is not source:
-        return False
-    fs = fake(source)
-    dim = arg(split, 2, "dim", 0)
-    if fs is None or dim not in (-1, fs.dim() - 1):
-        return False
-    pieces = [u for u in split.users]
-    vals = [fake(p) for p in pieces]
-    half = fs.shape[-1] // 2
-    return all(
-        p.op == "call_function" and p.target is operator.getitem and v is not None
-        and tuple(v.shape) == (fs.shape[0], half)
-        for p, v in zip(pieces, vals)
-    ) and fs.shape[-1] % 2 == 0  # fmt: skip
-
-
 def _readers(node: fx.Node):
     """[(kind, op node, split node or None)] for every reader of the masked tensor, or None when
     one of them cannot take a row mask."""
@@ -70,7 +46,7 @@ def _readers(node: fx.Node):
             if len(user.args) != 4 or user.kwargs or user.args[0] is not node:
                 return None
             found.append(("combine", user, None))
-        elif _is_last_dim_halves(user, node):
+        elif is_last_dim_halves(user, node):
             for piece in user.users:
                 for op in piece.users:
                     if not (op.op == "call_function" and op.target is ops.silu_mul.default):

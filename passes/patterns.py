@@ -3,10 +3,12 @@ pass pipeline serves `torch.compile` graphs and `torch.export` graphs alike."""
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 
-from .graph_utils import fake
+from .graph_utils import arg, fake
 
 aten = torch.ops.aten
 
@@ -131,3 +133,25 @@ def scalar_arg(node: fx.Node, index: int, name: str, default=None):
     if len(node.args) > index:
         return node.args[index]
     return node.kwargs.get(name, default)
+
+
+def is_last_dim_halves(split: fx.Node, source: fx.Node) -> bool:
+    """Whether `split` cuts `source` [S, 2C] into two [S, C] halves along the last dim (chunk(2)
+    or split(C) as a method, a torch function or an ATen op)."""
+    if not _is(split, functions=(torch.chunk, torch.split), methods=("chunk", "split"),
+               overloads=(aten.chunk, aten.split)):  # fmt: skip
+        return False
+    if not split.args or split.args[0] is not source:
+        return False
+    fs = fake(source)
+    dim = arg(split, 2, "dim", 0)
+    if fs is None or dim not in (-1, fs.dim() - 1):
+        return False
+    pieces = [u for u in split.users]
+    vals = [fake(p) for p in pieces]
+    half = fs.shape[-1] // 2
+    return all(
+        p.op == "call_function" and p.target is operator.getitem and v is not None
+        and tuple(v.shape) == (fs.shape[0], half)
+        for p, v in zip(pieces, vals)
+    ) and fs.shape[-1] % 2 == 0  # fmt: skip

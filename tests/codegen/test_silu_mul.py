@@ -100,3 +100,59 @@ def test_silu_mul_survives_export():
     assert any("silu_mul" in str(n.target) for n in ep.graph.nodes)
     gate, up = x.chunk(2, dim=-1)
     assert_bitwise_equal(ep.module()(x), F.silu(gate) * up, "exported")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("masked", [False, True])
+def test_silu_mul_halves_equals_silu_mul_on_the_chunks(device, masked):
+    """silu_mul_halves(x) == silu_mul(*x.chunk(2, -1)) forward, and its ONE gradient of x ==
+    autograd's cat of the two halves' gradients, bitwise, with and without a row mask."""
+    from fp4_compile.codegen.silu_mul import silu_mul_halves
+
+    rows, cols = (7, 24) if device == "cpu" else (1024, 768)
+    a, _ = _halves(torch.bfloat16, rows, cols, 5, device)
+    x = torch.cat([a, _], dim=-1).contiguous()
+    mask = (torch.arange(rows, device=device) % 3 == 1) if masked else None
+    grad = torch.randn(rows, cols, generator=torch.Generator().manual_seed(6))
+    grad = grad.to(torch.bfloat16).to(device)
+    args = () if mask is None else (mask,)
+    x1 = x.clone().requires_grad_(True)
+    y1 = silu_mul_halves(x1, *args)
+    y1.backward(grad)
+    x2 = x.clone().requires_grad_(True)
+    y2 = silu_mul(*x2.chunk(2, dim=-1), *args)
+    y2.backward(grad)
+    assert_bitwise_equal(y1, y2, "forward")
+    assert x1.grad.shape == x.shape
+    assert_bitwise_equal(x1.grad, x2.grad, "gradient of x")
+
+
+def test_silu_mul_halves_kernel_writes_both_halves():
+    """The backward kernel into one [R, 2C] tensor == its two-output form (interpreter on CPU)."""
+    from fp4_compile.codegen.silu_mul_kernel import silu_mul_backward_triton
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cpu" and __import__("os").environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    a, b = _halves(torch.bfloat16, 9, 300, 8, dev)
+    grad = torch.randn(9, 300, generator=torch.Generator().manual_seed(9)).bfloat16().to(dev)
+    mask = torch.arange(9, device=dev) % 4 == 0
+    whole = silu_mul_backward_triton(grad, a, b, mask, into_halves=True)
+    ga, gb = silu_mul_backward_triton(grad, a, b, mask)
+    assert whole.shape == (9, 600) and whole.is_contiguous()
+    assert_bitwise_equal(whole[:, :300], ga, "first half")
+    assert_bitwise_equal(whole[:, 300:], gb, "second half")
+
+
+def test_silu_mul_halves_opcheck_and_errors():
+    from fp4_compile.codegen.silu_mul import silu_mul_halves
+
+    x = torch.randn(5, 16)
+    torch.library.opcheck(torch.ops.fp4_compile.silu_mul_halves.default, (x,))
+    torch.library.opcheck(
+        torch.ops.fp4_compile.silu_mul_halves.default, (x, torch.tensor([1, 0, 0, 1, 0]).bool())
+    )
+    with pytest.raises(ValueError, match=r"\[R, 2C\]"):
+        silu_mul_halves(torch.randn(5, 15))
+    with pytest.raises(ValueError, match="row_mask"):
+        silu_mul_halves(x, torch.ones(4, dtype=torch.bool))

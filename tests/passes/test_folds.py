@@ -16,6 +16,7 @@ from fp4_compile.models import tiny_qwen3_moe
 from fp4_compile.passes.fold_expert_gathers import fold_expert_gathers
 from fp4_compile.passes.fold_moe_combine import fold_moe_combine
 from fp4_compile.passes.fold_row_masks import fold_row_masks
+from fp4_compile.passes.fold_swiglu_halves import fold_swiglu_halves
 from fp4_compile.sr_stream import set_sr_state
 from fp4_compile.testing import assert_bitwise_equal
 
@@ -39,8 +40,8 @@ def _run(model, ids):
     }
 
 
-@pytest.mark.parametrize("fold", [fold_expert_gathers, fold_moe_combine, fold_row_masks],
-                         ids=lambda f: f.__name__)  # fmt: skip
+@pytest.mark.parametrize("fold", [fold_expert_gathers, fold_moe_combine, fold_row_masks,
+                                  fold_swiglu_halves], ids=lambda f: f.__name__)  # fmt: skip
 @pytest.mark.parametrize("sentinel_mask", [False, True], ids=["plain", "sentinel-mask"])
 def test_fold_fires_and_changes_no_bit(sentinel_mask, fold, monkeypatch):
     model = _model(sentinel_mask)
@@ -52,6 +53,7 @@ def test_fold_fires_and_changes_no_bit(sentinel_mask, fold, monkeypatch):
     assert report.counts["moe_combine_folded"] == 2  # one per layer
     # the sentinel post-masks of both expert GEMMs' outputs: into silu_mul and moe_combine
     assert report.counts.get("row_mask_folded", 0) == (4 if sentinel_mask else 0)
+    assert report.counts["swiglu_halves_folded"] == 2  # one per layer, masked or not
     y, g = _run(model, ids)
     monkeypatch.setattr(passes, "PIPELINE", tuple(p for p in passes.PIPELINE if p is not fold))
     y_ref, g_ref = _run(model, ids)
