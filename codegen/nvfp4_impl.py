@@ -222,7 +222,9 @@ def gathered_global_scale(x2, x_index, recipe, x_amax):
     if isinstance(gs, str) and gs == "per_tensor":
         if x_index.numel() == 0:
             return torch.zeros((), dtype=torch.float32, device=x2.device)
-        return gathered_row_abs_max(x2, x_index).amax()
+        from .abs_max import vector_abs_max
+
+        return vector_abs_max(gathered_row_abs_max(x2, x_index))
     return gs
 
 

@@ -464,10 +464,10 @@ def nvfp4_grouped_mm_backward(
             and rec.grad.global_scale == "per_tensor" and grad_out.numel()):  # fmt: skip
         # one read of dY for both amaxes: the dgrad's per tensor (the max of the row maxima,
         # as `tensor_abs_max`) and the wgrad's per expert (each expert's max of its rows')
-        from .abs_max import row_abs_max
+        from .abs_max import row_abs_max, vector_abs_max
 
         dy_rows = row_abs_max(grad_out)
-        dy_amax = dy_rows.amax()
+        dy_amax = vector_abs_max(dy_rows)
     if needs_x:
         if cuda and rec.dgrad == "nvfp4":
             dx = impl.cuda_dgrad(grad_out, w_codes, w_scales, w_global_decode, w_ongrid, weight,

@@ -84,3 +84,23 @@ def test_segment_column_abs_max_equals_the_scatter(dtype, d):
     assert int(torch.isnan(got).sum()) == 1
     with pytest.raises(ValueError, match="ends"):
         segment_column_abs_max(x, ends.float())
+
+
+def test_vector_abs_max_is_torch_amax_nan_included():
+    from fp4_compile.codegen.abs_max import vector_abs_max
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(4)
+    for n in (1, 255, 256, 1000):  # below, at and past one block of the interpreter's loop
+        v = (torch.randn(n, generator=g) * 10).to(dev)
+        got = vector_abs_max(v)
+        assert got.shape == () and got.dtype == torch.float32
+        assert torch.equal(got, v.abs().amax())
+    v = torch.zeros(700, device=dev)
+    v[650] = float("nan")
+    assert bool(vector_abs_max(v).isnan())
+    assert float(vector_abs_max(torch.full((3,), -0.0, device=dev))) == 0.0
+    with pytest.raises(ValueError, match="non-empty FP32 vector"):
+        vector_abs_max(torch.zeros(0, device=dev))
+    with pytest.raises(ValueError, match="non-empty FP32 vector"):
+        vector_abs_max(torch.zeros(4, 2, device=dev))
