@@ -92,3 +92,52 @@ def row_global_stage(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             BLOCK_R=block_r, BLOCK_K=block_k, num_warps=warps, **compile_options(x2.device),
         )  # fmt: skip
     return gd, mult
+
+
+@triton.jit
+def _expert_global_kernel(rows_ptr, gd_ptr, mult_ptr, gd_rows_ptr, mult_rows_ptr, N, one_sixth,
+                          BLOCK: tl.constexpr):  # fmt: skip
+    e = tl.program_id(0)
+    base = e.to(tl.int64) * N
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    nan = tl.zeros((BLOCK,), dtype=tl.int32)
+    for i0 in range(0, N, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        v = tl.load(rows_ptr + base + i, mask=i < N, other=0.0)
+        amax = tl.maximum(amax, v)
+        nan = tl.maximum(nan, (v != v).to(tl.int32))
+    amax1 = tl.full((1,), 0.0, tl.float32) + tl.max(amax, axis=0)  # maxima are >= +0.0
+    nan1 = tl.full((1,), 0, tl.int32) + tl.max(nan, axis=0)
+    gd1, mult1 = _scales_from_amax(amax1, nan1 > 0, one_sixth, 1)
+    one = tl.arange(0, 1)
+    tl.store(gd_ptr + e + one, gd1)
+    tl.store(mult_ptr + e + one, mult1)
+    gd_b = tl.broadcast_to(gd1, (BLOCK,))
+    mult_b = tl.broadcast_to(mult1, (BLOCK,))
+    for i0 in range(0, N, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        tl.store(gd_rows_ptr + base + i, gd_b, mask=i < N)
+        tl.store(mult_rows_ptr + base + i, mult_b, mask=i < N)
+
+
+def expert_global_stage(row_amax: torch.Tensor, experts: int):
+    """Row maxima of stacked expert weights (FP32 [E * N], `abs_max.row_abs_max` of [E * N, K])
+    -> (global decode [E], multiplier [E], both repeated per row [E * N]) in ONE launch:
+    each expert's amax (the max of its rows' maxima, NaN if one is NaN, as torch's amax), then
+    `_scales_from_amax`. Replaces a torch max reduce, the scale launch and the two copies that
+    expanded the per-expert scales to the quantize kernel's per-row operands."""
+    if row_amax.dim() != 1 or row_amax.dtype != torch.float32 or row_amax.numel() % experts:
+        raise ValueError(f"row_amax must be FP32 [E * N] for E={experts}, got "
+                         f"{row_amax.dtype}{list(row_amax.shape)}")  # fmt: skip
+    n = row_amax.numel() // experts
+    dev = row_amax.device
+    gd, mult = (torch.empty(experts, dtype=torch.float32, device=dev) for _ in range(2))
+    gd_rows, mult_rows = (torch.empty_like(row_amax) for _ in range(2))
+    if experts and n:
+        interp = arch_of(dev) == "interpreter"
+        _expert_global_kernel[(experts,)](
+            row_amax.contiguous(), gd, mult, gd_rows, mult_rows, n, _ONE_SIXTH_F32,
+            BLOCK=64 if interp else 1024, **({} if interp else {"num_warps": 4}),
+            **compile_options(dev),
+        )  # fmt: skip
+    return gd, mult, gd_rows, mult_rows

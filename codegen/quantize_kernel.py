@@ -391,18 +391,26 @@ def quantize_triton(
     if x2.stride(-1) != 1:
         raise ValueError(f"{name} must have a unit stride along its last dim")
     r = x2.shape[0]
+    gd2 = None
     if isinstance(global_scale, str) and global_scale == "per_row":
         from .quantize_global import row_global_stage  # one launch instead of ~9 torch ops
 
         gd_r, mult = row_global_stage(x2)
         gd = gd_r.reshape(*shape[:-1], 1)
+    elif isinstance(global_scale, str) and global_scale == "per_expert" and r:
+        # the row maxima, then each expert's scales already repeated per row: two launches
+        from .abs_max import row_abs_max
+        from .quantize_global import expert_global_stage
+
+        gd_e, _, gd2, mult2 = expert_global_stage(row_abs_max(x2), shape[0])
+        gd = gd_e.reshape(shape[0], 1, 1)
     else:
         gd, mult = global_stage(x, global_scale)
     per_row = gd.dim() > 0
-    if gd.dim() == 3:  # per expert [E, 1, 1]: one value per row of the flattened [E*N, K]
+    if gd2 is None and gd.dim() == 3:  # static [E, 1, 1]: one value per row of [E*N, K]
         gd2 = gd.expand(*shape[:-1], 1).reshape(-1)
         mult2 = mult.expand(*shape[:-1], 1).reshape(-1)
-    else:
+    elif gd2 is None:
         gd2, mult2 = gd.reshape(-1), mult.reshape(-1)
     dev = x.device
     host_seed, seed_t, seed_off = seed_launch_args(seed, dev) if rounding == "stochastic" else (

@@ -93,3 +93,25 @@ def test_amax_global_stage_equals_reference():
     assert_bitwise_equal(gd, ref.global_scales(static)[1], "static amax")
     with pytest.raises(TypeError, match="amax must be float32"):
         amax_global_stage(amax.double())
+
+
+def test_expert_global_stage_equals_the_torch_per_expert_stage():
+    """One launch == `quantize_kernel.global_stage(w, "per_expert")` (row maxima, torch's max per
+    expert, the scale launch), bitwise, with NaN, inf and all-zero experts; the per-row copies
+    repeat each expert's values N times."""
+    from fp4_compile.codegen.abs_max import row_abs_max
+    from fp4_compile.codegen.quantize_global import expert_global_stage
+    from fp4_compile.codegen.quantize_kernel import global_stage
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(12)
+    w = (torch.randn(5, 80, 32, generator=g) * torch.logspace(-3, 2, 32)).to(dev)
+    w[1, 7, 3], w[2, 79, 0], w[3] = float("nan"), float("inf"), 0.0
+    gd, mult, gd_rows, mult_rows = expert_global_stage(row_abs_max(w.reshape(-1, 32)), 5)
+    want_gd, want_mult = global_stage(w, "per_expert")
+    assert_bitwise_equal(gd, want_gd.reshape(-1), "global decode")
+    assert_bitwise_equal(mult, want_mult.reshape(-1), "multiplier")
+    assert_bitwise_equal(gd_rows, want_gd.expand(5, 80, 1).reshape(-1), "per-row decode")
+    assert_bitwise_equal(mult_rows, want_mult.expand(5, 80, 1).reshape(-1), "per-row mult")
+    with pytest.raises(ValueError, match="row_amax"):
+        expert_global_stage(torch.zeros(7, device=dev), 2)
