@@ -274,6 +274,8 @@ def _attention_cases() -> list[KernelCase]:
     tensors = {n: (bf16, 0) for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "do_ptr", "dq_ptr",
                                        "dk_ptr", "dv_ptr")}  # fmt: skip
     out_strides = {"sob": (i32, hq * t * d), "soh": (i32, t * d), "sot": (i32, d)}
+    # dO as autograd hands it: the transpose of [B, Tq, Hq, D]
+    do_strides = {"sdb": (i32, t * hq * d), "sdh": (i32, d), "sdt": (i32, hq * d)}
     cases = []
     for label, flags, sm in (("", {"CAUSAL": True, "HAS_MASK": False}, no_mask),
                              (", mask tensor", {"CAUSAL": False, "HAS_MASK": True}, mask)):  # fmt: skip
@@ -284,11 +286,12 @@ def _attention_cases() -> list[KernelCase]:
                        {**flags, "BLOCK_M": fwd.block_m, "BLOCK_N": fwd.block_n},
                        fwd.num_warps, fwd.num_stages, {}),  # launched with Triton's defaults
             KernelCase(f"attention backward dQ{label}", ab._dq_kernel,
-                       {**tensors, **common, **sm, "delta_ptr": ("*fp32", 0)},
+                       {**tensors, **common, **sm, **do_strides, "delta_ptr": ("*fp32", 0)},
                        {**flags, "BLOCK_M": dq_cfg.block_m, "BLOCK_N": dq_cfg.block_n},
                        dq_cfg.num_warps, dq_cfg.num_stages, {}),
             KernelCase(f"attention backward dK/dV{label}", ab._dkdv_kernel,
-                       {**tensors, **common, **sm, "delta_ptr": ("*fp32", 0), "Tk": (i32, t)},
+                       {**tensors, **common, **sm, **do_strides, "delta_ptr": ("*fp32", 0),
+                        "Tk": (i32, t)},
                        {**flags, "BLOCK_M": dkdv_cfg.block_m, "BLOCK_N": dkdv_cfg.block_n},
                        dkdv_cfg.num_warps, dkdv_cfg.num_stages, {}),
         ]  # fmt: skip

@@ -32,7 +32,8 @@ from .runtime import arch_of, check_kernel_device, interpreting
 
 @triton.jit
 def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, qs_ptr, kl_ptr,
-               m_ptr, iv_ptr, ivf_ptr, sqb, sqh, sqt, skb, skh, skt, smb, smh, smt, Tq, G, scale,
+               m_ptr, iv_ptr, ivf_ptr, sqb, sqh, sqt, skb, skh, skt, smb, smh, smt, sdb, sdh, sdt,
+               Tq, G, scale,
                CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr, D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     pid_m = tl.program_id(0)
@@ -44,8 +45,9 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q
     row_live = qi < Tq
     d = tl.arange(0, D)
     row_off = b * sqb + hq[:, None] * sqh + qi[:, None] * sqt + d[None, :]
+    do_off = b * sdb + hq[:, None] * sdh + qi[:, None] * sdt + d[None, :]
     q = tl.load(q_ptr + row_off, mask=row_live[:, None], other=0.0)
-    do = tl.load(do_ptr + row_off, mask=row_live[:, None], other=0.0)
+    do = tl.load(do_ptr + do_off, mask=row_live[:, None], other=0.0)
     o = tl.load(o_ptr + row_off, mask=row_live[:, None], other=0.0)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1)
     stat = (b * G * tl.num_programs(2) + hq) * Tq + qi
@@ -102,7 +104,8 @@ def _mask_row_range(lo, num_rows, j0, j1, b, kvh, G, smb, smh, iv_ptr, Tq,
 
 @triton.jit
 def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, qs_ptr,
-                 kl_ptr, m_ptr, iv_ptr, ivf_ptr, sqb, sqh, sqt, skb, skh, skt, smb, smh, smt, Tq, G, scale, Tk,
+                 kl_ptr, m_ptr, iv_ptr, ivf_ptr, sqb, sqh, sqt, skb, skh, skt, smb, smh, smt,
+                 sdb, sdh, sdt, Tq, G, scale, Tk,
                  CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     pid_n = tl.program_id(0)
@@ -136,8 +139,9 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
         hq = kvh * G + rows % G
         row_live = qi < Tq
         row_off = b * sqb + hq[:, None] * sqh + qi[:, None] * sqt + d[None, :]
+        do_off = b * sdb + hq[:, None] * sdh + qi[:, None] * sdt + d[None, :]
         q = tl.load(q_ptr + row_off, mask=row_live[:, None], other=0.0)
-        do = tl.load(do_ptr + row_off, mask=row_live[:, None], other=0.0)
+        do = tl.load(do_ptr + do_off, mask=row_live[:, None], other=0.0)
         stat = (b * G * tl.num_programs(2) + hq) * Tq + qi
         lse = tl.load(lse_ptr + stat, mask=row_live, other=0.0)
         lse = tl.where(lse == float("-inf"), 0.0, lse)
@@ -168,8 +172,10 @@ def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, c
             f"the Triton attention backward needs a power-of-two head dim >= 16, got {d}"
         )
     cfg_dq, cfg_dkdv = cfgs.attention_backward_configs(arch_of(q.device))
-    # q, dO and O share one set of strides in the kernels, k and v another
-    q, do, o = q.contiguous(), grad_out.contiguous(), out.contiguous()
+    # q and O share one set of strides in the kernels, k and v another; dO is read through its
+    # own (autograd hands it as the transpose of [B, Tq, Hq, D]: a copy was 48 us per call)
+    q, o = q.contiguous(), out.contiguous()
+    do = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
     k, v = k.contiguous(), v.contiguous()
     interp = interpreting()
     dq = torch.empty(q.shape, dtype=torch.float32 if interp else q.dtype, device=q.device)
@@ -185,7 +191,8 @@ def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, c
     qs = q_start_B.to(torch.int32).contiguous()
     kl = kv_len_B.to(torch.int32).contiguous()
     dot = tl.float32 if interp else tl.bfloat16
-    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), *sm)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), *sm,
+               do.stride(0), do.stride(1), do.stride(2))  # fmt: skip
     flags = {"CAUSAL": causal, "HAS_MASK": mask is not None, "DOT": dot, "D": d}
     if b and tq:
         _dq_kernel[(triton.cdiv(tq * g, cfg_dq.block_m), b, hkv)](

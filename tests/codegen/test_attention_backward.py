@@ -151,3 +151,24 @@ def test_bad_head_dim(ab):
     lse = torch.zeros(1, 2, 4, device=DEV)
     with pytest.raises(ValueError, match="power-of-two head dim"):
         ab.attention_backward(go, q, k, v, q, lse, z, z + 4, None, True, 0.2)
+
+
+@pytest.mark.parametrize("name", ["causal_ragged_gqa", "masked_noncausal"])
+def test_transposed_grad_out_is_read_in_place(ab, name):
+    """dO as autograd hands it (the transpose of [B, Tq, Hq, D], not contiguous) gives the same
+    bits as its contiguous copy: the kernels read it through its own strides."""
+    b, hq, hkv, tq, tk, d, qs, kl, causal, masked = CASES[name]
+    q, k, v, go = _inputs(b, hq, hkv, tq, tk, d, seed=len(name))
+    q_start, kv_len = torch.tensor(qs), torch.tensor(kl)
+    mask = None
+    if masked:
+        mask = torch.rand(b, 1, tq, tk, generator=torch.Generator().manual_seed(3)) < 0.7
+    out, lse = cpu.attention(q, k, v, q_start, kv_len, mask, causal, d**-0.5)
+    rest = [t.to(DEV) if isinstance(t, torch.Tensor) else t
+            for t in (q, k, v, out, lse, q_start, kv_len, mask)]  # fmt: skip
+    go_t = go.transpose(1, 2).contiguous().to(DEV).transpose(1, 2)  # [B, Hq, Tq, D] view
+    assert not go_t.is_contiguous()
+    got = ab.attention_backward(go_t, *rest, causal, d**-0.5)
+    want = ab.attention_backward(go_t.contiguous(), *rest, causal, d**-0.5)
+    for n, a, w in zip("qkv", got, want):
+        assert_bitwise_equal(a, w, f"{name} d{n}")
