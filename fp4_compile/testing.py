@@ -36,6 +36,23 @@ def assert_bitwise_equal(a: torch.Tensor, b: torch.Tensor, what: str = "tensors"
         )
 
 
+def assert_autograd_bitwise_equal(fn_a, fn_b, inputs, what: str = "op", grad_seed: int = 3):
+    """fn_a and fn_b on their own leaf copies of `inputs`: forward outputs and the gradient of
+    every input, under one random output gradient (`grad_seed`), bitwise. -> fn_a's output."""
+    results = []
+    for fn in (fn_a, fn_b):
+        leaves = [t.detach().clone().requires_grad_() for t in inputs]
+        y = fn(*leaves)
+        g = torch.randn(y.shape, generator=torch.Generator().manual_seed(grad_seed))
+        y.backward(g.to(y.dtype).to(y.device))
+        results.append((y.detach(), [leaf.grad for leaf in leaves]))
+    (y_a, g_a), (y_b, g_b) = results
+    assert_bitwise_equal(y_a, y_b, f"{what}: forward")
+    for i, (a, b) in enumerate(zip(g_a, g_b)):
+        assert_bitwise_equal(a, b, f"{what}: gradient of input {i}")
+    return y_a
+
+
 def assert_nvfp4_equal(a: NVFP4Tensor, b: NVFP4Tensor, what: str = "NVFP4 tensors") -> None:
     """Bitwise equality of codes, block scales and global scales, each reported separately."""
     if a.shape != b.shape or a.block != b.block:

@@ -22,8 +22,6 @@ from .graph_utils import fake, written_args, written_between
 from .patterns import is_last_dim_halves, is_masked_fill, row_zero_mask
 from .report import LoweringReport
 
-aten = torch.ops.aten
-
 
 def _row_mask(node: fx.Node):
     """The [S, 1] bool mask when `node` is a functional x.masked_fill(mask, 0) zeroing whole

@@ -58,7 +58,9 @@ CASES = {
 }
 
 
-def _run_case(ab, name):
+def _case_tensors(name):
+    """(go, q, k, v, out, lse, q_start, kv_len, mask) on the CPU (the forward by the CPU
+    reference), causal, scale: the arguments of `attention_backward` for CASES[name]."""
     b, hq, hkv, tq, tk, d, qs, kl, causal, masked = CASES[name]
     q, k, v, go = _inputs(b, hq, hkv, tq, tk, d, seed=len(name))
     q_start, kv_len = torch.tensor(qs), torch.tensor(kl)
@@ -66,10 +68,20 @@ def _run_case(ab, name):
     if masked:
         mask = torch.rand(b, 1, tq, tk, generator=torch.Generator().manual_seed(3)) < 0.7
     scale = d**-0.5
-    vis = cpu.visible_keys(q_start, kv_len, mask, causal, tq, tk).expand(b, hq, tq, tk)
     out, lse = cpu.attention(q, k, v, q_start, kv_len, mask, causal, scale)
-    args = [t.to(DEV) if isinstance(t, torch.Tensor) else t
-            for t in (go, q, k, v, out, lse, q_start, kv_len, mask)]  # fmt: skip
+    return (go, q, k, v, out, lse, q_start, kv_len, mask), causal, scale
+
+
+def _on_device(tensors):
+    return [t.to(DEV) if isinstance(t, torch.Tensor) else t for t in tensors]
+
+
+def _run_case(ab, name):
+    b, hq, _, tq, tk, *_ = CASES[name]
+    tensors, causal, scale = _case_tensors(name)
+    go, q, k, v, out, lse, q_start, kv_len, mask = tensors
+    vis = cpu.visible_keys(q_start, kv_len, mask, causal, tq, tk).expand(b, hq, tq, tk)
+    args = _on_device(tensors)
     got = ab.attention_backward(*args, causal, scale)
     again = ab.attention_backward(*args, causal, scale)
     for name_, a, b_ in zip("qkv", got, again):
@@ -157,18 +169,11 @@ def test_bad_head_dim(ab):
 def test_transposed_grad_out_is_read_in_place(ab, name):
     """dO as autograd hands it (the transpose of [B, Tq, Hq, D], not contiguous) gives the same
     bits as its contiguous copy: the kernels read it through its own strides."""
-    b, hq, hkv, tq, tk, d, qs, kl, causal, masked = CASES[name]
-    q, k, v, go = _inputs(b, hq, hkv, tq, tk, d, seed=len(name))
-    q_start, kv_len = torch.tensor(qs), torch.tensor(kl)
-    mask = None
-    if masked:
-        mask = torch.rand(b, 1, tq, tk, generator=torch.Generator().manual_seed(3)) < 0.7
-    out, lse = cpu.attention(q, k, v, q_start, kv_len, mask, causal, d**-0.5)
-    rest = [t.to(DEV) if isinstance(t, torch.Tensor) else t
-            for t in (q, k, v, out, lse, q_start, kv_len, mask)]  # fmt: skip
+    (go, *rest), causal, scale = _case_tensors(name)
+    rest = _on_device(rest)
     go_t = go.transpose(1, 2).contiguous().to(DEV).transpose(1, 2)  # [B, Hq, Tq, D] view
     assert not go_t.is_contiguous()
-    got = ab.attention_backward(go_t, *rest, causal, d**-0.5)
-    want = ab.attention_backward(go_t.contiguous(), *rest, causal, d**-0.5)
+    got = ab.attention_backward(go_t, *rest, causal, scale)
+    want = ab.attention_backward(go_t.contiguous(), *rest, causal, scale)
     for n, a, w in zip("qkv", got, want):
         assert_bitwise_equal(a, w, f"{name} d{n}")
