@@ -67,9 +67,15 @@ def row_abs_max(x2: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _vector_abs_max_kernel(v_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    one = tl.arange(0, 1)  # the vector as ONE row of n: `row_abs_max_nan`'s loop
-    amax, nan = row_abs_max_nan(v_ptr, one, one < 1, n, n, 1, BLOCK)
-    tl.store(out_ptr + one, tl.where(nan > 0, float("nan"), amax))
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    nan = tl.zeros((BLOCK,), dtype=tl.int32)
+    for i0 in range(0, n, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        v = tl.load(v_ptr + i, mask=i < n, other=0.0)
+        amax = tl.maximum(amax, tl.abs(v))
+        nan = tl.maximum(nan, (v != v).to(tl.int32))
+    m = tl.max(amax, axis=0)
+    tl.store(out_ptr, tl.where(tl.max(nan, axis=0) > 0, float("nan"), m))
 
 
 def vector_abs_max(v: torch.Tensor) -> torch.Tensor:

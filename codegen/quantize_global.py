@@ -99,9 +99,17 @@ def _expert_global_kernel(rows_ptr, gd_ptr, mult_ptr, gd_rows_ptr, mult_rows_ptr
                           BLOCK: tl.constexpr):  # fmt: skip
     e = tl.program_id(0)
     base = e.to(tl.int64) * N
-    one = tl.arange(0, 1)  # expert e's N row maxima as one row: `row_abs_max_nan`'s loop
-    amax1, nan1 = row_abs_max_nan(rows_ptr, e + one, one < 1, N, N, 1, BLOCK)
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    nan = tl.zeros((BLOCK,), dtype=tl.int32)
+    for i0 in range(0, N, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        v = tl.load(rows_ptr + base + i, mask=i < N, other=0.0)
+        amax = tl.maximum(amax, v)
+        nan = tl.maximum(nan, (v != v).to(tl.int32))
+    amax1 = tl.full((1,), 0.0, tl.float32) + tl.max(amax, axis=0)  # maxima are >= +0.0
+    nan1 = tl.full((1,), 0, tl.int32) + tl.max(nan, axis=0)
     gd1, mult1 = _scales_from_amax(amax1, nan1 > 0, one_sixth, 1)
+    one = tl.arange(0, 1)
     tl.store(gd_ptr + e + one, gd1)
     tl.store(mult_ptr + e + one, mult1)
     gd_b = tl.broadcast_to(gd1, (BLOCK,))
