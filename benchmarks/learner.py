@@ -49,6 +49,14 @@ def measure(label, model, compiled, ids, tokens, *, profile=False):
     return row
 
 
+def _merged_counts(reports) -> dict:
+    counts: dict = {}
+    for report in reports:
+        for key, n in report.counts.items():
+            counts[key] = counts.get(key, 0) + n
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=2)
@@ -92,6 +100,9 @@ def main() -> None:
     for label, backend, options, mode in configs:
         torch._dynamo.reset()
         model = qwen3_30b_a3b_layers(layers=args.layers, device=device)
+        sink: list = []  # the lowering reports: which passes fired on this stack
+        if backend == "minite":
+            options = {**options, "report_sink": sink}
         kw = {"options": options} if options else {}
         if backend == "inductor" and mode == "cuda graphs":
             kw["mode"] = "reduce-overhead"
@@ -101,6 +112,8 @@ def main() -> None:
         try:
             rows.append(measure(label, model, compiled, ids, tokens, profile=args.profile))
             rows[-1]["mode"] = mode
+            if sink:
+                rows[-1]["lowering_counts"] = _merged_counts(sink)
             if mode == "cuda graphs":  # Inductor skips a graph it cannot capture (a warning)
                 rows[-1]["cudagraph_skips"] = counters["cudagraph_skips"] - skips_before
             if backend == "minite" and options["recipe"].quantize:
@@ -144,6 +157,10 @@ def main() -> None:
         md.append(
             f"| {r['label']} | {r['step_ms']:.1f} | {r['tokens_per_s']:.0f} | {r['ratio_vs_bf16']:.2f}x | {gpu_txt} | {r['peak_gib']:.1f} | {r.get('cudagraph_skips', 'n/a')} |"
         )
+    for r in rows:
+        if r.get("lowering_counts"):
+            counts = ", ".join(f"{k} {v}" for k, v in sorted(r["lowering_counts"].items()))
+            md += ["", f"Lowering report of '{r['label']}': {counts}"]
     for r in rows:
         if r.get("profile"):
             md += profile_markdown(r["label"], r["profile"], "step")

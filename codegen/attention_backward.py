@@ -26,14 +26,14 @@ import triton
 import triton.language as tl
 
 from . import invariant_configs as cfgs
-from .invariant_kernels import mask_args, mask_key_end, visible
+from .invariant_kernels import mask_args, mask_key_end, positions_arg, visible
 from .runtime import arch_of, check_kernel_device, interpreting
 
 
 @triton.jit
 def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, qs_ptr, kl_ptr,
                m_ptr, iv_ptr, ivf_ptr, sqb, sqh, sqt, skb, skh, skt, smb, smh, smt, sdb, sdh, sdt,
-               Tq, G, scale,
+               sob, soh, sot, sgb, sgh, sgt, sekb, sekh, sekt, Tq, G, scale,
                CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr, D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     pid_m = tl.program_id(0)
@@ -46,16 +46,17 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q
     d = tl.arange(0, D)
     row_off = b * sqb + hq[:, None] * sqh + qi[:, None] * sqt + d[None, :]
     do_off = b * sdb + hq[:, None] * sdh + qi[:, None] * sdt + d[None, :]
+    o_off = b * sob + hq[:, None] * soh + qi[:, None] * sot + d[None, :]
     q = tl.load(q_ptr + row_off, mask=row_live[:, None], other=0.0)
     do = tl.load(do_ptr + do_off, mask=row_live[:, None], other=0.0)
-    o = tl.load(o_ptr + row_off, mask=row_live[:, None], other=0.0)
+    o = tl.load(o_ptr + o_off, mask=row_live[:, None], other=0.0)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1)
     stat = (b * G * tl.num_programs(2) + hq) * Tq + qi
     tl.store(delta_ptr + stat, delta, mask=row_live)
     lse = tl.load(lse_ptr + stat, mask=row_live, other=0.0)
     lse = tl.where(lse == float("-inf"), 0.0, lse)
-    kv_len = tl.load(kl_ptr + b)
-    pos = tl.load(qs_ptr + b) + qi
+    kv_len = tl.load(kl_ptr + b).to(tl.int32)
+    pos = tl.load(qs_ptr + b).to(tl.int32) + qi
     hi = kv_len
     if CAUSAL:
         hi = tl.minimum(hi, tl.max(tl.where(row_live, pos, 0)) + 1)
@@ -77,7 +78,8 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q
         dp = tl.dot(do.to(DOT), tl.trans(v).to(DOT), input_precision="ieee")
         ds = p * (dp - delta[:, None]) * scale
         dq = tl.dot(ds.to(DOT), k.to(DOT), dq, input_precision="ieee")
-    tl.store(dq_ptr + row_off, dq.to(dq_ptr.dtype.element_ty), mask=row_live[:, None])
+    dq_off = b * sgb + hq[:, None] * sgh + qi[:, None] * sgt + d[None, :]
+    tl.store(dq_ptr + dq_off, dq.to(dq_ptr.dtype.element_ty), mask=row_live[:, None])
 
 
 @triton.jit
@@ -105,7 +107,7 @@ def _mask_row_range(lo, num_rows, j0, j1, b, kvh, G, smb, smh, iv_ptr, Tq,
 @triton.jit
 def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, qs_ptr,
                  kl_ptr, m_ptr, iv_ptr, ivf_ptr, sqb, sqh, sqt, skb, skh, skt, smb, smh, smt,
-                 sdb, sdh, sdt, Tq, G, scale, Tk,
+                 sdb, sdh, sdt, sob, soh, sot, sgb, sgh, sgt, sekb, sekh, sekt, Tq, G, scale, Tk,
                  CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     pid_n = tl.program_id(0)
@@ -113,8 +115,8 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
     kvh = tl.program_id(2)
     j = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
-    kv_len = tl.load(kl_ptr + b)
-    q_start = tl.load(qs_ptr + b)
+    kv_len = tl.load(kl_ptr + b).to(tl.int32)
+    q_start = tl.load(qs_ptr + b).to(tl.int32)
     key_live = j < kv_len
     kv_off = b * skb + kvh * skh + j[:, None] * skt + d[None, :]
     k = tl.load(k_ptr + kv_off, mask=key_live[:, None], other=0.0)
@@ -156,8 +158,9 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
         ds = p * (dp - delta[:, None]) * scale
         dk = tl.dot(tl.trans(ds).to(DOT), q.to(DOT), dk, input_precision="ieee")
     slot = (j < Tk)[:, None]  # slots at or past kv_len store their zeros
-    tl.store(dk_ptr + kv_off, dk.to(dk_ptr.dtype.element_ty), mask=slot)
-    tl.store(dv_ptr + kv_off, dv.to(dv_ptr.dtype.element_ty), mask=slot)
+    dkv_off = b * sekb + kvh * sekh + j[:, None] * sekt + d[None, :]  # dk, dv: contiguous
+    tl.store(dk_ptr + dkv_off, dk.to(dk_ptr.dtype.element_ty), mask=slot)
+    tl.store(dv_ptr + dkv_off, dv.to(dv_ptr.dtype.element_ty), mask=slot)
 
 
 def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, causal, scale):
@@ -172,11 +175,15 @@ def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, c
             f"the Triton attention backward needs a power-of-two head dim >= 16, got {d}"
         )
     cfg_dq, cfg_dkdv = cfgs.attention_backward_configs(arch_of(q.device))
-    # q and O share one set of strides in the kernels, k and v another; dO is read through its
-    # own (autograd hands it as the transpose of [B, Tq, Hq, D]: a copy was 48 us per call)
-    q, o = q.contiguous(), out.contiguous()
+    # q, O, dO and dq are each read or written through their own strides, k and v through one
+    # shared set, dk and dv (contiguous) another (q and k, v arrive as transposes of
+    # [B, T, H, D] from the projections, dO as autograd's transpose: a copy of q or dO was
+    # ~48 us per call at the learner's shapes)
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    o = out if out.stride(-1) == 1 else out.contiguous()
     do = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
-    k, v = k.contiguous(), v.contiguous()
+    if k.stride() != v.stride() or k.stride(-1) != 1:
+        k, v = k.contiguous(), v.contiguous()
     interp = interpreting()
     dq = torch.empty(q.shape, dtype=torch.float32 if interp else q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=torch.float32 if interp else k.dtype, device=q.device)
@@ -188,11 +195,11 @@ def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, c
         sm = (smb, smh, mask_arg.shape[1])
     else:
         sm, mask_arg, iv, iv_ok = (0, 0, 0), q, lse, lse
-    qs = q_start_B.to(torch.int32).contiguous()
-    kl = kv_len_B.to(torch.int32).contiguous()
+    qs, kl = positions_arg(q_start_B, "q_start"), positions_arg(kv_len_B, "kv_len")
     dot = tl.float32 if interp else tl.bfloat16
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), *sm,
-               do.stride(0), do.stride(1), do.stride(2))  # fmt: skip
+               do.stride(0), do.stride(1), do.stride(2), o.stride(0), o.stride(1), o.stride(2),
+               dq.stride(0), dq.stride(1), dq.stride(2), dk.stride(0), dk.stride(1), dk.stride(2))  # fmt: skip
     flags = {"CAUSAL": causal, "HAS_MASK": mask is not None, "DOT": dot, "D": d}
     if b and tq:
         _dq_kernel[(triton.cdiv(tq * g, cfg_dq.block_m), b, hkv)](

@@ -28,6 +28,24 @@ from .row_scale import row_scale_backward, row_scale_backward_reference
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 
 
+def _check_inverse(idx: torch.Tensor, idx_inverse) -> None:
+    """idx_inverse: int [S] with idx[idx_inverse[r]] == r for every r (so both are permutations
+    of 0..S-1). Checked in full on the CPU; on CUDA (a check would synchronize, and a CUDA-graph
+    capture refuses it) its shape and dtype only: the pass that attaches it proves it from the
+    graph (`passes/attach_combine_inverse.py`)."""
+    if idx_inverse is None:
+        return
+    if idx_inverse.dtype not in (torch.int32, torch.int64) or idx_inverse.shape != idx.shape:
+        raise ValueError(f"idx_inverse must be int [S={idx.shape[0]}], got {idx_inverse.dtype} "
+                         f"{tuple(idx_inverse.shape)}")  # fmt: skip
+    if idx.device.type == "cpu" and idx.numel():
+        s = idx.shape[0]
+        valid = bool(((idx_inverse >= 0) & (idx_inverse < s)).all())
+        if not valid or not torch.equal(idx[idx_inverse], torch.arange(s, dtype=idx.dtype)):
+            raise ValueError("idx_inverse must be the inverse permutation of idx "
+                             "(idx[idx_inverse[r]] == r for every r)")  # fmt: skip
+
+
 def _check(x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int, row_mask=None) -> None:
     if row_mask is not None and (
         row_mask.dtype != torch.bool
@@ -61,11 +79,15 @@ def moe_combine_reference(x, w, idx, k, row_mask=None):
 @torch.library.custom_op("fp4_compile::moe_combine", mutates_args=())
 def moe_combine(
     x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int,
-    row_mask: torch.Tensor | None = None,
+    row_mask: torch.Tensor | None = None, idx_inverse: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """`row_mask` (bool [S] / [S, 1]): the combine of `x.masked_fill(row_mask, 0)` without that
-    copy (transformers' sentinel post-mask folded in: `passes/fold_row_masks.py`)."""
+    copy (transformers' sentinel post-mask folded in: `passes/fold_row_masks.py`).
+    `idx_inverse` (int [S], idx[idx_inverse[r]] == r): idx is a permutation and this is its
+    inverse; the forward does not read it, the backward reads each slot's gradient through it
+    (one pass, no sort: `passes/attach_combine_inverse.py`), the same bits."""
     _check(x, w, idx, k, row_mask)
+    _check_inverse(idx, idx_inverse)
     out_dtype = torch.promote_types(x.dtype, w.dtype)
     on_kernel = x.dtype in KERNEL_DTYPES and w.dtype in KERNEL_DTYPES
     if x.device.type == "cuda" and on_kernel and x.numel():
@@ -76,7 +98,7 @@ def moe_combine(
 
 
 @moe_combine.register_fake
-def _(x, w, idx, k, row_mask=None):
+def _(x, w, idx, k, row_mask=None, idx_inverse=None):
     _check(x, w, idx, k, row_mask)
     out_dtype = torch.promote_types(x.dtype, w.dtype)
     return x.new_empty((x.shape[0] // k, x.shape[1]), dtype=out_dtype)
@@ -89,16 +111,39 @@ def slot_grad_sums_reference(grad: torch.Tensor, idx: torch.Tensor, k: int) -> t
     return gather_rows_backward_reference(expanded, idx, t * k)
 
 
+def slot_grad_sums_from_inverse(grad: torch.Tensor, idx_inverse: torch.Tensor, k: int):
+    """`slot_grad_sums_reference` where idx is a permutation with inverse `idx_inverse`: each
+    row's sum has ONE term, grad[idx_inverse[r] // k], added to the FP32 +0.0 it starts from
+    (so -0.0 becomes +0.0) and rounded back (exact)."""
+    rows = grad.index_select(0, torch.div(idx_inverse, k, rounding_mode="floor"))
+    return (rows.to(torch.float32) + 0.0).to(grad.dtype)
+
+
+def _fused_backward_kernel(grad, x, w, idx_inverse) -> bool:
+    """The slot gradients read in place by `row_scale`'s backward kernel (CUDA, its dtypes)."""
+    return (idx_inverse is not None and x.device.type == "cuda" and x.numel() > 0
+            and all(t.dtype in ROW_SCALE_KERNEL_DTYPES for t in (grad, x, w)))  # fmt: skip
+
+
 @torch.library.custom_op("fp4_compile::moe_combine_backward", mutates_args=())
 def moe_combine_backward(
     grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int,
-    row_mask: torch.Tensor | None = None,
+    row_mask: torch.Tensor | None = None, idx_inverse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(grad_x in x.dtype, grad_w in w.dtype); with `row_mask`, through the folded masked_fill
-    (masked rows: x read as zeros, grad_x +0.0)."""
+    (masked rows: x read as zeros, grad_x +0.0). With `idx_inverse` (idx's inverse
+    permutation) the slot sums are one term each, read in place: one kernel, no sort."""
+    _check_inverse(idx, idx_inverse)
+    if _fused_backward_kernel(grad, x, w, idx_inverse):
+        from .row_scale_kernel import row_scale_backward_triton
+
+        return row_scale_backward_triton(grad, x, w, ROW_SCALE_BLOCK, row_mask,
+                                         grad_rows=idx_inverse, row_div=k)  # fmt: skip
     # the slot sums on the kernel for every dtype `gather_rows`' backward has one for (fp16 too:
     # its torch reference reads a count on the host, which a CUDA-graph capture refuses)
-    if grad.device.type == "cuda" and grad.dtype in GATHER_KERNEL_DTYPES and grad.numel():
+    if idx_inverse is not None:
+        g1 = slot_grad_sums_from_inverse(grad, idx_inverse, k)
+    elif grad.device.type == "cuda" and grad.dtype in GATHER_KERNEL_DTYPES and grad.numel():
         from .gather_rows_kernel import gather_rows_backward_triton
 
         g1 = gather_rows_backward_triton(grad, idx, x.shape[0], row_div=k)
@@ -115,22 +160,20 @@ def moe_combine_backward(
 
 
 @moe_combine_backward.register_fake
-def _(grad, x, w, idx, k, row_mask=None):
+def _(grad, x, w, idx, k, row_mask=None, idx_inverse=None):
     return torch.empty_like(x), torch.empty_like(w)
 
 
 def _setup(ctx, inputs, output):
-    x, w, idx, k, *rest = inputs
-    mask = rest[0] if rest else None
-    ctx.save_for_backward(x, w, idx, *([] if mask is None else [mask]))
+    x, w, idx, k, mask, inverse = (*inputs, None, None)[:6]
+    ctx.save_for_backward(x, w, idx, mask, inverse)
     ctx.k = k
 
 
 def _backward(ctx, grad):
-    x, w, idx, *mask = ctx.saved_tensors
-    grad_x, grad_w = moe_combine_backward(grad.contiguous(), x, w, idx, ctx.k,
-                                          mask[0] if mask else None)  # fmt: skip
-    return grad_x, grad_w, None, None, None
+    x, w, idx, mask, inverse = ctx.saved_tensors
+    grad_x, grad_w = moe_combine_backward(grad.contiguous(), x, w, idx, ctx.k, mask, inverse)
+    return grad_x, grad_w, None, None, None, None
 
 
 moe_combine.register_autograd(_backward, setup_context=_setup)

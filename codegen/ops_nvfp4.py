@@ -347,7 +347,13 @@ nvfp4_linear.register_autograd(_linear_backward, setup_context=_linear_setup_con
 # nvfp4_grouped_mm (MoE experts)
 
 
-def _check_grouped(x, offsets, num_experts, x_index=None):
+def _check_grouped(x, offsets, num_experts, x_index=None, x_perm=None, data=True):
+    if x_perm is not None:
+        from .expert_gather_backward import check_perm_precondition
+
+        if x_index is None:
+            raise ValueError("x_perm needs x_index (it describes the gather)")
+        check_perm_precondition(x_index, x_perm, x.shape[0], data=data)
     if x.dim() != 2:
         raise ValueError(f"x must be [T, K] (tokens sorted by expert), got {tuple(x.shape)}")
     if x_index is not None and (
@@ -386,15 +392,20 @@ def nvfp4_grouped_mm(
     w_ongrid: torch.Tensor | None = None,
     site: int = 0,
     x_index: torch.Tensor | None = None,
+    x_perm: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The experts' GEMM over tokens sorted by expert: x [T, K], or (x_index given) the rows
     x[x_index], a zero row where x_index < 0 (the MoE token gather and its masked rows folded
     in, `passes/fold_expert_gathers.py`: bitwise the op on the gathered copy, its backward
-    returning the gradient of x with `gather_rows`' position-ordered sums)."""
+    returning the gradient of x with `gather_rows`' position-ordered sums). `x_perm`: the sort
+    permutation the gather index came from (x_index[q] == x_perm[q] // k wherever
+    x_index[q] >= 0, k = S / T): the forward does not read it; the backward finds each row's
+    positions through its inverse instead of sorting x_index (`expert_gather_backward.py`),
+    the same bits."""
     rec = impl.recipe_from_json(recipe)
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
                              w_ongrid=w_ongrid)  # fmt: skip
-    _check_grouped(x, offsets, w_codes.shape[0], x_index)
+    _check_grouped(x, offsets, w_codes.shape[0], x_index, x_perm)
     if x.device.type == "cuda":
         return impl.cuda_linear(x, w_codes, w_scales, w_global_decode, w_ongrid, None, rec,
                                 x_amax, offsets=offsets, x_index=x_index)  # fmt: skip
@@ -410,19 +421,26 @@ def nvfp4_grouped_mm(
 
 @nvfp4_grouped_mm.register_fake
 def _(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax, recipe, w_ongrid=None,
-      site=0, x_index=None):  # fmt: skip
+      site=0, x_index=None, x_perm=None):  # fmt: skip
     n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
                              w_ongrid=w_ongrid)  # fmt: skip
-    _check_grouped(x, offsets, w_codes.shape[0], x_index)
+    _check_grouped(x, offsets, w_codes.shape[0], x_index, x_perm, data=False)
     return x.new_empty((x.shape[0] if x_index is None else x_index.shape[0], n))
 
 
-def _scatter_gathered(dx_g: torch.Tensor, x_index: torch.Tensor, rows: int) -> torch.Tensor:
+def _scatter_gathered(dx_g: torch.Tensor, x_index: torch.Tensor, rows: int,
+                      x_perm: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """The gradient of x from that of `gather_zero_rows(x, x_index)`: `gather_rows_backward`'s
     position-ordered sums, a zero row's positions sent to one extra row that is dropped. The
     same bits as masking those positions' gradients to +0.0 and summing them in (the unfolded
     graph: masked_fill's backward, then the gather's): each sum starts from +0.0, so it is never
-    -0.0, and adding +0.0 to it changes no bit."""
+    -0.0, and adding +0.0 to it changes no bit. With x_perm (CUDA, bf16 / fp32): each row's
+    positions found through perm's inverse, no sort (`expert_gather_backward.py`)."""
+    if x_perm is not None and dx_g.device.type == "cuda" and dx_g.dtype in (
+        torch.bfloat16, torch.float32):  # fmt: skip
+        from .expert_gather_backward import expert_gather_backward_triton
+
+        return expert_gather_backward_triton(dx_g, x_index, x_perm, rows)
     idx = torch.where(x_index >= 0, x_index, rows)
     return gather_rows_backward(dx_g, idx, rows + 1)[:rows]
 
@@ -442,6 +460,7 @@ def nvfp4_grouped_mm_backward(
     needs_x: bool,
     needs_w: bool,
     x_index: torch.Tensor | None = None,
+    x_perm: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (dX [T, K] in x.dtype or [0], dW [E, N, K] in weight.dtype or [0]). dY is quantized over all T
     tokens for dgrad; wgrad quantizes each expert's dY_e^T and X_e^T separately (seed + 1 + e).
@@ -487,7 +506,7 @@ def nvfp4_grouped_mm_backward(
                     dx[s:t] = ref.nvfp4_mm(dyq[s:t], impl.transpose_tiled(w_e))
             dx = dx.to(x.dtype)
         if x_index is not None:  # the gradient of x: each row's gathered copies summed
-            dx = _scatter_gathered(dx, x_index, x_src.shape[0])
+            dx = _scatter_gathered(dx, x_index, x_src.shape[0], x_perm)
     if needs_w and cuda and rec.wgrad == "nvfp4":  # all experts at once, == the loop below
         from .grouped_wgrad import grouped_wgrad
 
@@ -506,7 +525,7 @@ def nvfp4_grouped_mm_backward(
 
 @nvfp4_grouped_mm_backward.register_fake
 def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, offsets, w_ongrid, recipe, seed,
-      needs_x, needs_w, x_index=None):  # fmt: skip
+      needs_x, needs_w, x_index=None, x_perm=None):  # fmt: skip
     e, (n, k) = w_codes.shape[0], impl.weight_nk(w_codes, w_ongrid)
     dx = x.new_empty(x.shape) if needs_x else x.new_empty((0,))
     dw = x.new_empty((e, n, k) if needs_w else (0,), dtype=weight.dtype)
@@ -514,24 +533,25 @@ def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, offsets, w_ongrid
 
 
 def _grouped_setup_context(ctx, inputs, output):
-    x, weight, w_codes, w_scales, w_gd, offsets, x_amax, recipe, w_ongrid, site, x_index = inputs
-    ctx.save_for_backward(x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, x_index)
+    x, weight, w_codes, w_scales, w_gd, offsets, x_amax, recipe, w_ongrid, site, x_index, x_perm = (
+        inputs)  # fmt: skip
+    ctx.save_for_backward(x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, x_index, x_perm)
     ctx.recipe = recipe
     ctx.site = site
     ctx.weight_dtype = weight.dtype
 
 
 def _grouped_backward(ctx, grad_out):
-    x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, x_index = ctx.saved_tensors
+    x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, x_index, x_perm = ctx.saved_tensors
     needs = ctx.needs_input_grad
     rec = impl.recipe_from_json(ctx.recipe)
     dx, dw = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(
         grad_out, x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, ctx.recipe,
-        site_seed(rec.seed, ctx.site), needs[0], needs[1], x_index,
+        site_seed(rec.seed, ctx.site), needs[0], needs[1], x_index, x_perm,
     )  # fmt: skip
     dx = dx if needs[0] else None
     dw = dw.to(ctx.weight_dtype) if needs[1] else None
-    return dx, dw, None, None, None, None, None, None, None, None, None
+    return dx, dw, None, None, None, None, None, None, None, None, None, None
 
 
 nvfp4_grouped_mm.register_autograd(_grouped_backward, setup_context=_grouped_setup_context)

@@ -1,4 +1,5 @@
-"""The RMSNorm backward in ONE Triton launch (CUDA; CPU tensors under TRITON_INTERPRET=1), for
+"""The RMSNorm backward in one Triton launch, plus one small launch that adds dweight's per-program
+partials (CUDA; CPU tensors under TRITON_INTERPRET=1), for
 `fp4_compile::invariant_rms_norm_backward`. The CPU path (plain PyTorch, `invariant_cpu`) ran
 about 15 FP32 kernels per call on the GPU as well; on the H200 learner the nine calls took
 7.6 ms of host time and most of the "other elementwise" class (2026-12-03_learner.md).
@@ -9,14 +10,18 @@ Math, per row of h [R, H] (the CPU path's formulas):
     g_w = g * weight;  dh = rstd * (g_w - n * (sum(g_w * n) / H))   -> h's dtype
 Contracts: dh of a row depends only on that row (its sums reduce one row of a tile whose shape
 follows H only, never R); dweight is deterministic: program p sums its fixed block of rows tile
-after tile (each tile's rows as one fixed tree), then `torch.sum` adds the [programs, H] partials,
-a fixed reduction for a given shape. Not bitwise equal to the CPU path (FP32 sums in another
-order); the GPU check compares them within FP32 rounding.
+after tile (each tile's rows as one fixed tree), then `partial_sum_kernel.partial_sum` adds the
+[programs, H] FP32 partials in an order fixed by the number of programs (a function of the shape
+only: interleaved sequential chains, then a pairwise tree; `partial_sum_reference` writes it out
+as torch adds) and stores weight's dtype with one round-to-nearest-even cast. Not bitwise equal
+to the CPU path (FP32 sums in another order); the GPU check compares them within FP32 rounding.
 
 Speed (H200 learner, 2026-12-04): one row per loop step made every program wait on one small load
 after another (the nine calls took 0.37 ms); a tile of rows per step, more programs, and grad_y
 read through its strides (q_norm / k_norm gradients arrive as a transposed view: the
-`.contiguous()` copy cost another 0.11 ms).
+`.contiguous()` copy cost another 0.11 ms). dweight's partials were added by `partial.sum(0)`
+and cast by `.to(dtype)`: two stock kernels per call, 18 per learner step (~0.09 ms of reduce
+kernel, plus launch gaps); now one launch.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .partial_sum_kernel import partial_sum
 from .runtime import check_kernel_device, interpreting
 
 TILE_ELEMENTS = 4096  # elements of one tile: rows x next_power_of_2(H)
@@ -134,5 +140,5 @@ def rms_norm_backward(grad_y, h, weight, eps: float):
     elif has_w:
         partial.zero_()
     dh = dh.to(h.dtype).reshape(h.shape)
-    dw = partial.sum(0).to(weight.dtype) if has_w else None
+    dw = partial_sum(partial, weight.dtype) if has_w else None
     return dh, dw

@@ -34,15 +34,23 @@ def _halve(v, BLOCK_R: tl.constexpr, HALF: tl.constexpr):
 
 @triton.jit
 def _row_scale_backward_block(
-    g_ptr, x_ptr, gx_ptr, w, r64, rmask, keep, h0, H,
+    g_ptr, x_ptr, gx_ptr, w, r64, g64, rmask, keep, h0, H,
     BLOCK_R: tl.constexpr, BLOCK: tl.constexpr, ROW_MASK: tl.constexpr,
+    G_GATHER: tl.constexpr,
 ):  # fmt: skip
     """Store grad_x for columns [h0, h0 + BLOCK) and return the block's tree sum of grad * x
-    (ROW_MASK: rows where `keep` is false read x as +0.0 and store a +0.0 grad_x)."""
+    (ROW_MASK: rows where `keep` is false read x as +0.0 and store a +0.0 grad_x). grad's
+    row of row r is g64[r] (G_GATHER: read as the one-term FP32 sum `gather_rows`' backward
+    makes of it, +0.0 + g, so a -0.0 reads as +0.0) or r."""
     cols = h0 + tl.arange(0, BLOCK)
     mask = rmask[:, None] & (cols < H)[None, :]
     offs = r64[:, None] * H + cols[None, :]
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if G_GATHER:
+        g = tl.load(g_ptr + g64[:, None] * H + cols[None, :], mask=mask, other=0.0)
+        g = g.to(tl.float32)
+        g = tl.where(g == 0.0, 0.0, g)  # +0.0 + (-0.0) = +0.0: the sum's first add
+    else:
+        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if ROW_MASK:
         x = tl.load(x_ptr + offs, mask=mask & keep[:, None], other=0.0).to(tl.float32)
         gx = tl.where(keep[:, None], g * w[:, None], 0.0)
@@ -62,28 +70,33 @@ def _row_scale_backward_block(
 
 @triton.jit
 def _row_scale_backward_kernel(
-    g_ptr, x_ptr, w_ptr, gx_ptr, gw_ptr, m_ptr, R, H,
+    g_ptr, x_ptr, w_ptr, gx_ptr, gw_ptr, m_ptr, gi_ptr, R, H, row_div,
     BLOCK_R: tl.constexpr, BLOCK: tl.constexpr, ROW_MASK: tl.constexpr = False,
+    G_GATHER: tl.constexpr = False,
 ):  # fmt: skip
     # ROW_MASK: the backward of row_scale(x.masked_fill(m, 0), w) through the masked_fill: rows
-    # with m[r] != 0 read x as zeros, and their grad_x is +0.0 (masked_fill's backward)
+    # with m[r] != 0 read x as zeros, and their grad_x is +0.0 (masked_fill's backward).
+    # G_GATHER: row r's gradient is grad[gi[r] // row_div] (`moe_combine`'s backward through a
+    # known inverse permutation: the slot sums' one term each, read in place)
     tl.static_assert(BLOCK == 64, "the tree below is written for blocks of 64")
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
     r64 = rows.to(tl.int64)
+    g64 = r64
+    if G_GATHER:
+        g64 = tl.load(gi_ptr + rows, mask=rmask, other=0).to(tl.int64) // row_div
     w = tl.load(w_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
     keep = rmask
     if ROW_MASK:
         keep = tl.load(m_ptr + rows, mask=rmask, other=1) == 0
     # the first block's sum starts the accumulator (no identity constant: a -0.0 literal came
     # out as +0.0 on the H200, turning a sum of negative zeros positive)
-    acc = _row_scale_backward_block(g_ptr, x_ptr, gx_ptr, w, r64, rmask, keep, 0, H, BLOCK_R,
-                                    BLOCK, ROW_MASK)  # fmt: skip
+    acc = _row_scale_backward_block(g_ptr, x_ptr, gx_ptr, w, r64, g64, rmask, keep, 0, H,
+                                    BLOCK_R, BLOCK, ROW_MASK, G_GATHER)  # fmt: skip
     for h0 in range(BLOCK, H, BLOCK):
-        acc = acc + _row_scale_backward_block(
-            g_ptr, x_ptr, gx_ptr, w, r64, rmask, keep, h0, H, BLOCK_R, BLOCK, ROW_MASK
-        )
+        acc = acc + _row_scale_backward_block(g_ptr, x_ptr, gx_ptr, w, r64, g64, rmask, keep, h0,
+                                              H, BLOCK_R, BLOCK, ROW_MASK, G_GATHER)  # fmt: skip
     tl.store(gw_ptr + rows, acc, mask=rmask)
 
 
@@ -118,10 +131,13 @@ def row_scale_triton(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def row_scale_backward_triton(
-    grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, block: int = 64, row_mask=None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, block: int = 64, row_mask=None,
+    grad_rows: torch.Tensor | None = None, row_div: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(grad_x in x.dtype, grad_w in w.dtype), bitwise `row_scale.row_scale_backward` (with
-    `row_mask`, bool [R]: `row_scale_backward_reference(..., row_mask)`)."""
+    `row_mask`, bool [R]: `row_scale_backward_reference(..., row_mask)`). With `grad_rows`
+    (int [R]), row r's gradient is `+0.0 + grad[grad_rows[r] // row_div]` (FP32, rounded back:
+    a -0.0 reads as +0.0): the one-term slot sums of `moe_combine`'s backward, read in place."""
     check_kernel_device(grad, "grad")
     if block != 64:
         raise ValueError(f"block must be 64 (the kernel's tree), got {block}")
@@ -130,7 +146,18 @@ def row_scale_backward_triton(
     x2 = x.reshape(-1, h).contiguous()
     w1 = w.reshape(-1).contiguous()
     r = x2.shape[0]
-    if g2.shape != x2.shape or w1.shape[0] != r:
+    if grad_rows is not None:
+        if grad_rows.shape != (r,) or grad_rows.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"grad_rows must be int32/int64 [{r}], got {grad_rows.dtype} "
+                             f"{tuple(grad_rows.shape)}")  # fmt: skip
+        if not isinstance(row_div, int) or row_div < 1 or g2.shape[0] * row_div != r:
+            raise ValueError(f"row_div must be a positive int with grad rows * row_div == {r}, "
+                             f"got {row_div!r} and grad {tuple(grad.shape)}")  # fmt: skip
+    elif g2.shape != x2.shape:
+        raise ValueError(
+            f"grad {tuple(grad.shape)}, x {tuple(x.shape)} and w {tuple(w.shape)} disagree"
+        )
+    if w1.shape[0] != r or g2.shape[1] != h:
         raise ValueError(
             f"grad {tuple(grad.shape)}, x {tuple(x.shape)} and w {tuple(w.shape)} disagree"
         )
@@ -141,8 +168,9 @@ def row_scale_backward_triton(
     if r:
         block_r = 16
         _row_scale_backward_kernel[(triton.cdiv(r, block_r),)](
-            g2, x2, w1, gx, gw, m if m is not None else gw, r, h, BLOCK_R=block_r, BLOCK=block,
-            ROW_MASK=m is not None,
+            g2, x2, w1, gx, gw, m if m is not None else gw,
+            grad_rows.contiguous() if grad_rows is not None else gw, r, h, row_div,
+            BLOCK_R=block_r, BLOCK=block, ROW_MASK=m is not None, G_GATHER=grad_rows is not None,
             **({} if interp else {"num_warps": 4}), **compile_options(x.device),
         )  # fmt: skip
     return gx.to(x.dtype).reshape(x.shape), gw.to(w.dtype).reshape(w.shape)

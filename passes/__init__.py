@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
+from .attach_combine_inverse import attach_combine_inverse
 from .fold_expert_gathers import fold_expert_gathers
 from .fold_moe_combine import fold_moe_combine
 from .fold_row_masks import fold_row_masks
@@ -50,6 +51,7 @@ PIPELINE = (
     fold_moe_combine,  # row_scale -> gather_rows -> view -> ordered_sum (top-k combine): one op
     lower_silu_muls,  # silu(a) * b (SwiGLU) -> silu_mul, one implementation for every engine
     fold_row_masks,  # x.masked_fill(rows, 0) read only by moe_combine / silu_mul -> their row_mask
+    attach_combine_inverse,  # moe_combine's index = inv of a sort's perm: backward in one pass
     fold_swiglu_halves,  # silu_mul of x's two last-dim halves -> silu_mul_halves(x): one gradient
     lower_outer_products,  # K = 1 matmuls (rotary embedding) -> broadcast multiply, same bits
     lower_embeddings,  # token embedding -> embedding op with one opaque (same-kernel) backward

@@ -8,7 +8,9 @@ position-ordered sums. The same bits as the unfolded graph, without the top_k-ti
 copy of h, its quantize and its amax (an MoE layer of the learner: 8x the tokens).
 A whole-row zero fill of the gathered copy (transformers 5.17's experts always apply their
 expert-parallel sentinel mask, `masked_fill_(mask, 0.0)`) folds in as index -1: the op's zero
-row."""
+row. When the gather index is `perm // top_k` of a sort permutation that nothing writes,
+perm rides along (`x_perm`): the backward finds each token's gathered positions through its
+inverse instead of sorting the index (`codegen/expert_gather_backward.py`), the same bits."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, insert_call, replace_with_call, written_args, written_between
-from .patterns import is_cast, is_masked_fill, row_zero_mask
+from .patterns import floordiv_of_sort_permutation, is_cast, is_masked_fill, row_zero_mask
 from .report import LoweringReport
 
 aten = torch.ops.aten
@@ -80,6 +82,10 @@ def fold_expert_gathers(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Lowerin
         rows = fake(h).shape[0] if fake(h) is not None else None
         if not isinstance(rows, int):
             continue
+        source = floordiv_of_sort_permutation(idx)  # hidden_states[perm // top_k]
+        perm = None
+        if source is not None and fake(source[0]).shape[0] == rows * source[1]:
+            perm = source[0]  # the backward finds each row's positions through its inverse
         # x[idx] wraps a negative index; the op's -1 is a zero row: wrap first (the experts'
         # indices are never negative; one fused elementwise kernel over [S] ints)
         negative = insert_call(graph, aten.lt.Scalar, (idx, 0), before=node, like=node)
@@ -90,7 +96,10 @@ def fold_expert_gathers(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Lowerin
             idx = insert_call(graph, aten.where.ScalarSelf, (rows_mask, -1, idx), before=node,
                               like=node)  # fmt: skip
         args = (*node.args, *_DEFAULTS[len(node.args) - 8 :])  # the 8 required, then defaults
-        replace_with_call(graph, node, node.target, (h, *args[1:], idx))
+        replace_with_call(graph, node, node.target,
+                          (h, *args[1:], idx) + (() if perm is None else (perm,)))  # fmt: skip
+        if perm is not None:
+            report.count("expert_gather_perm_attached")
         for dead in chain:  # GEMM side first: each one's only reader is gone
             if not dead.users:
                 graph.erase_node(dead)

@@ -155,3 +155,63 @@ def is_last_dim_halves(split: fx.Node, source: fx.Node) -> bool:
         and tuple(v.shape) == (fs.shape[0], half)
         for p, v in zip(pieces, vals)
     ) and fs.shape[-1] % 2 == 0  # fmt: skip
+
+
+def _is_sort(node) -> bool:
+    return _is(node, functions=(torch.sort,), methods=("sort",), overloads=(aten.sort,))
+
+
+def sort_permutation(node) -> bool:
+    """node is the indices of a sort of a 1-D tensor: a permutation of 0..S-1, int64."""
+    if not (isinstance(node, fx.Node) and node.op == "call_function"):
+        return False
+    if node.target is not operator.getitem or node.args[1] != 1 or not _is_sort(node.args[0]):
+        return False
+    keys, perm = fake(node.args[0].args[0]), fake(node)
+    return keys is not None and perm is not None and keys.dim() == 1 and perm.dim() == 1 and (
+        perm.dtype == torch.int64 and perm.shape == keys.shape)  # fmt: skip
+
+
+_PURE_READERS = (operator.floordiv, torch.empty_like)
+
+
+def aliases_or_writes(user, tensor) -> bool:
+    """Whether `user` may write `tensor` or make a view of it (through which a later node could
+    write it). Conservative: only known non-aliasing reads are let through."""
+    if user.op != "call_function":
+        return True  # methods (view, reshape, in-place ops, ...) and modules
+    if user.target is operator.getitem:  # x[tensor] reads it; tensor[...] may be a view
+        return user.args[0] is tensor
+    if user.target is operator.setitem:  # x[tensor] = v / x[i] = tensor read it
+        return user.args[0] is tensor
+    if user.target in _PURE_READERS:
+        return False
+    schema = getattr(user.target, "_schema", None)
+    if schema is None:
+        return True
+    for k, a in enumerate(schema.arguments):
+        value = user.args[k] if k < len(user.args) else user.kwargs.get(a.name)
+        values = value if isinstance(value, (list, tuple)) else (value,)
+        if a.alias_info is not None and any(v is tensor for v in values):
+            return True
+    return False
+
+
+def unwritten_sort_permutation(node) -> bool:
+    """`sort_permutation(node)` and every reader of it a plain read (no write, no view): the
+    permutation it was when sorted, wherever the graph reads it."""
+    return sort_permutation(node) and not any(aliases_or_writes(u, node) for u in node.users)
+
+
+def floordiv_of_sort_permutation(node):
+    """(perm, k) when node is `perm // k` (int k >= 1) of an unwritten sort permutation, else
+    None: transformers' experts gather `hidden_states[perm // top_k]`."""
+    if not _is(node, functions=(operator.floordiv,), overloads=(aten.floor_divide, aten.div)):
+        return None
+    if len(node.args) != 2 or not isinstance(node.args[1], int) or node.args[1] < 1:
+        return None
+    if node.target is not operator.floordiv and node.target is not aten.floor_divide.default:
+        if node.kwargs.get("rounding_mode") != "floor":  # aten.div.Tensor_mode
+            return None
+    perm = node.args[0]
+    return (perm, node.args[1]) if unwritten_sort_permutation(perm) else None

@@ -177,3 +177,39 @@ def test_transposed_grad_out_is_read_in_place(ab, name):
     want = ab.attention_backward(go_t.contiguous(), *rest, causal, scale)
     for n, a, w in zip("qkv", got, want):
         assert_bitwise_equal(a, w, f"{name} d{n}")
+
+
+@pytest.mark.parametrize("name", ["causal_ragged_gqa", "masked_noncausal"])
+def test_transposed_q_and_out_are_read_in_place(ab, name):
+    """q as the projections hand it (the transpose of [B, Tq, Hq, D]) and O in another layout
+    give the same bits as their contiguous copies, and dq comes back contiguous: the kernels
+    read q and O and write dq through their own strides."""
+    (go, q, k, v, out, *rest), causal, scale = _case_tensors(name)
+    go, q, k, v, out, *rest = _on_device([go, q, k, v, out, *rest])
+    q_t = q.transpose(1, 2).contiguous().transpose(1, 2)  # [B, Hq, Tq, D] view
+    out_t = out.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not q_t.is_contiguous() and not out_t.is_contiguous()
+    got = ab.attention_backward(go, q_t, k, v, out_t, *rest, causal, scale)
+    want = ab.attention_backward(go, q, k, v, out, *rest, causal, scale)
+    assert got[0].is_contiguous()
+    for n, a, w in zip("qkv", got, want):
+        assert_bitwise_equal(a, w, f"{name} d{n}")
+
+
+@pytest.mark.parametrize("name", ["causal_ragged_gqa", "masked_noncausal"])
+def test_transposed_k_and_v_and_int32_positions(ab, name):
+    """k and v in the projections' layout (one transposed set of strides, shared), positions as
+    int32: the same bits as contiguous k, v and int64 positions; dk, dv come back contiguous."""
+    (go, q, k, v, out, lse, q_start, kv_len, mask), causal, scale = _case_tensors(name)
+    go, q, k, v, out, lse, q_start, kv_len, mask = _on_device(
+        [go, q, k, v, out, lse, q_start, kv_len, mask]
+    )
+    k_t = k.transpose(1, 2).contiguous().transpose(1, 2)
+    v_t = v.transpose(1, 2).contiguous().transpose(1, 2)
+    assert k_t.stride() == v_t.stride() and not k_t.is_contiguous()
+    got = ab.attention_backward(go, q, k_t, v_t, out, lse, q_start.int(), kv_len.int(), mask,
+                                causal, scale)  # fmt: skip
+    want = ab.attention_backward(go, q, k, v, out, lse, q_start, kv_len, mask, causal, scale)
+    assert got[1].is_contiguous() and got[2].is_contiguous()
+    for n, a, w in zip("qkv", got, want):
+        assert_bitwise_equal(a, w, f"{name} d{n}")

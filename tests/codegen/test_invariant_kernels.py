@@ -138,3 +138,19 @@ def test_routing_kernel(ik):
     assert torch.allclose(w[1], torch.full((3,), 0.2))
     with pytest.raises(ValueError, match="top_k"):
         ik.routing(ties, 6, True)
+
+
+def test_attention_kernel_reads_projection_layouts_in_place(ik):
+    """q, k, v as the projections hand them (transposes of [B, T, H, D]) and int32 positions:
+    the same bits as contiguous copies and int64 positions (the kernel reads through strides)."""
+    q, k, v = _qkv(2, 40, seed=5)
+    b = q.shape[0]
+    zeros, lens = torch.zeros(b, dtype=torch.int64), torch.tensor([40, 27])
+    q_t, k_t, v_t = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    assert not q_t.is_contiguous() and k_t.stride() == v_t.stride()
+    got = ik.attention(q_t, k_t, v_t, zeros.int(), lens.int(), None, True, 0.25)
+    want = ik.attention(q, k, v, zeros, lens, None, True, 0.25)
+    assert_bitwise_equal(got[0], want[0], "out")
+    assert_bitwise_equal(got[1], want[1], "lse")
+    with pytest.raises(ValueError, match=r"q_start must be int32/int64 \[B\]"):
+        ik.attention(q, k, v, zeros.float(), lens, None, True, 0.25)

@@ -1,6 +1,8 @@
-"""The one-launch RMSNorm backward kernel: against the same math in float64 within the FP32
-rounding bound (the sums run in another order than the CPU path's), dh of a row bitwise the same
-alone and in a batch, dweight bitwise the same on a rerun, and no weight."""
+"""The RMSNorm backward kernel: against the same math in float64 within the FP32 rounding bound
+(the sums run in another order than the CPU path's), dh of a row bitwise the same alone and in a
+batch, dweight bitwise the same on a rerun, and no weight. dweight's partial sum over programs
+(`partial_sum_kernel`): bitwise its written-out order of FP32 adds, within the FP32 error bound
+of a float64 sum, deterministic."""
 
 import os
 
@@ -97,3 +99,71 @@ def test_rms_norm_backward_reads_strided_grads_bitwise(layout):
     dh_c, dw_c = rms_norm_backward(g.contiguous(), h, w, 1e-6)
     assert_bitwise_equal(dh, dh_c, "dh")
     assert_bitwise_equal(dw, dw_c, "dweight")
+
+
+def _partials(num_programs, hdim, seed):
+    """FP32 partials of mixed signs over six decades (the sums cancel), with a column of -0.0,
+    one of +0.0 and -0.0 mixed, and one of a single nonzero term."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_programs, hdim, generator=g) * torch.logspace(-3, 3, num_programs)[:, None]
+    x[:, 0] = -0.0
+    x[:, 1] = torch.where(torch.arange(num_programs) % 3 == 0, 0.0, -0.0)
+    x[:, 2] = 0.0
+    x[num_programs // 2, 2] = -1.5
+    return x
+
+
+def _sequential_sum(x):
+    """((x[0] + x[1]) + x[2]) + ...: one FP32 add per program, in program order."""
+    acc = x[0].clone()
+    for row in x[1:]:
+        acc = acc + row
+    return acc
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_partial_sum_is_the_ordered_fp32_sum_bitwise(dtype):
+    """Bitwise: dweight's partial sum (`partial_sum_kernel`) with one chain is the sequential FP32
+    sum over programs cast once to the output dtype; with the pinned CHAINS it is
+    `partial_sum_reference`'s chains-then-tree order, and that reference with one chain is the
+    sequential sum. Program counts below, at, and past CHAINS, with a partial last tile; signed
+    zeros kept."""
+    from fp4_compile.codegen.partial_sum_kernel import CHAINS, partial_sum, partial_sum_reference
+
+    for num_programs in (1, 3, 17, CHAINS, 2 * CHAINS + 1, 3 * CHAINS + 8):
+        x = _partials(num_programs, 70, seed=num_programs)
+        sequential = _sequential_sum(x).to(dtype)
+        got = partial_sum(x.to(DEV), dtype, chains=1).cpu()
+        assert_bitwise_equal(got, sequential, f"P={num_programs} one chain vs sequential")
+        assert_bitwise_equal(partial_sum_reference(x, dtype, chains=1), sequential,
+                             "reference with one chain")  # fmt: skip
+        for chains in (4, CHAINS):
+            got = partial_sum(x.to(DEV), dtype, chains=chains).cpu()
+            want = partial_sum_reference(x, dtype, chains=chains)
+            assert_bitwise_equal(got, want, f"P={num_programs} chains={chains} vs reference")
+
+
+def test_partial_sum_within_fp32_error_of_float64_and_deterministic(monkeypatch):
+    """Error budget (float64 oracle): any order of FP32 adds over P terms errs by at most
+    (P - 1) * eps32 * sum|terms| (eps32 = 2**-23 covers gamma_{P-1}), plus the final cast's half
+    ulp of the stored value. Bitwise the same on a rerun, from a fresh copy, for a column
+    alone, and with another column tiling (a speed setting, not part of the order)."""
+    from fp4_compile.codegen import partial_sum_kernel
+    from fp4_compile.codegen.partial_sum_kernel import partial_sum
+
+    num_programs, hdim = 300, 200
+    x = _partials(num_programs, hdim, seed=7)
+    exact, magnitude = x.double().sum(0), x.double().abs().sum(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        got = partial_sum(x.to(DEV), dtype).cpu()
+        half_ulp = (torch.nextafter(got.abs(), torch.tensor(float("inf"), dtype=dtype)).double()
+                    - got.abs().double()) / 2  # fmt: skip
+        bound = (num_programs - 1) * 2.0**-23 * magnitude + half_ulp
+        err = (got.double() - exact).abs()
+        assert bool((err <= bound).all()), f"{int((err > bound).sum())} columns past the bound"
+        assert_bitwise_equal(partial_sum(x.clone().to(DEV), dtype).cpu(), got, "rerun")
+        narrow = partial_sum(x[:, :37].contiguous().to(DEV), dtype).cpu()
+        assert_bitwise_equal(narrow, got[:37], "columns alone")
+        with monkeypatch.context() as m:
+            m.setattr(partial_sum_kernel, "BLOCK_ELEMENTS", 4 * partial_sum_kernel.CHAINS)
+            assert_bitwise_equal(partial_sum(x.to(DEV), dtype).cpu(), got, "other tiling")

@@ -13,6 +13,7 @@ import fp4_compile
 import fp4_compile.codegen  # noqa: F401  (registers the ops)
 from fp4_compile import passes
 from fp4_compile.models import tiny_qwen3_moe
+from fp4_compile.passes.attach_combine_inverse import attach_combine_inverse
 from fp4_compile.passes.fold_expert_gathers import fold_expert_gathers
 from fp4_compile.passes.fold_moe_combine import fold_moe_combine
 from fp4_compile.passes.fold_row_masks import fold_row_masks
@@ -41,7 +42,8 @@ def _run(model, ids):
 
 
 @pytest.mark.parametrize("fold", [fold_expert_gathers, fold_moe_combine, fold_row_masks,
-                                  fold_swiglu_halves], ids=lambda f: f.__name__)  # fmt: skip
+                                  fold_swiglu_halves, attach_combine_inverse],
+                         ids=lambda f: f.__name__)  # fmt: skip
 @pytest.mark.parametrize("sentinel_mask", [False, True], ids=["plain", "sentinel-mask"])
 def test_fold_fires_and_changes_no_bit(sentinel_mask, fold, monkeypatch):
     model = _model(sentinel_mask)
@@ -54,6 +56,8 @@ def test_fold_fires_and_changes_no_bit(sentinel_mask, fold, monkeypatch):
     # the sentinel post-masks of both expert GEMMs' outputs: into silu_mul and moe_combine
     assert report.counts.get("row_mask_folded", 0) == (4 if sentinel_mask else 0)
     assert report.counts["swiglu_halves_folded"] == 2  # one per layer, masked or not
+    assert report.counts["combine_inverse_attached"] == 2  # the combine's index: inv[perm]
+    assert report.counts["expert_gather_perm_attached"] == 2  # gate_up's index: perm // k
     y, g = _run(model, ids)
     monkeypatch.setattr(passes, "PIPELINE", tuple(p for p in passes.PIPELINE if p is not fold))
     y_ref, g_ref = _run(model, ids)
@@ -260,3 +264,42 @@ def test_row_mask_fold_on_aten_graphs(case):
     assert folded == expected, (case, folded)
     fills = [n for n in gm.graph.nodes if "masked_fill" in str(n.target)]
     assert len(fills) == 2 - expected
+
+
+@pytest.mark.parametrize("case", ["fires", "perm_not_a_sort", "inv_written_again",
+                                  "arange_from_one", "perm_written"])  # fmt: skip
+def test_combine_inverse_only_where_the_graph_proves_it(case):
+    """On an ATen graph (make_fx: `index_put_`, `sort.stable`): the combine gets `idx_inverse`
+    only when its index is `inv[perm] = arange(S)` of a sort's indices with nothing else
+    writing inv or perm before it; the graph's result is the same either way."""
+    from fp4_compile.passes.report import LoweringReport
+
+    ops = torch.ops.fp4_compile
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 16, generator=g)
+    w = torch.rand(6, 1, generator=g)
+    ids = torch.tensor([2, 0, 1, 2, 0, 1])
+    given = torch.tensor([3, 1, 0, 5, 4, 2])
+
+    def f(x, w, ids, given):
+        perm = given if case == "perm_not_a_sort" else torch.sort(ids, stable=True)[1]
+        inv = torch.empty_like(perm)
+        start = 1 if case == "arange_from_one" else 0
+        inv[perm] = torch.arange(start, start + 6)
+        if case == "inv_written_again":
+            inv[0] = inv[1]
+        if case == "perm_written":
+            perm.mul_(1)
+        return ops.moe_combine(x, w, inv % 6, 2) if case == "arange_from_one" else (
+            ops.moe_combine(x, w, inv, 2))  # fmt: skip
+
+    gm = _gather_gemm_graph(f, x, w, ids, given)
+    want = gm(x, w, ids, given) if case in ("fires", "perm_not_a_sort") else None
+    report = LoweringReport(recipe_fingerprint="test")
+    attach_combine_inverse(gm, None, report)
+    combine = next(n for n in gm.graph.nodes if n.target is ops.moe_combine.default)
+    attached = combine.kwargs.get("idx_inverse") is not None
+    assert attached == (case == "fires")
+    assert report.counts.get("combine_inverse_attached", 0) == int(case == "fires")
+    if want is not None:
+        assert_bitwise_equal(gm(x, w, ids, given), want, case)
