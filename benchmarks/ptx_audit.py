@@ -251,9 +251,10 @@ def _quantize_cases() -> list[KernelCase]:
 
 def _attention_cases() -> list[KernelCase]:
     """The invariant attention's forward and its two backward launches, 512 queries, 32 query
-    / 4 key-value heads, head dim 128 (contiguous [B, H, T, D]): causal (is_causal), and with a
-    mask tensor (what transformers hands the learner under torch.compile: `mask_args`' row
-    intervals and bit words)."""
+    / 4 key-value heads, head dim 128, q, k and v as the projections hand them (transposes of
+    [B, T, H, D], read in place), O, dQ, dK and dV contiguous, int64 positions: causal
+    (is_causal), and with a mask tensor (what transformers hands the learner under
+    torch.compile: `mask_args`' row intervals and bit words)."""
     import triton.language as tl
 
     from fp4_compile.codegen import attention_backward as ab
@@ -262,11 +263,11 @@ def _attention_cases() -> list[KernelCase]:
 
     hq, hkv, t, d = 32, 4, 512, 128  # batch 8: only the strides below see it
     i32, bf16 = "i32", "*bf16"
-    strides = {"sqb": (i32, hq * t * d), "sqh": (i32, t * d), "sqt": (i32, d),
-               "skb": (i32, hkv * t * d), "skh": (i32, t * d), "skt": (i32, d)}  # fmt: skip
+    strides = {"sqb": (i32, t * hq * d), "sqh": (i32, d), "sqt": (i32, hq * d),
+               "skb": (i32, t * hkv * d), "skh": (i32, d), "skt": (i32, hkv * d)}  # fmt: skip
     no_mask = {"smb": (i32, 0), "smh": (i32, 0), "smt": (i32, 0)}
     mask = {"smb": (i32, t), "smh": (i32, 0), "smt": (i32, t // 32)}  # rows per sequence, words
-    common = {"qs_ptr": ("*i32", 0), "kl_ptr": ("*i32", 0), "m_ptr": ("*i32", 0),
+    common = {"qs_ptr": ("*i64", 0), "kl_ptr": ("*i64", 0), "m_ptr": ("*i32", 0),
               "iv_ptr": ("*i32", 0), "ivf_ptr": ("*i32", 0), "lse_ptr": ("*fp32", 0),
               "Tq": (i32, t), "G": (i32, hq // hkv), "scale": ("fp32", 0.0), **strides}  # fmt: skip
     fwd = cfgs.attention_config("sm_90")
@@ -274,6 +275,8 @@ def _attention_cases() -> list[KernelCase]:
     tensors = {n: (bf16, 0) for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "do_ptr", "dq_ptr",
                                        "dk_ptr", "dv_ptr")}  # fmt: skip
     out_strides = {"sob": (i32, hq * t * d), "soh": (i32, t * d), "sot": (i32, d)}
+    grad_strides = {"sgb": (i32, hq * t * d), "sgh": (i32, t * d), "sgt": (i32, d),
+                    "sekb": (i32, hkv * t * d), "sekh": (i32, t * d), "sekt": (i32, d)}  # fmt: skip
     # dO as autograd hands it: the transpose of [B, Tq, Hq, D]
     do_strides = {"sdb": (i32, t * hq * d), "sdh": (i32, d), "sdt": (i32, hq * d)}
     cases = []
@@ -286,12 +289,13 @@ def _attention_cases() -> list[KernelCase]:
                        {**flags, "BLOCK_M": fwd.block_m, "BLOCK_N": fwd.block_n},
                        fwd.num_warps, fwd.num_stages, {}),  # launched with Triton's defaults
             KernelCase(f"attention backward dQ{label}", ab._dq_kernel,
-                       {**tensors, **common, **sm, **do_strides, "delta_ptr": ("*fp32", 0)},
+                       {**tensors, **common, **sm, **do_strides, **out_strides, **grad_strides,
+                        "delta_ptr": ("*fp32", 0)},
                        {**flags, "BLOCK_M": dq_cfg.block_m, "BLOCK_N": dq_cfg.block_n},
                        dq_cfg.num_warps, dq_cfg.num_stages, {}),
             KernelCase(f"attention backward dK/dV{label}", ab._dkdv_kernel,
-                       {**tensors, **common, **sm, **do_strides, "delta_ptr": ("*fp32", 0),
-                        "Tk": (i32, t)},
+                       {**tensors, **common, **sm, **do_strides, **out_strides, **grad_strides,
+                        "delta_ptr": ("*fp32", 0), "Tk": (i32, t)},
                        {**flags, "BLOCK_M": dkdv_cfg.block_m, "BLOCK_N": dkdv_cfg.block_n},
                        dkdv_cfg.num_warps, dkdv_cfg.num_stages, {}),
         ]  # fmt: skip
