@@ -16,8 +16,9 @@ graphs call exactly these numerics; `triton_op` would not compile on CPU):
 - invariant_routing(logits, top_k, norm_topk_prob) -> (weights, experts)
 CPU: `invariant_cpu` (invariant by construction). CUDA: the Triton kernels of
 `invariant_kernels` (imported lazily); backward passes in plain PyTorch, except the RMSNorm
-backward (one Triton launch on CUDA, `rms_norm_backward`) and the attention backward (two
-launches on CUDA, `attention_backward`).
+backward (one Triton launch on CUDA, `rms_norm_backward`), the attention backward (two
+launches on CUDA, `attention_backward`) and the routing backward (one launch on CUDA,
+`routing_backward_kernel`).
 """
 
 from __future__ import annotations
@@ -345,8 +346,16 @@ def _routing_setup(ctx, inputs, output):
 def invariant_routing_backward(
     grad_w: torch.Tensor, logits: torch.Tensor, idx: torch.Tensor, norm_topk_prob: bool
 ) -> torch.Tensor:
-    """Through softmax, the top-k gather and the renormalization (FP32, plain PyTorch), as ONE
-    opaque op so eager, Inductor and export compute the same bits."""
+    """Through softmax, the top-k gather and the renormalization, FP32, as ONE opaque op so
+    eager, Inductor and export compute the same bits. CUDA: one Triton launch
+    (`routing_backward_kernel`: the same formula, one row per program in a fixed order; it
+    raises for what it does not take: dtypes other than float32 / bfloat16 / float16, more than
+    its MAX_EXPERTS = 4096 experts; no fallback); CPU: the plain PyTorch formula below (the
+    reference)."""
+    if logits.is_cuda:
+        from .routing_backward_kernel import routing_backward  # lazy: imports triton
+
+        return routing_backward(grad_w, logits, idx, norm_topk_prob)
     p = torch.softmax(logits.to(torch.float32), dim=-1)
     g = grad_w.to(torch.float32)
     sel = p.gather(-1, idx)
