@@ -246,23 +246,7 @@ def _quantize_cases() -> list[KernelCase]:
         case("weight [196608, 2048] 16x16 on-grid", q, 196608, 2048, 2048, 0, {"TILE16": True}),
         case("wgrad dY^T segments [1536, 34816] SR", qs, 1536, 34816, 1, 1536,
              {"STOCHASTIC": True, "SEGMENTED": True, "FLAT32": True}),
-        _row_quantize_case(4096, 2048),
     ]  # fmt: skip
-
-
-def _row_quantize_case(r: int, k: int) -> KernelCase:
-    """The forward activations' one-launch per-row quantize (`row_quantize.py`): its loop bodies
-    (the amax pass and the quantize pass) per element of one [BLOCK_M, BLOCK_K] tile."""
-    from fp4_compile.codegen import configs
-    from fp4_compile.codegen import row_quantize as rq
-
-    cfg = configs.pick("sm_90", "any", "nvfp4_quantize_rows", r)
-    args = {"x_ptr": ("*bf16", 0), "gd_ptr": ("*fp32", 0), "ongrid_ptr": ("*bf16", 0),
-            "R": ("i32", r), "K": ("i32", k), "stride_xr": ("i32", k), "one_sixth": ("fp32", 0.0)}  # fmt: skip
-    return KernelCase(f"quantize: activation [{r}, {k}] per-row, one launch (row_quantize)",
-                      rq._row_quantize_kernel, args,
-                      {"BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k},
-                      cfg.num_warps, cfg.num_stages)  # fmt: skip
 
 
 def _attention_cases() -> list[KernelCase]:

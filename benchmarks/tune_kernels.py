@@ -1,7 +1,7 @@
 # ruff: noqa: B023  (each benchmarked closure is timed immediately, inside its own iteration)
 """Offline tuner of the pinned kernel configs (`codegen/configs.py`) on the learner's shapes.
 
-    python -m benchmarks.tune_kernels [--only quantize,wgrad,grouped,dense,weights,rows]
+    python -m benchmarks.tune_kernels [--only quantize,wgrad,grouped,dense]
 
 Qwen3-30B-A3B-shaped learner step (4096 tokens, top-8 of 128 experts, ~256 tokens per expert,
 routing drawn at random so the groups are uneven as in training). For every candidate config it
@@ -217,45 +217,6 @@ def weights_section(rows):
             sweep("weights", label, key, WEIGHT_QUANT_CANDIDATES, run, rows, baseline_ms=base_ms)
 
 
-# The forward activations' one-launch per-row quantize (`row_quantize.py`): rows per program and
-# column tile; the learner's shapes have 4096 rows (q / k / v / o / gate_up inputs) and 32768
-# (the down input).
-ROWS_QUANT_CANDIDATES = (
-    TileConfig(4, 0, 128, num_warps=1, num_stages=1),
-    TileConfig(2, 0, 128, num_warps=1, num_stages=1),
-    TileConfig(4, 0, 128, num_warps=2, num_stages=1),
-    TileConfig(8, 0, 128, num_warps=2, num_stages=1),
-    TileConfig(8, 0, 128, num_warps=4, num_stages=1),
-    TileConfig(16, 0, 128, num_warps=2, num_stages=1),
-    TileConfig(16, 0, 128, num_warps=4, num_stages=1),
-)
-
-
-def rows_section(rows):
-    """The per-row activation quantize in one launch against the two-step form (baseline, same
-    run; the first run of each shape also checks the two agree bitwise)."""
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
-
-    key = ("sm_90", "any", "nvfp4_quantize_rows")
-    for case, (r, k) in {"q/k/v/gate_up input [4096, 2048]": (TOKENS, HIDDEN),
-                         "o_proj input [4096, 4096]": (TOKENS, 4096),
-                         "down input [32768, 768]": (TOKENS * TOPK, MOE_I)}.items():  # fmt: skip
-        x = torch.randn(r, k, device="cuda", dtype=torch.bfloat16)
-
-        def quant(one_launch, x=x):
-            return quantize_triton(x, block="1x16", global_scale="per_row", out="ongrid",
-                                   one_launch_rows=one_launch)  # fmt: skip
-
-        two = quant(False)
-        one = quant(True)
-        for got, want, what in ((one[0], two[0], "on-grid"), (one[1], two[1], "gd")):
-            if count_bytes_differ(got, want):
-                raise AssertionError(f"{case}: {what} differs from the two-step form")
-        base_ms = bench(lambda quant=quant: quant(False))
-        sweep("rows", case, key, ROWS_QUANT_CANDIDATES, lambda quant=quant: quant(True), rows,
-              baseline_ms=base_ms)  # fmt: skip
-
-
 def wgrad_section(rows):
     import triton
 
@@ -353,7 +314,7 @@ def dense_section(rows):
 
 
 SECTIONS = {"wgrad": wgrad_section, "quantize": quantize_section, "weights": weights_section,
-            "grouped": grouped_section, "dense": dense_section, "rows": rows_section}  # fmt: skip
+            "grouped": grouped_section, "dense": dense_section}  # fmt: skip
 
 
 def markdown(env, rows) -> str:

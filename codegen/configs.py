@@ -88,15 +88,6 @@ _QUANT_SEGMENTS_SM90 = ((None, TileConfig(16, 0, 128, num_warps=2, num_stages=1)
 # 32 per thread, as the tiling above.
 _WEIGHT_QUANT_SM90 = ((None, TileConfig(32, 0, 128, num_warps=4, num_stages=1)),)
 
-# The forward activations' per-row quantize in one launch (`row_quantize.py`: whole rows per
-# program, two passes over K, the second from L2): few rows per program at the learner's 4096
-# tokens (~1000 programs), 16 at its 32768 expert rows (2048 programs).
-_QUANT_ROWS_SM90 = (
-    (8192, TileConfig(4, 0, 128, num_warps=1, num_stages=1)),
-    (None, TileConfig(16, 0, 128, num_warps=2, num_stages=1)),
-)
-_QUANT_ROWS_INTERPRETER = ((None, TileConfig(4, 0, 64, num_warps=1, num_stages=1)),)
-
 GEMM_OPS = ("nvfp4_gemm", "nvfp4_gemm_ongrid", "nvfp4_wgrad")
 
 PINNED: dict[tuple[str, str, str], tuple] = {
@@ -114,16 +105,12 @@ PINNED: dict[tuple[str, str, str], tuple] = {
     ("sm_90", "any", "nvfp4_quantize_segments"): _QUANT_SEGMENTS_SM90,
     ("interpreter", "any", "nvfp4_quantize_segments"): _QUANT_INTERPRETER,
     ("sm_90", "any", "nvfp4_weight_quantize"): _WEIGHT_QUANT_SM90,
-    ("sm_90", "any", "nvfp4_quantize_rows"): _QUANT_ROWS_SM90,
-    ("interpreter", "any", "nvfp4_quantize_rows"): _QUANT_ROWS_INTERPRETER,
     ("interpreter", "any", "nvfp4_weight_quantize"): _QUANT_INTERPRETER,
 }
 
 for _key, _table in PINNED.items():
     assert len({c.block_k for _, c in _table}) == 1, f"{_key}: BLOCK_K must not depend on M"
-    assert all(c.block_k % 32 == 0 for _, c in _table), _key
-    if _key[2] != "nvfp4_quantize_rows":  # 1x16 blocks only: any whole number of rows
-        assert all(c.block_m % 16 == 0 for _, c in _table), f"{_key}: 16x16 tiles need 16 rows"
+    assert all(c.block_k % 32 == 0 and c.block_m % 16 == 0 for _, c in _table), _key
     if _key[0] == "sm_90" and _key[2] in GEMM_OPS:  # one MMA family (wgmma), see 3. above
         assert all(c.block_m >= 64 for _, c in _table), f"{_key}: BLOCK_M < 64 is mma.sync"
 for _arch in ("sm_90", "interpreter"):  # packed, on-grid and wgrad GEMMs chunk K alike

@@ -355,7 +355,6 @@ def quantize_triton(
     ongrid_dtype: torch.dtype = torch.bfloat16,
     name: str = "x",
     one_read_weights: bool = True,
-    one_launch_rows: bool = True,
 ):
     """Quantize with the Triton kernel. out="packed" -> NVFP4Tensor (bitwise == reference);
     out="ongrid" -> (on-grid values [..., K] in `ongrid_dtype`, global_decode); out="both" ->
@@ -367,9 +366,7 @@ def quantize_triton(
     A dense weight's 16x16 RNE quantize with a per-tensor data amax (contiguous x) runs in one
     launch that reads x from HBM once (`weight_quantize.py`, the same bits); one_read_weights=
     False keeps the two-step form (the amax pass, then this kernel). Per-expert weights keep
-    the two-step form: one launch was slower there (`weight_quantize.py`'s docstring).
-    The forward activations' 1x16 RNE on-grid quantize with per-row scales runs in one launch
-    too (`row_quantize.py`, the same bits); one_launch_rows=False keeps the two steps."""
+    the two-step form: one launch was slower there (`weight_quantize.py`'s docstring)."""
     _validate_input(x, block, name)
     check_kernel_device(x, name)
     if out not in ("packed", "ongrid", "both"):
@@ -393,12 +390,6 @@ def quantize_triton(
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         raise ValueError(f"{name} must have a unit stride along its last dim")
-    if (one_launch_rows and block == "1x16" and rounding == "rne" and out == "ongrid"
-            and isinstance(global_scale, str) and global_scale == "per_row"):  # fmt: skip
-        from .row_quantize import quantize_rows_ongrid
-
-        ongrid, gd_r = quantize_rows_ongrid(x2, ongrid_dtype)
-        return ongrid.reshape(shape), gd_r.reshape(*shape[:-1], 1)
     r = x2.shape[0]
     gd2 = None
     if isinstance(global_scale, str) and global_scale == "per_row":
@@ -406,7 +397,6 @@ def quantize_triton(
 
         gd_r, mult = row_global_stage(x2)
         gd = gd_r.reshape(*shape[:-1], 1)
-        gd2, mult2 = gd_r, mult  # per row of x2 (a 3-D x's gd is not a static [E, 1, 1])
     elif isinstance(global_scale, str) and global_scale == "per_expert" and r:
         # the row maxima, then each expert's scales already repeated per row: two launches
         from .abs_max import row_abs_max
