@@ -397,6 +397,7 @@ def quantize_triton(
 
         gd_r, mult = row_global_stage(x2)
         gd = gd_r.reshape(*shape[:-1], 1)
+        gd2, mult2 = gd_r, mult  # per row of x2 (a 3-D x's gd is not a static [E, 1, 1])
     elif isinstance(global_scale, str) and global_scale == "per_expert" and r:
         # the row maxima, then each expert's scales already repeated per row: two launches
         from .abs_max import row_abs_max

@@ -115,3 +115,17 @@ def test_expert_global_stage_equals_the_torch_per_expert_stage():
     assert_bitwise_equal(mult_rows, want_mult.expand(5, 80, 1).reshape(-1), "per-row mult")
     with pytest.raises(ValueError, match="row_amax"):
         expert_global_stage(torch.zeros(7, device=dev), 2)
+
+
+def test_per_row_quantize_of_a_3d_input_equals_its_rows():
+    """quantize_triton with per-row scales on a 3-D x == on its rows flattened to 2-D, bitwise
+    (a 3-D x's per-row global decode [A, B, 1] once took the static per-expert branch)."""
+    from fp4_compile.codegen.quantize_kernel import quantize_triton
+
+    x = torch.randn(3, 7, 32, generator=torch.Generator().manual_seed(2)).to(DEV)
+    v3, gd3 = quantize_triton(x, block="1x16", global_scale="per_row", out="ongrid")
+    v2, gd2 = quantize_triton(x.reshape(21, 32), block="1x16", global_scale="per_row",
+                              out="ongrid")  # fmt: skip
+    assert v3.shape == (3, 7, 32) and gd3.shape == (3, 7, 1)
+    assert_bitwise_equal(v3.reshape(21, 32), v2, "on-grid values")
+    assert_bitwise_equal(gd3.reshape(21, 1), gd2, "global decode")
