@@ -40,9 +40,12 @@ def _slot_value(x_ptr, w_ptr, idx_ptr, m_ptr, t, j, S, H, cols, tmask, cmask, K_
 
 
 @triton.jit
-def _moe_combine_kernel(x_ptr, w_ptr, idx_ptr, out_ptr, m_ptr, S, T, H, K_TOP,
+def _moe_combine_kernel(x_ptr, w_ptr, idx_ptr, out_ptr, m_ptr, S, T, H, K_TOP: tl.constexpr,
                         BF16: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
                         ROW_MASK: tl.constexpr = False):  # fmt: skip
+    # the k slots unrolled (K_TOP a constant): every slot's index, weight and row loads can be
+    # in flight at once, not one slot's chain of dependent loads after another (the sums are
+    # still added in slot order)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     tmask = t < T
@@ -50,7 +53,7 @@ def _moe_combine_kernel(x_ptr, w_ptr, idx_ptr, out_ptr, m_ptr, S, T, H, K_TOP,
     t64 = t.to(tl.int64)
     acc = _slot_value(x_ptr, w_ptr, idx_ptr, m_ptr, t64, 0, S, H, cols, tmask, cmask, K_TOP,
                       BF16, ROW_MASK)  # fmt: skip
-    for j in range(1, K_TOP):
+    for j in tl.static_range(1, K_TOP):
         acc = acc + _slot_value(x_ptr, w_ptr, idx_ptr, m_ptr, t64, j, S, H, cols, tmask, cmask,
                                 K_TOP, BF16, ROW_MASK)  # fmt: skip
         if BF16:
