@@ -200,6 +200,7 @@ def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, c
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), *sm,
                do.stride(0), do.stride(1), do.stride(2), o.stride(0), o.stride(1), o.stride(2),
                dq.stride(0), dq.stride(1), dq.stride(2), dk.stride(0), dk.stride(1), dk.stride(2))  # fmt: skip
+    # one stride tuple for both launches: dQ's reads no dk strides, dK/dV's no O or dq strides
     flags = {"CAUSAL": causal, "HAS_MASK": mask is not None, "DOT": dot, "D": d}
     if b and tq:
         _dq_kernel[(triton.cdiv(tq * g, cfg_dq.block_m), b, hkv)](

@@ -2,6 +2,9 @@
 (S = T * k slots sorted by expert), when the gather index is a sort permutation's
 `perm // k`: transformers' experts gather `hidden_states[perm // top_k]`.
 
+Shape legend: T rows of x (tokens), S = T * k gathered rows (slots), C the columns; perm,
+x_index and inv are [S].
+
 `gather_rows`' backward sums each row's positions in ascending position order, and finds them
 with a stable sort of the index (`row_segments`: a radix sort, two searchsorted, ~13 small
 kernels per call). Here the positions of token t are known without sorting: they are
@@ -20,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .invariant_kernels import _round_bf16
+from .group_sum_kernel import _round_bf16_keep_nan
 from .runtime import check_kernel_device, compile_options, interpreting
 
 BLOCK_T, BLOCK_C, BLOCK_S = 8, 256, 1024
@@ -58,13 +61,13 @@ def _slot_rows_sum_kernel(g_ptr, inv_ptr, xi_ptr, out_ptr, T, C, S, TOP_K: tl.co
         m = take[:, None] & cmask[None, :]
         g = tl.load(g_ptr + q[:, None] * C + cols[None, :], mask=m, other=0.0).to(tl.float32)
         acc = tl.where(take[:, None], acc + g, acc)
-    if BF16:  # ties to even with integer ops (the interpreter's bf16 cast truncates)
-        acc = _round_bf16(acc)
+    if BF16:  # ties to even with integer ops (the interpreter's bf16 cast truncates); a NaN
+        acc = _round_bf16_keep_nan(acc)  # stays NaN (CUDA's 0x7FFFFFFF would carry into -0.0)
     out = tok.to(tl.int64)[:, None] * C + cols[None, :]
     tl.store(out_ptr + out, acc.to(out_ptr.dtype.element_ty), mask=tlive[:, None] & cmask[None, :])
 
 
-def check_perm_precondition(x_index: torch.Tensor, perm: torch.Tensor, rows: int,
+def check_perm_precondition(x_index: torch.Tensor, perm: torch.Tensor, rows: int, *,
                             data: bool = True) -> int:  # fmt: skip
     """k = S / rows, after checking (CPU with `data`: in full; CUDA or fake tensors: shapes and
     dtypes, a full check would synchronize) that perm is a permutation of 0..S-1 and

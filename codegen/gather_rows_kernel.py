@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .gather_rows import row_segments
-from .invariant_kernels import _round_bf16
+from .group_sum_kernel import _round_bf16_keep_nan
 from .runtime import check_kernel_device, compile_options
 
 BLOCK_R, BLOCK_C = 4, 512
@@ -44,8 +44,8 @@ def _gather_rows_backward_kernel(g_ptr, order_ptr, start_ptr, count_ptr, out_ptr
         g_row = (p // ROW_DIV).to(tl.int64)
         g = tl.load(g_ptr + g_row[:, None] * C + cols[None, :], mask=m, other=0.0).to(tl.float32)
         acc = tl.where(live[:, None], acc + g, acc)
-    if BF16:  # ties to even with integer ops (the interpreter's bf16 cast truncates)
-        acc = _round_bf16(acc)
+    if BF16:  # ties to even with integer ops (the interpreter's bf16 cast truncates); a NaN
+        acc = _round_bf16_keep_nan(acc)  # stays NaN (CUDA's 0x7FFFFFFF would carry into -0.0)
     out = rows.to(tl.int64)[:, None] * C + cols[None, :]
     tl.store(out_ptr + out, acc.to(out_ptr.dtype.element_ty), mask=rlive[:, None] & cmask[None, :])
 

@@ -165,7 +165,7 @@ def _(grad, x, w, idx, k, row_mask=None, idx_inverse=None):
 
 
 def _setup(ctx, inputs, output):
-    x, w, idx, k, mask, inverse = (*inputs, None, None)[:6]
+    x, w, idx, k, mask, inverse = inputs  # custom_op fills the defaults
     ctx.save_for_backward(x, w, idx, mask, inverse)
     ctx.k = k
 

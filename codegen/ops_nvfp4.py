@@ -428,7 +428,7 @@ def _(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax, recipe, w_
     return x.new_empty((x.shape[0] if x_index is None else x_index.shape[0], n))
 
 
-def _scatter_gathered(dx_g: torch.Tensor, x_index: torch.Tensor, rows: int,
+def _scatter_gathered(dx_g: torch.Tensor, x_index: torch.Tensor, rows: int, *,
                       x_perm: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """The gradient of x from that of `gather_zero_rows(x, x_index)`: `gather_rows_backward`'s
     position-ordered sums, a zero row's positions sent to one extra row that is dropped. The
@@ -506,7 +506,7 @@ def nvfp4_grouped_mm_backward(
                     dx[s:t] = ref.nvfp4_mm(dyq[s:t], impl.transpose_tiled(w_e))
             dx = dx.to(x.dtype)
         if x_index is not None:  # the gradient of x: each row's gathered copies summed
-            dx = _scatter_gathered(dx, x_index, x_src.shape[0], x_perm)
+            dx = _scatter_gathered(dx, x_index, x_src.shape[0], x_perm=x_perm)
     if needs_w and cuda and rec.wgrad == "nvfp4":  # all experts at once, == the loop below
         from .grouped_wgrad import grouped_wgrad
 

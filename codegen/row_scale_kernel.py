@@ -133,7 +133,7 @@ def row_scale_triton(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def row_scale_backward_triton(
-    grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, block: int = 64, row_mask=None,
+    grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, block: int = 64, row_mask=None, *,
     grad_rows: torch.Tensor | None = None, row_div: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(grad_x in x.dtype, grad_w in w.dtype), bitwise `row_scale.row_scale_backward` (with

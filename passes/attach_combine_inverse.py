@@ -28,19 +28,29 @@ from .report import LoweringReport
 aten = torch.ops.aten
 
 
+def _arange_bounds(node):
+    """(start, end, step) of an arange call, positional or keyword (torch.arange(end),
+    (start, end[, step]), any of them as keywords; ATen's arange / .start / .start_step)."""
+    pos = [a for a in node.args if not isinstance(a, (torch.dtype, torch.device))]
+    kw = node.kwargs
+    if len(pos) == 0:
+        return kw.get("start", 0), kw.get("end"), kw.get("step", 1)
+    if len(pos) == 1 and "end" not in kw:
+        return kw.get("start", 0), pos[0], kw.get("step", 1)
+    if len(pos) == 1:
+        return pos[0], kw["end"], kw.get("step", 1)
+    return pos[0], pos[1], pos[2] if len(pos) > 2 else kw.get("step", 1)
+
+
 def _arange_of(node, length) -> bool:
-    """node is arange(0, S, 1) of an integer dtype with S == length."""
+    """node is arange(0, S, 1) of an integer dtype with S == length: the values 0..S-1."""
     if not _is(node, functions=(torch.arange,), overloads=(aten.arange,)):
         return False
     val = fake(node)
     if val is None or val.dim() != 1 or val.dtype.is_floating_point or val.shape[0] != length:
         return False
-    bounds = [a for a in node.args if not isinstance(a, (torch.dtype, torch.device))]
-    if len(bounds) == 1:
-        return "start" not in node.kwargs and node.kwargs.get("step", 1) == 1
-    start = bounds[0]
-    step = bounds[2] if len(bounds) > 2 else node.kwargs.get("step", 1)
-    return isinstance(start, int) and start == 0 and step == 1
+    start, _, step = _arange_bounds(node)
+    return type(start) is int and start == 0 and type(step) is int and step == 1
 
 
 def _scatter_args(node):

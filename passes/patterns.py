@@ -167,7 +167,7 @@ def sort_permutation(node) -> bool:
         return False
     if node.target is not operator.getitem or node.args[1] != 1 or not _is_sort(node.args[0]):
         return False
-    keys, perm = fake(node.args[0].args[0]), fake(node)
+    keys, perm = fake(arg(node.args[0], 0, "input")), fake(node)
     return keys is not None and perm is not None and keys.dim() == 1 and perm.dim() == 1 and (
         perm.dtype == torch.int64 and perm.shape == keys.shape)  # fmt: skip
 
@@ -213,5 +213,7 @@ def floordiv_of_sort_permutation(node):
     if node.target is not operator.floordiv and node.target is not aten.floor_divide.default:
         if node.kwargs.get("rounding_mode") != "floor":  # aten.div.Tensor_mode
             return None
+    if any(aliases_or_writes(u, node) for u in node.users):
+        return None  # the index itself written or viewed after the division
     perm = node.args[0]
     return (perm, node.args[1]) if unwritten_sort_permutation(perm) else None

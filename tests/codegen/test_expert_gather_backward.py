@@ -44,19 +44,71 @@ def test_kernel_equals_the_sorted_sums(dtype, k, masked):
     grad = torch.randn(tokens * k, cols, generator=torch.Generator().manual_seed(1)) * 4
     grad = grad.to(dtype)
     grad[:, :2] = torch.tensor([-0.0, 0.0])  # the sums start at +0.0: -0.0 + -0.0 stays +0.0
-    want = _scatter_gathered(grad, x_index, tokens)  # the CPU reference: sort, then sums
-    got = expert_gather_backward_triton(grad.to(DEV), x_index.to(DEV), perm.to(DEV), tokens)
+    q_nan = int((x_index >= 0).nonzero()[0])  # a NaN in a slot that is summed: the sum is NaN
+    grad[q_nan, 7] = float("nan")
+    grad, x_index, perm = grad.to(DEV), x_index.to(DEV), perm.to(DEV)
+    # the sorted sums on the same device (CUDA: gather_rows' kernel; CPU: the reference)
+    want = _scatter_gathered(grad, x_index, tokens)
+    got = expert_gather_backward_triton(grad, x_index, perm, tokens)
     assert got.dtype == dtype and got.shape == (tokens, cols)
-    assert_bitwise_equal(got.cpu(), want, f"k={k} masked={masked}")
+    assert torch.equal(got.isnan(), want.isnan())  # NaN payloads are the implementation's
+    assert_bitwise_equal(got.nan_to_num(0.0), want.nan_to_num(0.0), f"k={k} masked={masked}")
     assert not got[:, :2].float().signbit().any()
+    assert got[int(x_index[q_nan]), 7].isnan()  # not -0.0 (a BF16 rounding carry)
 
 
-def test_cpu_path_with_perm_is_the_reference():
-    """On the CPU the op keeps the sorted sums (its reference) and checks perm in full."""
-    perm, x_index = _routing(6, 2, experts=4, masked=True)
-    grad = torch.randn(12, 5)
-    assert_bitwise_equal(_scatter_gathered(grad, x_index, 6, perm),
-                         _scatter_gathered(grad, x_index, 6), "cpu")  # fmt: skip
+def _grouped_case(masked):
+    from fp4_compile import NVFP4Recipe
+    from fp4_compile import reference as ref
+    from fp4_compile.codegen import nvfp4_impl as impl
+
+    g = torch.Generator().manual_seed(0)
+    tokens, k, experts = 6, 2, 4
+    perm, x_index = _routing(tokens, k, experts, masked=masked)
+    ids = torch.stack([torch.randperm(experts, generator=torch.Generator().manual_seed(t))[:k]
+                       for t in range(tokens)]).reshape(-1)  # fmt: skip
+    offsets = torch.bincount(ids, minlength=experts).cumsum(0).to(torch.int32)
+    w = torch.randn(experts, 32, 48, generator=g)
+    wq = ref.quantize_experts(w)
+    h = torch.randn(tokens, 48, generator=g).to(torch.bfloat16)
+    rec = impl.recipe_to_json(NVFP4Recipe.strict())
+    rest = (w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, offsets, None, rec)
+    return h, rest, x_index, perm
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "masked"])
+def test_grouped_op_with_perm_equals_without(masked):
+    """`nvfp4_grouped_mm(..., x_index, x_perm)`: forward and the gradients of x and the weight
+    == the op without x_perm, bitwise (CPU: the reference path; CUDA: the kernels)."""
+    from fp4_compile.sr_stream import set_sr_state
+
+    h, rest, x_index, perm = _grouped_case(masked)
+    ops = torch.ops.fp4_compile
+    h, x_index, perm = h.to(DEV), x_index.to(DEV), perm.to(DEV)
+    rest = tuple(t.to(DEV) if isinstance(t, torch.Tensor) else t for t in rest)
+    w, *others = rest
+
+    def run(*tail):
+        set_sr_state(None)  # the same stochastic-rounding seeds for both
+        h_, w_ = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        y = ops.nvfp4_grouped_mm(h_, w_, *others, None, 0, x_index, *tail)
+        y.backward(torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(y))
+        return y.detach(), h_.grad, w_.grad
+
+    for a, b, what in zip(run(perm), run(), ("forward", "grad h", "grad w")):
+        assert_bitwise_equal(a, b, what)
+    set_sr_state(None)
+
+
+def test_grouped_op_refuses_a_wrong_perm_and_passes_opcheck():
+    h, rest, x_index, perm = _grouped_case(masked=True)
+    ops = torch.ops.fp4_compile
+    with pytest.raises(ValueError, match=r"x_index\[q\] == x_perm\[q\] // k"):
+        ops.nvfp4_grouped_mm(h, *rest, None, 0, x_index, perm.flip(0))
+    with pytest.raises(ValueError, match="x_perm needs x_index"):
+        ops.nvfp4_grouped_mm(h, *rest, None, 0, None, perm)
+    torch.library.opcheck(ops.nvfp4_grouped_mm.default,
+                          (h.requires_grad_(), *rest, None, 0, x_index, perm))  # fmt: skip
 
 
 def test_bad_perm_is_refused():

@@ -266,12 +266,40 @@ def test_row_mask_fold_on_aten_graphs(case):
     assert len(fills) == 2 - expected
 
 
-@pytest.mark.parametrize("case", ["fires", "perm_not_a_sort", "inv_written_again",
-                                  "arange_from_one", "perm_written"])  # fmt: skip
-def test_combine_inverse_only_where_the_graph_proves_it(case):
-    """On an ATen graph (make_fx: `index_put_`, `sort.stable`): the combine gets `idx_inverse`
-    only when its index is `inv[perm] = arange(S)` of a sort's indices with nothing else
-    writing inv or perm before it; the graph's result is the same either way."""
+def _dynamo_graph(f, *tensors):
+    """The Dynamo (torch-level) graph of f: what the backend's passes see under torch.compile."""
+    graphs = []
+
+    def capture(gm, example_inputs, **unused):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(f, backend=capture, fullgraph=True)(*tensors)
+    return graphs[0]
+
+
+_INVERSE_CASES = {  # case: (arange of inv[perm] = ..., attached?)
+    "fires": (lambda: torch.arange(0, 6), True),
+    "end_keyword": (lambda: torch.arange(end=6), True),
+    "start_end_keywords": (lambda: torch.arange(start=0, end=6), True),
+    "start_minus_one": (lambda: torch.arange(-1, end=5), False),  # a rotated permutation
+    "step_keyword": (lambda: torch.arange(0, 6, step=1), True),
+    "reversed": (lambda: torch.arange(5, -1, -1), False),  # a permutation, not perm's inverse
+    "perm_not_a_sort": (lambda: torch.arange(6), False),
+    "inv_written_again": (lambda: torch.arange(6), False),
+    "perm_written": (lambda: torch.arange(6), False),
+    "sort_input_keyword": (lambda: torch.arange(6), True),
+}
+
+
+@pytest.mark.parametrize("tracer", ["aten", "dynamo"])
+@pytest.mark.parametrize("case", list(_INVERSE_CASES))
+def test_combine_inverse_only_where_the_graph_proves_it(case, tracer):
+    """On an ATen graph (make_fx: `index_put_`, `sort.stable`) and on a Dynamo graph (setitem,
+    keyword arguments): the combine gets `idx_inverse` only when its index is
+    `inv[perm] = arange(S)` (start 0, step 1, positional or keyword) of a sort's indices with
+    nothing else writing inv or perm before it; the graph's result is the same either way."""
     from fp4_compile.passes.report import LoweringReport
 
     ops = torch.ops.fp4_compile
@@ -280,26 +308,78 @@ def test_combine_inverse_only_where_the_graph_proves_it(case):
     w = torch.rand(6, 1, generator=g)
     ids = torch.tensor([2, 0, 1, 2, 0, 1])
     given = torch.tensor([3, 1, 0, 5, 4, 2])
+    values, fires = _INVERSE_CASES[case]
 
     def f(x, w, ids, given):
-        perm = given if case == "perm_not_a_sort" else torch.sort(ids, stable=True)[1]
+        ids = ids + 0 * given  # every input read (Dynamo drops unread ones from its graph)
+        if case == "perm_not_a_sort":
+            perm = given
+        elif case == "sort_input_keyword":
+            perm = torch.sort(input=ids, stable=True)[1]
+        else:
+            perm = torch.sort(ids, stable=True)[1]
         inv = torch.empty_like(perm)
-        start = 1 if case == "arange_from_one" else 0
-        inv[perm] = torch.arange(start, start + 6)
+        inv[perm] = values()
         if case == "inv_written_again":
             inv[0] = inv[1]
         if case == "perm_written":
             perm.mul_(1)
-        return ops.moe_combine(x, w, inv % 6, 2) if case == "arange_from_one" else (
-            ops.moe_combine(x, w, inv, 2))  # fmt: skip
+        return ops.moe_combine.default(x, w, inv, 2)  # the overload the fold creates
 
-    gm = _gather_gemm_graph(f, x, w, ids, given)
-    want = gm(x, w, ids, given) if case in ("fires", "perm_not_a_sort") else None
+    gm = (_gather_gemm_graph if tracer == "aten" else _dynamo_graph)(f, x, w, ids, given)
+    named = {"x": x, "w": w, "ids": ids, "given": given}
+    inputs = [
+        named[n.name.removeprefix("l_").removesuffix("_").removesuffix("_1")]
+        for n in gm.graph.nodes
+        if n.op == "placeholder"
+    ]  # Dynamo: in order of first use
+    want = gm(*inputs)
     report = LoweringReport(recipe_fingerprint="test")
     attach_combine_inverse(gm, None, report)
+    gm.recompile()
     combine = next(n for n in gm.graph.nodes if n.target is ops.moe_combine.default)
-    attached = combine.kwargs.get("idx_inverse") is not None
-    assert attached == (case == "fires")
-    assert report.counts.get("combine_inverse_attached", 0) == int(case == "fires")
-    if want is not None:
-        assert_bitwise_equal(gm(x, w, ids, given), want, case)
+    assert (combine.kwargs.get("idx_inverse") is not None) == fires
+    assert report.counts.get("combine_inverse_attached", 0) == int(fires)
+    got = gm(*inputs)  # the forward never reads idx_inverse: the same result
+    got, want = (got[0], want[0]) if isinstance(want, (tuple, list)) else (got, want)
+    assert_bitwise_equal(got, want, case)
+
+
+@pytest.mark.parametrize("case", ["fires", "index_written", "perm_written", "not_a_sort",
+                                  "k_does_not_match"])  # fmt: skip
+def test_expert_gather_perm_only_where_the_graph_proves_it(case):
+    """fold_expert_gathers attaches x_perm only when the gather index is `perm // k` of a sort's
+    indices, k * rows == S, and neither perm nor the index is written or viewed."""
+    from fp4_compile import NVFP4Recipe
+    from fp4_compile import reference as ref
+    from fp4_compile.codegen import nvfp4_impl as impl
+    from fp4_compile.passes.report import LoweringReport
+
+    rec = impl.recipe_to_json(NVFP4Recipe.strict())
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(2, 32, 48, generator=g)
+    wq = ref.quantize_experts(w)
+    ops = torch.ops.fp4_compile
+    rows = 4 if case == "k_does_not_match" else 3
+    h = torch.randn(rows, 48, generator=g).to(torch.bfloat16)
+    ids = torch.tensor([1, 0, 0, 1, 1, 0])
+    given = torch.tensor([1, 2, 5, 0, 3, 4])
+    offsets = torch.tensor([3, 6], dtype=torch.int32)
+
+    def f(h, ids, given, w, codes, scales, gd, offsets):
+        perm = given if case == "not_a_sort" else torch.sort(ids, stable=True)[1]
+        idx = perm // 2
+        if case == "index_written":
+            idx[0] = 1
+        if case == "perm_written":
+            perm.add_(0)
+        x = ops.gather_rows(h, idx)
+        return ops.nvfp4_grouped_mm(x, w, codes, scales, gd, offsets, None, rec)
+
+    args = (h, ids, given, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode,
+            offsets)  # fmt: skip
+    gm = _gather_gemm_graph(f, *args)
+    report = LoweringReport(recipe_fingerprint="test")
+    fold_expert_gathers(gm, NVFP4Recipe.strict(), report)
+    assert report.counts.get("expert_gather_folded", 0) == 1
+    assert report.counts.get("expert_gather_perm_attached", 0) == int(case == "fires")
