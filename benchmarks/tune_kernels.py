@@ -1,7 +1,7 @@
 # ruff: noqa: B023  (each benchmarked closure is timed immediately, inside its own iteration)
 """Offline tuner of the pinned kernel configs (`codegen/configs.py`) on the learner's shapes.
 
-    python -m benchmarks.tune_kernels [--only quantize,wgrad,grouped,dense]
+    python -m benchmarks.tune_kernels [--only quantize,wgrad,grouped,dense,weights,rowscale]
 
 Qwen3-30B-A3B-shaped learner step (4096 tokens, top-8 of 128 experts, ~256 tokens per expert,
 routing drawn at random so the groups are uneven as in training). For every candidate config it
@@ -217,6 +217,44 @@ def weights_section(rows):
             sweep("weights", label, key, WEIGHT_QUANT_CANDIDATES, run, rows, baseline_ms=base_ms)
 
 
+# row_scale's backward (the MoE combine's, reading the slot gradients through the inverse
+# permutation): rows per program and warps; it is a latency-bound block loop at (16, 4).
+ROW_SCALE_LAUNCHES = ((16, 4), (8, 4), (32, 4), (32, 8), (64, 8), (8, 2), (16, 8))
+
+
+def rowscale_section(rows):
+    """row_scale's backward at the learner's combine shape, each launch against the first
+    (pinned) one's bytes; baseline = a device copy of x (the bandwidth it competes with)."""
+    from fp4_compile.codegen import row_scale_kernel as rk
+
+    s, h, k = TOKENS * TOPK, HIDDEN, TOPK
+    x = torch.randn(s, h, device="cuda", dtype=torch.bfloat16)
+    w = torch.rand(s, 1, device="cuda", dtype=torch.float32)
+    grad = torch.randn(TOKENS, h, device="cuda", dtype=torch.bfloat16)
+    inverse = torch.randperm(s, device="cuda")
+    copy_ms = bench(lambda: x.clone())
+    pinned_launch, ref = rk.BACKWARD_LAUNCH, None
+    try:
+        for launch in (pinned_launch, *(c for c in ROW_SCALE_LAUNCHES if c != pinned_launch)):
+            rk.BACKWARD_LAUNCH = launch
+
+            def run():
+                return rk.row_scale_backward_triton(grad, x, w, 64, grad_rows=inverse, row_div=k)
+
+            row = {"section": "rowscale", "case": f"combine backward [{s}, {h}] through the inverse",
+                   "config": {"block_m": launch[0], "block_n": 0, "block_k": 64,
+                              "num_warps": launch[1], "num_stages": 1},
+                   "baseline_ms": copy_ms}  # fmt: skip
+            out = _bytes(run())
+            row["ms"] = bench(run)
+            ref = out if ref is None else ref
+            row["bytes_differ_vs_pinned"] = count_bytes_differ(out, ref)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    finally:
+        rk.BACKWARD_LAUNCH = pinned_launch
+
+
 def wgrad_section(rows):
     import triton
 
@@ -314,7 +352,8 @@ def dense_section(rows):
 
 
 SECTIONS = {"wgrad": wgrad_section, "quantize": quantize_section, "weights": weights_section,
-            "grouped": grouped_section, "dense": dense_section}  # fmt: skip
+            "grouped": grouped_section, "dense": dense_section,
+            "rowscale": rowscale_section}  # fmt: skip
 
 
 def markdown(env, rows) -> str:

@@ -24,6 +24,11 @@ import triton.language as tl
 
 from .runtime import check_kernel_device, compile_options, interpreting, row_mask_bytes
 
+# The backward's (rows per program, warps): speed only, every row's bits are its own
+# (`benchmarks.tune_kernels --only rowscale` times alternatives; at 16 rows / 4 warps the
+# learner's two calls took 0.26 ms for ~540 MB: latency-bound, see docs/learner_performance.md)
+BACKWARD_LAUNCH = (16, 4)
+
 
 @triton.jit
 def _halve(v, BLOCK_R: tl.constexpr, HALF: tl.constexpr):
@@ -168,11 +173,11 @@ def row_scale_backward_triton(
     gw = torch.empty((r,), dtype=torch.float32, device=x.device)
     m = row_mask_bytes(row_mask, r)
     if r:
-        block_r = 16
+        block_r, warps = BACKWARD_LAUNCH
         _row_scale_backward_kernel[(triton.cdiv(r, block_r),)](
             g2, x2, w1, gx, gw, m if m is not None else gw,
             grad_rows.contiguous() if grad_rows is not None else gw, r, h, row_div,
             BLOCK_R=block_r, BLOCK=block, ROW_MASK=m is not None, G_GATHER=grad_rows is not None,
-            **({} if interp else {"num_warps": 4}), **compile_options(x.device),
+            **({} if interp else {"num_warps": warps}), **compile_options(x.device),
         )  # fmt: skip
     return gx.to(x.dtype).reshape(x.shape), gw.to(w.dtype).reshape(w.shape)
