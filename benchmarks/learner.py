@@ -49,14 +49,6 @@ def measure(label, model, compiled, ids, tokens, *, profile=False):
     return row
 
 
-def _merged_counts(reports) -> dict:
-    counts: dict = {}
-    for report in reports:
-        for key, n in report.counts.items():
-            counts[key] = counts.get(key, 0) + n
-    return counts
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=2)
@@ -113,7 +105,10 @@ def main() -> None:
             rows.append(measure(label, model, compiled, ids, tokens, profile=args.profile))
             rows[-1]["mode"] = mode
             if sink:
-                rows[-1]["lowering_counts"] = _merged_counts(sink)
+                merged = sink[0]
+                for report in sink[1:]:
+                    merged.merge(report)
+                rows[-1]["lowering_counts"] = merged.counts
             if mode == "cuda graphs":  # Inductor skips a graph it cannot capture (a warning)
                 rows[-1]["cudagraph_skips"] = counters["cudagraph_skips"] - skips_before
             if backend == "minite" and options["recipe"].quantize:

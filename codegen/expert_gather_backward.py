@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .group_sum_kernel import _round_bf16_keep_nan
+from .gather_rows_kernel import store_row_sums
 from .runtime import check_kernel_device, compile_options, interpreting
 
 BLOCK_T, BLOCK_C, BLOCK_S = 8, 256, 1024
@@ -61,10 +61,7 @@ def _slot_rows_sum_kernel(g_ptr, inv_ptr, xi_ptr, out_ptr, T, C, S, TOP_K: tl.co
         m = take[:, None] & cmask[None, :]
         g = tl.load(g_ptr + q[:, None] * C + cols[None, :], mask=m, other=0.0).to(tl.float32)
         acc = tl.where(take[:, None], acc + g, acc)
-    if BF16:  # ties to even with integer ops (the interpreter's bf16 cast truncates); a NaN
-        acc = _round_bf16_keep_nan(acc)  # stays NaN (CUDA's 0x7FFFFFFF would carry into -0.0)
-    out = tok.to(tl.int64)[:, None] * C + cols[None, :]
-    tl.store(out_ptr + out, acc.to(out_ptr.dtype.element_ty), mask=tlive[:, None] & cmask[None, :])
+    store_row_sums(out_ptr, acc, tok, cols, tlive, cmask, C, BF16)
 
 
 def check_perm_precondition(x_index: torch.Tensor, perm: torch.Tensor, rows: int, *,

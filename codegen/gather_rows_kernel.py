@@ -23,6 +23,17 @@ BLOCK_R, BLOCK_C = 4, 512
 
 
 @triton.jit
+def store_row_sums(out_ptr, acc, rows, cols, rlive, cmask, C, BF16: tl.constexpr):
+    """Store FP32 sums acc [rows, cols] of an [R, C] output in its dtype: BF16 rounded to
+    nearest even with integer ops (the interpreter's bf16 cast truncates), a NaN kept NaN
+    (CUDA's 0x7FFFFFFF would carry into -0.0)."""
+    if BF16:
+        acc = _round_bf16_keep_nan(acc)
+    out = rows.to(tl.int64)[:, None] * C + cols[None, :]
+    tl.store(out_ptr + out, acc.to(out_ptr.dtype.element_ty), mask=rlive[:, None] & cmask[None, :])
+
+
+@triton.jit
 def _gather_rows_backward_kernel(g_ptr, order_ptr, start_ptr, count_ptr, out_ptr, R, C, ROW_DIV,
                                  BF16: tl.constexpr, BLOCK_R: tl.constexpr,
                                  BLOCK_C: tl.constexpr):  # fmt: skip
@@ -44,10 +55,7 @@ def _gather_rows_backward_kernel(g_ptr, order_ptr, start_ptr, count_ptr, out_ptr
         g_row = (p // ROW_DIV).to(tl.int64)
         g = tl.load(g_ptr + g_row[:, None] * C + cols[None, :], mask=m, other=0.0).to(tl.float32)
         acc = tl.where(live[:, None], acc + g, acc)
-    if BF16:  # ties to even with integer ops (the interpreter's bf16 cast truncates); a NaN
-        acc = _round_bf16_keep_nan(acc)  # stays NaN (CUDA's 0x7FFFFFFF would carry into -0.0)
-    out = rows.to(tl.int64)[:, None] * C + cols[None, :]
-    tl.store(out_ptr + out, acc.to(out_ptr.dtype.element_ty), mask=rlive[:, None] & cmask[None, :])
+    store_row_sums(out_ptr, acc, rows, cols, rlive, cmask, C, BF16)
 
 
 def gather_rows_backward_triton(grad: torch.Tensor, idx: torch.Tensor, num_rows: int,
