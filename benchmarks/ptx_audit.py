@@ -192,7 +192,26 @@ def learner_cases() -> list[KernelCase]:
             dense.num_warps, dense.num_stages,
         )
     )  # fmt: skip
-    cases += _attention_cases() + _quantize_cases() + _layout_cases()
+    cases += _attention_cases() + _quantize_cases() + _layout_cases() + _row_scale_cases()
+    return cases
+
+
+def _row_scale_cases() -> list[KernelCase]:
+    """row_scale's backward at the top-k combine (8 x 4096 rows of 2048, grad rows through the
+    inverse permutation), at the pinned launch and at 4 blocks of 64 columns per loop step."""
+    from fp4_compile.codegen import row_scale_kernel as rk
+
+    args = {"g_ptr": ("*bf16", 0), "x_ptr": ("*bf16", 0), "w_ptr": ("*fp32", 0),
+            "gx_ptr": ("*bf16", 0), "gw_ptr": ("*fp32", 0), "m_ptr": ("*u8", 0),
+            "gi_ptr": ("*i64", 0), "R": ("i32", 32768), "H": ("i32", 2048),
+            "row_div": ("i32", 8)}  # fmt: skip
+    cases = []
+    for block_r, warps, most in {rk.BACKWARD_LAUNCH, (16, 4, 4)}:
+        nb = rk.blocks_per_step(2048, most)
+        flags = {"BLOCK_R": block_r, "BLOCK": 64, "NB": nb, "ROW_MASK": False, "G_GATHER": True}
+        cases.append(KernelCase(f"row_scale backward ({block_r} rows, {warps} warps, {nb} "
+                                f"blocks per step)", rk._row_scale_backward_kernel, args, flags,
+                                warps, 1))  # fmt: skip
     return cases
 
 

@@ -1,7 +1,7 @@
 # ruff: noqa: B023  (each benchmarked closure is timed immediately, inside its own iteration)
 """Offline tuner of the pinned kernel configs (`codegen/configs.py`) on the learner's shapes.
 
-    python -m benchmarks.tune_kernels [--only quantize,wgrad,grouped,dense,weights,rowscale]
+    python -m benchmarks.tune_kernels [--only quantize,wgrad,grouped,dense,weights,rowscale,narrow]
 
 Qwen3-30B-A3B-shaped learner step (4096 tokens, top-8 of 128 experts, ~256 tokens per expert,
 routing drawn at random so the groups are uneven as in training). For every candidate config it
@@ -219,7 +219,9 @@ def weights_section(rows):
 
 # row_scale's backward (the MoE combine's, reading the slot gradients through the inverse
 # permutation): rows per program and warps; it is a latency-bound block loop at (16, 4).
-ROW_SCALE_LAUNCHES = ((16, 4), (8, 4), (32, 4), (32, 8), (64, 8), (8, 2), (16, 8))
+# row_scale's backward: (rows per program, warps, 64-column blocks per loop step)
+ROW_SCALE_LAUNCHES = ((16, 4, 1), (16, 4, 2), (16, 4, 4), (8, 4, 4), (8, 4, 8), (16, 8, 4),
+                      (32, 8, 2), (32, 8, 4), (8, 2, 4), (4, 4, 8), (32, 4, 1))  # fmt: skip
 
 
 def rowscale_section(rows):
@@ -242,7 +244,7 @@ def rowscale_section(rows):
                 return rk.row_scale_backward_triton(grad, x, w, 64, grad_rows=inverse, row_div=k)
 
             row = {"section": "rowscale", "case": f"combine backward [{s}, {h}] through the inverse",
-                   "config": {"block_m": launch[0], "block_n": 0, "block_k": 64,
+                   "config": {"block_m": launch[0], "block_n": 0, "block_k": 64 * launch[2],
                               "num_warps": launch[1], "num_stages": 1},
                    "baseline_ms": copy_ms}  # fmt: skip
             out = _bytes(run())
@@ -351,9 +353,39 @@ def dense_section(rows):
               baseline_ms=base)  # fmt: skip
 
 
+def narrow_section(rows):
+    """The k / v projections (N = 512 = 4 KV heads x 128): at the pinned 128x256 tiles their
+    forward launches 64 programs and their wgrad [512, 2048] over 4096 tokens 32, on 132 SMs.
+    Forward (on-grid weight), dgrad (W^T view) and wgrad, each against torch.mm BF16."""
+    from fp4_compile.codegen import nvfp4_impl as impl
+    from fp4_compile.codegen.nvfp4_gemm import launch_gemm
+    from fp4_compile.codegen.quantize_kernel import quantize_triton
+
+    n, k = 512, HIDDEN
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(TOKENS, n, device="cuda", dtype=torch.bfloat16)
+    wq = quantize_triton(w, block="16x16", global_scale="per_tensor")
+    w_og, gd_w = wq.on_grid(torch.bfloat16), wq.global_decode
+    a, gd_a = quantize_triton(x, global_scale="per_row", out="ongrid")
+    d, gd_d = quantize_triton(dy, global_scale="per_tensor", out="ongrid")
+    key = ("sm_90", "bf16", "nvfp4_gemm_ongrid")
+    sweep("narrow forward", f"k/v proj [{TOKENS}, {k}] x [{n}, {k}]^T on-grid", key,
+          GEMM_CANDIDATES, lambda: launch_gemm(a, gd_a, w_og, gd_w, out_dtype=torch.bfloat16),
+          rows, baseline_ms=bench(lambda: torch.mm(x, w.t())))  # fmt: skip
+    sweep("narrow dgrad", f"k/v proj dY [{TOKENS}, {n}] x W [{n}, {k}]", key, GEMM_CANDIDATES,
+          lambda: launch_gemm(d, gd_d, w_og.t(), gd_w, out_dtype=torch.bfloat16), rows,
+          baseline_ms=bench(lambda: torch.mm(dy, w)))  # fmt: skip
+    recipe = NVFP4Recipe.strict()
+    sweep("narrow wgrad", f"k/v proj dW [{n}, {k}] over {TOKENS} tokens",
+          ("sm_90", "bf16", "nvfp4_wgrad"), GEMM_CANDIDATES + WGRAD_CANDIDATES[:1],
+          lambda: impl.cuda_wgrad(dy, x, recipe, 1234, out_dtype=torch.bfloat16), rows,
+          baseline_ms=bench(lambda: torch.mm(dy.t(), x)))  # fmt: skip
+
+
 SECTIONS = {"wgrad": wgrad_section, "quantize": quantize_section, "weights": weights_section,
             "grouped": grouped_section, "dense": dense_section,
-            "rowscale": rowscale_section}  # fmt: skip
+            "rowscale": rowscale_section, "narrow": narrow_section}  # fmt: skip
 
 
 def markdown(env, rows) -> str:

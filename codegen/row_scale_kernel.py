@@ -24,10 +24,12 @@ import triton.language as tl
 
 from .runtime import check_kernel_device, compile_options, interpreting, row_mask_bytes
 
-# The backward's (rows per program, warps): speed only, every row's bits are its own
-# (`benchmarks.tune_kernels --only rowscale` times alternatives; at 16 rows / 4 warps the
-# learner's two calls took 0.26 ms for ~540 MB: latency-bound, see docs/learner_performance.md)
-BACKWARD_LAUNCH = (16, 4)
+# The backward's (rows per program, warps, 64-column blocks per loop step): speed only, every
+# row's bits are its own (`benchmarks.tune_kernels --only rowscale` times alternatives; at 16
+# rows / 4 warps / 1 block the learner's two calls took 0.26 ms for ~540 MB: latency-bound, see
+# docs/learner_performance.md). Blocks per step: at most this many, fewer where H is not a
+# multiple of their width (`blocks_per_step`): a step never holds a block wholly past H.
+BACKWARD_LAUNCH = (16, 4, 1)
 
 
 @triton.jit
@@ -38,16 +40,79 @@ def _halve(v, BLOCK_R: tl.constexpr, HALF: tl.constexpr):
 
 
 @triton.jit
+def _tree64(p, ROWS: tl.constexpr):
+    """[ROWS, 64] -> [ROWS]: the pairwise tree of each row's 64 values (module docstring)."""
+    p = _halve(p, ROWS, 32)
+    p = _halve(p, ROWS, 16)
+    p = _halve(p, ROWS, 8)
+    p = _halve(p, ROWS, 4)
+    p = _halve(p, ROWS, 2)
+    p = _halve(p, ROWS, 1)
+    return tl.reshape(p, (ROWS,))
+
+
+@triton.jit
+def _column2(s, J: tl.constexpr):
+    """s[:, J] of s [R, 2], exactly (`tl.split`: no arithmetic, a -0.0 or NaN kept)."""
+    a, b = tl.split(s)
+    if J == 0:
+        return a
+    else:
+        return b
+
+
+@triton.jit
+def _column4(s, J: tl.constexpr, BLOCK_R: tl.constexpr):
+    even, odd = tl.split(tl.reshape(s, (BLOCK_R, 2, 2)))  # s[:, 0::2], s[:, 1::2]
+    if J % 2 == 0:
+        return _column2(even, J // 2)
+    else:
+        return _column2(odd, J // 2)
+
+
+@triton.jit
+def _column8(s, J: tl.constexpr, BLOCK_R: tl.constexpr):
+    even, odd = tl.split(tl.reshape(s, (BLOCK_R, 4, 2)))
+    if J % 2 == 0:
+        return _column4(even, J // 2, BLOCK_R)
+    else:
+        return _column4(odd, J // 2, BLOCK_R)
+
+
+@triton.jit
+def _column(s, J: tl.constexpr, BLOCK_R: tl.constexpr, NB: tl.constexpr):
+    """s[:, J] of the block sums s [BLOCK_R, NB] (NB in 1, 2, 4, 8), without arithmetic."""
+    if NB == 1:
+        return tl.reshape(s, (BLOCK_R,))
+    elif NB == 2:
+        return _column2(s, J)
+    elif NB == 4:
+        return _column4(s, J, BLOCK_R)
+    else:
+        tl.static_assert(NB == 8, "1, 2, 4 or 8 blocks per step")
+        return _column8(s, J, BLOCK_R)
+
+
+@triton.jit
+def _add_block_sums(acc, s, START: tl.constexpr, BLOCK_R: tl.constexpr, NB: tl.constexpr):
+    """acc + s[:, START] + s[:, START + 1] + ... + s[:, NB - 1]: one FP32 add each, in block
+    order (the order of the one-block-per-step loop)."""
+    for j in tl.static_range(START, NB):
+        acc = acc + _column(s, j, BLOCK_R, NB)
+    return acc
+
+
+@triton.jit
 def _row_scale_backward_block(
     g_ptr, x_ptr, gx_ptr, w, r64, g64, rmask, keep, h0, H,
-    BLOCK_R: tl.constexpr, BLOCK: tl.constexpr, ROW_MASK: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, ROW_MASK: tl.constexpr,
     G_GATHER: tl.constexpr,
 ):  # fmt: skip
-    """Store grad_x for columns [h0, h0 + BLOCK) and return the block's tree sum of grad * x
-    (ROW_MASK: rows where `keep` is false read x as +0.0 and store a +0.0 grad_x). grad's
-    row of row r is g64[r] (G_GATHER: read as the one-term FP32 sum `gather_rows`' backward
-    makes of it, +0.0 + g, so a -0.0 reads as +0.0) or r."""
-    cols = h0 + tl.arange(0, BLOCK)
+    """Store grad_x for columns [h0, h0 + NB * BLOCK) and return the tree sums of grad * x of
+    those NB blocks, [BLOCK_R, NB] (ROW_MASK: rows where `keep` is false read x as +0.0 and
+    store a +0.0 grad_x). grad's row of row r is g64[r] (G_GATHER: read as the one-term FP32
+    sum `gather_rows`' backward makes of it, +0.0 + g, so a -0.0 reads as +0.0) or r."""
+    cols = h0 + tl.arange(0, NB * BLOCK)
     mask = rmask[:, None] & (cols < H)[None, :]
     offs = r64[:, None] * H + cols[None, :]
     if G_GATHER:
@@ -63,26 +128,24 @@ def _row_scale_backward_block(
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         gx = g * w[:, None]
     tl.store(gx_ptr + offs, gx.to(gx_ptr.dtype.element_ty), mask=mask)
-    p = g * x
-    p = _halve(p, BLOCK_R, 32)
-    p = _halve(p, BLOCK_R, 16)
-    p = _halve(p, BLOCK_R, 8)
-    p = _halve(p, BLOCK_R, 4)
-    p = _halve(p, BLOCK_R, 2)
-    p = _halve(p, BLOCK_R, 1)
-    return tl.reshape(p, (BLOCK_R,))
+    # row r's block b is row r * NB + b of the [BLOCK_R * NB, 64] view
+    p = tl.reshape(g * x, (BLOCK_R * NB, BLOCK))
+    return tl.reshape(_tree64(p, BLOCK_R * NB), (BLOCK_R, NB))
 
 
 @triton.jit
 def _row_scale_backward_kernel(
     g_ptr, x_ptr, w_ptr, gx_ptr, gw_ptr, m_ptr, gi_ptr, R, H, row_div,
-    BLOCK_R: tl.constexpr, BLOCK: tl.constexpr, ROW_MASK: tl.constexpr = False,
-    G_GATHER: tl.constexpr = False,
+    BLOCK_R: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr = 1,
+    ROW_MASK: tl.constexpr = False, G_GATHER: tl.constexpr = False,
 ):  # fmt: skip
     # ROW_MASK: the backward of row_scale(x.masked_fill(m, 0), w) through the masked_fill: rows
     # with m[r] != 0 read x as zeros, and their grad_x is +0.0 (masked_fill's backward).
     # G_GATHER: row r's gradient is grad[gi[r] // row_div] (`moe_combine`'s backward through a
-    # known inverse permutation: the slot sums' one term each, read in place)
+    # known inverse permutation: the slot sums' one term each, read in place).
+    # NB: 64-column blocks per loop step, more bytes in flight per step (H is a multiple of
+    # NB * 64 when NB > 1: a block wholly past H would add a +0.0 sum the reference does not
+    # have, turning a -0.0 accumulator positive); the block sums are added in block order.
     tl.static_assert(BLOCK == 64, "the tree below is written for blocks of 64")
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -97,13 +160,15 @@ def _row_scale_backward_kernel(
         keep = tl.load(m_ptr + rows, mask=rmask, other=1) == 0
     # the first block's sum starts the accumulator (no identity constant: a -0.0 literal came
     # out as +0.0 on the H200, turning a sum of negative zeros positive)
-    acc = _row_scale_backward_block(g_ptr, x_ptr, gx_ptr, w, r64, g64, rmask, keep, 0, H,
-                                    BLOCK_R, BLOCK, ROW_MASK, G_GATHER)  # fmt: skip
+    sums = _row_scale_backward_block(g_ptr, x_ptr, gx_ptr, w, r64, g64, rmask, keep, 0, H,
+                                     BLOCK_R, BLOCK, NB, ROW_MASK, G_GATHER)  # fmt: skip
+    acc = _add_block_sums(_column(sums, 0, BLOCK_R, NB), sums, 1, BLOCK_R, NB)
     # a plain loop: as a cp.async software pipeline (tl.range num_stages=3) this kernel took
     # 1.10 ms instead of 0.26 ms for the learner's two calls on the H200 (83327b7)
-    for h0 in range(BLOCK, H, BLOCK):
-        acc = acc + _row_scale_backward_block(g_ptr, x_ptr, gx_ptr, w, r64, g64, rmask, keep, h0,
-                                              H, BLOCK_R, BLOCK, ROW_MASK, G_GATHER)  # fmt: skip
+    for h0 in range(NB * BLOCK, H, NB * BLOCK):
+        sums = _row_scale_backward_block(g_ptr, x_ptr, gx_ptr, w, r64, g64, rmask, keep, h0,
+                                         H, BLOCK_R, BLOCK, NB, ROW_MASK, G_GATHER)  # fmt: skip
+        acc = _add_block_sums(acc, sums, 0, BLOCK_R, NB)
     tl.store(gw_ptr + rows, acc, mask=rmask)
 
 
@@ -135,6 +200,17 @@ def row_scale_triton(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
                                 **({} if interp else {"num_warps": 4}),
                                 **compile_options(x.device))  # fmt: skip
     return y.to(out_dtype).reshape(x.shape)
+
+
+def blocks_per_step(h: int, most: int) -> int:
+    """The 64-column blocks the backward takes per loop step for rows of h columns: the largest
+    power of two <= `most` (1, 2, 4 or 8) whose width divides h (1 where h % 128 != 0)."""
+    if most not in (1, 2, 4, 8):
+        raise ValueError(f"blocks per step must be 1, 2, 4 or 8, got {most!r}")
+    nb = most
+    while nb > 1 and h % (64 * nb):
+        nb //= 2
+    return nb
 
 
 def row_scale_backward_triton(
@@ -173,11 +249,12 @@ def row_scale_backward_triton(
     gw = torch.empty((r,), dtype=torch.float32, device=x.device)
     m = row_mask_bytes(row_mask, r)
     if r:
-        block_r, warps = BACKWARD_LAUNCH
+        block_r, warps, most_blocks = BACKWARD_LAUNCH
         _row_scale_backward_kernel[(triton.cdiv(r, block_r),)](
             g2, x2, w1, gx, gw, m if m is not None else gw,
             grad_rows.contiguous() if grad_rows is not None else gw, r, h, row_div,
-            BLOCK_R=block_r, BLOCK=block, ROW_MASK=m is not None, G_GATHER=grad_rows is not None,
+            BLOCK_R=block_r, BLOCK=block, NB=blocks_per_step(h, most_blocks),
+            ROW_MASK=m is not None, G_GATHER=grad_rows is not None,
             **({} if interp else {"num_warps": warps}), **compile_options(x.device),
         )  # fmt: skip
     return gx.to(x.dtype).reshape(x.shape), gw.to(w.dtype).reshape(w.shape)

@@ -102,3 +102,49 @@ def test_forward_kernel_equals_the_multiply(dtype, wdtype):
     want = x.to(dev) * w.to(dev)
     assert got.dtype == want.dtype
     assert_bitwise_equal(got, want, "x * w")
+
+
+@pytest.mark.parametrize(
+    "most,rows,h", [(2, 5, 256), (4, 17, 512), (8, 3, 1024), (8, 4, 384), (4, 6, 200)]
+)
+@pytest.mark.parametrize("variant", ["plain", "row-mask", "grad-rows"])
+def test_backward_blocks_per_step_keep_the_bits(monkeypatch, most, rows, h, variant):
+    """Several 64-column blocks per loop step (`BACKWARD_LAUNCH[2]`, more bytes in flight) give
+    the one-block kernel's bits, grad_x and grad_w: the block sums are still added one by one
+    in block order (all -0.0 rows keep their sign). H = 384 with 8 per step takes 2 (the
+    widest width dividing H), H = 200 takes 1."""
+    from fp4_compile.codegen import row_scale_kernel as rk
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(rows * h + most)
+    x = (torch.randn(rows, h, generator=g) * torch.logspace(-4, 4, h)).to(torch.bfloat16)
+    grad = torch.randn(rows, h, generator=g).to(torch.bfloat16)
+    grad[1] = -grad[1].abs()
+    x[1] = x[1].abs()
+    x[1, : h // 2] = 0.0
+    grad[2], x[2] = -0.0, 1.0
+    w = torch.rand(rows, 1, generator=g)
+    kw = {}
+    if variant == "row-mask":
+        kw = {"row_mask": torch.arange(rows) % 3 == 1}
+    args = [grad, x, w, 64]
+    if variant == "grad-rows":  # rows read grad[perm[r] // 1]
+        kw = {"grad_rows": torch.randperm(rows, generator=g), "row_div": 1}
+    args = [a.to(dev) if isinstance(a, torch.Tensor) else a for a in args]
+    kw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    monkeypatch.setattr(rk, "BACKWARD_LAUNCH", (16, 4, 1))
+    want = rk.row_scale_backward_triton(*args, **kw)
+    monkeypatch.setattr(rk, "BACKWARD_LAUNCH", (16, 4, most))
+    got = rk.row_scale_backward_triton(*args, **kw)
+    assert_bitwise_equal(got[0], want[0], "grad x")
+    assert_bitwise_equal(got[1], want[1], "grad w")
+    assert rk.blocks_per_step(h, most) == {384: 2, 200: 1}.get(h, most)
+    if variant == "plain" and h % 64 == 0:  # (padding adds +0.0 otherwise)
+        assert bool(torch.signbit(want[1][2]).all()), "the all -0.0 row is a case covered"
+
+
+def test_blocks_per_step_refuses_other_counts():
+    from fp4_compile.codegen.row_scale_kernel import blocks_per_step
+
+    with pytest.raises(ValueError, match="blocks per step must be 1, 2, 4 or 8"):
+        blocks_per_step(2048, 3)
