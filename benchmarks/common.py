@@ -100,6 +100,7 @@ def profile_call(fn, wall_ms: float, top: int = 20) -> dict:
         fn()
         torch.cuda.synchronize()
     events = prof.key_averages()
+    launches = kernel_launches(prof)
 
     def dev_us(e):
         return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
@@ -156,7 +157,41 @@ def profile_call(fn, wall_ms: float, top: int = 20) -> dict:
             {"name": e.key[:90], "cpu_total_ms": e.cpu_time_total / 1e3, "calls": e.count}
             for e in by_cpu
         ],
+        # each launch of the Triton kernels by its grid (the same kernel at different shapes)
+        "kernels_by_grid": kernels_by_grid(launches),
     }
+
+
+def kernel_launches(prof) -> list[dict]:
+    """Every kernel of a profile in launch order: {name, grid, us} (the grid from the trace's
+    kernel events; empty where the profiler did not record it)."""
+    import json
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.loads(Path(f.name).read_text())
+    out = []
+    for ev in trace.get("traceEvents", []):
+        if ev.get("cat") == "kernel" and "dur" in ev:
+            grid = ev.get("args", {}).get("grid", [])
+            out.append({"name": ev.get("name", "")[:120], "grid": list(grid), "ts": ev.get("ts", 0),
+                        "us": float(ev["dur"])})  # fmt: skip
+    out.sort(key=lambda e: e["ts"])
+    return out
+
+
+def kernels_by_grid(launches: list[dict], prefix: str = "_") -> list[dict]:
+    """Launches of the kernels whose name starts with `prefix` (minite's Triton kernels), summed
+    by (name, grid): which shape of a kernel takes the time. Largest first."""
+    acc: dict[tuple, list[float]] = {}
+    for e in launches:
+        if e["name"].startswith(prefix):
+            a = acc.setdefault((e["name"], tuple(e["grid"])), [0.0, 0])
+            a[0] += e["us"]
+            a[1] += 1
+    rows = [{"name": k[0], "grid": list(k[1]), "us": v[0], "calls": v[1]} for k, v in acc.items()]
+    return sorted(rows, key=lambda r: -r["us"])
 
 
 _KERNEL_CLASSES = (  # (class, substrings of kernel names), first match wins
@@ -207,6 +242,13 @@ def profile_markdown(label: str, prof: dict, what: str) -> list[str]:
             f"| `{k['name']}` | {k['gpu_ms']:.2f} | {k['calls']} |"
             for k in prof.get("gpu_by_minite_op", [])
         ],  # fmt: skip
+        "",
+        "| Triton kernel by grid | grid | us | calls |",
+        "| --- | --- | --- | --- |",
+        *[
+            f"| `{k['name']}` | {k['grid']} | {k['us']:.1f} | {k['calls']} |"
+            for k in prof.get("kernels_by_grid", [])[:40]
+        ],
         "",
         "| operator (CPU time incl. children) | ms | calls |",
         "| --- | --- | --- |",

@@ -50,9 +50,13 @@ def measure(label, model, compiled, ids, tokens, *, profile=False):
     """-> (the row, the step function: kept for the paired rounds)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=torch.cuda.is_available())
     torch.cuda.reset_peak_memory_stats()
+    # what other configs kept alive (--rounds) hold is not this config's: counted from here
+    held = torch.cuda.memory_allocated() - sum(
+        p.numel() * p.element_size() for p in model.parameters()
+    )
     step = _step_fn(compiled, ids, opt)
     ms = cuda_time_ms(step, warmup=2, iters=5)
-    peak = torch.cuda.max_memory_allocated() / 2**30
+    peak = (torch.cuda.max_memory_allocated() - held) / 2**30
     row = {"label": label, "step_ms": ms, "tokens_per_s": tokens / (ms / 1e3), "peak_gib": peak}
     if profile:
         row["profile"] = profile_call(step, ms)

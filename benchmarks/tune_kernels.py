@@ -353,34 +353,56 @@ def dense_section(rows):
               baseline_ms=base)  # fmt: skip
 
 
+def graph_bench(fn) -> float:
+    """ms of one call of fn replayed from a CUDA graph (`do_bench_cudagraph` median): no host
+    time. A GEMM of ~30 us launched through `launch_gemm`'s Python takes about as long on the
+    host, and `do_bench` then times the host (its narrow rows of b168d97 swung 0.03-0.11 ms)."""
+    import triton.testing
+
+    fn()
+    torch.cuda.synchronize()
+    return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
+
+
 def narrow_section(rows):
     """The k / v projections (N = 512 = 4 KV heads x 128): at the pinned 128x256 tiles their
     forward launches 64 programs and their wgrad [512, 2048] over 4096 tokens 32, on 132 SMs.
-    Forward (on-grid weight), dgrad (W^T view) and wgrad, each against torch.mm BF16."""
+    Forward (on-grid weight), dgrad (W^T view) and the wgrad's GEMM on its quantized operands,
+    each against torch.mm BF16; all timed from CUDA graphs (`graph_bench`). The q / o shapes
+    (N = 4096 / 2048) too: the on-grid table was tuned on the MoE shapes only."""
     from fp4_compile.codegen import nvfp4_impl as impl
     from fp4_compile.codegen.nvfp4_gemm import launch_gemm
     from fp4_compile.codegen.quantize_kernel import quantize_triton
 
-    n, k = 512, HIDDEN
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn(TOKENS, n, device="cuda", dtype=torch.bfloat16)
-    wq = quantize_triton(w, block="16x16", global_scale="per_tensor")
-    w_og, gd_w = wq.on_grid(torch.bfloat16), wq.global_decode
-    a, gd_a = quantize_triton(x, global_scale="per_row", out="ongrid")
-    d, gd_d = quantize_triton(dy, global_scale="per_tensor", out="ongrid")
-    key = ("sm_90", "bf16", "nvfp4_gemm_ongrid")
-    sweep("narrow forward", f"k/v proj [{TOKENS}, {k}] x [{n}, {k}]^T on-grid", key,
-          GEMM_CANDIDATES, lambda: launch_gemm(a, gd_a, w_og, gd_w, out_dtype=torch.bfloat16),
-          rows, baseline_ms=bench(lambda: torch.mm(x, w.t())))  # fmt: skip
-    sweep("narrow dgrad", f"k/v proj dY [{TOKENS}, {n}] x W [{n}, {k}]", key, GEMM_CANDIDATES,
-          lambda: launch_gemm(d, gd_d, w_og.t(), gd_w, out_dtype=torch.bfloat16), rows,
-          baseline_ms=bench(lambda: torch.mm(dy, w)))  # fmt: skip
-    recipe = NVFP4Recipe.strict()
-    sweep("narrow wgrad", f"k/v proj dW [{n}, {k}] over {TOKENS} tokens",
-          ("sm_90", "bf16", "nvfp4_wgrad"), GEMM_CANDIDATES + WGRAD_CANDIDATES[:1],
-          lambda: impl.cuda_wgrad(dy, x, recipe, 1234, out_dtype=torch.bfloat16), rows,
-          baseline_ms=bench(lambda: torch.mm(dy.t(), x)))  # fmt: skip
+    global bench
+    saved, bench = bench, graph_bench
+    try:
+        ongrid, wgrad = ("sm_90", "bf16", "nvfp4_gemm_ongrid"), ("sm_90", "bf16", "nvfp4_wgrad")
+        for name, n, k in (("k/v", 512, HIDDEN), ("q", 4096, HIDDEN), ("o", HIDDEN, 4096)):
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16)
+            dy = torch.randn(TOKENS, n, device="cuda", dtype=torch.bfloat16)
+            wq = quantize_triton(w, block="16x16", global_scale="per_tensor")
+            w_og, gd_w = wq.on_grid(torch.bfloat16), wq.global_decode
+            a, gd_a = quantize_triton(x, global_scale="per_row", out="ongrid")
+            d, gd_d = quantize_triton(dy, global_scale="per_tensor", out="ongrid")
+            dt, gd_dt = impl.quantize_transposed_ongrid(dy, global_scale="per_tensor")
+            xt, gd_xt = impl.quantize_transposed_ongrid(x, global_scale="per_tensor")
+            sweep("dense forward", f"{name} proj [{TOKENS}, {k}] x [{n}, {k}]^T on-grid", ongrid,
+                  GEMM_CANDIDATES, lambda: launch_gemm(a, gd_a, w_og, gd_w,
+                                                       out_dtype=torch.bfloat16),
+                  rows, baseline_ms=bench(lambda: torch.mm(x, w.t())))  # fmt: skip
+            sweep("dense dgrad", f"{name} proj dY [{TOKENS}, {n}] x W [{n}, {k}]", ongrid,
+                  GEMM_CANDIDATES, lambda: launch_gemm(d, gd_d, w_og.t(), gd_w,
+                                                       out_dtype=torch.bfloat16),
+                  rows, baseline_ms=bench(lambda: torch.mm(dy, w)))  # fmt: skip
+            sweep("dense wgrad", f"{name} proj dW [{n}, {k}] over {TOKENS} tokens (GEMM)", wgrad,
+                  GEMM_CANDIDATES + WGRAD_CANDIDATES[:1],
+                  lambda: launch_gemm(dt, gd_dt, xt, gd_xt, out_dtype=torch.bfloat16,
+                                      config_op="nvfp4_wgrad"),
+                  rows, baseline_ms=bench(lambda: torch.mm(dy.t(), x)))  # fmt: skip
+    finally:
+        bench = saved
 
 
 SECTIONS = {"wgrad": wgrad_section, "quantize": quantize_section, "weights": weights_section,

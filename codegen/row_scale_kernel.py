@@ -25,11 +25,13 @@ import triton.language as tl
 from .runtime import check_kernel_device, compile_options, interpreting, row_mask_bytes
 
 # The backward's (rows per program, warps, 64-column blocks per loop step): speed only, every
-# row's bits are its own (`benchmarks.tune_kernels --only rowscale` times alternatives; at 16
-# rows / 4 warps / 1 block the learner's two calls took 0.26 ms for ~540 MB: latency-bound, see
-# docs/learner_performance.md). Blocks per step: at most this many, fewer where H is not a
-# multiple of their width (`blocks_per_step`): a step never holds a block wholly past H.
-BACKWARD_LAUNCH = (16, 4, 1)
+# row's bits are its own. H200, the combine's [32768, 2048] through the inverse, same run, 0
+# bytes differ (`benchmarks/results/2026-12-04_tune_kernels_rowscale_b168d97.md`): 16 rows /
+# 4 warps / 1 block 0.137 ms (in the learner 0.131 ms a call: latency-bound), 16 / 4 / 4
+# 0.097, 8 / 2 / 4 0.0945 (a copy of x: 0.068). Blocks per step: at most this many, fewer
+# where H is not a multiple of their width (`blocks_per_step`): a step never holds a block
+# wholly past H.
+BACKWARD_LAUNCH = (8, 2, 4)
 
 
 @triton.jit
