@@ -96,13 +96,16 @@ DEEP_CANDIDATES = (
 
 @contextlib.contextmanager
 def pinned(key, cfg: TileConfig):
-    """Every M bucket of `key` replaced by `cfg` for the duration (restored after)."""
-    saved = configs.PINNED[key]
+    """Every M bucket of `key` (and its narrow-N config) replaced by `cfg` for the duration
+    (restored after)."""
+    saved, narrow = configs.PINNED[key], configs.NARROW_N.pop(key, None)
     configs.PINNED[key] = ((None, cfg),)
     try:
         yield
     finally:
         configs.PINNED[key] = saved
+        if narrow is not None:
+            configs.NARROW_N[key] = narrow
 
 
 def routing_offsets(seed: int = 0) -> torch.Tensor:

@@ -14,7 +14,8 @@ Why the bits do not depend on the batch (M), the contract the learner/rollout al
    cancellation-heavy data (tests/codegen/test_nvfp4_kernels.py on CUDA, 2026-12-02), although
    random-normal data at N = K = 8192 had shown identical bits. So every sm_90 bucket has
    BLOCK_M >= 64 (asserted below): one instruction family (wgmma m64nNk16) for every M.
-   BLOCK_N and the warp count may still follow M; that, too, is measured, not guaranteed:
+   BLOCK_N and the warp count may still follow M (and, for a dense GEMM, its output width N:
+   `NARROW_N`, a static weight shape); that, too, is measured, not guaranteed:
    the CUDA run of tests/codegen (cancellation-heavy rows across every bucket) and
    `benchmarks/nvfp4_gpu_check.py` re-check THESE configs and record the result.
 4. Rows never interact: masked rows load zeros, and the epilogue is per element.
@@ -68,7 +69,25 @@ _GEMM_ONGRID_SM90 = (
 # Weight gradients (learner only; the dense wgrad and the one-pass MoE wgrad share it, so the
 # MoE wgrad equals the per-expert loop by construction): MoE gate_up 2.01 -> 1.64 ms, down
 # 0.95 -> 0.83 ms on the H200 (same file; 0 bytes differ).
-_WGRAD_SM90 = ((None, TileConfig(128, 256, 64, num_warps=8, num_stages=3)),)
+# A weight of <= 512 rows (the k / v projections, 4 KV heads x 128) gives the 128x256 tile 32
+# programs on 132 SMs: [512, 2048] over 4096 tokens 0.0482 -> 0.0217 ms at 64x128 (H200, GEMM
+# alone from CUDA graphs, 0 bytes differ: 2026-12-04_tune_kernels_dense_6fdd573.md).
+_WGRAD_SM90 = (
+    (512, TileConfig(64, 128, 64, num_warps=8, num_stages=4)),
+    (None, TileConfig(128, 256, 64, num_warps=8, num_stages=3)),
+)
+
+# Narrow outputs (N <= max_n) of a dense, non-grouped GEMM, whatever M: the 128x256 tile gives
+# the k / v projections' forward (N = 512) 64 programs at 4096 tokens. The config follows N,
+# a weight's static shape, never the batch. H200, same file: [4096, 2048] x [512, 2048]^T
+# 0.0266 -> 0.0164 ms at 128x128 / 8 warps / 3 stages, 0 bytes differ; their dgrad (N = 2048)
+# and the q / o GEMMs stay at the tables' tiles (within 2% or faster there).
+NARROW_N: dict[tuple[str, str, str], tuple[int, TileConfig]] = {
+    ("sm_90", "bf16", "nvfp4_gemm_ongrid"): (
+        512,
+        TileConfig(128, 128, 64, num_warps=8, num_stages=3),
+    ),
+}
 
 # Quantize: BLOCK_M rows x BLOCK_K columns per program (BLOCK_M a multiple of 16 for 16x16 tiles).
 # H200, learner shapes, same run, 0 bytes differ (benchmarks/results/2026-12-04_tune_kernels_
@@ -113,13 +132,21 @@ for _key, _table in PINNED.items():
     assert all(c.block_k % 32 == 0 and c.block_m % 16 == 0 for _, c in _table), _key
     if _key[0] == "sm_90" and _key[2] in GEMM_OPS:  # one MMA family (wgmma), see 3. above
         assert all(c.block_m >= 64 for _, c in _table), f"{_key}: BLOCK_M < 64 is mma.sync"
+for _key, (_max_n, _cfg) in NARROW_N.items():  # the same K chunk and MMA family as its table
+    assert _cfg.block_k == PINNED[_key][0][1].block_k, f"{_key}: narrow BLOCK_K"
+    assert _key[0] != "sm_90" or _cfg.block_m >= 64, f"{_key}: narrow BLOCK_M < 64 is mma.sync"
 for _arch in ("sm_90", "interpreter"):  # packed, on-grid and wgrad GEMMs chunk K alike
     assert len({c.block_k for k, t in PINNED.items() if k[0] == _arch and k[2] in GEMM_OPS
                 for _, c in t}) == 1, f"{_arch}: the GEMM ops must share BLOCK_K"  # fmt: skip
 
 
-def pick(arch: str, dtype: str, op: str, m: int) -> TileConfig:
-    """The pinned config for (arch, dtype, op) and the M bucket of `m`. Unknown keys raise."""
+def pick(arch: str, dtype: str, op: str, m: int, n: int | None = None) -> TileConfig:
+    """The pinned config for (arch, dtype, op) and the M bucket of `m`; `n` (a dense GEMM's
+    output width, a static weight shape) picks the op's narrow config where N <= its max_n
+    (`NARROW_N`). Unknown keys raise."""
+    narrow = NARROW_N.get((arch, dtype, op))
+    if n is not None and narrow is not None and n <= narrow[0]:
+        return narrow[1]
     table = PINNED.get((arch, dtype, op))
     if table is None:
         known = sorted(k for k in PINNED if k[2] == op)

@@ -237,7 +237,7 @@ def launch_gemm(
             f"global scales: gd_a {tuple(gd_a.shape)} for M={m}, gd_b {tuple(gd_b.shape)}"
         )
     op = config_op or ("nvfp4_gemm" if packed else "nvfp4_gemm_ongrid")
-    cfg = pick(arch_of(dev), _dot_key(dev), op, rows_per_group or m)
+    cfg = pick(arch_of(dev), _dot_key(dev), op, rows_per_group or m, n=None if grouped else n)
     interp = interpreting()
     out = torch.empty((m, n), dtype=torch.float32 if interp else out_dtype, device=dev)
     if m == 0 or n == 0:

@@ -60,6 +60,18 @@ def test_rms_norm_kernel(ik):
     assert bool(((y.float() - y_ref.float()).abs() <= y_ref.float().abs() * 2**-7 + 1e-6).all())
 
 
+def test_rms_norm_rows_per_program_keep_the_bits(ik, monkeypatch):
+    """Short rows (the q / k norms' head_dim) are taken several per program, each with the
+    one-row code: the same bits as one row per program, the last program's rows past R masked."""
+    g = _gen(2)
+    x = torch.randn(37, 128, generator=g).bfloat16()
+    w = torch.randn(128, generator=g).bfloat16()
+    assert ik.rms_norm_rows_per_program(128) == 16 and ik.rms_norm_rows_per_program(2048) == 1
+    many = ik.rms_norm(x, w, None, 1e-6)[0]
+    monkeypatch.setattr(ik, "rms_norm_rows_per_program", lambda block: 1)
+    assert_bitwise_equal(many, ik.rms_norm(x, w, None, 1e-6)[0], "16 rows vs 1 row per program")
+
+
 def _qkv(b, t, seed=0, hq=4, hkv=2, d=16):
     g = _gen(seed)
     return tuple(torch.randn(b, h, t, d, generator=g).bfloat16() for h in (hq, hkv, hkv))

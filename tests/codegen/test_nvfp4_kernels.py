@@ -519,3 +519,45 @@ def test_gathered_zero_rows_share_a_nan_global_scale():
     assert bool(torch.isnan(want[1]).all())
     assert torch.equal(torch.isnan(got), torch.isnan(want))
     assert_bitwise_equal(got.nan_to_num(0.0), want.nan_to_num(0.0), "non-NaN values")
+
+
+def test_narrow_configs_are_picked_by_width():
+    """A dense GEMM of <= 512 output columns takes the narrow on-grid config whatever M; a wgrad
+    of <= 512 weight rows its 512-row bucket; wider ones and the grouped MoE GEMMs do not."""
+    from fp4_compile.codegen import configs
+
+    narrow = configs.NARROW_N[("sm_90", "bf16", "nvfp4_gemm_ongrid")][1]
+    assert configs.pick("sm_90", "bf16", "nvfp4_gemm_ongrid", 4096, n=512) == narrow
+    assert configs.pick("sm_90", "bf16", "nvfp4_gemm_ongrid", 4096, n=2048) != narrow
+    assert configs.pick("sm_90", "bf16", "nvfp4_gemm_ongrid", 4096) != narrow  # grouped: no n
+    assert configs.pick("sm_90", "bf16", "nvfp4_wgrad", 512).block_m == 64
+    assert configs.pick("sm_90", "bf16", "nvfp4_wgrad", 1536).block_m == 128
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the sm_90 configs (CUDA)")
+def test_narrow_configs_give_the_wide_configs_bits(monkeypatch):
+    """Bitwise on the H200, cancellation-heavy rows: the narrow forward config (N = 512) ==
+    the table's 128x256 tile, at M = 300 and 4096; the 512-row wgrad bucket == 128x256."""
+    from fp4_compile.codegen import configs
+    from fp4_compile.codegen.nvfp4_gemm import launch_gemm
+    from fp4_compile.codegen.quantize_kernel import quantize_triton
+
+    w = _x(512, 2048, dtype=torch.float32, seed=31)
+    wq = quantize_triton(w.to(DEV), block="16x16", global_scale="per_tensor")
+    w_og = wq.on_grid(torch.bfloat16)
+    dy = _x(4096, 512, seed=33)
+    for m in (300, 4096):
+        x = _x(m, 2048, seed=32)
+        a, gd_a = quantize_triton(x, global_scale="per_row", out="ongrid")
+        narrow = launch_gemm(a, gd_a, w_og, wq.global_decode, out_dtype=torch.bfloat16)
+        with monkeypatch.context() as mp:
+            mp.setattr(configs, "NARROW_N", {})
+            wide = launch_gemm(a, gd_a, w_og, wq.global_decode, out_dtype=torch.bfloat16)
+        assert_bitwise_equal(narrow, wide, f"forward m={m}")
+    x = _x(4096, 2048, seed=34)
+    small = impl.cuda_wgrad(dy, x, STRICT, 5, out_dtype=torch.bfloat16)
+    with monkeypatch.context() as mp:
+        mp.setitem(configs.PINNED, ("sm_90", "bf16", "nvfp4_wgrad"),
+                   ((None, configs.TileConfig(128, 256, 64, num_warps=8, num_stages=3)),))  # fmt: skip
+        big = impl.cuda_wgrad(dy, x, STRICT, 5, out_dtype=torch.bfloat16)
+    assert_bitwise_equal(small, big, "wgrad [512, 2048]")
