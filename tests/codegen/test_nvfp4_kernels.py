@@ -522,14 +522,16 @@ def test_gathered_zero_rows_share_a_nan_global_scale():
 
 
 def test_narrow_configs_are_picked_by_width():
-    """A dense GEMM of <= 512 output columns takes the narrow on-grid config whatever M; a wgrad
-    of <= 512 weight rows its 512-row bucket; wider ones and the grouped MoE GEMMs do not."""
+    """A dense GEMM of <= 512 output columns takes the narrow on-grid config beyond the small-M
+    bucket; a wgrad of <= 512 weight rows its 512-row bucket; wider ones and the grouped MoE
+    GEMMs do not."""
     from fp4_compile.codegen import configs
 
     narrow = configs.NARROW_N[("sm_90", "bf16", "nvfp4_gemm_ongrid")][1]
     assert configs.pick("sm_90", "bf16", "nvfp4_gemm_ongrid", 4096, n=512) == narrow
     assert configs.pick("sm_90", "bf16", "nvfp4_gemm_ongrid", 4096, n=2048) != narrow
     assert configs.pick("sm_90", "bf16", "nvfp4_gemm_ongrid", 4096) != narrow  # grouped: no n
+    assert configs.pick("sm_90", "bf16", "nvfp4_gemm_ongrid", 16, n=512).block_m == 64  # small M
     assert configs.pick("sm_90", "bf16", "nvfp4_wgrad", 512).block_m == 64
     assert configs.pick("sm_90", "bf16", "nvfp4_wgrad", 1536).block_m == 128
 
