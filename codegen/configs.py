@@ -77,10 +77,9 @@ _WGRAD_SM90 = (
     (None, TileConfig(128, 256, 64, num_warps=8, num_stages=3)),
 )
 
-# Narrow outputs (N <= max_n) of a dense, non-grouped GEMM beyond the table's small-M buckets
-# (M > 64): the 128x256 tile gives
-# the k / v projections' forward (N = 512) 64 programs at 4096 tokens. The config follows N,
-# a weight's static shape, never the batch. H200, same file: [4096, 2048] x [512, 2048]^T
+# Narrow outputs (N <= max_n) of a dense, non-grouped GEMM, in place of the table's catch-all
+# bucket (M > 64): the 128x256 tile gives the k / v projections' forward (N = 512) 64 programs
+# at 4096 tokens. The config follows N, a weight's static shape, never the batch. H200, same file: [4096, 2048] x [512, 2048]^T
 # 0.0266 -> 0.0164 ms at 128x128 / 8 warps / 3 stages, 0 bytes differ; their dgrad (N = 2048)
 # and the q / o GEMMs stay at the tables' tiles (within 2% or faster there).
 NARROW_N: dict[tuple[str, str, str], tuple[int, TileConfig]] = {
@@ -145,19 +144,18 @@ def pick(arch: str, dtype: str, op: str, m: int, n: int | None = None) -> TileCo
     """The pinned config for (arch, dtype, op) and the M bucket of `m`; `n` (a dense GEMM's
     output width, a static weight shape) picks the op's narrow config where N <= its max_n
     (`NARROW_N`). Unknown keys raise."""
-    narrow = NARROW_N.get((arch, dtype, op))
     table = PINNED.get((arch, dtype, op))
-    if n is not None and narrow is not None and n <= narrow[0]:
-        # where the table's catch-all bucket would apply (small M keeps its small-M tile)
-        if all(max_m is None or m > max_m for max_m, _ in table):
-            return narrow[1]
     if table is None:
         known = sorted(k for k in PINNED if k[2] == op)
         raise ValueError(
             f"no pinned {op} config for arch={arch!r}, dtype={dtype!r} (pinned: {known}); "
             "add one to codegen/configs.py (an untested architecture is not guessed)"
         )
+    narrow = NARROW_N.get((arch, dtype, op))
     for max_m, cfg in table:
         if max_m is None or m <= max_m:
+            # the catch-all bucket of a narrow dense GEMM (small M keeps its small-M tile)
+            if max_m is None and narrow is not None and n is not None and n <= narrow[0]:
+                return narrow[1]
             return cfg
     raise AssertionError(f"{op} table for {arch} has no catch-all bucket")
