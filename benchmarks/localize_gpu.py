@@ -27,7 +27,7 @@ from fp4_compile.rl.localize import (
     learner_hidden_states,
     rollout_hidden_states,
 )
-from fp4_compile.rl.rollout_step import RolloutStep
+from fp4_compile.rollout.step import RolloutStep
 from fp4_compile.testing import count_bytes_differ
 
 
@@ -72,9 +72,9 @@ def engine_vs_learner(
     """The sampled path of benchmarks.alignment_gpu, instrumented: the logits the engine fed to
     the shared log-prob op at every step, against the learner's logits at the same positions
     (plain graph and hidden-states graph), and the log-probs recomputed from each."""
-    import fp4_compile.rl.engine as engine_module
+    import fp4_compile.rollout.engine as engine_module
     from fp4_compile.rl import RolloutEngine
-    from fp4_compile.rl.logprobs import pad_right, token_logprobs
+    from fp4_compile.rollout.logprobs import pad_right, token_logprobs
 
     recorded = []
 
@@ -252,7 +252,7 @@ def _position_slice(t: torch.Tensor, length: int, pos: int):
 def op_level(model, recipe, sequence, prompt_len, position, device) -> list[str]:
     """Learner (full forward) vs rollout prefill, both alone, through the eager lowered graph:
     the first op whose output at `position` differs (ops matched by module path and order)."""
-    from fp4_compile.rl.kv_cache import StaticKVCache
+    from fp4_compile.rollout.kv_cache import StaticKVCache
 
     learner_ops, rollout_ops = [], []
     learner = torch.compile(model, backend=_capture_backend(recipe, learner_ops))

@@ -1,17 +1,18 @@
-"""minite: native NVFP4 RL of LLMs. The import package is `fp4_compile`.
+"""minite: native NVFP4 RL of LLMs, one lowering for the learner and the rollout. Import package `fp4_compile`.
 
-Public API so far: the recipe, the NVFP4 format and its reference numerics. Triton is never
-imported here (codegen imports it lazily).
+The public API: `compile` / `explain` (the `minite` torch.compile backend), `export_rollout` /
+`load_rollout` (the rollout side, `fp4_compile.rollout`), `NVFP4Recipe` (all numerics), and the
+NVFP4 format with its reference numerics (`quantize`, `dequantize`, `nvfp4_mm`,
+`nvfp4_grouped_mm`). Importing it loads no Triton (codegen imports Triton lazily) and no `rl`.
 """
 
 from .compile_api import compile, explain
-from .export import RolloutArtifact, RolloutArtifactError, export_rollout, load_rollout
 from .format import NVFP4Tensor
 from .recipe import NVFP4Recipe, QuantSpec
 from .reference import dequantize, nvfp4_grouped_mm, nvfp4_mm, quantize, quantize_experts
+from .rollout import RolloutArtifact, RolloutArtifactError, export_rollout, load_rollout
 from .swizzle import from_swizzled, to_swizzled
-
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
 __all__ = [
     "NVFP4Recipe",

@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-import torch
-
 RECOMPILE_LIMIT = 64
 
 
@@ -27,19 +25,3 @@ def no_silent_eager_fallback() -> Iterator[None]:
             break
     with dynamo_config.patch(patches):
         yield
-
-
-class GuardedCompiled(torch.nn.Module):
-    """A torch.compile'd module whose every call runs under `no_silent_eager_fallback`."""
-
-    def __init__(self, compiled: torch.nn.Module):
-        super().__init__()
-        self.compiled = compiled
-
-    @property
-    def _orig_mod(self):
-        return getattr(self.compiled, "_orig_mod", self.compiled)
-
-    def forward(self, *args, **kwargs):
-        with no_silent_eager_fallback():
-            return self.compiled(*args, **kwargs)

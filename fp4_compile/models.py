@@ -1,5 +1,5 @@
 """Random-init transformers models built from configs (no downloads): tiny ones for tests and
-CPU recipes; shared by tests, benchmarks and the RL recipes. Needs the `hf` extra."""
+CPU recipes; shared by tests, benchmarks and the training presets. Needs the `hf` extra."""
 
 from __future__ import annotations
 

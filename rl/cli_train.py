@@ -1,4 +1,4 @@
-"""`minite train RECIPE [--variant strict|te|bf16] [--nproc N] [key=value ...] [--resume | --fresh]`.
+"""`minite train PRESET [--variant strict|te|bf16] [--nproc N] [key=value ...] [--resume | --fresh]`.
 
 Wired into the `minite` console script (fp4_compile/cli.py) by two calls:
 `add_train_parser(subparsers)` and, for args.command == "train", `run_train(args)`.
@@ -10,7 +10,7 @@ import argparse
 import os
 
 from .config import VARIANTS
-from .recipes import RECIPES
+from .presets import PRESETS
 
 
 def _add_options(p: argparse.ArgumentParser, *, defaults: bool = True) -> None:
@@ -54,24 +54,24 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         "train",
         help="GRPO on a verifiable task: warm start, rollouts, NVFP4 learner, logs and plots",
         description=(
-            "Run a named GRPO recipe. Settings are replaced with key=value (e.g. steps=80 "
+            "Run a named training preset. Settings are replaced with key=value (e.g. steps=80 "
             "lr=1e-3 tis_cap=2 mis_seq_bounds=0.5,2 compile=false), in any order with the "
             "options. Writes metrics.jsonl, PNG plots, summary.txt and checkpoints under out_dir "
-            "(default runs/RECIPE-VARIANT)."
+            "(default runs/PRESET-VARIANT)."
         ),
     )
-    p.add_argument("recipe", choices=sorted(RECIPES), help="named recipe (rl/recipes.py)")
+    p.add_argument("preset", choices=sorted(PRESETS), help="named training preset (rl/presets.py)")
     _add_options(p)
     # argparse cannot mix positionals and options after a subcommand; collect the rest and
     # parse it again, intermixed, in run_train
     p.add_argument(
-        "rest", nargs=argparse.REMAINDER, metavar="key=value", help="replace recipe settings"
+        "rest", nargs=argparse.REMAINDER, metavar="key=value", help="replace preset settings"
     )
     return p
 
 
 def _parse_rest(args: argparse.Namespace) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=f"minite train {args.recipe}", add_help=False)
+    p = argparse.ArgumentParser(prog=f"minite train {args.preset}", add_help=False)
     _add_options(p, defaults=False)
     p.add_argument("overrides", nargs="*")
     ns = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "rest"})
@@ -84,13 +84,13 @@ def _parse_rest(args: argparse.Namespace) -> argparse.Namespace:
 def run_train(args: argparse.Namespace) -> int:
     import json
 
-    from .recipes import get_recipe
+    from .presets import get_preset
     from .trainer import train
 
     args = _parse_rest(args)
     if args.nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
-    cfg = get_recipe(args.recipe, args.variant).with_overrides(list(args.overrides))
+    cfg = get_preset(args.preset, args.variant).with_overrides(list(args.overrides))
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
@@ -120,7 +120,7 @@ def _launch(args: argparse.Namespace) -> int:
     from .distributed import NCCL_ENV
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={args.nproc}", "-m", "fp4_compile.cli", "train", args.recipe,
+           f"--nproc-per-node={args.nproc}", "-m", "fp4_compile.cli", "train", args.preset,
            "--variant", args.variant]  # fmt: skip
     cmd += ["--resume"] if args.resume else []
     cmd += ["--fresh"] if args.fresh else []

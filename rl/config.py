@@ -1,5 +1,5 @@
-"""`TrainConfig`: every setting of a GRPO run in one frozen dataclass (the named recipes in
-`rl/recipes.py` fill it in; `key=value` on the command line replaces single fields)."""
+"""`TrainConfig`: every setting of a GRPO run in one frozen dataclass (the named presets in
+`rl/presets.py` fill it in; `key=value` on the command line replaces single fields)."""
 
 from __future__ import annotations
 

@@ -15,9 +15,8 @@ from pathlib import Path
 import torch
 
 from ..recipe import NVFP4Recipe
+from ..rollout import RolloutEngine, sequence_logprobs
 from .diagnostics import METRIC_NAMES, mismatch_metrics, pack_ragged
-from .engine import RolloutEngine
-from .logprobs import sequence_logprobs
 
 SHOWN = (
     "mismatch/frac_bitwise_equal",

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from ..rollout.weight_sync import full_tensor
+
 
 def shard_model(model: torch.nn.Module, *, mesh=None) -> torch.nn.Module:
     """fully_shard every decoder layer, then the root (embeddings, final norm, lm_head). In
@@ -40,11 +42,6 @@ def shard_model(model: torch.nn.Module, *, mesh=None) -> torch.nn.Module:
         fully_shard(layer, mesh=mesh)
     fully_shard(inner, mesh=mesh)
     return model
-
-
-def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The whole tensor of a DTensor shard (a collective), or the tensor itself."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from ..recipe import NVFP4Recipe, as_recipe
-from .kv_cache import StaticKVCache
-from .logprobs import pad_right
-from .rollout_step import RolloutStep
+from ..rollout.kv_cache import StaticKVCache
+from ..rollout.logprobs import pad_right
+from ..rollout.step import RolloutStep
 
 States = list[list[torch.Tensor]]
 """states[i][layer] = [T_i, H] (or [T_i, V] for the logits) of sequence i."""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..rollout import RolloutEngine, token_logprobs
 from ..sr_stream import set_sr_state, sr_state
 from . import distributed as ddp
 from .checkpoint import (
@@ -33,9 +34,7 @@ from .checkpoint import (
 )
 from .config import TrainConfig, build_model, derive_seed
 from .diagnostics import mismatch_tensors
-from .engine import RolloutEngine
 from .grpo import group_advantages, policy_loss, rollout_correction
-from .logprobs import token_logprobs
 from .tasks import make_task
 from .tokenizer import CharTokenizer
 from .warm_start import load_or_warm_start

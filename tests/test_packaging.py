@@ -28,7 +28,7 @@ def test_import_twice_registers_nothing_twice():
     module appears; the fp4_compile op namespace is the same list after a second import."""
     code = r"""
 import importlib, sys, torch
-mods = ["fp4_compile", "fp4_compile.passes", "fp4_compile.codegen", "fp4_compile.rl"]
+mods = ["fp4_compile", "fp4_compile.rollout", "fp4_compile.passes", "fp4_compile.codegen", "fp4_compile.rl"]
 for m in mods: importlib.import_module(m)
 import pkgutil, fp4_compile
 for pkg in mods[1:]:

@@ -19,7 +19,7 @@ from fp4_compile.rl.distributed import (
     rank_groups,
     shard_model,
 )
-from fp4_compile.rl.logprobs import pad_right, token_logprobs
+from fp4_compile.rollout.logprobs import pad_right, token_logprobs
 
 GROUPS, GROUP, NEW = 4, 2, 6
 

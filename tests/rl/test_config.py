@@ -1,17 +1,17 @@
-"""TrainConfig and the named recipes: validation names the setting, key=value parsing is typed,
+"""TrainConfig and the named presets: validation names the setting, key=value parsing is typed,
 variants select the recipe presets."""
 
 import pytest
 
 from fp4_compile import NVFP4Recipe
 from fp4_compile.rl.config import TrainConfig
-from fp4_compile.rl.recipes import RECIPES, get_recipe
+from fp4_compile.rl.presets import PRESETS, get_preset
 
 
-@pytest.mark.parametrize("name", sorted(RECIPES))
+@pytest.mark.parametrize("name", sorted(PRESETS))
 @pytest.mark.parametrize("variant", ["strict", "te", "bf16"])
-def test_recipes_build(name, variant):
-    cfg = get_recipe(name, variant)
+def test_presets_build(name, variant):
+    cfg = get_preset(name, variant)
     assert cfg.variant == variant and cfg.out_dir == f"runs/{name}-{variant}"
     preset = {"strict": NVFP4Recipe.strict, "te": NVFP4Recipe.te, "bf16": NVFP4Recipe.bf16}[
         variant
@@ -22,7 +22,7 @@ def test_recipes_build(name, variant):
 
 
 def test_overrides_are_typed():
-    cfg = get_recipe("tiny").with_overrides(
+    cfg = get_preset("tiny").with_overrides(
         [
             "steps=7",
             "lr=1e-4",
@@ -52,14 +52,14 @@ def test_overrides_are_typed():
 )
 def test_override_errors_name_the_setting(pair, match):
     with pytest.raises(ValueError, match=match):
-        get_recipe("tiny").with_overrides([pair])
+        get_preset("tiny").with_overrides([pair])
 
 
 def test_unknown_recipe_and_variant():
-    with pytest.raises(ValueError, match="recipe must be one of"):
-        get_recipe("huge")
+    with pytest.raises(ValueError, match="preset must be one of"):
+        get_preset("huge")
     with pytest.raises(ValueError, match="variant must be one of"):
-        get_recipe("tiny", "fp8")
+        get_preset("tiny", "fp8")
 
 
 def test_type_checks():

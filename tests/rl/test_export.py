@@ -9,10 +9,10 @@ import torch
 
 import fp4_compile
 from fp4_compile import NVFP4Recipe
-from fp4_compile.export import RolloutArtifactError, load_rollout
 from fp4_compile.models import tiny_qwen3
 from fp4_compile.passes.verify import normalized_census
 from fp4_compile.rl import RolloutEngine
+from fp4_compile.rollout import RolloutArtifactError, load_rollout
 from fp4_compile.testing import assert_bitwise_equal
 
 

@@ -11,7 +11,7 @@ from fp4_compile.rl.localize import (
     localize_divergence,
     rollout_hidden_states,
 )
-from fp4_compile.rl.rollout_step import RolloutStep
+from fp4_compile.rollout.step import RolloutStep
 
 
 def _sequences():

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from fp4_compile.rl.sampling import gumbel_noise, request_keys, sample
+from fp4_compile.rollout.sampling import gumbel_noise, request_keys, sample
 
 
 def test_noise_row_depends_only_on_its_own_seed_and_step():

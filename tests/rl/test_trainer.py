@@ -11,7 +11,7 @@ import torch
 
 from fp4_compile.rl.checkpoint import CheckpointError, latest_checkpoint
 from fp4_compile.rl.cli_train import add_train_parser, run_train
-from fp4_compile.rl.recipes import get_recipe
+from fp4_compile.rl.presets import get_preset
 from fp4_compile.rl.trainer import train
 
 
@@ -27,7 +27,7 @@ def _cfg(tmp_path, **over):
         out_dir=str(tmp_path / "run"),
         cache_dir=str(tmp_path / "cache"),
     )
-    return get_recipe("tiny").with_overrides([f"{k}={v}" for k, v in {**base, **over}.items()])
+    return get_preset("tiny").with_overrides([f"{k}={v}" for k, v in {**base, **over}.items()])
 
 
 def _numbers(records):

@@ -15,11 +15,11 @@ from ..codegen.weight_cache import WeightCache
 from ..dynamo_guard import no_silent_eager_fallback
 from ..recipe import NVFP4Recipe, as_recipe
 from .cuda_graph import DecodeGraph
-from .distributed import full_tensor
 from .kv_cache import StaticKVCache
 from .logprobs import token_logprobs
-from .rollout_step import RolloutStep
 from .sampling import check_filter, filter_logits, gumbel_noise, request_keys, sample
+from .step import RolloutStep
+from .weight_sync import copy_learner_weights
 
 # generate checks "has every request finished?" (a host sync) once per this many tokens
 _EOS_CHECK_EVERY = 8
@@ -45,7 +45,7 @@ class RolloutEngine:
     cuda_graphs=True (CUDA only): within each `generate` call the decode step is captured once
     as a CUDA graph (after one ordinary decode step) and replayed for every later token: the
     same kernels with the same arguments, so the same bits, without the per-op host cost that
-    bounds decode at small batch (rl/cuda_graph.py).
+    bounds decode at small batch (`cuda_graph.py`).
     """
 
     def __init__(
@@ -60,7 +60,7 @@ class RolloutEngine:
         expected_fingerprint: str | None = None,
         cuda_graphs: bool = False,
     ):
-        from ..export import RolloutArtifact, load_rollout
+        from .export import RolloutArtifact, load_rollout
 
         # quantized weights, once per weight version (codegen/weight_cache.py); update_weights
         # clears it
@@ -143,19 +143,7 @@ class RolloutEngine:
         src = getattr(model, "_orig_mod", model)
         if src is self.model:
             return
-        with torch.no_grad():
-            theirs = dict(src.named_parameters())
-            missing = sorted(set(self._params) - set(theirs))
-            if missing:
-                raise ValueError(f"update_weights: the learner has no parameters {missing[:4]}...")
-            for name, p in self._params.items():
-                if theirs[name].shape != p.shape:
-                    raise ValueError(
-                        f"update_weights: {name!r} is {tuple(theirs[name].shape)}, engine has {tuple(p.shape)}"
-                    )
-                # an FSDP2-sharded learner holds DTensors: gather (a collective, same order on
-                # every rank) so the engine receives the full, single-process weights
-                p.copy_(full_tensor(theirs[name].detach()))
+        copy_learner_weights(self._params, src)
 
     def _new_cache(self, batch: int) -> StaticKVCache:
         return StaticKVCache(

@@ -1,7 +1,7 @@
 """`export_rollout` / `load_rollout`: the rollout graph from the SAME lowering as the learner.
 
 The rollout step (prefill and decode are one step with dynamic batch B and token count Tq, see
-`fp4_compile.rl.rollout_step`) is captured with `torch.export`, put through the same pass
+`fp4_compile.rollout.step`) is captured with `torch.export`, put through the same pass
 pipeline and recipe as `torch.compile(backend="minite")`, and saved with:
 
 - `rollout.pt2`: the lowered ExportedProgram (or, with aot=True, an AOTInductor package),
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .recipe import NVFP4Recipe, as_recipe
+from ..recipe import NVFP4Recipe, as_recipe
 
 MANIFEST = "manifest.json"
 PROGRAM = "rollout.pt2"
@@ -59,7 +59,7 @@ def _versions() -> dict[str, str]:
             out[name] = __import__(name).__version__
         except ImportError:
             out[name] = "absent"
-    from . import __version__
+    from ..version import __version__
 
     out["minite"] = __version__
     return out
@@ -112,7 +112,7 @@ def _example_inputs(model, *, batch: int, tokens: int, max_seq_len: int, device)
 
 def _quantized_weights(program, recipe: NVFP4Recipe) -> dict[str, torch.Tensor]:
     """The learner's quantized bytes of every weight the lowering quantizes (same quantizer)."""
-    from .passes.targets import quantize_weight_bytes, quantized_weight_inputs
+    from ..passes.targets import quantize_weight_bytes, quantized_weight_inputs
 
     state = program.state_dict
     out = {}
@@ -143,8 +143,8 @@ def export_rollout(
     aot: bool = False,
 ) -> RolloutArtifact:
     """Export the rollout step of a transformers causal LM through minite's lowering."""
-    from .passes import run_pipeline
-    from .rl.rollout_step import RolloutStep
+    from ..passes import run_pipeline
+    from .step import RolloutStep
 
     recipe = as_recipe(recipe)
     model = getattr(model, "_orig_mod", model)
@@ -192,7 +192,7 @@ def _save(artifact: RolloutArtifact, folder: Path, recipe: NVFP4Recipe, *, aot: 
     if aot:
         from torch._inductor import aoti_compile_and_package
 
-        from .backend import aoti_inductor_configs, pinned_matmul_precision
+        from ..backend import aoti_inductor_configs, pinned_matmul_precision
 
         with pinned_matmul_precision():
             aoti_compile_and_package(
@@ -218,7 +218,7 @@ def load_rollout(
 ) -> RolloutArtifact:
     """Load and verify an exported rollout. Refuses a missing/corrupt file, a fingerprint other
     than `expected_fingerprint` (strict), or an artifact exported for another architecture."""
-    from . import codegen  # noqa: F401  (registers the fp4_compile ops the program calls)
+    from .. import codegen  # noqa: F401  (registers the fp4_compile ops the program calls)
 
     folder = Path(path)
     manifest_path = folder / MANIFEST

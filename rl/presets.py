@@ -1,4 +1,7 @@
-"""Runnable GRPO recipes: one named function each, returning a `TrainConfig` for a variant.
+"""Training presets: one named function each, returning a `TrainConfig` for a variant.
+
+A preset is a whole GRPO run (model, task, schedule); the variant picks its numerics recipe
+(`NVFP4Recipe`).
 
     minite train tiny                    # CPU, 2 cores, a few minutes: warm start + GRPO
     minite train tiny --variant te       # NVFP4 per-tensor scales + token TIS (cap 2)
@@ -60,10 +63,10 @@ def h200_moe(variant: str = "strict") -> TrainConfig:
     return _variant(cfg, variant)
 
 
-RECIPES = {"tiny": tiny, "h200-moe": h200_moe}
+PRESETS = {"tiny": tiny, "h200-moe": h200_moe}
 
 
-def get_recipe(name: str, variant: str = "strict") -> TrainConfig:
-    if name not in RECIPES:
-        raise ValueError(f"recipe must be one of {sorted(RECIPES)}, got {name!r}")
-    return RECIPES[name](variant)
+def get_preset(name: str, variant: str = "strict") -> TrainConfig:
+    if name not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
+    return PRESETS[name](variant)

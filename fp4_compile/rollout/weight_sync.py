@@ -1,0 +1,35 @@
+"""Weights from the learner into a rollout engine, in place.
+
+The engine's lowering quantizes the weights inside its graph with the learner's quantizer, so
+copying the learner's master weights gives the rollout the learner's quantized bytes. An
+FSDP2-sharded learner holds DTensors: each is gathered (a collective, in the same order on every
+rank) so the engine receives the full, single-process weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a DTensor shard (a collective), or the tensor itself."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+@torch.no_grad()
+def copy_learner_weights(params: dict[str, torch.Tensor], learner: torch.nn.Module) -> None:
+    """Copy `learner`'s parameters into `params` (name -> the engine's tensor), in place.
+
+    Every engine parameter must exist in the learner with the same shape; nothing is copied
+    before all names are checked, so a mismatch leaves the engine unchanged."""
+    theirs = dict(learner.named_parameters())
+    missing = sorted(set(params) - set(theirs))
+    if missing:
+        raise ValueError(f"update_weights: the learner has no parameters {missing[:4]}...")
+    for name, p in params.items():
+        if theirs[name].shape != p.shape:
+            raise ValueError(
+                f"update_weights: {name!r} is {tuple(theirs[name].shape)}, engine has {tuple(p.shape)}"
+            )
+    for name, p in params.items():
+        p.copy_(full_tensor(theirs[name].detach()))
