@@ -1,4 +1,5 @@
-"""The `minite` command line."""
+"""The `minite` command line. An error prints one line (`minite: error: ...`) and exits with
+status 2; `--debug` shows the traceback instead."""
 
 from __future__ import annotations
 
@@ -7,7 +8,28 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="minite", description="native NVFP4 RL of LLMs")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        print("minite: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line for the user; the traceback only when asked for
+        if debug:
+            raise
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"minite: error: {message} ({type(e).__name__}; --debug shows the traceback)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+
+
+def _run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="minite",
+        description="native NVFP4 RL of LLMs (add --debug anywhere to see tracebacks)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "demo", help="quantize a real layer to NVFP4, report error, round-trip it"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from dataclasses import dataclass, fields
 from typing import Any
@@ -182,7 +183,9 @@ class TrainConfig:
             if not sep:
                 raise ValueError(f"override {pair!r} must look like key=value")
             if key not in hints:
-                raise ValueError(f"unknown setting {key!r}; known: {sorted(hints)}")
+                close = difflib.get_close_matches(key, hints, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"known: {sorted(hints)}"
+                raise ValueError(f"unknown setting {key!r}; {hint}")
             changes[key] = _parse(key, text.strip(), hints[key])
         return dataclasses.replace(self, **changes)
 

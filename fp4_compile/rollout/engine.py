@@ -174,7 +174,11 @@ class RolloutEngine:
         eos_token_id: int | None = None,
     ) -> RolloutOutput:
         """Generate for token-id prompts of different lengths. `seed` is one int (request i uses
-        seed + i) or one seed per request; a request's samples depend only on its own seed."""
+        seed + i) or one seed per request; a request's samples depend only on its own seed.
+
+        temperature=0 decodes greedily (argmax of the logits, ties to the lower token id; top_k,
+        top_p and the seeds are then unused), and the returned log-probs are those of the
+        unscaled logits: `sequence_logprobs(..., temperature=1.0)` reproduces them."""
         num = len(prompts)
         if num == 0 or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
@@ -182,8 +186,9 @@ class RolloutEngine:
             raise ValueError(f"{num} prompts exceed max_batch={self.max_batch}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        greedy = temperature == 0
         lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
         if int(lengths.max()) + max_new_tokens > self.max_seq_len:
             raise ValueError(
@@ -200,6 +205,7 @@ class RolloutEngine:
         ids = torch.zeros((num, width), dtype=torch.long)
         for i, p in enumerate(prompts):
             ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        _check_token_ids(ids, self.vocab_size)
         positions = torch.arange(width).expand(num, width).contiguous()
         logits = self._step(
             ids.to(self.device), positions.to(self.device), lengths.to(self.device), cache
@@ -215,11 +221,15 @@ class RolloutEngine:
         steps = max_new_tokens
         graph = None  # the decode step as one CUDA graph (cuda_graphs=True), for this call
         for step in range(max_new_tokens):
-            scaled = last.float() / temperature
-            filtered = filter_logits(scaled, top_k=top_k, top_p=top_p)
-            picked = sample(filtered, gumbel_noise(keys, step, self.vocab_size))
+            if greedy:
+                picked = torch.argmax(last.float(), dim=-1)  # the first maximum: lower id wins
+                logps_BN[:, step] = token_logprobs(last, picked, 1.0)
+            else:
+                scaled = last.float() / temperature
+                filtered = filter_logits(scaled, top_k=top_k, top_p=top_p)
+                picked = sample(filtered, gumbel_noise(keys, step, self.vocab_size))
+                logps_BN[:, step] = token_logprobs(last, picked, temperature)
             tokens_BN[:, step] = picked
-            logps_BN[:, step] = token_logprobs(last, picked, temperature)
             if eos_token_id is not None:
                 finished |= picked == eos_token_id
                 if step % _EOS_CHECK_EVERY == _EOS_CHECK_EVERY - 1 and bool(finished.all()):
@@ -251,3 +261,14 @@ class RolloutEngine:
             logps.append(logps_all[i, :n].clone())
             reasons.append(reason)
         return RolloutOutput(tokens=tokens, logprobs=logps, finish_reasons=reasons)
+
+
+def _check_token_ids(ids_BL: torch.Tensor, vocab_size: int) -> None:
+    """Every prompt token id lies in [0, vocab_size): an id outside it would index the embedding
+    out of bounds (an IndexError deep inside the model on the CPU, garbage on a GPU)."""
+    bad = (ids_BL < 0) | (ids_BL >= vocab_size)
+    if bool(bad.any()):
+        i, j = (int(v) for v in bad.nonzero()[0])
+        raise ValueError(
+            f"prompts[{i}][{j}] = {int(ids_BL[i, j])} is not a token id in [0, vocab_size={vocab_size})"
+        )

@@ -147,6 +147,8 @@ def export_rollout(
     from .step import RolloutStep
 
     recipe = as_recipe(recipe)
+    if path is not None:
+        _check_destination(Path(path))
     model = getattr(model, "_orig_mod", model)
     device = next(model.parameters()).device
     step = RolloutStep(model).eval()
@@ -179,6 +181,24 @@ def export_rollout(
     if path is not None:
         artifact.path = _save(artifact, Path(path), recipe, aot=aot)
     return artifact
+
+
+def _check_destination(folder: Path) -> None:
+    """An artifact is written into a new or empty folder, or over an earlier minite artifact;
+    never into a folder holding anything else (its files would be mixed with ours)."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"path {str(folder)!r} exists and is not a folder")
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return
+    try:
+        ours = "artifact_version" in json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        ours = False
+    if not ours:
+        raise ValueError(
+            f"path {str(folder)!r} is a non-empty folder that holds no minite rollout artifact; "
+            "choose a new or empty folder"
+        )
 
 
 def _save(artifact: RolloutArtifact, folder: Path, recipe: NVFP4Recipe, *, aot: bool) -> Path:

@@ -1,0 +1,30 @@
+"""The `minite` command line: a user mistake is ONE line on stderr (exit status 2) naming the
+setting and, for a typo, the closest known one; `--debug` raises with the traceback instead."""
+
+import pytest
+
+from fp4_compile.cli import main
+
+
+def test_typo_is_one_line_with_a_suggestion(capsys):
+    assert main(["train", "tiny", "stpes=3", "--print-config"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("minite: error: unknown setting 'stpes'; did you mean 'steps'?")
+
+
+def test_bad_value_is_one_line(capsys):
+    assert main(["train", "tiny", "steps=abc", "--print-config"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "steps='abc'" in err[0], err
+
+
+def test_debug_shows_the_exception():
+    with pytest.raises(ValueError, match="unknown setting 'stpes'"):
+        main(["train", "tiny", "stpes=3", "--print-config", "--debug"])
+
+
+def test_print_config_resolves_the_preset(capsys):
+    assert main(["train", "tiny", "steps=3", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert '"steps": 3' in out and '"name": "tiny"' in out
