@@ -7,7 +7,7 @@ import torch
 from .recipe import NVFP4Recipe, as_recipe
 
 
-def compile(model, *, recipe: NVFP4Recipe | dict | None = None, **compile_kwargs):  # noqa: A001
+def compile(model, *, recipe: NVFP4Recipe | dict | str | None = None, **compile_kwargs):  # noqa: A001
     """torch.compile(model, backend="minite", options={"recipe": recipe}, **compile_kwargs)."""
     if "backend" in compile_kwargs or "options" in compile_kwargs:
         raise TypeError("fp4_compile.compile sets backend and options itself; pass recipe=")
@@ -19,7 +19,7 @@ def compile(model, *, recipe: NVFP4Recipe | dict | None = None, **compile_kwargs
 def explain(
     model,
     *example_inputs,
-    recipe: NVFP4Recipe | dict | None = None,
+    recipe: NVFP4Recipe | dict | str | None = None,
     print_report: bool = True,
     **example_kwargs,
 ):
@@ -38,6 +38,9 @@ def explain(
         )
         with torch.no_grad():
             compiled(*example_inputs, **example_kwargs)
+    except torch._dynamo.exc.BackendCompilerFailed as e:
+        # the lowering's own error (LoweringError, ValueError), not Dynamo's wrapper around it
+        raise e.inner_exception from None
     finally:
         torch._dynamo.reset()
     if print_report:

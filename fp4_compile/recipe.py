@@ -200,12 +200,19 @@ class NVFP4Recipe:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def as_recipe(recipe: NVFP4Recipe | dict | None) -> NVFP4Recipe:
-    """Accept a recipe, its dict form, or None (strict)."""
+def as_recipe(recipe: NVFP4Recipe | dict | str | None) -> NVFP4Recipe:
+    """Accept a recipe, its dict form, a preset name ("strict", "te", "bf16"), or None (strict)."""
     if recipe is None:
         return NVFP4Recipe.strict()
     if isinstance(recipe, NVFP4Recipe):
         return recipe
     if isinstance(recipe, dict):
         return NVFP4Recipe.from_dict(recipe)
-    raise TypeError(f"recipe must be an NVFP4Recipe, a dict or None, got {type(recipe).__name__}")
+    if isinstance(recipe, str):
+        presets = {"strict": NVFP4Recipe.strict, "te": NVFP4Recipe.te, "bf16": NVFP4Recipe.bf16}
+        if recipe not in presets:
+            raise ValueError(f"recipe must be one of {sorted(presets)} by name, got {recipe!r}")
+        return presets[recipe]()
+    raise TypeError(
+        f"recipe must be an NVFP4Recipe, a dict, a preset name or None, got {type(recipe).__name__}"
+    )

@@ -18,6 +18,10 @@ from .graph_utils import fake, is_call, layer_index, module_path
 from .patterns import is_linear
 from .report import GemmDecision, LoweringReport
 
+# the reason recorded for a GEMM that stays BF16 because of its shape; `verify` refuses it in a
+# batch-invariant NVFP4 recipe unless `bf16_modules` names the module
+SHAPE_REASON = "shape: K or N not a multiple of 16, cannot be NVFP4 (not padded)"
+
 
 def grouped_mm_targets() -> tuple:
     targets = []
@@ -53,10 +57,7 @@ def _decide(
     if layer is not None and layer >= num_layers - recipe.bf16_last_layers:
         return "bf16", f"layer {layer} in bf16_last_layers={recipe.bf16_last_layers}"
     if k % 16 or n % 16:
-        return (
-            "bf16",
-            f"shape N={n}, K={k}: not a multiple of 16, cannot be NVFP4 (reported, not padded)",
-        )
+        return "bf16", f"{SHAPE_REASON} (N={n}, K={k})"
     return "nvfp4", ""
 
 

@@ -5,6 +5,7 @@ and the exported rollout's graphs must share."""
 from __future__ import annotations
 
 import operator
+import warnings
 
 import torch
 import torch.fx as fx
@@ -12,6 +13,7 @@ import torch.fx as fx
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, module_path, op_name
 from .report import LoweringReport
+from .select_gemms import SHAPE_REASON
 
 aten = torch.ops.aten
 
@@ -146,8 +148,25 @@ def op_census(gm: fx.GraphModule) -> list[str]:
     return [op_name(n) for n in gm.graph.nodes if _kind(n) is not None]
 
 
+def _shape_fallbacks(recipe: NVFP4Recipe, report: LoweringReport) -> list[str]:
+    """GEMMs that stay BF16 only because of their shape. A batch-invariant NVFP4 recipe (strict)
+    refuses them (returned as problems) unless `bf16_modules` names them; any other recipe gets
+    one warning line naming them. Never silent."""
+    odd = [d for d in report.gemms if d.precision == "bf16" and d.reason.startswith(SHAPE_REASON)]
+    if not odd or not recipe.quantize:
+        return []
+    where = ", ".join(f"{d.module or '<root>'} {d.shape}" for d in odd)
+    fix = "list them in NVFP4Recipe.bf16_modules (fnmatch patterns) to accept BF16 there"
+    if recipe.batch_invariant:
+        return [f"{len(odd)} GEMM(s) would stay BF16 ({SHAPE_REASON}): {where}; {fix}"]
+    warnings.warn(
+        f"minite: {len(odd)} GEMM(s) stay BF16 ({SHAPE_REASON}): {where}; {fix}", stacklevel=2
+    )
+    return []
+
+
 def verify(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
-    problems = []
+    problems = _shape_fallbacks(recipe, report)
     for decision in report.gemms:
         if not decision.lowered_to:
             problems.append(

@@ -10,17 +10,39 @@ import sys
 import time
 from pathlib import Path
 
+# file -> (title, curves, caption); a curve is (metric, legend label, offset subtracted from it)
 PLOTS = {
-    "reward.png": ("reward", ["reward/mean", "reward/exact_frac"]),
+    "reward.png": (
+        "reward",
+        [("reward/mean", "reward/mean", 0.0), ("reward/exact_frac", "reward/exact_frac", 0.0)],
+        "higher is better; 1 = every answer right",
+    ),
     "mismatch.png": (
-        "learner vs rollout mismatch",
-        ["mismatch/max_abs_dlogp", "rollout_corr/k3_kl", "token_mult_prob_error"],
+        "learner vs rollout mismatch (0 = identical)",
+        [
+            ("mismatch/max_abs_dlogp", "max |logp_learner - logp_rollout|", 0.0),
+            ("rollout_corr/k3_kl", "rollout_corr/k3_kl (k3 KL, never < 0)", 0.0),
+            ("token_mult_prob_error", "token_mult_prob_error - 1 (NeMo flags > 0.05)", 1.0),
+        ],
+        "strict: every curve exactly 0 (bitwise). te: small, > 0, corrected by TIS",
     ),
     "throughput.png": (
         "throughput per phase",
-        ["perf/rollout_tokens_per_s", "perf/learner_tokens_per_s"],
+        [
+            ("perf/rollout_tokens_per_s", "rollout tokens/s", 0.0),
+            ("perf/learner_tokens_per_s", "learner tokens/s", 0.0),
+        ],
+        "step 0 includes compilation",
     ),
-    "step_time.png": ("time per phase (s)", ["perf/step_s", "perf/rollout_s", "perf/learner_s"]),
+    "step_time.png": (
+        "time per phase (s)",
+        [
+            ("perf/step_s", "whole step", 0.0),
+            ("perf/rollout_s", "rollout", 0.0),
+            ("perf/learner_s", "learner", 0.0),
+        ],
+        "step 0 includes compilation",
+    ),
 }
 
 
@@ -82,20 +104,26 @@ class ProgressBar:
         self.stream = stream if stream is not None else sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.every = every
-        self.t0 = time.perf_counter()
+        self.first: tuple[float, int] | None = None  # (time, steps done) after this run's 1st step
 
     def update(self, step: int, record: dict) -> None:
         done = step + 1
         width = 24
         fill = int(width * done / self.total)
-        elapsed = time.perf_counter() - self.t0
-        eta = elapsed / max(done - self.start, 1) * (self.total - done)
+        now = time.perf_counter()
+        # this run's first step compiles the engine and the learner: the ETA leaves it out
+        if self.first is None:
+            self.first = (now, done)
+            eta = "eta --" if done < self.total else "eta 0s"
+        else:
+            per_step = (now - self.first[0]) / (done - self.first[1])
+            eta = f"eta {per_step * (self.total - done):.0f}s"
         gap = record.get("mismatch/max_abs_dlogp", float("nan"))
         text = (
             f"step {done}/{self.total} [{'#' * fill}{'.' * (width - fill)}] "
             f"reward {record['reward/mean']:.3f} exact {record['reward/exact_frac']:.2f} "
             f"gap {gap:.3g} rollout {_si(record['perf/rollout_tokens_per_s'])} tok/s "
-            f"learner {_si(record['perf/learner_tokens_per_s'])} tok/s eta {eta:.0f}s"
+            f"learner {_si(record['perf/learner_tokens_per_s'])} tok/s {eta}"
         )
         if self.tty:
             self.stream.write("\r" + text + "\x1b[K" + ("\n" if done == self.total else ""))
@@ -118,13 +146,13 @@ def write_plots(records: list[dict], out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
     written = []
     steps = [r["step"] for r in records]
-    for filename, (title, keys) in PLOTS.items():
+    for filename, (title, curves, caption) in PLOTS.items():
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        for k in keys:
-            ys = [r.get(k, float("nan")) for r in records]
-            ax.plot(steps, ys, label=k, marker="." if len(steps) < 60 else None)
+        for key, label, offset in curves:
+            ys = [r.get(key, float("nan")) - offset for r in records]
+            ax.plot(steps, ys, label=label, marker="." if len(steps) < 60 else None)
         ax.set_title(title)
-        ax.set_xlabel("step")
+        ax.set_xlabel(f"step    ({caption})", fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()

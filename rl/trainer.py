@@ -327,8 +327,19 @@ def train(
         logger = RunLogger(out_dir, resume_step=trainer.step if resume else None, log=log)
     bar = ProgressBar(cfg.steps, start=trainer.step, every=cfg.log_every) if progress else None
     try:
+        if cfg.compile and trainer.step < cfg.steps:
+            log(
+                "compiling: the first GRPO step compiles the rollout engine and the learner "
+                "(backend='minite'); later runs reuse Inductor's cache"
+            )
+        first = cfg.compile
         while trainer.step < cfg.steps:
+            t_step = time.perf_counter()
             record = trainer.train_step()
+            if first:
+                took = time.perf_counter() - t_step
+                log(f"compiled: the first step, compilation included, took {took:.1f} s")
+                first = False
             if logger is not None:
                 logger.log(record)
             if bar is not None:

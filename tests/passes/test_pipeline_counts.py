@@ -94,22 +94,38 @@ def test_bf16_recipe_and_layer_exclusions():
     assert all(g.precision == "bf16" and g.reason == "recipe: quantize=False" for g in rep.gemms)
 
 
-def test_unquantizable_shape_is_reported_not_padded():
-    class Odd(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.proj = torch.nn.Linear(24, 32)
+class _Odd(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(24, 32)
 
-        def forward(self, x):
-            return self.proj(x)
+    def forward(self, x):
+        return self.proj(x)
 
-    (rep,) = fp4_compile.explain(Odd(), torch.randn(4, 24), print_report=False)
+
+def test_unquantizable_shape_is_an_error_in_strict():
+    """No silent BF16: strict refuses a GEMM whose K is not a multiple of 16, naming the module,
+    its shape and the fix (bf16_modules), and the report table comes with the error."""
+    with pytest.raises(LoweringError, match=r"proj \[32, 24\].*bf16_modules"):
+        fp4_compile.explain(_Odd(), torch.randn(4, 24), print_report=False)
+
+
+def test_unquantizable_shape_accepted_by_name_in_strict():
+    recipe = NVFP4Recipe.strict(bf16_modules=("*proj",))
+    (rep,) = fp4_compile.explain(_Odd(), torch.randn(4, 24), recipe=recipe, print_report=False)
     (g,) = rep.gemms
-    assert (
-        g.precision == "bf16"
-        and "not a multiple of 16" in g.reason
-        and g.lowered_to.startswith("fp4_compile.linear")
-    )
+    assert g.precision == "bf16" and g.reason == "bf16_modules pattern '*proj'"
+    assert g.lowered_to.startswith("fp4_compile.linear")
+
+
+def test_unquantizable_shape_is_one_warning_in_te():
+    with pytest.warns(UserWarning, match=r"1 GEMM\(s\) stay BF16 .*proj \[32, 24\]"):
+        (rep,) = fp4_compile.explain(
+            _Odd(), torch.randn(4, 24), recipe=NVFP4Recipe.te(), print_report=False
+        )
+    (g,) = rep.gemms
+    assert g.precision == "bf16" and "not a multiple of 16" in g.reason
+    assert g.lowered_to.startswith("fp4_compile.linear")
 
 
 def test_verify_refuses_a_stock_gemm():
