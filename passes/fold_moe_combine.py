@@ -12,14 +12,14 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, replace_with_call, written_between
-from .patterns import _is
+from .patterns import is_op
 from .report import LoweringReport
 
 aten = torch.ops.aten
 
 
 def _is_reshape(node) -> bool:
-    return _is(node, methods=("view", "reshape"),
+    return is_op(node, methods=("view", "reshape"),
                overloads=(aten.view, aten.reshape, aten._unsafe_view))  # fmt: skip
 
 

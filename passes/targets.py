@@ -84,7 +84,7 @@ def emit_ongrid_weight(graph, node, x, wq, num_experts: int | None = None):
     packed bytes). One copy per weight in the graph, passed as `w_ongrid` to every use: the
     forward and, saved by autograd, the dgrad read it instead of decoding the packed weight
     each (the same values: the bits do not change)."""
-    from ..codegen.nvfp4_impl import forward_uses_ongrid
+    from ..codegen.nvfp4.gemm import forward_uses_ongrid
 
     rows = forward_rows(x, num_experts)
     if rows is None or not forward_uses_ongrid(fake(x).device.type, rows):

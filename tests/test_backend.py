@@ -95,7 +95,7 @@ def test_graph_seed_counters_cover_every_nvfp4_site(monkeypatch):
     (the keys the backward draws with), for linears and MoE experts alike."""
     from fp4_compile import sr_stream
     from fp4_compile.backend import prepare_graph_seeds
-    from fp4_compile.codegen.nvfp4_impl import recipe_from_json
+    from fp4_compile.codegen.nvfp4.gemm import recipe_from_json
     from fp4_compile.models import tiny_qwen3_moe
     from fp4_compile.passes import run_pipeline
 

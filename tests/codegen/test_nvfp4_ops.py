@@ -11,7 +11,7 @@ import torch
 import fp4_compile.codegen as cg
 from fp4_compile import NVFP4Recipe, QuantSpec
 from fp4_compile import reference as ref
-from fp4_compile.codegen import nvfp4_impl as impl
+from fp4_compile.codegen.nvfp4 import gemm as impl
 from fp4_compile.sr_stream import nth_call_seed, set_sr_state, site_seed
 from fp4_compile.testing import assert_bitwise_equal, assert_nvfp4_equal
 
@@ -89,7 +89,7 @@ def test_grouped_equals_per_expert_loop(shape):
     offsets = torch.tensor([4, 4, 9, 30, 30, 41], dtype=torch.int32)
     x = _x(41, k)
     wq = cg.quantize_weight(w, STRICT)
-    y = cg.nvfp4_grouped_mm(x, w, offsets, recipe=STRICT, w_q=wq)
+    y = cg.nvfp4_grouped_linear(x, w, offsets, recipe=STRICT, w_q=wq)
     start = 0
     for i, end in enumerate(offsets.tolist()):
         if end > start:
@@ -154,7 +154,7 @@ def test_grouped_autograd_matches_per_expert_linear():
     offsets = torch.tensor([10, 10, 24], dtype=torch.int32)
     dy = _x(24, n, dtype=torch.float32, seed=6)
     set_sr_state(None)
-    cg.nvfp4_grouped_mm(x, w, offsets, recipe=recipe).backward(dy)
+    cg.nvfp4_grouped_linear(x, w, offsets, recipe=recipe).backward(dy)
     seed = nth_call_seed(site_seed(3, 0), 0)
     for i, s, t in [(0, 0, 10), (2, 10, 24)]:
         want = impl.cpu_wgrad(dy[s:t], x.detach()[s:t], recipe, seed + 1 + i)
@@ -268,7 +268,7 @@ def test_bad_inputs_name_the_argument():
         static = NVFP4Recipe.strict(activation=QuantSpec(block="1x16", global_scale="static"))
         cg.nvfp4_linear(x, w, recipe=static)
     with pytest.raises(TypeError, match="offsets"):
-        cg.nvfp4_grouped_mm(x, w[None], torch.tensor([4]), recipe=STRICT)
+        cg.nvfp4_grouped_linear(x, w[None], torch.tensor([4]), recipe=STRICT)
     with pytest.raises(ValueError, match="quantize"):
         cg.nvfp4_linear(x, w, recipe=NVFP4Recipe.bf16())
 

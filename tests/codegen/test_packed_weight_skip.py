@@ -19,7 +19,7 @@ import torch.fx as fx
 
 import fp4_compile.codegen  # noqa: F401  (registers the ops)
 from fp4_compile import NVFP4Recipe
-from fp4_compile.codegen import nvfp4_impl as impl
+from fp4_compile.codegen.nvfp4 import gemm as impl
 from fp4_compile.sr_stream import set_sr_state
 from fp4_compile.testing import assert_bitwise_equal
 
