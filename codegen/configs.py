@@ -22,7 +22,7 @@ Why the bits do not depend on the batch (M), the contract the learner/rollout al
 
 5. The GEMM tables ("nvfp4_gemm" for packed B, "nvfp4_gemm_ongrid" for on-grid B,
    "nvfp4_wgrad") share BLOCK_K (asserted below): packed and on-grid weights give the same bits,
-   so the learner (on-grid from 256 rows per weight, `nvfp4_impl.ONGRID_FORWARD_MIN_ROWS`) and
+   so the learner (on-grid from 256 rows per weight, `gemm.ONGRID_FORWARD_MIN_ROWS`) and
    the rollout's decode (packed) agree.
 
 What was verified where: on CPU, the interpreter configs (one per op) are checked for batch
@@ -102,7 +102,7 @@ _QUANT_INTERPRETER = ((None, TileConfig(16, 0, 64, num_warps=1, num_stages=1)),)
 # 0.237 -> 0.130 ms against 16x256 with 4 warps.
 _QUANT_SEGMENTS_SM90 = ((None, TileConfig(16, 0, 128, num_warps=2, num_stages=1)),)
 
-# The weights' one-launch quantize (`weight_quantize.py`): 4 warps, so that its persistent grid
+# The weights' one-launch quantize (`weight_quantize_kernel.py`): 4 warps, so that its persistent grid
 # (2 programs per SM) is resident whatever the register count; 32 x 128 elements per tile keeps
 # 32 per thread, as the tiling above.
 _WEIGHT_QUANT_SM90 = ((None, TileConfig(32, 0, 128, num_warps=4, num_stages=1)),)

@@ -22,7 +22,7 @@ def round_bf16(x):
 
 @triton.jit
 def round_bf16_keep_nan(v):
-    """`invariant_kernels.round_bf16`, NaN left as it is (its rounding add could carry a NaN
+    """`forward_kernels.round_bf16`, NaN left as it is (its rounding add could carry a NaN
     payload into the sign bit); the store's conversion then gives a BF16 NaN."""
     return tl.where(v != v, v, round_bf16(v))
 

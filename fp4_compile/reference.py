@@ -49,13 +49,12 @@ from .format import (
     E2M1_MAX,
     E4M3_MAX,
     FLT_MAX,
+    ROUNDING_MODES,
     NVFP4Tensor,
     pack_codes,
 )
 from .sr_stream import sr_uniforms
 
-GLOBAL_SCALE_MODES = ("per_tensor", "per_row", "static")
-ROUNDING_MODES = ("rne", "stochastic")
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # on-grid value * 2**10 is an integer: E2M1 is a multiple of 0.5, E4M3 of 2**-9.

@@ -4,7 +4,7 @@ sort of the S = T * k expert ids), so `moe_combine(x, w, inv, k)`'s index is a p
 inverse is `perm` itself. Given `idx_inverse=perm`, the op's backward reads each slot's gradient
 in place (one term per row: one kernel, `row_scale`'s backward) instead of sorting `inv` to find
 each row's slots and summing them (a radix sort and a gather pass per call). The same bits: a
-one-term position-ordered sum is its term, +0.0 for -0.0 (`codegen/moe_combine.py`).
+one-term position-ordered sum is its term, +0.0 for -0.0 (`codegen/moe/combine.py`).
 
 What is proven from the graph, or the node is left as it is:
 - perm is `sort(t)[1]` of a 1-D t (a sort's indices are a permutation of 0..S-1), int64 [S];
@@ -22,7 +22,7 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, written_args
-from .patterns import is_op, aliases_or_writes, sort_permutation
+from .patterns import aliases_or_writes, is_op, sort_permutation
 from .report import LoweringReport
 
 aten = torch.ops.aten

@@ -3,7 +3,7 @@
 token order, summed over each token's k slots), each intermediate read by nothing else, becomes
 `fp4_compile::moe_combine(x, w, idx, k)`: one pass over x forward, and a backward that reads
 the token gradients directly instead of an expanded [T * k, H] copy; the same bits as the four
-ops (`codegen/moe_combine.py`)."""
+ops (`codegen/moe/combine.py`)."""
 
 from __future__ import annotations
 

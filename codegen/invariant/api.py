@@ -15,8 +15,8 @@ Each call is one `torch.ops.fp4_compile.invariant_*` op (plus its backward op un
 
 Why each op computes a row the same way whatever else is in the batch:
 - linear: each output element is ONE accumulator walked over k = 0..K-1 in a fixed order. CPU:
-  rank-1 updates (exact bf16 products, see `invariant_math`). CUDA: pinned tiles from
-  `invariant_configs`, the same BLOCK_K for every M, no split-K, rows never interact.
+  rank-1 updates (exact bf16 products, see `invariant/fixed_order.py`). CUDA: pinned tiles from
+  `configs`, the same BLOCK_K for every M, no split-K, rows never interact.
 - rms_norm: one row per program (CUDA) or a fixed pairwise tree over the row (CPU); the
   residual add is elementwise.
 - attention: per query row, keys are visited in fixed-size blocks from position 0 in the same

@@ -12,7 +12,7 @@ Math (FlashAttention-2 style, P recomputed from the saved lse, no [Tq, Tk] tenso
 - `_dkdv_kernel`: one program per key block walks the row blocks in order (dK, dV), from the
   first row that can see the block when causal.
 Deterministic: no atomics, every sum in a fixed order, one pinned config. Not batch-invariant
-(the backward needs determinism only; `invariant_cpu` is the reference). Precision: on CUDA the
+(the backward needs determinism only; `invariant/reference.py` is the reference). Precision: on CUDA the
 dot operands are bf16 (q, k, v, dO are bf16 already; P and dS are rounded to bf16 for their
 dots, as stock FlashAttention does), accumulation FP32; in the interpreter every dot is FP32.
 Replaces FP32 cuBLAS matmuls over materialized [B, Hq, Tq, Tk] tensors (8 ms of a 65 ms
@@ -165,7 +165,7 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
 
 def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, causal, scale):
     """(dq, dk, dv) in the dtypes of q, k, v (contiguous); the arguments of
-    `invariant_cpu.attention_backward`. Key slots at or past kv_len get zero gradients."""
+    `reference.attention_backward`. Key slots at or past kv_len get zero gradients."""
     check_kernel_device(q, "q")
     b, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]

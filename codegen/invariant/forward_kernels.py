@@ -10,7 +10,7 @@ interpreter mode (they truncate there): the attention kernel rounds P to bf16 wi
 operations (round to nearest even, exact on both paths), and the rms_norm kernel hands its FP32
 result to torch for the final roundings when interpreting.
 
-Invariance (see `invariant.py` for the contract): one output tile per program, reductions over K,
+Invariance (see `invariant/api.py` for the contract): one output tile per program, reductions over K,
 keys and vocabulary walked sequentially in fixed-size blocks from 0; rows never interact.
 """
 
@@ -431,7 +431,7 @@ def logprobs(logits_MV, tokens_M, temperature: float):
 def _routing_kernel(x_ptr, w_ptr, i_ptr, E, sx, TOP_K: tl.constexpr, K_P2: tl.constexpr,
                     NORM: tl.constexpr, BLOCK_E: tl.constexpr, LEVELS: tl.constexpr):  # fmt: skip
     """One row per program: softmax in FP32 (the row sum by an explicit pairwise tree of halves,
-    the tree of `invariant_math.tree_sum`), top-k by repeated max (ties: the lower expert, as
+    the tree of `fixed_order.tree_sum`), top-k by repeated max (ties: the lower expert, as
     a stable descending sort), renormalized by the sum of the k values in order."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_E)
@@ -463,7 +463,7 @@ def _routing_kernel(x_ptr, w_ptr, i_ptr, E, sx, TOP_K: tl.constexpr, K_P2: tl.co
 
 
 def routing(logits_ME, top_k: int, norm_topk_prob: bool):
-    """Qwen3-MoE routing in ONE launch (the torch construction of `invariant_cpu.routing` was
+    """Qwen3-MoE routing in ONE launch (the torch construction of `reference.routing` was
     ~50 launches, about 1 ms of host time per call on the H200). Same definition, GPU exp:
     softmax(float32 logits), stable top-k, optional renormalization. -> (weights FP32 [M, k],
     experts int64 [M, k])."""

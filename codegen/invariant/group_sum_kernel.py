@@ -9,7 +9,7 @@ Two roundings, bitwise the torch ops they replace:
 - ROUND_EACH (ordered_sum): every partial sum is rounded to x's dtype, as `acc = acc + x[:, n]`
   in BF16 (ATen adds BF16 in FP32 and rounds each result) or FP32 does;
 - otherwise (repeat_kv_backward): FP32 partial sums, one rounding to the output dtype at the end.
-BF16 rounding is done on the FP32 bits (round to nearest even, `invariant_kernels.round_bf16`;
+BF16 rounding is done on the FP32 bits (round to nearest even, `forward_kernels.round_bf16`;
 NaN kept: NaN payloads follow no rule in ATen either), so the interpreter, whose fp32 -> bf16 casts truncate, stores
 exact values. FP32 and BF16 only: the launchers keep the torch ops for other dtypes. The torch
 ops launched N - 1 adds (each a full read and write of the partial sum) plus the casts; this

@@ -1,5 +1,5 @@
 """The batch-invariant (non-NVFP4) ops of the `fp4_compile::` namespace: registrations, fake
-kernels, autograd. Validation and documentation live in `invariant.py` (the public API).
+kernels, autograd. Validation and documentation live in `invariant/api.py` (the public API).
 
 Shape legend: M rows, K in-features, N out-features, H hidden, V vocabulary, E experts,
 B sequences, Hq / Hkv heads, Tq queries, Tk keys, D head dim.
@@ -14,8 +14,8 @@ graphs call exactly these numerics; `triton_op` would not compile on CPU):
 - invariant_logprobs(logits, tokens, temperature) -> (logp, entropy);
   invariant_logprobs_backward(...) -> dlogits
 - invariant_routing(logits, top_k, norm_topk_prob) -> (weights, experts)
-CPU: `invariant_cpu` (invariant by construction). CUDA: the Triton kernels of
-`invariant_kernels` (imported lazily); backward passes in plain PyTorch, except the RMSNorm
+CPU: `invariant/reference.py` (invariant by construction). CUDA: the Triton kernels of
+`invariant/forward_kernels.py` (imported lazily); backward passes in plain PyTorch, except the RMSNorm
 backward (one Triton launch on CUDA, `rms_norm_backward`), the attention backward (two
 launches on CUDA, `attention_backward`) and the routing backward (one launch on CUDA,
 `routing_backward_kernel`).

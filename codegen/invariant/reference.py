@@ -4,7 +4,7 @@ Shape legend: M rows (tokens), K in-features, N out-features, H hidden, V vocabu
 B sequences, Hq / Hkv query / key-value heads, G = Hq / Hkv, Tq queries, Tk keys, D head dim,
 E experts.
 
-Every forward here is built from `invariant_math` (see its docstring for why that is invariant
+Every forward here is built from `invariant/fixed_order.py` (see its docstring for why that is invariant
 by construction); each function states the fixed order it uses. Backward functions need
 determinism only (not invariance) and use plain PyTorch in FP32.
 """

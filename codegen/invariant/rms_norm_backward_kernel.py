@@ -1,6 +1,6 @@
 """The RMSNorm backward in one Triton launch, plus one small launch that adds dweight's per-program
 partials (CUDA; CPU tensors under TRITON_INTERPRET=1), for
-`fp4_compile::invariant_rms_norm_backward`. The CPU path (plain PyTorch, `invariant_cpu`) ran
+`fp4_compile::invariant_rms_norm_backward`. The CPU path (plain PyTorch, `invariant/reference.py`) ran
 about 15 FP32 kernels per call on the GPU as well; on the H200 learner the nine calls took
 7.6 ms of host time and most of the "other elementwise" class (2026-12-03_learner.md).
 

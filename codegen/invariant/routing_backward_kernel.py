@@ -46,7 +46,7 @@ def launch_shape(num_experts: int) -> tuple[int, int, int]:
 @triton.jit
 def _tree_sum(v, BLOCK_E: tl.constexpr, LEVELS: tl.constexpr):
     """Sum of [BLOCK_E] by a pairwise tree of halves, v[:h] + v[h:] per level (one add per
-    pair, `invariant_math.tree_sum`'s tree), whatever the register layout."""
+    pair, `fixed_order.tree_sum`'s tree), whatever the register layout."""
     for lvl in tl.static_range(LEVELS):
         v = tl.sum(tl.reshape(v, (2, BLOCK_E >> (lvl + 1))), axis=0)
     return tl.sum(v, axis=0)  # one element left

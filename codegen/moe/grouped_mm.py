@@ -4,7 +4,7 @@ convention), weights [E, N, K].
 
 CPU: each group runs `invariant_linear` (the reference), so every row equals
 `invariant_linear(row, weight[e])` whatever the other rows. CUDA: ONE launch for all experts, the
-grouped W4A4 kernel in its BF16-operand mode with unit global scales (`nvfp4_gemm.launch_gemm`:
+grouped W4A4 kernel in its BF16-operand mode with unit global scales (`gemm_kernel.launch_gemm`:
 `(acc * 1) * 1` is `acc`), always with the same pinned tile config (no M bucket): a row's bits
 depend only on its own values and its expert's weight, never on the batch. A loop of per-expert
 launches cost 12286 launches and 1.9 s of host time per 32-token rollout at batch 64 on the H200

@@ -6,7 +6,7 @@ Shape legend: R rows (x's leading dims flattened), H the last dim.
 
 grad_x = grad * w (one FP32 product, then one rounding to x's dtype), and
 grad_w = block_sum(grad * x) over H, bitwise `row_scale.row_scale_backward`'s torch ops
-(`invariant_math.block_sum` with BLOCK = 64): inside each block of 64 the pairwise tree
+(`fixed_order.block_sum` with BLOCK = 64): inside each block of 64 the pairwise tree
 x[j] + x[j + 32], then + [j + 16], ... (each level one FP32 add of two values, written with
 `tl.split` so that no other association is possible), the block sums added in order from
 block 0 (the accumulator starts as block 0's sum, so a sum of negative zeros keeps its

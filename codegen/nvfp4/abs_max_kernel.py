@@ -23,7 +23,7 @@ from ..runtime import arch_of, check_kernel_device, compile_options
 def row_abs_max_nan(x_ptr, rows, rmask, K, stride_xr, BLOCK_R: tl.constexpr,
                     BLOCK_K: tl.constexpr):  # fmt: skip
     """(max |x| FP32 [BLOCK_R], any-NaN flag int32 [BLOCK_R]) of the given rows: the loop shared
-    with the per-row global stage of `quantize_global`."""
+    with the per-row global stage of `global_scale_kernel`."""
     amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
     nan = tl.zeros((BLOCK_R,), dtype=tl.int32)
     for k0 in range(0, K, BLOCK_K):

@@ -15,8 +15,6 @@ import torch
 
 from ...format import NVFP4Tensor
 from ...recipe import NVFP4Recipe, as_recipe
-from . import ops as ops_nvfp4  # noqa: F401  (registers the ops)
-from .gemm import recipe_to_json
 
 
 def _static_amax(amax, name: str) -> torch.Tensor | None:
@@ -107,7 +105,7 @@ def nvfp4_linear(
     wq = _weight_q(weight, rec, w_q)
     return torch.ops.fp4_compile.nvfp4_linear(
         x, weight, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, bias,
-        _static_amax(x_amax, "x_amax"), recipe_to_json(rec), w_ongrid,
+        _static_amax(x_amax, "x_amax"), rec.numerics_key, w_ongrid,
     )  # fmt: skip
 
 
@@ -130,5 +128,5 @@ def nvfp4_grouped_linear(
     wq = _weight_q(weight, rec, w_q)
     return torch.ops.fp4_compile.nvfp4_grouped_mm(
         x, weight, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, offsets,
-        _static_amax(x_amax, "x_amax"), recipe_to_json(rec), w_ongrid,
+        _static_amax(x_amax, "x_amax"), rec.numerics_key, w_ongrid,
     )  # fmt: skip

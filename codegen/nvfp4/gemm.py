@@ -18,9 +18,6 @@ Stochastic-rounding seeds: dgrad uses `seed`, wgrad `seed + 1` (+ expert index f
 
 from __future__ import annotations
 
-import functools
-import json
-
 import torch
 import torch.nn.functional as F
 
@@ -31,23 +28,15 @@ from ...recipe import NVFP4Recipe
 X_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
 
 
-@functools.lru_cache(maxsize=256)
-def recipe_from_json(recipe_json: str) -> NVFP4Recipe:
-    """Parse the recipe string an op receives (cached: ops see the same few strings)."""
-    if not isinstance(recipe_json, str):
-        raise TypeError(f"recipe must be a JSON string, got {type(recipe_json).__name__}")
-    recipe = NVFP4Recipe.from_dict(json.loads(recipe_json))
+def op_recipe(numerics: str) -> NVFP4Recipe:
+    """The recipe of an NVFP4 op's numerics key (`NVFP4Recipe.from_numerics_key`, cached),
+    checked for what the ops support."""
+    recipe = NVFP4Recipe.from_numerics_key(numerics)
     if not recipe.quantize:
         raise ValueError("recipe.quantize is False: NVFP4 ops need a quantizing recipe")
     if recipe.grad.global_scale == "static":
         raise ValueError("recipe.grad.global_scale='static' is not supported (no calibrated amax)")
     return recipe
-
-
-def recipe_to_json(recipe: NVFP4Recipe) -> str:
-    """The op's recipe string (`recipe.op_json`, computed at construction: a constant attribute
-    for Dynamo, recipes being frozen)."""
-    return recipe.op_json
 
 
 def act_global(recipe: NVFP4Recipe, x_amax: torch.Tensor | None):
@@ -152,7 +141,7 @@ def cpu_linear(x2, w: NVFP4Tensor, bias, recipe, x_amax):
     return y.to(x2.dtype)
 
 
-def _q_grad(t, recipe, seed):
+def q_grad(t, recipe, seed):
     return ref.quantize(t, block="1x16", global_scale=recipe.grad.global_scale,
                         rounding=recipe.grad.rounding, seed=seed, check_finite=False)  # fmt: skip
 
@@ -160,13 +149,13 @@ def _q_grad(t, recipe, seed):
 def cpu_dgrad(dy2, w: NVFP4Tensor, weight, recipe, seed):
     if recipe.dgrad == "bf16":
         return torch.mm(dy2.to(torch.bfloat16), weight.to(torch.bfloat16)).to(torch.float32)
-    return ref.nvfp4_mm(_q_grad(dy2, recipe, seed), transpose_tiled(w))
+    return ref.nvfp4_mm(q_grad(dy2, recipe, seed), transpose_tiled(w))
 
 
 def cpu_wgrad(dy2, x2, recipe, seed):
     if recipe.wgrad == "bf16":
         return torch.mm(dy2.to(torch.bfloat16).t(), x2.to(torch.bfloat16)).to(torch.float32)
-    dyt = _q_grad(pad_tokens(dy2.t().contiguous()), recipe, seed)
+    dyt = q_grad(pad_tokens(dy2.t().contiguous()), recipe, seed)
     xt = ref.quantize(pad_tokens(x2.t().contiguous()), block="1x16", global_scale="per_tensor",
                       check_finite=False)  # fmt: skip
     return ref.nvfp4_mm(dyt, xt)

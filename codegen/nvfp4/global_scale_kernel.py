@@ -109,7 +109,7 @@ def _expert_global_kernel(rows_ptr, gd_ptr, mult_ptr, gd_rows_ptr, mult_rows_ptr
 
 
 def expert_global_stage(row_amax: torch.Tensor, experts: int):
-    """Row maxima of stacked expert weights (FP32 [E * N], `abs_max.row_abs_max` of [E * N, K])
+    """Row maxima of stacked expert weights (FP32 [E * N], `abs_max_kernel.row_abs_max` of [E * N, K])
     -> (global decode [E], multiplier [E], both repeated per row [E * N]) in ONE launch:
     each expert's amax (the max of its rows' maxima, NaN if one is NaN, as torch's amax), then
     `scales_from_amax`. Replaces a torch max reduce, the scale launch and the two copies that

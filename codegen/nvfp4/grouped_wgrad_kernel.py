@@ -5,7 +5,7 @@ token columns (every expert's segment padded with zero tokens to a multiple of 1
 end to end; C = T + 15 E rounded up to 16, a bound known without reading the offsets on the
 host).
 
-Bitwise equal to the per-expert loop `nvfp4_impl.cuda_wgrad(dY[s:t], X[s:t], recipe, seed + 1 + e)`
+Bitwise equal to the per-expert loop `gemm.cuda_wgrad(dY[s:t], X[s:t], recipe, seed + 1 + e)`
 (the CPU reference's math), by construction:
 - quantize: each 16-column block belongs to one segment, so the 1x16 blocks are the loop's
   blocks; the global scale of a segment is the amax over its own tokens (per tensor, or per row
@@ -15,7 +15,7 @@ Bitwise equal to the per-expert loop `nvfp4_impl.cuda_wgrad(dY[s:t], X[s:t], rec
   start, with the config the loop's dense launch picks for M = N: the same tiles, zeros where the
   loop's masked loads give zeros, the same MMA sequence (both take the pinned "nvfp4_wgrad"
   config), the same epilogue `(acc * gd_a) * gd_b`.
-Launches: one for the layout (`segment_layout.py`), the amaxes, 2 quantize kernels, 1 GEMM,
+Launches: one for the layout (`segment_layout_kernel.py`), the amaxes, 2 quantize kernels, 1 GEMM,
 against 3 kernels and about 20 torch ops per expert for the loop (and no host read of offsets).
 """
 
@@ -96,14 +96,14 @@ def grouped_wgrad(
     x_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dW [E, N, K] in `out_dtype` of the NVFP4 wgrad (recipe.wgrad == "nvfp4"), expert e
-    drawing the stochastic-rounding seed `seed + 1 + e` (as `ops_nvfp4.nvfp4_grouped_mm_backward`).
-    `dy_row_amax`: dY's per-row max |dY| (`abs_max.row_abs_max`) when the caller read it already
+    drawing the stochastic-rounding seed `seed + 1 + e` (as `ops.nvfp4_grouped_mm_backward`).
+    `dy_row_amax`: dY's per-row max |dY| (`abs_max_kernel.row_abs_max`) when the caller read it already
     (the dgrad's per-tensor amax comes from the same row maxima)
     The kernel stores `out_dtype` directly: its FP32 epilogue, then one round-to-nearest-even
     cast, the bits of `.to(out_dtype)` of the FP32 result (in the interpreter, whose casts
     truncate, torch casts the FP32 result).
     `x_index` (int [T]): the operand X is x_TK[x_index], a zero row where x_index < 0 (the MoE
-    token gather, `nvfp4_impl.gather_zero_rows`), read through the index by the quantizer:
+    token gather, `gemm.gather_zero_rows`), read through the index by the quantizer:
     bitwise `grouped_wgrad(dy, gather_zero_rows(x_TK, x_index), ...)` without the copy."""
     check_kernel_device(dy_TN, "grad_out")
     from .quantize_kernel import quantize_segments_ongrid

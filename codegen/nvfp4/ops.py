@@ -17,7 +17,7 @@ stochastic-rounding streams; it does not change the forward.
   no global scale; exact), which the lowering passes as `w_ongrid` where the forward runs the
   on-grid GEMM: dequantized once per step, saved for the dgrad instead of decoded again there.
 `w_scales` holds the E4M3 scale BYTES as uint8 (`.view(torch.uint8)`: float8 arguments break
-opcheck's schema test on CPU); `recipe` is the recipe's JSON (`nvfp4_impl.recipe_to_json`); `weight` is the high-precision master
+opcheck's schema test on CPU); `recipe` is the recipe's numerics key (`NVFP4Recipe.numerics_key`; position `op_args.GemmArg.NUMERICS`); `weight` is the high-precision master
 weight, passed so that autograd returns its gradient (straight-through); `w_ongrid` optionally holds
 the on-grid BF16 copy of the quantized weight (same values, faster GEMM on CUDA).
 CPU implementations are the reference; CUDA ones the Triton kernels (imported lazily).
@@ -32,6 +32,7 @@ from ...format import BLOCK_SIZE, decode_e2m1, unpack_codes
 from ...sr_stream import DeviceSeed, call_seed, site_seed
 from ..invariant.gather_rows import gather_rows_backward
 from . import gemm as impl
+from .op_args import GemmArg as Arg
 from .weight_cache import active_cache
 
 _LIB = "fp4_compile"
@@ -99,7 +100,7 @@ def _cached_weight(x, block, gs, rounding, seed):
 
 def _no_packed_bytes(x):
     """The (codes, block scales) of a weight quantized on-grid only: [..., N, 0] each, shapes
-    that say so (`nvfp4_impl.check_weight` then takes K from the on-grid copy)."""
+    that say so (`gemm.check_weight` then takes K from the on-grid copy)."""
     lead = x.shape[:-1]
     return (x.new_empty((*lead, 0), dtype=torch.uint8),
             x.new_empty((*lead, 0), dtype=torch.float8_e4m3fn))  # fmt: skip
@@ -243,7 +244,7 @@ def nvfp4_linear(
     w_ongrid: torch.Tensor | None = None,
     site: int = 0,
 ) -> torch.Tensor:
-    rec = impl.recipe_from_json(recipe)
+    rec = impl.op_recipe(recipe)
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
                              w_ongrid=w_ongrid)  # fmt: skip
     x2 = _flat(x)
@@ -280,7 +281,7 @@ def nvfp4_linear_backward(
     """-> (dX in x.dtype or [0], dW [N, K] in weight.dtype or [0], dbias float32 [N] or [0]).
     `seed` is the call site's stream key (`sr_stream.site_seed`); each call draws a fresh seed
     from it (`sr_stream.call_seed`), so steps and layers never share rounding noise."""
-    rec = impl.recipe_from_json(recipe)
+    rec = impl.op_recipe(recipe)
     seed = backward_seed(seed, x.device)
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
                              w_ongrid=w_ongrid)  # fmt: skip
@@ -329,14 +330,15 @@ def _linear_setup_context(ctx, inputs, output):
 def _linear_backward(ctx, grad_out):
     x, weight, w_codes, w_scales, w_gd, w_ongrid = ctx.saved_tensors
     needs = ctx.needs_input_grad
-    rec = impl.recipe_from_json(ctx.recipe)
+    rec = impl.op_recipe(ctx.recipe)
     dx, dw, db = torch.ops.fp4_compile.nvfp4_linear_backward(
         grad_out, x, weight, w_codes, w_scales, w_gd, w_ongrid, ctx.recipe,
-        site_seed(rec.seed, ctx.site), needs[0], needs[1], needs[5] and ctx.bias_dtype is not None,
+        site_seed(rec.seed, ctx.site), needs[Arg.X], needs[Arg.WEIGHT],
+        needs[Arg.BIAS] and ctx.bias_dtype is not None,
     )  # fmt: skip
-    dx = dx if needs[0] else None
-    dw = dw.to(ctx.weight_dtype) if needs[1] else None
-    db = db.to(ctx.bias_dtype) if (needs[5] and ctx.bias_dtype is not None) else None
+    dx = dx if needs[Arg.X] else None
+    dw = dw.to(ctx.weight_dtype) if needs[Arg.WEIGHT] else None
+    db = db.to(ctx.bias_dtype) if (needs[Arg.BIAS] and ctx.bias_dtype is not None) else None
     return dx, dw, None, None, None, db, None, None, None, None
 
 
@@ -400,9 +402,9 @@ def nvfp4_grouped_mm(
     returning the gradient of x with `gather_rows`' position-ordered sums). `x_perm`: the sort
     permutation the gather index came from (x_index[q] == x_perm[q] // k wherever
     x_index[q] >= 0, k = S / T): the forward does not read it; the backward finds each row's
-    positions through its inverse instead of sorting x_index (`expert_gather_backward.py`),
+    positions through its inverse instead of sorting x_index (`expert_gather_backward_kernel.py`),
     the same bits."""
-    rec = impl.recipe_from_json(recipe)
+    rec = impl.op_recipe(recipe)
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
                              w_ongrid=w_ongrid)  # fmt: skip
     _check_grouped(x, offsets, w_codes.shape[0], x_index, x_perm)
@@ -435,7 +437,7 @@ def _scatter_gathered(dx_g: torch.Tensor, x_index: torch.Tensor, rows: int, *,
     same bits as masking those positions' gradients to +0.0 and summing them in (the unfolded
     graph: masked_fill's backward, then the gather's): each sum starts from +0.0, so it is never
     -0.0, and adding +0.0 to it changes no bit. With x_perm (CUDA, bf16 / fp32): each row's
-    positions found through perm's inverse, no sort (`expert_gather_backward.py`)."""
+    positions found through perm's inverse, no sort (`expert_gather_backward_kernel.py`)."""
     if x_perm is not None and dx_g.device.type == "cuda" and dx_g.dtype in (
         torch.bfloat16, torch.float32):  # fmt: skip
         from .expert_gather_backward_kernel import expert_gather_backward_triton
@@ -467,7 +469,7 @@ def nvfp4_grouped_mm_backward(
     `seed` is the call site's stream key, as in nvfp4_linear_backward. With `x_index` the
     forward's rows were x[x_index]: dX is the gradient of x (`gather_rows_backward` of the
     gathered rows' gradient) and the wgrad reads X^T through the index."""
-    rec = impl.recipe_from_json(recipe)
+    rec = impl.op_recipe(recipe)
     seed = backward_seed(seed, x.device)
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
                              w_ongrid=w_ongrid)  # fmt: skip
@@ -494,7 +496,7 @@ def nvfp4_grouped_mm_backward(
                                  dy_amax=dy_amax)  # fmt: skip
         else:
             dx = torch.zeros((rows, k), dtype=torch.float32, device=x.device)
-            dyq = None if rec.dgrad == "bf16" else impl._q_grad(grad_out, rec, seed)
+            dyq = None if rec.dgrad == "bf16" else impl.q_grad(grad_out, rec, seed)
             w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
             for e, s, t in _groups(offsets):
                 if rec.dgrad == "bf16":
@@ -544,13 +546,13 @@ def _grouped_setup_context(ctx, inputs, output):
 def _grouped_backward(ctx, grad_out):
     x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, x_index, x_perm = ctx.saved_tensors
     needs = ctx.needs_input_grad
-    rec = impl.recipe_from_json(ctx.recipe)
+    rec = impl.op_recipe(ctx.recipe)
     dx, dw = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(
         grad_out, x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, ctx.recipe,
-        site_seed(rec.seed, ctx.site), needs[0], needs[1], x_index, x_perm,
+        site_seed(rec.seed, ctx.site), needs[Arg.X], needs[Arg.WEIGHT], x_index, x_perm,
     )  # fmt: skip
-    dx = dx if needs[0] else None
-    dw = dw.to(ctx.weight_dtype) if needs[1] else None
+    dx = dx if needs[Arg.X] else None
+    dw = dw.to(ctx.weight_dtype) if needs[Arg.WEIGHT] else None
     return dx, dw, None, None, None, None, None, None, None, None, None, None
 
 

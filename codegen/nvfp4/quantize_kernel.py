@@ -4,7 +4,7 @@ Shape legend: R rows (leading dims flattened), K the last dim (a multiple of 16)
 
 Bitwise equal to `fp4_compile.reference.quantize`, step for step (see its docstring):
 - The global stage (amax, global_encode, global_decode, multiplier): per row, one Triton launch
-  (`quantize_global.py`, bitwise the torch ops); per tensor, two (`abs_max.row_abs_max`, then
+  (`global_scale_kernel.py`, bitwise the torch ops); per tensor, two (`abs_max_kernel.row_abs_max`, then
   that per-row stage over the row maxima as one row); otherwise (static or per-expert amaxes) a
   handful of torch ops on [] or [E, 1, 1] tensors, the very functions of the reference.
 - The kernel does steps 5-8: vec_max (max |x| over 16 elements or a 16x16 tile), ONE FP32
@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ...format import BLOCK_SIZE, NVFP4Tensor
-from ...reference import validate_input, global_amax
+from ...reference import global_amax, validate_input
 from ..configs import pick
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
 from ..triton_helpers import (
@@ -206,7 +206,7 @@ def _quantize_kernel(
 def global_stage(x: torch.Tensor, global_scale: str | torch.Tensor):
     """Steps 1-4 of `reference.quantize`, bitwise: -> (global_decode, multiplier), each [] or
     [..., R, 1] (or [E, 1, 1] for "per_expert" / a static amax of shape [E, 1, 1]). The amax in
-    one read of x (`abs_max`), the scales in one launch (`quantize_global.amax_global_stage`)."""
+    one read of x (`abs_max_kernel`), the scales in one launch (`global_scale_kernel.amax_global_stage`)."""
     if isinstance(global_scale, torch.Tensor):
         amax = global_scale.reshape(()) if global_scale.dim() == 0 else global_scale
     elif global_scale == "per_expert":  # [E, N, K] -> one amax per expert, [E, 1, 1]
@@ -257,9 +257,9 @@ def quantize_triton(
     global_scale "per_expert" (x [E, N, K], 16x16) equals `reference.quantize_experts`; a static
     amax of shape [E, 1, 1] gives one static scale per expert.
     A dense weight's 16x16 RNE quantize with a per-tensor data amax (contiguous x) runs in one
-    launch that reads x from HBM once (`weight_quantize.py`, the same bits); one_read_weights=
+    launch that reads x from HBM once (`weight_quantize_kernel.py`, the same bits); one_read_weights=
     False keeps the two-step form (the amax pass, then this kernel). Per-expert weights keep
-    the two-step form: one launch was slower there (`weight_quantize.py`'s docstring)."""
+    the two-step form: one launch was slower there (`weight_quantize_kernel.py`'s docstring)."""
     validate_input(x, block, name)
     check_kernel_device(x, name)
     if out not in ("packed", "ongrid", "both"):

@@ -11,7 +11,7 @@ p of P (all P resident at once) walks the tiles p, p + P, ... of expert e twice:
    amax NaN, as torch's amax does), merged into amax[e] with an atomic max; then the program
    announces it on expert e's counter.
 2. quantize: once all P programs have announced, every program reads amax[e], derives the
-   global scales (`quantize_global.scales_from_amax`, one IEEE rounding per step) and
+   global scales (`global_scale_kernel.scales_from_amax`, one IEEE rounding per step) and
    quantizes its tiles with the block-scale and rounding helpers of `_quantize_kernel`.
 
 Each program takes the amax of expert e + 1 BEFORE it waits for expert e, so it rarely waits,

@@ -1,5 +1,5 @@
-"""The experts' gather backward through the sort permutation (`codegen/expert_gather_backward.py`)
-== `gather_rows`' position-ordered sums over the sorted index (`ops_nvfp4._scatter_gathered`),
+"""The experts' gather backward through the sort permutation (`codegen/expert_gather_backward_kernel.py`)
+== `gather_rows`' position-ordered sums over the sorted index (`ops._scatter_gathered`),
 bitwise: the Triton kernels (the interpreter here, CUDA on the GPU) on routings like
 transformers' experts (`perm` a stable sort of the expert ids, the gather index `perm // k`),
 with masked slots (index -1), signed zeros, k a power of two or not; and bad input refused."""
@@ -62,7 +62,6 @@ def test_kernel_equals_the_sorted_sums(dtype, k, masked):
 def _grouped_case(masked):
     from fp4_compile import NVFP4Recipe
     from fp4_compile import reference as ref
-    from fp4_compile.codegen.nvfp4 import gemm as impl
 
     g = torch.Generator().manual_seed(0)
     tokens, k, experts = 6, 2, 4
@@ -73,7 +72,7 @@ def _grouped_case(masked):
     w = torch.randn(experts, 32, 48, generator=g)
     wq = ref.quantize_experts(w)
     h = torch.randn(tokens, 48, generator=g).to(torch.bfloat16)
-    rec = impl.recipe_to_json(NVFP4Recipe.strict())
+    rec = NVFP4Recipe.strict().numerics_key
     rest = (w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, offsets, None, rec)
     return h, rest, x_index, perm
 

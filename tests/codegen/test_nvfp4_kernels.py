@@ -187,7 +187,7 @@ def test_grouped_kernel_equals_loop(shape):
         start = end
     y_cpu = torch.ops.fp4_compile.nvfp4_grouped_mm(
         x.cpu(), w.cpu(), wq.codes.cpu(), sc.cpu(), wq.global_decode.cpu(), offsets.cpu(), None,
-        impl.recipe_to_json(STRICT), None)  # fmt: skip
+        STRICT.numerics_key, None)  # fmt: skip
     assert (y.float().cpu() - y_cpu.float()).abs().max() <= 2.0**-7 * y_cpu.float().abs().max()
 
 
@@ -240,7 +240,7 @@ def test_grouped_wgrad_equals_per_expert_loop(grad):
     wq = ref.quantize_experts(w)
     _, dw_op = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(
         dy, x, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, offsets, None,
-        impl.recipe_to_json(rec), 7, False, True)  # fmt: skip
+        rec.numerics_key, 7, False, True)  # fmt: skip
     dw = grouped_wgrad(dy, x, offsets, rec, nth_call_seed(7, 0))
     if DEV == "cuda":
         assert_bitwise_equal(dw_op, dw, "op dW")
@@ -417,7 +417,7 @@ def test_device_held_seeds_draw_the_same_streams():
 
 
 def test_next_device_seed_is_device_call_seed(monkeypatch):
-    """Bitwise: the one-launch device seed (`device_seed.next_device_seed`) == the torch ops of
+    """Bitwise: the one-launch device seed (`device_seed_kernel.next_device_seed`) == the torch ops of
     `sr_stream.device_call_seed`, call after call, with the site's counter advanced alike; an
     unprepared site is the same clear error."""
     from fp4_compile import sr_stream
@@ -489,7 +489,7 @@ def test_grouped_backward_with_x_index_equals_gathered_copy():
     assert_bitwise_equal(grouped_wgrad(dy, h, offsets, STRICT, seed, x_index=x_index),
                          grouped_wgrad(dy, xg, offsets, STRICT, seed), "wgrad")  # fmt: skip
     wargs = (w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, offsets, None,
-             impl.recipe_to_json(STRICT), 7, True, True)  # fmt: skip
+             STRICT.numerics_key, 7, True, True)  # fmt: skip
     set_sr_state(None)
     dh, dw = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(dy, h, *wargs, x_index)
     set_sr_state(None)

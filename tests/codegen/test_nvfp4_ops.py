@@ -175,7 +175,7 @@ def _linear_args(recipe=STRICT, requires_grad=True):
     b = _x(32, dtype=torch.float32, seed=2).requires_grad_(requires_grad)
     wq = ref.quantize(w.detach(), block="16x16")
     return (x, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, b, None,
-            impl.recipe_to_json(recipe), None)  # fmt: skip
+            recipe.numerics_key, None)  # fmt: skip
 
 
 def test_opcheck():
@@ -191,14 +191,14 @@ def test_opcheck():
     off = torch.tensor([4, 10], dtype=torch.int32)
     torch.library.opcheck(
         torch.ops.fp4_compile.nvfp4_grouped_mm.default,
-        (xg, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, off, None, impl.recipe_to_json(STRICT), None),
+        (xg, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, off, None, STRICT.numerics_key, None),
     )  # fmt: skip
     # the folded token gather: rows of h through x_index (-1: a zero row), gradient of h
     h = _x(6, 32, dtype=torch.float32).requires_grad_()
     x_index = torch.tensor([0, 5, 2, -1, 2, 4, 1, 0, 3, 5])
     torch.library.opcheck(
         torch.ops.fp4_compile.nvfp4_grouped_mm.default,
-        (h, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, off, None, impl.recipe_to_json(STRICT), None, 0, x_index),
+        (h, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, off, None, STRICT.numerics_key, None, 0, x_index),
     )  # fmt: skip
 
 
@@ -356,12 +356,13 @@ def test_quantize_with_ongrid_equals_quantize_then_ongrid_weight():
 
 
 def test_save_ongrid_weights_false_drops_the_weight_copy():
-    """options['save_ongrid_weights']=False (backend.drop_ongrid_weights): the graph keeps no
+    """options['save_ongrid_weights']=False (passes.drop_ongrid_weights): the graph keeps no
     on-grid copy (its quantize node is a plain quantize again) and every NVFP4 GEMM gets
     w_ongrid=None back; a non-bool is refused."""
     import torch.fx as fx
 
-    from fp4_compile.backend import drop_ongrid_weights, parse_options
+    from fp4_compile.backend import parse_options
+    from fp4_compile.passes import drop_ongrid_weights
     from fp4_compile.passes.targets import emit_nvfp4_linear, emit_quantize_weight
 
     graph, x, w, lin = _fake_graph("cuda", impl.ONGRID_FORWARD_MIN_ROWS)

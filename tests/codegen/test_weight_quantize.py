@@ -1,4 +1,4 @@
-"""The weights' one-read quantize (`codegen/weight_quantize.py`): bitwise the two-step kernel path
+"""The weights' one-read quantize (`codegen/nvfp4/weight_quantize_kernel.py`): bitwise the two-step kernel path
 (the amax pass, then `_quantize_kernel`) and the reference, for every output form, dtype and
 global-scale mode, with NaN / inf / all-zero experts, ragged tiles and more experts than
 programs. On CPU the interpreter runs it as two launches of the same kernel (amaxes, then
