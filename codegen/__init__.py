@@ -1,7 +1,6 @@
 """Triton kernels, their launchers and the `fp4_compile::` ops, imported as `fp4_compile.codegen`.
-
-Families: `nvfp4/` (NVFP4 quantize and GEMMs), `invariant/` (batch-invariant non-NVFP4 ops), `moe/` (MoE glue).
-May import the core (`fp4_compile.*`), never `rl`; Triton only lazily. Importing it registers every op.
+Families nvfp4/, invariant/, moe/; shared: runtime, configs (every launch config), triton_helpers.
+May import the core (never `rl`), Triton only lazily (`*_kernel*.py`); importing registers the ops.
 """
 
 from . import invariant, moe, nvfp4  # noqa: F401  (register the ops)

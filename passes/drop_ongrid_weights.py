@@ -1,5 +1,5 @@
 """Pass, drop on-grid weights (backend option `save_ongrid_weights=False`; not in PIPELINE, run
-after it): undo the lowering's once-per-step weight dequantize (`fp4_compile::quantize_with_ongrid`).
+after it): undo the lowering's once-per-step weight dequantize (`quantize_with_ongrid`).
 Every NVFP4 GEMM gets w_ongrid=None back (its forward and its dgrad then dequantize for
 themselves, so autograd keeps no BF16-size copy of the weight from the forward to the backward),
 the weight quantize nodes return to plain `quantize` (packed again where they were on-grid

@@ -71,7 +71,9 @@ def is_mul(n) -> bool:
 
 def is_silu(n) -> bool:
     """An out-of-place SiLU (F.silu, Tensor.silu, aten.silu); in-place forms are not matched."""
-    if not is_op(n, functions=(torch.nn.functional.silu,), methods=("silu",), overloads=(aten.silu,)):
+    if not is_op(
+        n, functions=(torch.nn.functional.silu,), methods=("silu",), overloads=(aten.silu,)
+    ):
         return False
     return not (n.kwargs.get("inplace") or (len(n.args) > 1 and n.args[1] is True))
 

@@ -41,7 +41,12 @@ def packed_bytes_unread(q: fx.Node, gemms) -> bool:
     reader of codes, and of the scales' uint8 view, is an NVFP4 GEMM also given q's copy."""
     items = _getitems(q)
     copies = items.get(Out.ONGRID, [])
-    if len(copies) != 1 or set(items) - {Out.CODES, Out.BLOCK_SCALES, Out.GLOBAL_DECODE, Out.ONGRID}:
+    if len(copies) != 1 or set(items) - {
+        Out.CODES,
+        Out.BLOCK_SCALES,
+        Out.GLOBAL_DECODE,
+        Out.ONGRID,
+    }:
         return False
     copy = copies[0]
     codes_readers = [u for g in items.get(Out.CODES, []) for u in g.users]

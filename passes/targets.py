@@ -95,7 +95,9 @@ def emit_ongrid_weight(graph, node, x, wq, num_experts: int | None = None):
             raise ValueError(f"weight codes {codes} do not come from a quantize node")
         q.target = _ops().quantize_with_ongrid.default
         propagate_val(q)
-        made[codes] = insert_call(graph, operator.getitem, (q, QuantizeOut.ONGRID), after=q, like=node)
+        made[codes] = insert_call(
+            graph, operator.getitem, (q, QuantizeOut.ONGRID), after=q, like=node
+        )
     return made[codes]
 
 

@@ -108,8 +108,9 @@ def test_graph_seed_counters_cover_every_nvfp4_site(monkeypatch):
         seen["n"] = prepare_graph_seeds(gm, torch.device("cpu"))
         ops = torch.ops.fp4_compile
         seen["sites"] = {
-            sr_stream.site_seed(NVFP4Recipe.from_numerics_key(n.args[GemmArg.NUMERICS]).seed,
-                               n.args[GemmArg.SITE])
+            sr_stream.site_seed(
+                NVFP4Recipe.from_numerics_key(n.args[GemmArg.NUMERICS]).seed, n.args[GemmArg.SITE]
+            )
             for n in gm.graph.nodes
             if n.target in (ops.nvfp4_linear.default, ops.nvfp4_grouped_mm.default)
         }

@@ -15,8 +15,8 @@ Deterministic: no atomics, every sum in a fixed order, one pinned config. Not ba
 (the backward needs determinism only; `invariant/reference.py` is the reference). Precision: on CUDA the
 dot operands are bf16 (q, k, v, dO are bf16 already; P and dS are rounded to bf16 for their
 dots, as stock FlashAttention does), accumulation FP32; in the interpreter every dot is FP32.
-Replaces FP32 cuBLAS matmuls over materialized [B, Hq, Tq, Tk] tensors (8 ms of a 65 ms
-learner step on the H200, `benchmarks/results/2026-12-03_learner.md`).
+Replaces FP32 cuBLAS matmuls over materialized [B, Hq, Tq, Tk] tensors
+(`benchmarks/results/2026-12-03_learner.md`).
 """
 
 from __future__ import annotations

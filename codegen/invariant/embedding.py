@@ -5,13 +5,13 @@ rows of their token ids, repeated tokens summed). Traced, it is whatever kernel 
 `embedding_dense_backward` in eager, a decomposition into `index_put(accumulate=True)` under
 Inductor (ATen's sorted fallback with the backend's deterministic flag, atomic adds without).
 The two sum repeated tokens differently, so a compiled model's embedding gradient differed
-from the same lowered graph run eagerly on the H200 (`benchmarks/results/*backend_gpu_check*`).
+from the same lowered graph run eagerly on the H200 (`benchmarks/results/2026-12-02_backend_gpu_check_h200.md`).
 As one opaque op both paths run the same backward, with ONE definition on every device:
 `gather_rows_backward`'s sums (row r of the gradient = the FP32 sum, in position order, of the
 gradient rows whose id is r, rounded once to the weight's dtype; padding_idx's row zero). On
-CUDA that is one Triton pass after a narrow-key sort; ATen's CUDA `embedding_dense_backward`
-took 21 kernels and 0.18 ms of the H200 learner step (`2026-12-04_learner_gaps_nographs_
-8ba281e.md`) and summed in chunks of its own.
+CUDA that is one Triton pass after a narrow-key sort, where ATen's CUDA
+`embedding_dense_backward` takes many kernels and sums in chunks of its own
+(`benchmarks/results/2026-12-04_learner_gaps_nographs_8ba281e.md`).
 """
 
 from __future__ import annotations

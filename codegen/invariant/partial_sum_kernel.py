@@ -15,13 +15,11 @@ The order, a function of P only (`partial_sum_reference` writes it out as torch 
   FP32 -> 16-bit casts truncate: there the launcher stores FP32 and torch casts.
 CHAINS = 1 is the plain sequential sum over rows 0, 1, ..., P - 1.
 
-Why chains (H200, Triton 3.6, 2026-12-04; per call, partials L2-resident, CUDA-graph replays,
-the learner's three shapes [512, 2048] + [1024, 128] (q-norm) + [128, 128] (k-norm)): torch's
-sum + cast took 9.2 + 8.3 + 4.8 us; the plain sequential order (CHAINS = 1) keeps only H
-dependent chains of P loads and adds in flight: 25 + 47 + 7 us at its best tile; 64
+Why chains: the plain sequential order (CHAINS = 1) keeps only H dependent chains of P loads
+and adds in flight, slower than torch's sum + cast at the learner's shapes on the H200; 64
 interleaved chains read one [BLOCK_H, 64] tile of consecutive rows per step (coalesced,
-software-pipelined by `NUM_STAGES`): 2.3 + 2.7 + 1.6 us (16 chains at their best tile:
-3.1 + 4.5 + 1.8; 128 and 256 no faster). The whole op went from 30.5 / 48.9 / 13.9 to 21.2 / 41.8 / 10.5 us.
+software-pipelined by `NUM_STAGES`) and are several times faster than either (16 chains are
+slower, 128 and 256 no faster).
 Error: every term passes through at most ceil(P / CHAINS) - 1 + ceil(log2(min(P, CHAINS))) FP32
 adds (an empty node adds nothing), never more than the sequential sum's P - 1: |error| <=
 (P - 1) * 2**-24 * sum|terms| (to first order) before the final rounding.

@@ -4,7 +4,7 @@ n_rep gradient copies in a fixed written-out order: ((g0 + g1) + g2) + ... in FP
 to x's dtype at the end. Left to autograd, `expand`'s backward is a stock sum over the group,
 reduced in one order by eager ATen and in another by Inductor's generated kernel: the dK / dV of
 every GQA layer could differ in the last bit between a compiled step and the eager lowered graph
-(the bf16 recipe's 30B-shaped row at 4096 tokens on the H200, 2026-12-03). The forward is a copy:
+(the bf16 recipe's 30B-shaped row at 4096 tokens on the H200). The forward is a copy:
 its bits are the inputs' (on CUDA one Triton pass, `repeat_kv_kernel`). On CUDA (FP32, BF16) the backward is one Triton pass
 (`group_sum_kernel`), the same roundings."""
 

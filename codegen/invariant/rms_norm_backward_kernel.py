@@ -1,8 +1,8 @@
 """The RMSNorm backward in one Triton launch, plus one small launch that adds dweight's per-program
 partials (CUDA; CPU tensors under TRITON_INTERPRET=1), for
-`fp4_compile::invariant_rms_norm_backward`. The CPU path (plain PyTorch, `invariant/reference.py`) ran
-about 15 FP32 kernels per call on the GPU as well; on the H200 learner the nine calls took
-7.6 ms of host time and most of the "other elementwise" class (2026-12-03_learner.md).
+`fp4_compile::invariant_rms_norm_backward`, in place of the CPU path (plain PyTorch,
+`invariant/reference.py`: about 15 FP32 kernels per call on the GPU,
+benchmarks/results/2026-12-03_learner.md).
 
 Math, per row of h [R, H] (the CPU path's formulas):
     rstd = 1 / sqrt(sum(h32^2) / H + eps);  n = h32 * rstd
@@ -16,12 +16,10 @@ only: interleaved sequential chains, then a pairwise tree; `partial_sum_referenc
 as torch adds) and stores weight's dtype with one round-to-nearest-even cast. Not bitwise equal
 to the CPU path (FP32 sums in another order); the GPU check compares them within FP32 rounding.
 
-Speed (H200 learner, 2026-12-04): one row per loop step made every program wait on one small load
-after another (the nine calls took 0.37 ms); a tile of rows per step, more programs, and grad_y
-read through its strides (q_norm / k_norm gradients arrive as a transposed view: the
-`.contiguous()` copy cost another 0.11 ms). dweight's partials were added by `partial.sum(0)`
-and cast by `.to(dtype)`: two stock kernels per call, 18 per learner step (~0.09 ms of reduce
-kernel, plus launch gaps); now one launch.
+Speed: a tile of rows per loop step (one row per step makes every program wait on one small
+load after another), and grad_y read through its strides (q_norm / k_norm gradients arrive as a
+transposed view: no `.contiguous()` copy); dweight's partials added and cast in one launch
+(`partial_sum_kernel`), not a stock sum and a cast.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ CPU: each group runs `invariant_linear` (the reference), so every row equals
 `invariant_linear(row, weight[e])` whatever the other rows. CUDA: ONE launch for all experts, the
 grouped W4A4 kernel in its BF16-operand mode with unit global scales (`gemm_kernel.launch_gemm`:
 `(acc * 1) * 1` is `acc`), always with the same pinned tile config (no M bucket): a row's bits
-depend only on its own values and its expert's weight, never on the batch. A loop of per-expert
-launches cost 12286 launches and 1.9 s of host time per 32-token rollout at batch 64 on the H200
+depend only on its own values and its expert's weight, never on the batch. One launch, not a
+loop of per-expert launches, whose host time dominated a rollout on the H200
 (`benchmarks/results/2026-12-02_rollout_h200_profile_before_weight_cache.md`).
 
 Shape legend: T tokens sorted by expert, K in-features, N out-features, E experts.

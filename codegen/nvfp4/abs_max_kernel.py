@@ -1,9 +1,8 @@
 """max |x| in ONE read of x: per row (`row_abs_max`), per tensor (`tensor_abs_max`), per expert
 segment of tokens sorted by expert (`segment_abs_max`), and per (expert segment, column)
-(`segment_column_abs_max`). The global stage of a per-tensor NVFP4
-quantize (the gradient's, in every wgrad and dgrad) and the per-expert amaxes of the grouped
-wgrad took `x.abs()` (a full-size write and read) and then a reduction: on the H200 learner
-(2026-12-03_learner.md) the abs kernels alone were 2.0 ms of a 73.8 ms step.
+(`segment_column_abs_max`): the global stage of a per-tensor NVFP4 quantize (the gradient's,
+in every wgrad and dgrad) and the per-expert amaxes of the grouped wgrad, without the full-size
+write and read of an `x.abs()` (benchmarks/results/2026-12-03_learner.md).
 
 Bitwise equal to `x.abs().amax(...).to(torch.float32)`: |x| of a BF16/FP16/FP32 value is exact
 in FP32 and max is exact in any order, so the tiling cannot change a bit; a NaN anywhere in a
@@ -102,9 +101,9 @@ def segment_abs_max(x_TD: torch.Tensor, ends: torch.Tensor, rows: torch.Tensor |
     """max |x| over the rows of each expert (rows sorted by expert, expert e's rows
     [ends[e-1], ends[e])) -> FP32 [E], 0 for an expert without rows: the row maxima (one read
     of x; or `rows`, x's `row_abs_max` when the caller has it), then each expert's max of its
-    rows' (`segment_column_abs_max` of one column). A scatter_reduce of the row maxima into E
-    bins took ~45 us per call on the H200 (atomics on E addresses); the column kernel over all
-    of x took ~250 us (2026-12-04_learner_1bb6149.md)."""
+    rows' (`segment_column_abs_max` of one column): faster on the H200 than a scatter_reduce of
+    the row maxima into E bins (atomics on E addresses) or the column kernel over all of x
+    (benchmarks/results/2026-12-04_learner_1bb6149.md)."""
     if rows is None:
         rows = row_abs_max(x_TD)
     return segment_column_abs_max(rows.reshape(-1, 1), ends).reshape(-1)

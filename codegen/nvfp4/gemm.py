@@ -167,10 +167,8 @@ def cpu_wgrad(dy2, x2, recipe, seed):
 
 # Rows per weight (per expert for MoE) from which the forward dequantizes a packed weight once
 # into its on-grid BF16 copy and runs the on-grid GEMM: decoding E2M1 x E4M3 in registers is
-# ALU-bound and is repeated for every BLOCK_M rows. On the H200 at the learner's shapes
-# (benchmarks/results/2026-12-03_tune_kernels.md, ~256 tokens per expert): MoE gate_up 1.53 ms
-# packed vs 0.73 ms on-grid (+ about 0.2 ms to dequantize), down 0.80 vs 0.45 ms; at 64-128
-# tokens per expert the dequantize costs more than it saves (2026-12-02_grouped_gemm.md).
+# ALU-bound and is repeated for every BLOCK_M rows; below this many rows the one dequantize
+# costs more than it saves (H200: benchmarks/results/2026-12-02_grouped_gemm.md).
 # Packed and on-grid GEMMs give the same bits on CUDA (same operand values, same K order;
 # tests/codegen re-checks it on cancellation-heavy rows on both sides of this threshold): the
 # rollout's decode (packed, few rows) and the learner (on-grid) stay equal. Not in the Triton

@@ -123,8 +123,8 @@ def _quantize_kernel(
             src = tl.where(cols3 < n_tok, cols3, -1).to(tl.int64)
         else:
             src = tl.load(src_ptr + cols3, mask=cols3 < K, other=-1)
-        # (a token-major [BLOCK_K, BLOCK_M] load, transposed in registers, was slower on the
-        # H200: 2026-12-04_learner_1bb6149.md)
+        # (a token-major [BLOCK_K, BLOCK_M] load, transposed in registers, is slower on the
+        # H200: benchmarks/results/2026-12-04_learner_1bb6149.md)
         x = tl.load(x_ptr + rows3 * stride_xr + src * stride_xc, mask=mask & (src >= 0),
                     other=0.0)  # fmt: skip
     else:

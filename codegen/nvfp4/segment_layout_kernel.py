@@ -31,8 +31,8 @@ def _segment_layout_kernel(
     BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr, ROW_INDEX: tl.constexpr,
 ):  # fmt: skip
     # int32 throughout (tokens and columns < 2**31, checked by the launcher), and small
-    # [BLOCK_C, BLOCK_E] tiles: a [64, 128] int64 tile spilled to local memory on the H200
-    # (0.11 ms per call, 2026-12-04_learner_ea76afb.md)
+    # [BLOCK_C, BLOCK_E] tiles: a [64, 128] int64 tile spills to local memory on the H200
+    # (benchmarks/results/2026-12-04_learner_ea76afb.md)
     pid = tl.program_id(0)
     c = pid * BLOCK_C + tl.arange(0, BLOCK_C)  # this program's columns
     b = pid * (BLOCK_C // 16) + tl.arange(0, BLOCK_C // 16)  # and its 16-column blocks

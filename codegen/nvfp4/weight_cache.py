@@ -4,7 +4,7 @@ not once per decode step.
 The lowering puts the weight quantizers inside the graph (once per forward: right for the
 learner, whose weights change every step). A rollout engine runs that graph for every generated
 token with the same weights, so without a cache it re-quantizes every weight per token (on the
-H200 that was most of the NVFP4 decode time: `benchmarks/results/*rollout_h200_profile*`).
+H200 that was most of the NVFP4 decode time: `benchmarks/results/2026-12-02_rollout_h200_profile_before_weight_cache.md`).
 
 While a `WeightCache` is active (`with cache:`), `fp4_compile::quantize` of a 16x16, RNE,
 data-scaled tensor (what the lowering emits for weights) returns the bytes it computed the first

@@ -18,14 +18,11 @@ Each program takes the amax of expert e + 1 BEFORE it waits for expert e, so it 
 and its second read of expert e finds the tiles in L2 (one expert of the 30B-A3B shapes is
 <= 6.3 MB; the H200's L2 is 50 MB). A dense weight is one "expert" (per-tensor amax).
 
-Measured on the H200 (`benchmarks/results/2026-12-04_tune_kernels_weights_20b0dc2.md`, the
-same bits in every row): a dense [4096, 2048] weight 0.048 ms against 0.23 ms for the two-step
-form (most of which were its small launches); but the 128 experts of [128, 1536, 2048] took
-1.18 ms at best against 0.66 ms, and [128, 2048, 768] 0.86 against 0.36: a grid-wide wait per
-expert (every program announces on one counter, then every program polls it) costs ~5 us,
-more than one expert's ~5 us of traffic. So `quantize_triton` routes only per-tensor weights
-here; per-expert weights keep the two-step form (`learner_weights_one_launch_20b0dc2.md`:
-the learner step 24.0 -> 26.7 ms with the experts routed here too).
+Faster than the two-step form for a dense weight, slower for many experts, where a grid-wide
+wait per expert (every program announces on one counter, then every program polls it) costs
+more than one expert's traffic; so `quantize_triton` routes only per-tensor weights here and
+per-expert weights keep the two-step form (H200, the same bits in every row:
+benchmarks/results/2026-12-04_tune_kernels_weights_20b0dc2.md).
 
 Bitwise `_quantize_kernel` after `global_stage` (tests/codegen/test_weight_quantize.py). The
 wait needs every program resident at once: P = SMs x min(`PROGRAMS_PER_SM`, what fits on one

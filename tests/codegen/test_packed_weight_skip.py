@@ -147,7 +147,9 @@ def test_cuda_forward_and_gradients_equal_the_packed_weight(experts):
         if experts:
             off = torch.arange(1, experts + 1, device="cuda", dtype=torch.int32)
             off = off * impl.ONGRID_FORWARD_MIN_ROWS
-            y = ops.nvfp4_grouped_mm(x, wp, codes, s8, gd, off, None, STRICT.numerics_key, ongrid, 0)
+            y = ops.nvfp4_grouped_mm(
+                x, wp, codes, s8, gd, off, None, STRICT.numerics_key, ongrid, 0
+            )
         else:
             y = ops.nvfp4_linear(x, wp, codes, s8, gd, None, None, STRICT.numerics_key, ongrid, 0)
         y.backward(go)
