@@ -20,8 +20,8 @@ import torch
 from benchmarks.common import environment, write_results
 from fp4_compile import NVFP4Recipe
 from fp4_compile import reference as ref
-from fp4_compile.codegen import configs, invariant_configs
-from fp4_compile.codegen import nvfp4_impl as impl
+from fp4_compile.codegen import configs
+from fp4_compile.codegen.nvfp4 import gemm as impl
 from fp4_compile.testing import count_bytes_differ
 
 MS = (1, 7, 16, 17, 63, 64, 65, 129, 257)
@@ -32,17 +32,17 @@ KS = (32, 256, 2048)
 def old_tables():
     """The sm_90 tables before the BLOCK_M >= 64 pin (a 16-row bucket)."""
     key = ("sm_90", "bf16", "nvfp4_gemm")
-    saved_g, saved_l = configs.PINNED[key], invariant_configs.LINEAR["sm_90"]
+    saved_g, saved_l = configs.PINNED[key], configs.LINEAR["sm_90"]
     configs.PINNED[key] = (
         (16, configs.TileConfig(16, 64, 64, num_warps=4, num_stages=4)),
         *saved_g,
     )
-    invariant_configs.LINEAR["sm_90"] = (
-        (16, invariant_configs.KernelConfig(16, 64, 64, num_warps=4, num_stages=4)), *saved_l)  # fmt: skip
+    configs.LINEAR["sm_90"] = (
+        (16, configs.TileConfig(16, 64, 64, num_warps=4, num_stages=4)), *saved_l)  # fmt: skip
     try:
         yield
     finally:
-        configs.PINNED[key], invariant_configs.LINEAR["sm_90"] = saved_g, saved_l
+        configs.PINNED[key], configs.LINEAR["sm_90"] = saved_g, saved_l
 
 
 def _x(*shape, seed):
@@ -52,7 +52,7 @@ def _x(*shape, seed):
 
 
 def run_checks() -> list[dict]:
-    from fp4_compile.codegen import invariant_kernels as ik
+    from fp4_compile.codegen.invariant import forward_kernels as ik
 
     recipe, rows = NVFP4Recipe.strict(), []
     for k in KS:

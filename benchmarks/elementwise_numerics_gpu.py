@@ -35,7 +35,7 @@ def _swiglu(gate_up):
 
 
 def _swiglu_op(gate_up):
-    from fp4_compile.codegen.silu_mul import silu_mul
+    from fp4_compile.codegen.invariant.silu_mul import silu_mul
 
     gate, up = gate_up.chunk(2, dim=-1)
     return silu_mul(gate, up)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from benchmarks.common import write_results
 from benchmarks.kernel_timing import both, fmt, header, ratio
 from fp4_compile import NVFP4Recipe
-from fp4_compile.codegen import nvfp4_impl as impl
+from fp4_compile.codegen.nvfp4 import gemm as impl
 
 SHAPES = [("square_8192", 8192, 8192, 8192), ("square_4096", 4096, 4096, 4096),
           *[("decode_8192", m, 8192, 8192) for m in (1, 16, 64)],
@@ -29,8 +29,8 @@ SHAPES = [("square_8192", 8192, 8192, 8192), ("square_4096", 4096, 4096, 4096),
 
 
 def measure(name, m, n, k, recipe) -> dict:
-    from fp4_compile.codegen.nvfp4_gemm import launch_gemm
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)

@@ -20,7 +20,7 @@ import torch
 from benchmarks.common import write_results
 from benchmarks.kernel_timing import both, fmt, header, launch_ms, ratio
 from fp4_compile import NVFP4Recipe
-from fp4_compile.codegen import nvfp4_impl as impl
+from fp4_compile.codegen.nvfp4 import gemm as impl
 
 EXPERTS = {"gate_up": (128, 1536, 2048), "down": (128, 2048, 768)}
 PER_EXPERT = (8, 64, 128, 256, 512, 1024)
@@ -31,7 +31,7 @@ def _offsets(e, per):
 
 
 def forward_row(name, e, n, k, per, recipe) -> dict:
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16)
     wq = quantize_triton(w, block="16x16", global_scale="per_expert")
@@ -55,7 +55,7 @@ def forward_row(name, e, n, k, per, recipe) -> dict:
 
 
 def wgrad_row(name, e, n, k, per, recipe, with_loop: bool) -> dict:
-    from fp4_compile.codegen.grouped_wgrad import grouped_wgrad
+    from fp4_compile.codegen.nvfp4.grouped_wgrad_kernel import grouped_wgrad
 
     offsets = _offsets(e, per)
     dy = torch.randn(e * per, n, device="cuda", dtype=torch.bfloat16)

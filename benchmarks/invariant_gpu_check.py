@@ -21,7 +21,7 @@ import subprocess
 import torch
 import torch.nn.functional as F
 
-from fp4_compile.codegen import invariant as inv
+from fp4_compile.codegen.invariant import api as inv
 from fp4_compile.testing import count_bytes_differ
 
 HQ, HKV, D, HIDDEN, VOCAB, EXPERTS = 32, 4, 128, 2048, 151936, 128
@@ -73,7 +73,7 @@ def checks(dev) -> list[dict]:
                 "ok": bool((lp.double() - ref).abs().max() < 1e-4)})  # fmt: skip
     router_logits = inv.linear(x, (rnd(EXPERTS, HIDDEN) * 0.02).bfloat16())
     _rows_invariant(lambda a: inv.route(a, 8), router_logits, "routing E=128 k=8", res)
-    from fp4_compile.codegen import invariant_cpu
+    from fp4_compile.codegen.invariant import reference as invariant_cpu
 
     w_gpu, i_gpu = inv.route(router_logits, 8)
     w_cpu, i_cpu = invariant_cpu.routing(router_logits.cpu(), 8, True)

@@ -23,7 +23,7 @@ import torch
 
 from benchmarks.common import environment, write_results
 from fp4_compile import NVFP4Recipe
-from fp4_compile.codegen import ops_nvfp4
+from fp4_compile.codegen.nvfp4 import ops as ops_nvfp4
 from fp4_compile.models import qwen3_30b_a3b_layers, tiny_qwen3_moe
 from fp4_compile.sr_stream import set_sr_state, sr_state
 from fp4_compile.testing import count_bytes_differ

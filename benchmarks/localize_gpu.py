@@ -184,8 +184,8 @@ def bucket_flip_rates(dev) -> list[str]:
     """Each GEMM op on 2048 rows at once (the largest M bucket) vs the same rows in chunks of 1,
     16 and 64 (the small buckets, other MMA shapes): bitwise-differing outputs per op."""
     from fp4_compile import reference as ref
-    from fp4_compile.codegen import invariant as inv
-    from fp4_compile.codegen import nvfp4_impl as impl
+    from fp4_compile.codegen.invariant import api as inv
+    from fp4_compile.codegen.nvfp4 import gemm as impl
 
     g = torch.Generator(device=dev).manual_seed(0)
     x = torch.randn(2048, 2048, device=dev, generator=g).bfloat16()
@@ -300,12 +300,12 @@ def op_level(model, recipe, sequence, prompt_len, position, device) -> list[str]
 
 def _single_bucket_configs() -> None:
     """Pin ONE tile config per GEMM op for every M (the largest bucket's), in place."""
-    from fp4_compile.codegen import configs, invariant_configs
+    from fp4_compile.codegen import configs
 
     for key, table in list(configs.PINNED.items()):
         configs.PINNED[key] = ((None, table[-1][1]),)
-    for arch, table in list(invariant_configs.LINEAR.items()):
-        invariant_configs.LINEAR[arch] = ((None, table[-1][1]),)
+    for arch, table in list(configs.LINEAR.items()):
+        configs.LINEAR[arch] = ((None, table[-1][1]),)
 
 
 def main() -> None:

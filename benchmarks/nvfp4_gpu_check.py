@@ -25,7 +25,7 @@ import torch
 
 from fp4_compile import NVFP4Recipe
 from fp4_compile import reference as ref
-from fp4_compile.codegen import nvfp4_impl as impl
+from fp4_compile.codegen.nvfp4 import gemm as impl
 from fp4_compile.testing import count_bytes_differ
 
 LABEL = "emulated NVFP4 (sm_90)"
@@ -65,7 +65,7 @@ def _nv_equal(a, b):
 
 
 def check_quantize(c: Checks):
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     x = _x(512, 2048)
     for block, gs in [("1x16", "per_row"), ("1x16", "per_tensor"), ("16x16", "per_tensor"),
@@ -169,7 +169,7 @@ def check_grouped(c: Checks, recipe):
 def check_grouped_wgrad(c: Checks, recipe):
     """The one-pass MoE wgrad == the per-expert loop of dense wgrads (bitwise), and vs the CPU
     (exact) path within the FP32 accumulation budget."""
-    from fp4_compile.codegen.grouped_wgrad import grouped_wgrad
+    from fp4_compile.codegen.nvfp4.grouped_wgrad_kernel import grouped_wgrad
 
     counts = [3, 0, 17, 64, 1, 130, 0, 41]
     offsets = torch.tensor(counts, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()

@@ -133,8 +133,8 @@ def learner_cases() -> list[KernelCase]:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("ptx_audit compiles for the GPU: run it without TRITON_INTERPRET")
     from fp4_compile.codegen import configs
-    from fp4_compile.codegen import grouped_wgrad as gw
-    from fp4_compile.codegen import nvfp4_gemm as gemm
+    from fp4_compile.codegen.nvfp4 import gemm_kernel as gemm
+    from fp4_compile.codegen.nvfp4 import grouped_wgrad_kernel as gw
 
     t, n, k, e, c = 32768, 1536, 2048, 128, 34816
     wg = configs.pick("sm_90", "bf16", "nvfp4_wgrad", n)
@@ -199,14 +199,15 @@ def learner_cases() -> list[KernelCase]:
 def _row_scale_cases() -> list[KernelCase]:
     """row_scale's backward at the top-k combine (8 x 4096 rows of 2048, grad rows through the
     inverse permutation), at the pinned launch and at 4 blocks of 64 columns per loop step."""
-    from fp4_compile.codegen import row_scale_kernel as rk
+    from fp4_compile.codegen import configs
+    from fp4_compile.codegen.moe import row_scale_kernel as rk
 
     args = {"g_ptr": ("*bf16", 0), "x_ptr": ("*bf16", 0), "w_ptr": ("*fp32", 0),
             "gx_ptr": ("*bf16", 0), "gw_ptr": ("*fp32", 0), "m_ptr": ("*u8", 0),
             "gi_ptr": ("*i64", 0), "R": ("i32", 32768), "H": ("i32", 2048),
             "row_div": ("i32", 8)}  # fmt: skip
     cases = []
-    for block_r, warps, most in {rk.BACKWARD_LAUNCH, (16, 4, 4)}:
+    for block_r, warps, most in {configs.ROW_SCALE_BACKWARD_LAUNCH, (16, 4, 4)}:
         nb = rk.blocks_per_step(2048, most)
         flags = {"BLOCK_R": block_r, "BLOCK": 64, "NB": nb, "ROW_MASK": False, "G_GATHER": True}
         cases.append(KernelCase(f"row_scale backward ({block_r} rows, {warps} warps, {nb} "
@@ -219,7 +220,7 @@ def _layout_cases() -> list[KernelCase]:
     """The MoE wgrad's padded layout (`codegen/segment_layout.py`), 128 experts, 32768 tokens,
     with the gather index (gate_up's X^T) as the learner launches it: its tiles must not spill
     (an int64 [64, 128] version did: 0.11 ms per call)."""
-    from fp4_compile.codegen import segment_layout as sl
+    from fp4_compile.codegen.nvfp4 import segment_layout_kernel as sl
 
     i64, i32 = "*i64", "*i32"
     return [
@@ -238,7 +239,7 @@ def _quantize_cases() -> list[KernelCase]:
     a gradient (1x16, per tensor, SR with a device-held seed), a weight (16x16, on-grid only:
     the learner's GEMMs read nothing else), and the wgrad's transposing segmented quantize (SR)."""
     from fp4_compile.codegen import configs
-    from fp4_compile.codegen import quantize_kernel as qk
+    from fp4_compile.codegen.nvfp4 import quantize_kernel as qk
 
     q = configs.pick("sm_90", "any", "nvfp4_quantize", 4096)
     qs = configs.pick("sm_90", "any", "nvfp4_quantize_segments", 2048)
@@ -276,9 +277,9 @@ def _attention_cases() -> list[KernelCase]:
     torch.compile: `mask_args`' row intervals and bit words)."""
     import triton.language as tl
 
-    from fp4_compile.codegen import attention_backward as ab
-    from fp4_compile.codegen import invariant_configs as cfgs
-    from fp4_compile.codegen import invariant_kernels as ik
+    from fp4_compile.codegen import configs as cfgs
+    from fp4_compile.codegen.invariant import attention_backward_kernel as ab
+    from fp4_compile.codegen.invariant import forward_kernels as ik
 
     hq, hkv, t, d = 32, 4, 512, 128  # batch 8: only the strides below see it
     i32, bf16 = "i32", "*bf16"

@@ -52,7 +52,7 @@ def _timed_rows(x, cases) -> list[dict]:
 
 
 def measure(m, k) -> list[dict]:
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     cases = [
@@ -66,7 +66,7 @@ def measure(m, k) -> list[dict]:
 
 
 def measure_weight(e, n, k) -> list[dict]:
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16)
     fields = {"M": f"{e}x{n}", "K": k, "global_scale": "per_expert 16x16", "rounding": "rne"}

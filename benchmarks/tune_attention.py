@@ -1,5 +1,5 @@
 # ruff: noqa: B023  (each benchmarked closure is timed immediately, inside its own iteration)
-"""Offline tuner of the invariant attention's pinned configs (`codegen/invariant_configs.py`)
+"""Offline tuner of the invariant attention's pinned configs (`codegen/configs.py`)
 on the learner's shape: causal, 8 sequences x 512 tokens, 32 query / 4 key-value heads, head
 dim 128 (Qwen3-30B-A3B), bf16.
 
@@ -19,7 +19,7 @@ learner runs).
   FP32 partials added after, was slower at every split, 2026-12-04_tune_attention_10bb871.md.)
 Baselines in the same run: `F.scaled_dot_product_attention` (cuDNN / flash) forward, and
 forward + backward. Nothing here is read at run time: a winner is copied into
-invariant_configs.py by hand. Figures: H200, bf16 attention (no NVFP4 in these kernels).
+configs.py by hand. Figures: H200, bf16 attention (no NVFP4 in these kernels).
 """
 
 from __future__ import annotations
@@ -32,35 +32,35 @@ import torch
 
 from benchmarks.common import environment, write_results
 from benchmarks.common import median_ms as bench
-from fp4_compile.codegen import invariant_configs as cfgs
-from fp4_compile.codegen.invariant_configs import KernelConfig
+from fp4_compile.codegen import configs as cfgs
+from fp4_compile.codegen.configs import TileConfig
 from fp4_compile.testing import count_bytes_differ
 
 B, HQ, HKV, T, D = 8, 32, 4, 512, 128
 ARCH = "sm_90"
 FORWARD_CANDIDATES = (
-    KernelConfig(64, 64, 0, num_warps=4, num_stages=3),
-    KernelConfig(128, 64, 0, num_warps=8, num_stages=2),
-    KernelConfig(128, 64, 0, num_warps=8, num_stages=3),
-    KernelConfig(64, 128, 0, num_warps=4, num_stages=2),
-    KernelConfig(128, 128, 0, num_warps=8, num_stages=2),
-    KernelConfig(64, 32, 0, num_warps=4, num_stages=3),
+    TileConfig(64, 64, 0, num_warps=4, num_stages=3),
+    TileConfig(128, 64, 0, num_warps=8, num_stages=2),
+    TileConfig(128, 64, 0, num_warps=8, num_stages=3),
+    TileConfig(64, 128, 0, num_warps=4, num_stages=2),
+    TileConfig(128, 128, 0, num_warps=8, num_stages=2),
+    TileConfig(64, 32, 0, num_warps=4, num_stages=3),
 )
 DQ_CANDIDATES = (
-    KernelConfig(64, 64, 0, num_warps=4, num_stages=3),
-    KernelConfig(128, 64, 0, num_warps=8, num_stages=2),
-    KernelConfig(128, 32, 0, num_warps=8, num_stages=3),
-    KernelConfig(64, 32, 0, num_warps=4, num_stages=3),
+    TileConfig(64, 64, 0, num_warps=4, num_stages=3),
+    TileConfig(128, 64, 0, num_warps=8, num_stages=2),
+    TileConfig(128, 32, 0, num_warps=8, num_stages=3),
+    TileConfig(64, 32, 0, num_warps=4, num_stages=3),
 )
 DKDV_CANDIDATES = (
-    KernelConfig(32, 64, 0, num_warps=8, num_stages=2),
-    KernelConfig(32, 64, 0, num_warps=8, num_stages=3),
-    KernelConfig(64, 64, 0, num_warps=8, num_stages=2),
-    KernelConfig(64, 64, 0, num_warps=4, num_stages=3),
-    KernelConfig(32, 64, 0, num_warps=4, num_stages=3),
-    KernelConfig(32, 128, 0, num_warps=8, num_stages=3),
-    KernelConfig(64, 128, 0, num_warps=8, num_stages=2),
-    KernelConfig(64, 32, 0, num_warps=4, num_stages=2),
+    TileConfig(32, 64, 0, num_warps=8, num_stages=2),
+    TileConfig(32, 64, 0, num_warps=8, num_stages=3),
+    TileConfig(64, 64, 0, num_warps=8, num_stages=2),
+    TileConfig(64, 64, 0, num_warps=4, num_stages=3),
+    TileConfig(32, 64, 0, num_warps=4, num_stages=3),
+    TileConfig(32, 128, 0, num_warps=8, num_stages=3),
+    TileConfig(64, 128, 0, num_warps=8, num_stages=2),
+    TileConfig(64, 32, 0, num_warps=4, num_stages=2),
 )
 
 
@@ -112,7 +112,7 @@ def forward_invariant(ik, q, k, v, out) -> bool:
 
 
 def forward_section(rows, variant: str):
-    from fp4_compile.codegen import invariant_kernels as ik
+    from fp4_compile.codegen.invariant import forward_kernels as ik
 
     q, k, v, _, qs, kl = inputs()
     mask, causal = launch_args(variant)
@@ -145,8 +145,8 @@ def forward_section(rows, variant: str):
 
 
 def _backward_sweep(rows, section: str, variants, variant: str):
-    from fp4_compile.codegen import invariant_kernels as ik
-    from fp4_compile.codegen.attention_backward import attention_backward
+    from fp4_compile.codegen.invariant import forward_kernels as ik
+    from fp4_compile.codegen.invariant.attention_backward_kernel import attention_backward
 
     q, k, v, go, qs, kl = inputs()
     mask, causal = launch_args(variant)
@@ -181,7 +181,7 @@ def _backward_sweep(rows, section: str, variants, variant: str):
         rows.append(row)
 
 
-def _label(cfg: KernelConfig) -> dict:
+def _label(cfg: TileConfig) -> dict:
     return cfg.__dict__.copy()
 
 

@@ -145,8 +145,8 @@ def sweep(section: str, case: str, key, candidates, run, rows: list, baseline_ms
 
 
 def quantize_section(rows):
-    from fp4_compile.codegen.grouped_wgrad import grouped_wgrad  # noqa: F401  (kernel module)
-    from fp4_compile.codegen.quantize_kernel import quantize_segments_ongrid, quantize_triton
+    from fp4_compile.codegen.nvfp4.grouped_wgrad_kernel import grouped_wgrad  # noqa: F401  (kernel module)
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_segments_ongrid, quantize_triton
 
     key = ("sm_90", "any", "nvfp4_quantize")
     x = torch.randn(TOKENS * TOPK, HIDDEN, device="cuda", dtype=torch.bfloat16)
@@ -170,7 +170,7 @@ def quantize_section(rows):
     cases["weight [128, 2048, 768] per_expert 16x16 on-grid"] = lambda: quantize_triton(
         w_down, block="16x16", global_scale="per_expert", out="ongrid", one_read_weights=False
     )
-    from fp4_compile.codegen.segment_layout import segment_layout
+    from fp4_compile.codegen.nvfp4.segment_layout_kernel import segment_layout
 
     offsets = routing_offsets()
     lay = segment_layout(offsets, x.shape[0])
@@ -193,8 +193,8 @@ def quantize_section(rows):
 def weights_section(rows):
     """The weights' one-read quantize (`weight_quantize.py`): tiles and programs per SM, each
     against the two-step form's bytes (baseline = the two-step form's time, same run)."""
-    from fp4_compile.codegen import weight_quantize as wq
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4 import weight_quantize_kernel as wq
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     key = ("sm_90", "any", "nvfp4_weight_quantize")
     shapes = {"gate_up [128, 1536, 2048]": (EXPERTS, 2 * MOE_I, HIDDEN),
@@ -230,7 +230,7 @@ ROW_SCALE_LAUNCHES = ((16, 4, 1), (16, 4, 2), (16, 4, 4), (8, 4, 4), (8, 4, 8), 
 def rowscale_section(rows):
     """row_scale's backward at the learner's combine shape, each launch against the first
     (pinned) one's bytes; baseline = a device copy of x (the bandwidth it competes with)."""
-    from fp4_compile.codegen import row_scale_kernel as rk
+    from fp4_compile.codegen.moe import row_scale_kernel as rk
 
     s, h, k = TOKENS * TOPK, HIDDEN, TOPK
     x = torch.randn(s, h, device="cuda", dtype=torch.bfloat16)
@@ -238,10 +238,10 @@ def rowscale_section(rows):
     grad = torch.randn(TOKENS, h, device="cuda", dtype=torch.bfloat16)
     inverse = torch.randperm(s, device="cuda")
     copy_ms = bench(lambda: x.clone())
-    pinned_launch, ref = rk.BACKWARD_LAUNCH, None
+    pinned_launch, ref = configs.ROW_SCALE_BACKWARD_LAUNCH, None
     try:
         for launch in (pinned_launch, *(c for c in ROW_SCALE_LAUNCHES if c != pinned_launch)):
-            rk.BACKWARD_LAUNCH = launch
+            configs.ROW_SCALE_BACKWARD_LAUNCH = launch
 
             def run():
                 return rk.row_scale_backward_triton(grad, x, w, 64, grad_rows=inverse, row_div=k)
@@ -257,15 +257,15 @@ def rowscale_section(rows):
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:
-        rk.BACKWARD_LAUNCH = pinned_launch
+        configs.ROW_SCALE_BACKWARD_LAUNCH = pinned_launch
 
 
 def wgrad_section(rows):
     import triton
 
-    from fp4_compile.codegen import grouped_wgrad as gw
-    from fp4_compile.codegen.quantize_kernel import quantize_segments_ongrid
-    from fp4_compile.codegen.segment_layout import segment_layout
+    from fp4_compile.codegen.nvfp4 import grouped_wgrad_kernel as gw
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_segments_ongrid
+    from fp4_compile.codegen.nvfp4.segment_layout_kernel import segment_layout
 
     offsets = routing_offsets()
     for name, n, k in (("gate_up", 2 * MOE_I, HIDDEN), ("down", HIDDEN, MOE_I)):
@@ -300,9 +300,9 @@ def wgrad_section(rows):
 
 
 def grouped_section(rows):
-    from fp4_compile.codegen import nvfp4_impl as impl
-    from fp4_compile.codegen.nvfp4_gemm import launch_gemm
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4 import gemm as impl
+    from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     recipe = NVFP4Recipe.strict()
     offsets = routing_offsets()
@@ -337,8 +337,8 @@ def grouped_section(rows):
 
 
 def dense_section(rows):
-    from fp4_compile.codegen.nvfp4_gemm import launch_gemm
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     key = ("sm_90", "bf16", "nvfp4_gemm")
     for name, n, k in (("q_proj", 4096, HIDDEN), ("o_proj", HIDDEN, 4096)):
@@ -373,9 +373,9 @@ def narrow_section(rows):
     Forward (on-grid weight), dgrad (W^T view) and the wgrad's GEMM on its quantized operands,
     each against torch.mm BF16; all timed from CUDA graphs (`graph_bench`). The q / o shapes
     (N = 4096 / 2048) too: the on-grid table was tuned on the MoE shapes only."""
-    from fp4_compile.codegen import nvfp4_impl as impl
-    from fp4_compile.codegen.nvfp4_gemm import launch_gemm
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4 import gemm as impl
+    from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     global bench
     saved, bench = bench, graph_bench

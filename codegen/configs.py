@@ -11,8 +11,8 @@ Why the bits do not depend on the batch (M), the contract the learner/rollout al
 3. Changing BLOCK_M can change the MMA instruction on sm_90: mma.sync below 64 rows, wgmma at
    64 and above. The two do NOT round alike: on the H200 a grouped call whose M bucket was 16
    (mma.sync) and the per-expert call at 64 (wgmma) differed in 5 of 1088 outputs on
-   cancellation-heavy data (tests/codegen/test_nvfp4_kernels.py on CUDA, 2026-12-02), although
-   random-normal data at N = K = 8192 had shown identical bits. So every sm_90 bucket has
+   cancellation-heavy data (tests/codegen/test_nvfp4_kernels.py on CUDA), although
+   random-normal data at N = K = 8192 shows identical bits. So every sm_90 bucket has
    BLOCK_M >= 64 (asserted below): one instruction family (wgmma m64nNk16) for every M.
    BLOCK_N and the warp count may still follow M (and, for a dense GEMM, its output width N:
    `NARROW_N`, a static weight shape); that, too, is measured, not guaranteed:
@@ -22,7 +22,7 @@ Why the bits do not depend on the batch (M), the contract the learner/rollout al
 
 5. The GEMM tables ("nvfp4_gemm" for packed B, "nvfp4_gemm_ongrid" for on-grid B,
    "nvfp4_wgrad") share BLOCK_K (asserted below): packed and on-grid weights give the same bits,
-   so the learner (on-grid from 256 rows per weight, `nvfp4_impl.ONGRID_FORWARD_MIN_ROWS`) and
+   so the learner (on-grid from 256 rows per weight, `gemm.ONGRID_FORWARD_MIN_ROWS`) and
    the rollout's decode (packed) agree.
 
 What was verified where: on CPU, the interpreter configs (one per op) are checked for batch
@@ -55,23 +55,17 @@ _GEMM_SM90 = (
     (None, TileConfig(128, 128, 64, num_warps=8, num_stages=3)),
 )
 _GEMM_INTERPRETER = ((None, TileConfig(16, 32, 32, num_warps=1, num_stages=1)),)
-# B on-grid BF16 (no in-register dequantize): wider N tiles pay off at M > 64 (H200, learner
-# shapes, benchmarks/results/2026-12-03_tune_kernels.md: MoE gate_up forward 0.86 -> 0.73 ms,
-# dgrad 0.67 -> 0.52 ms, down dgrad 0.50 -> 0.33 ms; down forward 0.45 -> 0.60 ms; 0 bytes
-# differ from 128x128). A 4-stage pipeline of the same tile (192 KiB of shared memory), H200,
-# same run, 0 bytes differ (benchmarks/results/2026-12-04_tune_kernels_deep_865d6a7.md): MoE
-# gate_up forward 0.574 -> 0.533 ms, down forward 0.321 -> 0.311, down dgrad 0.243 -> 0.229,
-# gate_up dgrad 0.417 -> 0.421 (the wgrad, below, is slower at 4 stages: 0.686 -> 0.704).
+# B on-grid BF16 (no in-register dequantize): at M > 64 a wide N tile in a 4-stage pipeline
+# (192 KiB of shared memory), the fastest at the learner's shapes on the H200 with 0 bytes
+# differing (benchmarks/results/2026-12-04_tune_kernels_deep_865d6a7.md).
 _GEMM_ONGRID_SM90 = (
     (64, TileConfig(64, 64, 64, num_warps=4, num_stages=4)),
     (None, TileConfig(128, 256, 64, num_warps=8, num_stages=4)),
 )
 # Weight gradients (learner only; the dense wgrad and the one-pass MoE wgrad share it, so the
-# MoE wgrad equals the per-expert loop by construction): MoE gate_up 2.01 -> 1.64 ms, down
-# 0.95 -> 0.83 ms on the H200 (same file; 0 bytes differ).
-# A weight of <= 512 rows (the k / v projections, 4 KV heads x 128) gives the 128x256 tile 32
-# programs on 132 SMs: [512, 2048] over 4096 tokens 0.0482 -> 0.0217 ms at 64x128 (H200, GEMM
-# alone from CUDA graphs, 0 bytes differ: 2026-12-04_tune_kernels_dense_6fdd573.md).
+# MoE wgrad equals the per-expert loop by construction). A weight of <= 512 rows (the k / v
+# projections, 4 KV heads x 128) would give the 128x256 tile 32 programs on 132 SMs: 64x128
+# there (H200, 0 bytes differ: benchmarks/results/2026-12-04_tune_kernels_dense_6fdd573.md).
 _WGRAD_SM90 = (
     (512, TileConfig(64, 128, 64, num_warps=8, num_stages=4)),
     (None, TileConfig(128, 256, 64, num_warps=8, num_stages=3)),
@@ -79,9 +73,9 @@ _WGRAD_SM90 = (
 
 # Narrow outputs (N <= max_n) of a dense, non-grouped GEMM, in place of the table's catch-all
 # bucket (M > 64): the 128x256 tile gives the k / v projections' forward (N = 512) 64 programs
-# at 4096 tokens. The config follows N, a weight's static shape, never the batch. H200, same file: [4096, 2048] x [512, 2048]^T
-# 0.0266 -> 0.0164 ms at 128x128 / 8 warps / 3 stages, 0 bytes differ; their dgrad (N = 2048)
-# and the q / o GEMMs stay at the tables' tiles (within 2% or faster there).
+# at 4096 tokens. The config follows N, a weight's static shape, never the batch (H200, 0 bytes
+# differ, the same file as the wgrad's above); their dgrad (N = 2048) and the q / o GEMMs stay
+# at the tables' tiles.
 NARROW_N: dict[tuple[str, str, str], tuple[int, TileConfig]] = {
     ("sm_90", "bf16", "nvfp4_gemm_ongrid"): (
         512,
@@ -90,21 +84,18 @@ NARROW_N: dict[tuple[str, str, str], tuple[int, TileConfig]] = {
 }
 
 # Quantize: BLOCK_M rows x BLOCK_K columns per program (BLOCK_M a multiple of 16 for 16x16 tiles).
-# H200, learner shapes, same run, 0 bytes differ (benchmarks/results/2026-12-04_tune_kernels_
-# f330937.md), against 16x256 with 4 warps: activation RNE 0.133 -> 0.124 ms, weight gate_up
-# (16x16 on-grid, amax included) 0.706 -> 0.664 ms, down 0.370 -> 0.366, gradient SR 0.207 ->
-# 0.206 (every tiling within 10%: the kernel is ALU-bound, not tiling-bound).
+# The fastest tiling at the learner's shapes on the H200, 0 bytes differ (every tiling within
+# 10%: the kernel is ALU-bound; benchmarks/results/2026-12-04_tune_kernels_f330937.md).
 _QUANT_SM90 = ((None, TileConfig(16, 0, 128, num_warps=2, num_stages=1)),)
 _QUANT_INTERPRETER = ((None, TileConfig(16, 0, 64, num_warps=1, num_stages=1)),)
 # The transposing (segmented) quantize of the wgrad operands, pinned apart: its strided token
-# loads want more programs in flight. H200, learner shapes, same run, 0 bytes differ
-# (benchmarks/results/2026-12-04_tune_kernels_2c9e3e9.md): dY^T SR 0.272 -> 0.190 ms, X^T RNE
-# 0.237 -> 0.130 ms against 16x256 with 4 warps.
+# loads want more programs in flight (H200, learner shapes, 0 bytes differ:
+# benchmarks/results/2026-12-04_tune_kernels_2c9e3e9.md).
 _QUANT_SEGMENTS_SM90 = ((None, TileConfig(16, 0, 128, num_warps=2, num_stages=1)),)
 
-# The weights' one-launch quantize (`weight_quantize.py`): 4 warps, so that its persistent grid
-# (2 programs per SM) is resident whatever the register count; 32 x 128 elements per tile keeps
-# 32 per thread, as the tiling above.
+# The weights' one-launch quantize (`nvfp4/weight_quantize_kernel.py`): 4 warps, so that its
+# persistent grid (2 programs per SM) is resident whatever the register count; 32 x 128 elements
+# per tile keeps 32 per thread, as the tiling above.
 _WEIGHT_QUANT_SM90 = ((None, TileConfig(32, 0, 128, num_warps=4, num_stages=1)),)
 
 GEMM_OPS = ("nvfp4_gemm", "nvfp4_gemm_ongrid", "nvfp4_wgrad")
@@ -159,3 +150,95 @@ def pick(arch: str, dtype: str, op: str, m: int, n: int | None = None) -> TileCo
                 return narrow[1]
             return cfg
     raise AssertionError(f"{op} table for {arch} has no catch-all bucket")
+
+
+# ---------------------------------------------------------------------------------------------
+# The batch-invariant (non-NVFP4) ops, keyed by architecture. What may and may not follow the batch:
+# - linear: BLOCK_K is one value per architecture (asserted), the K loop is sequential, no
+#   split-K; BLOCK_N and warps may follow M, BLOCK_M stays >= 64 on sm_90 (asserted): below 64
+#   rows Triton emits mma.sync, which rounds differently from wgmma on cancellation-heavy data
+#   (measured on the H200, see 3. above). `benchmarks/invariant_gpu_check.py` and the
+#   CUDA run of tests/codegen re-check THESE buckets (rows of op(x[:m]) == rows of op(x)).
+# - attention: ONE config for the learner's forward, prefill and decode. One config is not
+#   enough by itself: the compiler picks register layouts per kernel VARIANT (the learner's causal
+#   launch and the rollout's masked launch are two compiled kernels), and a `tl.sum` tree follows
+#   that layout. On the H200 the two variants summed the softmax row in different orders (1 in
+#   ~4096 attention outputs 1 bf16 ulp apart, enough to break strict alignment at batch >= 8);
+#   the row sum is therefore an in-order FP32 dot. `tl.max` is exact in any order.
+# - rms_norm / logprobs: one row per program; BLOCK_V is fixed per architecture.
+
+# (max_m inclusive, or None for "any larger", config)
+LINEAR = {
+    "sm_90": (
+        (64, TileConfig(64, 64, 64, num_warps=4, num_stages=4)),
+        (None, TileConfig(128, 128, 64, num_warps=8, num_stages=3)),
+    ),
+    "interpreter": ((None, TileConfig(16, 32, 32, num_warps=1, num_stages=1)),),
+}
+ATTENTION = {
+    "sm_90": TileConfig(64, 64, 0, num_warps=4, num_stages=2),
+    "interpreter": TileConfig(16, 16, 0, num_warps=1, num_stages=1),
+}
+# backward of attention (determinism only): (dQ launch: rows x keys, dK/dV launch: rows x keys)
+# (the fastest at the learner's shape: benchmarks/results/2026-12-04_tune_attention_10bb871.md)
+ATTENTION_BACKWARD = {
+    "sm_90": (
+        TileConfig(64, 64, 0, num_warps=4, num_stages=2),
+        TileConfig(64, 64, 0, num_warps=4, num_stages=2),
+    ),
+    "interpreter": (
+        TileConfig(16, 16, 0, num_warps=1, num_stages=1),
+        TileConfig(16, 16, 0, num_warps=1, num_stages=1),
+    ),
+}
+LOGPROBS_BLOCK_V = {"sm_90": 4096, "interpreter": 256}
+
+for _arch, _table in LINEAR.items():
+    assert len({c.block_k for _, c in _table}) == 1, f"{_arch}: linear BLOCK_K must not follow M"
+    if _arch.startswith("sm_9"):
+        assert all(c.block_m >= 64 for _, c in _table), f"{_arch}: BLOCK_M < 64 is mma.sync"
+
+
+def _known(arch: str, table: dict, op: str):
+    if arch not in table:
+        raise ValueError(
+            f"no pinned {op} config for arch={arch!r} (pinned: {sorted(table)}); add one to "
+            "codegen/configs.py (an untested architecture is not guessed)"
+        )
+    return table[arch]
+
+
+def linear_config(arch: str, m: int) -> TileConfig:
+    for max_m, cfg in _known(arch, LINEAR, "linear"):
+        if max_m is None or m <= max_m:
+            return cfg
+    raise AssertionError("linear table has no catch-all bucket")
+
+
+def attention_config(arch: str) -> TileConfig:
+    return _known(arch, ATTENTION, "attention")
+
+
+def attention_backward_configs(arch: str) -> tuple[TileConfig, TileConfig]:
+    return _known(arch, ATTENTION_BACKWARD, "attention backward")
+
+
+def logprobs_block_v(arch: str) -> int:
+    return _known(arch, LOGPROBS_BLOCK_V, "logprobs")
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch constants of the small elementwise / reduction kernels (no K reduction; exact in any
+# tiling unless a comment says otherwise).
+
+# abs_max (and the per-row global stage of the quantizer): (rows per program, column chunk,
+# warps) per architecture; an architecture without an entry uses the sm_90 tiling (max is exact
+# in any order: no bit can change).
+ABS_MAX = {"sm_90": (4, 1024, 4), "interpreter": (4, 64, 1)}
+
+# row_scale's backward: (rows per program, warps, most 64-column blocks per loop step): speed
+# only, every row's bits are its own (the fastest tiling, 0 bytes differing, in
+# benchmarks/results/2026-12-04_tune_kernels_rowscale_b168d97.md). Blocks per step: at most
+# this many, fewer where H is not a multiple of their width (`blocks_per_step`): a step never
+# holds a block wholly past H.
+ROW_SCALE_BACKWARD_LAUNCH = (8, 2, 4)

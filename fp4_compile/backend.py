@@ -46,45 +46,19 @@ def _cuda_device(example_inputs) -> torch.device:
     )
 
 
-def drop_ongrid_weights(gm: torch.fx.GraphModule) -> int:
-    """Undo the lowering's once-per-step weight dequantize (`fp4_compile::quantize_with_ongrid`):
-    every NVFP4 GEMM gets w_ongrid=None back (its forward and its dgrad then dequantize for
-    themselves), the weight quantize nodes return to plain `quantize`; returns how many copies
-    went. The bits do not change."""
-    from .passes.skip_unread_packed_weights import set_packed
-
-    ops = torch.ops.fp4_compile
-    dropped = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not ops.quantize_with_ongrid.default:
-            continue
-        for get in [u for u in node.users if u.args[1] == 3]:
-            for user in list(get.users):
-                user.args = tuple(None if a is get else a for a in user.args)
-            gm.graph.erase_node(get)
-            dropped += 1
-        if len(node.args) > 6 and not node.args[6]:  # quantized on-grid only: packed again
-            set_packed(node, True)
-        node.target = ops.quantize.default
-        node.meta["val"] = node.meta["val"][:3]
-        node.args = node.args[:6]
-    if dropped:
-        gm.graph.lint()
-        gm.recompile()
-    return dropped
-
-
 def prepare_graph_seeds(gm: torch.fx.GraphModule, device: torch.device) -> int:
     """Make the device stochastic-rounding counter of every NVFP4 GEMM site of the lowered graph
     (their backward draws its seeds from it inside a CUDA-graph capture, `sr_stream`); returns
     how many sites."""
-    from .codegen.nvfp4_impl import recipe_from_json
+    from .codegen.nvfp4.op_args import GemmArg
     from .sr_stream import prepare_device_counters, site_seed
 
     ops = torch.ops.fp4_compile
     targets = (ops.nvfp4_linear.default, ops.nvfp4_grouped_mm.default)
     keys = {
-        site_seed(recipe_from_json(n.args[7]).seed, n.args[9])
+        site_seed(
+            NVFP4Recipe.from_numerics_key(n.args[GemmArg.NUMERICS]).seed, n.args[GemmArg.SITE]
+        )
         for n in gm.graph.nodes
         if n.op == "call_function" and n.target in targets
     }
@@ -107,8 +81,8 @@ def _pass_sources_digest() -> str:
     except ImportError:  # pragma: no cover
         pass
     for folder in folders:
-        for path in sorted(folder.glob("*.py")):
-            h.update(path.name.encode())
+        for path in sorted(folder.rglob("*.py")):
+            h.update(path.relative_to(folder).as_posix().encode())
             h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -252,7 +226,7 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     bf16 dgrad / wgrad settings do: capture fails there, loudly).
 
     options["save_ongrid_weights"] (default True): where the forward runs the on-grid GEMM
-    (CUDA, >= `nvfp4_impl.ONGRID_FORWARD_MIN_ROWS` rows per weight), each weight is dequantized
+    (CUDA, >= `codegen.nvfp4.gemm.ONGRID_FORWARD_MIN_ROWS` rows per weight), each weight is dequantized
     ONCE per step and autograd keeps that copy for the dgrad: faster, at the memory of one
     BF16-size copy of each such weight from its forward to its backward. False: the forward and
     the dgrad each dequantize (no copy kept). The same bits either way."""
@@ -262,9 +236,7 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
 
     recipe, opts = parse_options(options)
     device = _cuda_device(example_inputs) if opts.get("cuda_graphs") else None
-    report = run_pipeline(gm, recipe)
-    if not opts.get("save_ongrid_weights", True):
-        drop_ongrid_weights(gm)
+    report = run_pipeline(gm, recipe, save_ongrid_weights=opts.get("save_ongrid_weights", True))
     sink = opts.get("report_sink")
     if sink is not None:
         sink.append(report)

@@ -30,6 +30,10 @@ FLT_MAX = torch.finfo(torch.float32).max
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 BLOCK_SHAPES = ("1x16", "16x16")
+# The vocabulary of a tensor's global scale and of the element rounding (the recipe's fields and
+# the reference quantizer's arguments use these words).
+GLOBAL_SCALE_MODES = ("per_tensor", "per_row", "static")
+ROUNDING_MODES = ("rne", "stochastic")
 
 
 def e2m1_values(device: torch.device | str = "cpu") -> torch.Tensor:

@@ -6,13 +6,13 @@ environment variables. The fingerprint enters the compile cache key and every ex
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from .format import BLOCK_SHAPES
-from .reference import GLOBAL_SCALE_MODES, ROUNDING_MODES
+from .format import BLOCK_SHAPES, GLOBAL_SCALE_MODES, ROUNDING_MODES
 
 FORMAT_VERSION = 1
 GEMM_PRECISIONS = ("nvfp4", "bf16")
@@ -132,11 +132,11 @@ class NVFP4Recipe:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        # the ops' recipe string, computed once: code traced by Dynamo reads it as a constant
-        # attribute (calling a function of the recipe needs the object reconstructed, which
-        # torch 2.11's Dynamo cannot do for frozen dataclasses)
-        op_json = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        object.__setattr__(self, "op_json", op_json)
+        # The numerics key (see `numerics_key`), computed once and kept as a plain attribute, not
+        # a field (it is derived: no part of to_dict or of equality). Code traced by Dynamo reads
+        # it as a constant attribute; calling a function of the recipe needs the object
+        # reconstructed, which torch 2.11's Dynamo cannot do for frozen dataclasses.
+        object.__setattr__(self, "numerics_key", _encode(self))
 
     # ---- presets -------------------------------------------------------------------------
     @classmethod
@@ -196,8 +196,28 @@ class NVFP4Recipe:
 
     def fingerprint(self) -> str:
         """Stable hash (16 hex digits) of every field: all of them affect numerics."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return hashlib.sha256(self.numerics_key.encode()).hexdigest()[:16]
+
+    # ---- the ops' string argument ----------------------------------------------------------
+    # `recipe.numerics_key` (a str attribute set at construction, not a field): this recipe as the
+    # string the `fp4_compile::` NVFP4 ops take (their schema's `recipe` argument, named NUMERICS
+    # in codegen/nvfp4/op_args.py): compact JSON of `to_dict`, keys sorted.
+
+    @classmethod
+    def from_numerics_key(cls, key: str) -> NVFP4Recipe:
+        """The recipe of an op's numerics key (cached: a graph's ops see a few keys, per call)."""
+        return _decode(key)
+
+
+def _encode(recipe: NVFP4Recipe) -> str:
+    return json.dumps(recipe.to_dict(), sort_keys=True, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=256)
+def _decode(key: str) -> NVFP4Recipe:
+    if not isinstance(key, str):
+        raise TypeError(f"a numerics key must be a JSON string, got {type(key).__name__}")
+    return NVFP4Recipe.from_dict(json.loads(key))
 
 
 def as_recipe(recipe: NVFP4Recipe | dict | str | None) -> NVFP4Recipe:

@@ -49,13 +49,12 @@ from .format import (
     E2M1_MAX,
     E4M3_MAX,
     FLT_MAX,
+    ROUNDING_MODES,
     NVFP4Tensor,
     pack_codes,
 )
 from .sr_stream import sr_uniforms
 
-GLOBAL_SCALE_MODES = ("per_tensor", "per_row", "static")
-ROUNDING_MODES = ("rne", "stochastic")
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # on-grid value * 2**10 is an integer: E2M1 is a multiple of 0.5, E4M3 of 2**-9.
@@ -72,7 +71,7 @@ def _check_finite(x: torch.Tensor, name: str) -> None:
         )
 
 
-def _validate_input(x: torch.Tensor, block: str, name: str) -> None:
+def validate_input(x: torch.Tensor, block: str, name: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in INPUT_DTYPES:
@@ -184,7 +183,7 @@ def quantize(
         rounding: "rne" or "stochastic" (needs `seed`).
         check_finite: reject NaN/Inf (costs a host sync; kernels on hot paths skip it).
     """
-    _validate_input(x, block, name)
+    validate_input(x, block, name)
     if isinstance(global_scale, torch.Tensor):
         if global_scale.dtype != torch.float32:
             raise TypeError(f"static global_scale must be float32, got {global_scale.dtype}")

@@ -33,16 +33,16 @@ from dataclasses import dataclass
 
 import torch
 
-_M32 = 0xFFFFFFFF
+M32 = 0xFFFFFFFF
 
 
 def _mul32(h: torch.Tensor, c: int) -> torch.Tensor:
     """(h * c) mod 2^32 for int64 h in [0, 2^32), without int64 overflow."""
     lo, hi = c & 0xFFFF, c >> 16
-    return (h * lo + (((h * hi) & 0xFFFF) << 16)) & _M32
+    return (h * lo + (((h * hi) & 0xFFFF) << 16)) & M32
 
 
-def _mix32(h: torch.Tensor) -> torch.Tensor:
+def mix32(h: torch.Tensor) -> torch.Tensor:
     h = h ^ (h >> 16)
     h = _mul32(h, 0x7FEB352D)
     h = h ^ (h >> 15)
@@ -50,11 +50,11 @@ def _mix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
-def _mix32_int(h: int) -> int:
+def mix32_int(h: int) -> int:
     h ^= h >> 16
-    h = (h * 0x7FEB352D) & _M32
+    h = (h * 0x7FEB352D) & M32
     h ^= h >> 15
-    h = (h * 0x846CA68B) & _M32
+    h = (h * 0x846CA68B) & M32
     return h ^ (h >> 16)
 
 
@@ -63,7 +63,7 @@ def sr_key(seed: int) -> int:
     seed = int(seed)
     if seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    return _mix32_int(_mix32_int(seed & _M32) ^ ((seed >> 32) & _M32) ^ 0x9E3779B9)
+    return mix32_int(mix32_int(seed & M32) ^ ((seed >> 32) & M32) ^ 0x9E3779B9)
 
 
 def sr_uniforms(shape, seed: int, device) -> torch.Tensor:
@@ -78,9 +78,9 @@ def sr_uniforms(shape, seed: int, device) -> torch.Tensor:
 
 def uniforms_at(idx: torch.Tensor, key: int) -> torch.Tensor:
     """FP32 uniforms of the stream with key `key` (`sr_key(seed)`) at int64 flat indices."""
-    h = _mix32((idx & _M32) ^ key)
-    hi = (idx >> 32) & _M32  # indices of 2^32 and more take a second round
-    h = torch.where(hi != 0, _mix32(h ^ hi ^ (key >> 1)), h)
+    h = mix32((idx & M32) ^ key)
+    hi = (idx >> 32) & M32  # indices of 2^32 and more take a second round
+    h = torch.where(hi != 0, mix32(h ^ hi ^ (key >> 1)), h)
     return (h >> 8).to(torch.float32) * (1.0 / 16777216.0)
 
 
@@ -91,7 +91,7 @@ def site_id(name: str) -> int:
 
 def site_seed(base: int, site: int) -> int:
     """The stream key of one call site under the recipe's base seed (a constant at trace time)."""
-    return _mix32_int(sr_key(base) ^ (int(site) & _M32))
+    return mix32_int(sr_key(base) ^ (int(site) & M32))
 
 
 _lock = threading.Lock()
@@ -113,7 +113,7 @@ def call_seed(site_key: int) -> int:
 
 def nth_call_seed(site_key: int, n: int) -> int:
     """The seed `call_seed(site_key)` returns on the site's n-th call (0-based): a pure function."""
-    return ((_mix32_int(site_key & _M32) & 0x7FFFFFF) << 36) | ((n & 0xFFFFFF) << 12)
+    return ((mix32_int(site_key & M32) & 0x7FFFFFF) << 36) | ((n & 0xFFFFFF) << 12)
 
 
 def sr_state() -> dict[int, int]:
@@ -149,7 +149,7 @@ _device_counters: dict[tuple[int, str], torch.Tensor] = {}
 
 def graph_site_key(site_key: int) -> int:
     """The key of a site's CUDA-graph stream family (distinct from its host-counted family)."""
-    return _mix32_int((int(site_key) & _M32) ^ 0x6A09E667)
+    return mix32_int((int(site_key) & M32) ^ 0x6A09E667)
 
 
 def prepare_device_counters(site_keys, device) -> None:

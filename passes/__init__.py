@@ -12,6 +12,7 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .attach_combine_inverse import attach_combine_inverse
+from .drop_ongrid_weights import drop_ongrid_weights
 from .fold_expert_gathers import fold_expert_gathers
 from .fold_moe_combine import fold_moe_combine
 from .fold_row_masks import fold_row_masks
@@ -57,12 +58,18 @@ PIPELINE = (
     lower_embeddings,  # token embedding -> embedding op with one opaque (same-kernel) backward
     verify,  # nothing eligible left, no stock reduction left (strict), op census
 )
+# By option, after PIPELINE (`run_pipeline(..., save_ongrid_weights=False)`, the backend's option):
+#   drop_ongrid_weights  # no on-grid weight copies: every GEMM dequantizes for itself, same bits
 
 
-def run_pipeline(gm: fx.GraphModule, recipe: NVFP4Recipe) -> LoweringReport:
+def run_pipeline(
+    gm: fx.GraphModule, recipe: NVFP4Recipe, *, save_ongrid_weights: bool = True
+) -> LoweringReport:
     report = LoweringReport(recipe_fingerprint=recipe.fingerprint())
     for graph_pass in PIPELINE:
         graph_pass(gm, recipe, report)
+    if not save_ongrid_weights:
+        drop_ongrid_weights(gm)
     gm.graph.lint()
     gm.recompile()
     return report
@@ -70,6 +77,7 @@ def run_pipeline(gm: fx.GraphModule, recipe: NVFP4Recipe) -> LoweringReport:
 
 __all__ = [
     "PIPELINE",
+    "drop_ongrid_weights",
     "GemmDecision",
     "LoweringError",
     "LoweringReport",

@@ -4,7 +4,7 @@ sort of the S = T * k expert ids), so `moe_combine(x, w, inv, k)`'s index is a p
 inverse is `perm` itself. Given `idx_inverse=perm`, the op's backward reads each slot's gradient
 in place (one term per row: one kernel, `row_scale`'s backward) instead of sorting `inv` to find
 each row's slots and summing them (a radix sort and a gather pass per call). The same bits: a
-one-term position-ordered sum is its term, +0.0 for -0.0 (`codegen/moe_combine.py`).
+one-term position-ordered sum is its term, +0.0 for -0.0 (`codegen/moe/combine.py`).
 
 What is proven from the graph, or the node is left as it is:
 - perm is `sort(t)[1]` of a 1-D t (a sort's indices are a permutation of 0..S-1), int64 [S];
@@ -22,7 +22,7 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, written_args
-from .patterns import _is, aliases_or_writes, sort_permutation
+from .patterns import aliases_or_writes, is_op, sort_permutation
 from .report import LoweringReport
 
 aten = torch.ops.aten
@@ -44,7 +44,7 @@ def _arange_bounds(node):
 
 def _arange_of(node, length) -> bool:
     """node is arange(0, S, 1) of an integer dtype with S == length: the values 0..S-1."""
-    if not _is(node, functions=(torch.arange,), overloads=(aten.arange,)):
+    if not is_op(node, functions=(torch.arange,), overloads=(aten.arange,)):
         return False
     val = fake(node)
     if val is None or val.dim() != 1 or val.dtype.is_floating_point or val.shape[0] != length:
@@ -59,7 +59,7 @@ def _scatter_args(node):
         return None
     if node.target is operator.setitem and len(node.args) == 3:
         return node.args
-    if _is(node, overloads=(aten.index_put_, aten.index_put)) and len(node.args) >= 3:
+    if is_op(node, overloads=(aten.index_put_, aten.index_put)) and len(node.args) >= 3:
         indices = node.args[1]
         accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
         if isinstance(indices, (list, tuple)) and len(indices) == 1 and not accumulate:
@@ -78,7 +78,7 @@ def _inverse_of(idx, combine, graph: fx.Graph):
     """perm when idx is proven to be the inverse permutation of perm at `combine`, else None."""
     if not isinstance(idx, fx.Node) or idx.op != "call_function":
         return None
-    if _is(idx, overloads=(aten.index_put, aten.index_put_)):  # idx = index_put(_)(inv, ...)
+    if is_op(idx, overloads=(aten.index_put, aten.index_put_)):  # idx = index_put(_)(inv, ...)
         scatter, base = idx, idx.args[0]
     else:
         base = idx
@@ -86,7 +86,7 @@ def _inverse_of(idx, combine, graph: fx.Graph):
         if len(writers) != 1:
             return None
         scatter = writers[0]
-    if not _is(base, functions=(torch.empty_like, torch.empty),
+    if not is_op(base, functions=(torch.empty_like, torch.empty),
                overloads=(aten.empty_like, aten.empty)):  # fmt: skip
         return None
     parts = _scatter_args(scatter)

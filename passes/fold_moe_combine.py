@@ -3,7 +3,7 @@
 token order, summed over each token's k slots), each intermediate read by nothing else, becomes
 `fp4_compile::moe_combine(x, w, idx, k)`: one pass over x forward, and a backward that reads
 the token gradients directly instead of an expanded [T * k, H] copy; the same bits as the four
-ops (`codegen/moe_combine.py`)."""
+ops (`codegen/moe/combine.py`)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, replace_with_call, written_between
-from .patterns import _is
+from .patterns import is_op
 from .report import LoweringReport
 
 aten = torch.ops.aten
 
 
 def _is_reshape(node) -> bool:
-    return _is(node, methods=("view", "reshape"),
+    return is_op(node, methods=("view", "reshape"),
                overloads=(aten.view, aten.reshape, aten._unsafe_view))  # fmt: skip
 
 

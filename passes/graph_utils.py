@@ -34,14 +34,6 @@ def module_path(node: fx.Node) -> str:
     return clean_module_path(raw)
 
 
-def module_class(node: fx.Node) -> str:
-    stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return ""
-    cls = list(stack.values())[-1][1]
-    return getattr(cls, "__name__", str(cls))
-
-
 def layer_index(path: str) -> int | None:
     m = _LAYER.search(path)
     return int(m.group(1)) if m else None
@@ -57,10 +49,6 @@ def fake(node) -> torch.Tensor | None:
 
 def is_call(node: fx.Node, *targets) -> bool:
     return node.op == "call_function" and node.target in targets
-
-
-def is_method(node: fx.Node, *names: str) -> bool:
-    return node.op == "call_method" and node.target in names
 
 
 def arg(node: fx.Node, index: int, name: str, default=None):

@@ -20,7 +20,7 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .graph_utils import erase_dead, fake, insert_call, module_path, traced_float
-from .patterns import _is, is_sdpa, scalar_arg
+from .patterns import is_op, is_sdpa, scalar_arg
 from .report import LoweringReport
 from .targets import emit_attention
 
@@ -33,16 +33,16 @@ aten = torch.ops.aten
 
 
 def _is_reshape(n) -> bool:
-    return _is(n, functions=(torch.reshape,), methods=("reshape", "view"),
+    return is_op(n, functions=(torch.reshape,), methods=("reshape", "view"),
                overloads=(aten.reshape, aten.view, aten._unsafe_view))  # fmt: skip
 
 
 def _is_expand(n) -> bool:
-    return _is(n, methods=("expand",), overloads=(aten.expand,))
+    return is_op(n, methods=("expand",), overloads=(aten.expand,))
 
 
 def _is_clone(n) -> bool:
-    return _is(n, functions=(torch.clone,), methods=("clone", "contiguous"),
+    return is_op(n, functions=(torch.clone,), methods=("clone", "contiguous"),
                overloads=(aten.clone,))  # fmt: skip
 
 

@@ -11,7 +11,7 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .graph_utils import replace_with_call
-from .patterns import _is
+from .patterns import is_op
 from .report import LoweringReport
 
 aten = torch.ops.aten
@@ -45,7 +45,7 @@ def _operands(node):
 def lower_embeddings(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
     graph = gm.graph
     for node in list(graph.nodes):
-        if not _is(node, functions=(torch.nn.functional.embedding, torch.embedding),
+        if not is_op(node, functions=(torch.nn.functional.embedding, torch.embedding),
                    overloads=(aten.embedding,)):  # fmt: skip
             continue
         operands, why = _operands(node)

@@ -12,14 +12,14 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, replace_with_call
-from .patterns import _is
+from .patterns import is_op
 from .report import LoweringReport
 
 aten = torch.ops.aten
 
 
 def _is_mul(node) -> bool:
-    return _is(node, functions=(operator.mul, torch.mul), methods=("mul",), overloads=(aten.mul,))
+    return is_op(node, functions=(operator.mul, torch.mul), methods=("mul",), overloads=(aten.mul,))
 
 
 def _row_scale_operands(node):

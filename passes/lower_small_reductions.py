@@ -11,18 +11,18 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, replace_with_call
-from .patterns import _is, scalar_arg
+from .patterns import is_op, scalar_arg
 from .report import LoweringReport
 
 aten = torch.ops.aten
 
 
 def _is_sum(node) -> bool:
-    return _is(node, functions=(torch.sum,), methods=("sum",), overloads=(aten.sum,))
+    return is_op(node, functions=(torch.sum,), methods=("sum",), overloads=(aten.sum,))
 
 
 def lower_small_reductions(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
-    from ..codegen.ordered_sum import MAX_EXTENT
+    from ..codegen.invariant.ordered_sum import MAX_EXTENT
 
     graph = gm.graph
     for node in list(graph.nodes):

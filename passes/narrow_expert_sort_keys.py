@@ -18,7 +18,7 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, insert_call, propagate_val
-from .patterns import _is
+from .patterns import is_op
 from .report import LoweringReport
 
 aten = torch.ops.aten
@@ -26,7 +26,7 @@ _VIEWS = ("reshape", "view", "flatten", "contiguous", "clone")
 
 
 def _is_view(node) -> bool:
-    return _is(
+    return is_op(
         node,
         functions=(torch.reshape, torch.flatten),
         methods=_VIEWS,
@@ -58,7 +58,7 @@ def _narrow_dtype(num_experts: int) -> torch.dtype | None:
 
 
 def _is_stable_sort(node) -> bool:
-    return _is(node, functions=(torch.sort,), methods=("sort",)) or (
+    return is_op(node, functions=(torch.sort,), methods=("sort",)) or (
         node.op == "call_function" and node.target is aten.sort.stable
     )
 

@@ -13,7 +13,9 @@ from .graph_utils import arg, fake
 aten = torch.ops.aten
 
 
-def _is(node, functions=(), methods=(), overloads=()) -> bool:
+def is_op(node, functions=(), methods=(), overloads=()) -> bool:
+    """Whether `node` calls one of `functions`, one of `methods` (a call_method), or an overload
+    of one of the `overloads` packets."""
     if not isinstance(node, fx.Node):
         return False
     if node.op == "call_method":
@@ -27,13 +29,13 @@ def _is(node, functions=(), methods=(), overloads=()) -> bool:
 
 
 def is_linear(n) -> bool:
-    return _is(
+    return is_op(
         n, functions=(torch._C._nn.linear, torch.nn.functional.linear), overloads=(aten.linear,)
     )
 
 
 def is_sdpa(n) -> bool:
-    return _is(
+    return is_op(
         n,
         functions=(
             torch._C._nn.scaled_dot_product_attention,
@@ -44,44 +46,46 @@ def is_sdpa(n) -> bool:
 
 
 def is_mean(n) -> bool:
-    return _is(n, functions=(torch.mean,), methods=("mean",), overloads=(aten.mean,))
+    return is_op(n, functions=(torch.mean,), methods=("mean",), overloads=(aten.mean,))
 
 
 def is_pow(n) -> bool:
-    return _is(n, functions=(torch.pow,), methods=("pow",), overloads=(aten.pow,))
+    return is_op(n, functions=(torch.pow,), methods=("pow",), overloads=(aten.pow,))
 
 
 def is_rsqrt(n) -> bool:
-    return _is(n, functions=(torch.rsqrt,), methods=("rsqrt",), overloads=(aten.rsqrt,))
+    return is_op(n, functions=(torch.rsqrt,), methods=("rsqrt",), overloads=(aten.rsqrt,))
 
 
 def is_add(n) -> bool:
     import operator
 
-    return _is(n, functions=(operator.add, torch.add), methods=("add",), overloads=(aten.add,))
+    return is_op(n, functions=(operator.add, torch.add), methods=("add",), overloads=(aten.add,))
 
 
 def is_mul(n) -> bool:
     import operator
 
-    return _is(n, functions=(operator.mul, torch.mul), methods=("mul",), overloads=(aten.mul,))
+    return is_op(n, functions=(operator.mul, torch.mul), methods=("mul",), overloads=(aten.mul,))
 
 
 def is_silu(n) -> bool:
     """An out-of-place SiLU (F.silu, Tensor.silu, aten.silu); in-place forms are not matched."""
-    if not _is(n, functions=(torch.nn.functional.silu,), methods=("silu",), overloads=(aten.silu,)):
+    if not is_op(
+        n, functions=(torch.nn.functional.silu,), methods=("silu",), overloads=(aten.silu,)
+    ):
         return False
     return not (n.kwargs.get("inplace") or (len(n.args) > 1 and n.args[1] is True))
 
 
 def is_sum(n) -> bool:
-    return _is(n, functions=(torch.sum,), methods=("sum",), overloads=(aten.sum,))
+    return is_op(n, functions=(torch.sum,), methods=("sum",), overloads=(aten.sum,))
 
 
 def is_div(n) -> bool:
     import operator
 
-    return _is(
+    return is_op(
         n,
         functions=(operator.truediv, operator.itruediv, torch.div, torch.true_divide),
         methods=("div", "div_", "__truediv__", "__itruediv__"),
@@ -91,7 +95,7 @@ def is_div(n) -> bool:
 
 def is_cast(n) -> bool:
     """A dtype conversion (Tensor.to / .float() / aten._to_copy / prims convert)."""
-    return _is(
+    return is_op(
         n,
         methods=("to", "float", "type"),
         overloads=(aten._to_copy, aten.to),
@@ -99,7 +103,7 @@ def is_cast(n) -> bool:
 
 
 def is_softmax(n) -> bool:
-    return _is(
+    return is_op(
         n,
         functions=(torch.softmax, torch.nn.functional.softmax),
         methods=("softmax",),
@@ -109,7 +113,7 @@ def is_softmax(n) -> bool:
 
 def is_masked_fill(n) -> bool:
     """x.masked_fill(mask, value), functional or in place."""
-    return _is(n, methods=("masked_fill", "masked_fill_"),
+    return is_op(n, methods=("masked_fill", "masked_fill_"),
                overloads=(aten.masked_fill, aten.masked_fill_))  # fmt: skip
 
 
@@ -126,7 +130,7 @@ def row_zero_mask(node: fx.Node, rows: int | None):
 
 
 def is_topk(n) -> bool:
-    return _is(n, functions=(torch.topk,), methods=("topk",), overloads=(aten.topk,))
+    return is_op(n, functions=(torch.topk,), methods=("topk",), overloads=(aten.topk,))
 
 
 def scalar_arg(node: fx.Node, index: int, name: str, default=None):
@@ -138,7 +142,7 @@ def scalar_arg(node: fx.Node, index: int, name: str, default=None):
 def is_last_dim_halves(split: fx.Node, source: fx.Node) -> bool:
     """Whether `split` cuts `source` [S, 2C] into two [S, C] halves along the last dim (chunk(2)
     or split(C) as a method, a torch function or an ATen op)."""
-    if not _is(split, functions=(torch.chunk, torch.split), methods=("chunk", "split"),
+    if not is_op(split, functions=(torch.chunk, torch.split), methods=("chunk", "split"),
                overloads=(aten.chunk, aten.split)):  # fmt: skip
         return False
     if not split.args or split.args[0] is not source:
@@ -158,7 +162,7 @@ def is_last_dim_halves(split: fx.Node, source: fx.Node) -> bool:
 
 
 def _is_sort(node) -> bool:
-    return _is(node, functions=(torch.sort,), methods=("sort",), overloads=(aten.sort,))
+    return is_op(node, functions=(torch.sort,), methods=("sort",), overloads=(aten.sort,))
 
 
 def sort_permutation(node) -> bool:
@@ -206,7 +210,7 @@ def unwritten_sort_permutation(node) -> bool:
 def floordiv_of_sort_permutation(node):
     """(perm, k) when node is `perm // k` (int k >= 1) of an unwritten sort permutation, else
     None: transformers' experts gather `hidden_states[perm // top_k]`."""
-    if not _is(node, functions=(operator.floordiv,), overloads=(aten.floor_divide, aten.div)):
+    if not is_op(node, functions=(operator.floordiv,), overloads=(aten.floor_divide, aten.div)):
         return None
     if len(node.args) != 2 or not isinstance(node.args[1], int) or node.args[1] < 1:
         return None

@@ -15,11 +15,11 @@ import operator
 import torch
 import torch.fx as fx
 
+from ..codegen.nvfp4.op_args import GemmArg, QuantizeArg
+from ..codegen.nvfp4.op_args import QuantizeOut as Out
 from ..recipe import NVFP4Recipe
 from .graph_utils import propagate_val
 from .report import LoweringReport
-
-W_ONGRID_ARG = 8  # of fp4_compile::nvfp4_linear and ::nvfp4_grouped_mm
 
 
 def _getitems(node: fx.Node) -> dict[int, list[fx.Node]]:
@@ -32,7 +32,7 @@ def _getitems(node: fx.Node) -> dict[int, list[fx.Node]]:
 
 
 def _only_gemms_with(readers, copy: fx.Node, gemms) -> bool:
-    return all(u.op == "call_function" and u.target in gemms and u.args[W_ONGRID_ARG] is copy
+    return all(u.op == "call_function" and u.target in gemms and u.args[GemmArg.W_ONGRID] is copy
                for u in readers)  # fmt: skip
 
 
@@ -40,12 +40,17 @@ def packed_bytes_unread(q: fx.Node, gemms) -> bool:
     """Whether no node reads the packed codes / scales of `quantize_with_ongrid` node q: every
     reader of codes, and of the scales' uint8 view, is an NVFP4 GEMM also given q's copy."""
     items = _getitems(q)
-    copies = items.get(3, [])
-    if len(copies) != 1 or set(items) - {0, 1, 2, 3}:
+    copies = items.get(Out.ONGRID, [])
+    if len(copies) != 1 or set(items) - {
+        Out.CODES,
+        Out.BLOCK_SCALES,
+        Out.GLOBAL_DECODE,
+        Out.ONGRID,
+    }:
         return False
     copy = copies[0]
-    codes_readers = [u for g in items.get(0, []) for u in g.users]
-    scale_views = [u for g in items.get(1, []) for u in g.users]
+    codes_readers = [u for g in items.get(Out.CODES, []) for u in g.users]
+    scale_views = [u for g in items.get(Out.BLOCK_SCALES, []) for u in g.users]
     if not all(v.op == "call_function" and v.target is torch.ops.aten.view.dtype
                for v in scale_views):  # fmt: skip
         return False
@@ -55,9 +60,14 @@ def packed_bytes_unread(q: fx.Node, gemms) -> bool:
     )
 
 
+def is_ongrid_only(q: fx.Node) -> bool:
+    """Whether `quantize_with_ongrid` node q writes no packed bytes (packed=False)."""
+    return len(q.args) > QuantizeArg.PACKED and not q.args[QuantizeArg.PACKED]
+
+
 def set_packed(q: fx.Node, packed: bool) -> None:
     """Switch `quantize_with_ongrid` node q to packed=`packed`, its outputs' metadata after it."""
-    q.args = (*q.args[:6], packed)
+    q.args = (*q.args[: QuantizeArg.PACKED], packed)
     propagate_val(q)
     for item in list(q.users):
         propagate_val(item)
@@ -72,7 +82,7 @@ def skip_unread_packed_weights(gm: fx.GraphModule, recipe: NVFP4Recipe, report: 
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not ops.quantize_with_ongrid.default:
             continue
-        if len(node.args) > 6 and not node.args[6]:
+        if is_ongrid_only(node):
             continue
         if packed_bytes_unread(node, gemms):
             set_packed(node, False)

@@ -15,18 +15,18 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .graph_utils import arg
-from .patterns import _is
+from .patterns import is_op
 from .report import LoweringReport
 
 aten = torch.ops.aten
 
 
 def _is_sort(node) -> bool:
-    return _is(node, functions=(torch.sort,), methods=("sort",), overloads=(aten.sort,))
+    return is_op(node, functions=(torch.sort,), methods=("sort",), overloads=(aten.sort,))
 
 
 def _is_argsort(node) -> bool:
-    return _is(node, functions=(torch.argsort,), methods=("argsort",), overloads=(aten.argsort,))
+    return is_op(node, functions=(torch.argsort,), methods=("argsort",), overloads=(aten.argsort,))
 
 
 def _already_stable(node: fx.Node) -> bool:

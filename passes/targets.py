@@ -10,14 +10,9 @@ import operator
 
 import torch
 
+from ..codegen.nvfp4.op_args import QuantizeOut
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, insert_call, propagate_val
-
-
-def recipe_arg(recipe: NVFP4Recipe) -> str:
-    from ..codegen.nvfp4_impl import recipe_to_json
-
-    return recipe_to_json(recipe)
 
 
 def _ops():
@@ -44,9 +39,12 @@ def emit_quantize_weight(graph, weight, recipe: NVFP4Recipe):
         after=det,
         like=weight,
     )
-    codes = insert_call(graph, operator.getitem, (q, 0), after=q, like=weight)
-    scales = insert_call(graph, operator.getitem, (q, 1), after=codes, like=weight)
-    gd = insert_call(graph, operator.getitem, (q, 2), after=scales, like=weight)
+    codes = insert_call(graph, operator.getitem, (q, QuantizeOut.CODES), after=q, like=weight)
+    scales = insert_call(
+        graph, operator.getitem, (q, QuantizeOut.BLOCK_SCALES), after=codes, like=weight
+    )
+    gd = insert_call(graph, operator.getitem, (q, QuantizeOut.GLOBAL_DECODE), after=scales,
+                     like=weight)  # fmt: skip
     scales_u8 = insert_call(
         graph, torch.ops.aten.view.dtype, (scales, torch.uint8), after=gd, like=weight
     )
@@ -78,13 +76,13 @@ def forward_rows(x, num_experts: int | None = None) -> int | None:
 
 def emit_ongrid_weight(graph, node, x, wq, num_experts: int | None = None):
     """The on-grid BF16 copy of a quantized weight, when the forward at x's traced shape runs
-    the on-grid GEMM (`nvfp4_impl.forward_uses_ongrid`); else None. The weight's quantize node
+    the on-grid GEMM (`gemm.forward_uses_ongrid`); else None. The weight's quantize node
     becomes `fp4_compile::quantize_with_ongrid` (same arguments, same first three outputs, the
     copy fourth: on CUDA one pass over the weight instead of quantize, then a decode of its
     packed bytes). One copy per weight in the graph, passed as `w_ongrid` to every use: the
     forward and, saved by autograd, the dgrad read it instead of decoding the packed weight
     each (the same values: the bits do not change)."""
-    from ..codegen.nvfp4_impl import forward_uses_ongrid
+    from ..codegen.nvfp4.gemm import forward_uses_ongrid
 
     rows = forward_rows(x, num_experts)
     if rows is None or not forward_uses_ongrid(fake(x).device.type, rows):
@@ -97,21 +95,23 @@ def emit_ongrid_weight(graph, node, x, wq, num_experts: int | None = None):
             raise ValueError(f"weight codes {codes} do not come from a quantize node")
         q.target = _ops().quantize_with_ongrid.default
         propagate_val(q)
-        made[codes] = insert_call(graph, operator.getitem, (q, 3), after=q, like=node)
+        made[codes] = insert_call(
+            graph, operator.getitem, (q, QuantizeOut.ONGRID), after=q, like=node
+        )
     return made[codes]
 
 
 def emit_nvfp4_linear(graph, node, x, weight, wq, bias, recipe: NVFP4Recipe, site: int = 0):
     codes, scales, gd = wq
     ongrid = emit_ongrid_weight(graph, node, x, wq)
-    args = (x, weight, codes, scales, gd, bias, None, recipe_arg(recipe), ongrid, site)
+    args = (x, weight, codes, scales, gd, bias, None, recipe.numerics_key, ongrid, site)
     return insert_call(graph, _ops().nvfp4_linear.default, args, before=node, like=node)
 
 
 def emit_nvfp4_grouped(graph, node, x, weight, wq, offsets, recipe: NVFP4Recipe, site: int = 0):
     codes, scales, gd = wq
     ongrid = emit_ongrid_weight(graph, node, x, wq, num_experts=fake(codes).shape[0])
-    args = (x, weight, codes, scales, gd, offsets, None, recipe_arg(recipe), ongrid, site)
+    args = (x, weight, codes, scales, gd, offsets, None, recipe.numerics_key, ongrid, site)
     return insert_call(graph, _ops().nvfp4_grouped_mm.default, args, before=node, like=node)
 
 

@@ -95,7 +95,7 @@ def test_graph_seed_counters_cover_every_nvfp4_site(monkeypatch):
     (the keys the backward draws with), for linears and MoE experts alike."""
     from fp4_compile import sr_stream
     from fp4_compile.backend import prepare_graph_seeds
-    from fp4_compile.codegen.nvfp4_impl import recipe_from_json
+    from fp4_compile.codegen.nvfp4.op_args import GemmArg
     from fp4_compile.models import tiny_qwen3_moe
     from fp4_compile.passes import run_pipeline
 
@@ -108,7 +108,9 @@ def test_graph_seed_counters_cover_every_nvfp4_site(monkeypatch):
         seen["n"] = prepare_graph_seeds(gm, torch.device("cpu"))
         ops = torch.ops.fp4_compile
         seen["sites"] = {
-            sr_stream.site_seed(recipe_from_json(n.args[7]).seed, n.args[9])
+            sr_stream.site_seed(
+                NVFP4Recipe.from_numerics_key(n.args[GemmArg.NUMERICS]).seed, n.args[GemmArg.SITE]
+            )
             for n in gm.graph.nodes
             if n.target in (ops.nvfp4_linear.default, ops.nvfp4_grouped_mm.default)
         }

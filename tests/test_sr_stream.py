@@ -31,13 +31,13 @@ def test_uniforms_pinned_values():
 def test_uniforms_one_round_below_2_32_two_above():
     """u = mix(lo ^ key) >> 8 below index 2^32; from there a second round mixes the high word
     in (else index i and i + 2^32 would draw the same noise)."""
-    from fp4_compile.sr_stream import _M32, _mix32_int, sr_key, uniforms_at
+    from fp4_compile.sr_stream import M32, mix32_int, sr_key, uniforms_at
 
     key = sr_key(123)
     idx = torch.tensor([5, 2**32 - 1, 2**32 + 5, 3 * 2**32 + 5])
     u = uniforms_at(idx, key)
-    one = [(_mix32_int((i & _M32) ^ key) >> 8) / 2.0**24 for i in idx.tolist()]
-    two = [(_mix32_int(_mix32_int((i & _M32) ^ key) ^ (i >> 32) ^ (key >> 1)) >> 8) / 2.0**24
+    one = [(mix32_int((i & M32) ^ key) >> 8) / 2.0**24 for i in idx.tolist()]
+    two = [(mix32_int(mix32_int((i & M32) ^ key) ^ (i >> 32) ^ (key >> 1)) >> 8) / 2.0**24
            for i in idx.tolist()]  # fmt: skip
     assert u.tolist() == one[:2] + two[2:]
     assert len(set(u.tolist())) == 4 and u[0] != u[2]
@@ -146,7 +146,7 @@ def test_backward_seed_switches_to_the_device_counter_while_capturing(
 ):
     """The NVFP4 backward ops draw host-counted seeds, except while a CUDA graph is being
     captured: then the site's device counter (so every replay advances it)."""
-    from fp4_compile.codegen import ops_nvfp4
+    from fp4_compile.codegen.nvfp4 import ops as ops_nvfp4
 
     sr = fresh_device_counters
     a = site_seed(0, site_id("layers.0.self_attn.q_proj:linear:0"))

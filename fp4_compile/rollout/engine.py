@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..codegen.weight_cache import WeightCache
+from ..codegen.nvfp4.weight_cache import WeightCache
 from ..dynamo_guard import no_silent_eager_fallback
 from ..recipe import NVFP4Recipe, as_recipe
 from .cuda_graph import DecodeGraph

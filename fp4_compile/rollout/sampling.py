@@ -19,7 +19,10 @@ import operator
 
 import torch
 
-from ..sr_stream import _M32, _mix32, _mix32_int, sr_key
+from ..sr_stream import M32 as _M32
+from ..sr_stream import mix32 as _mix32
+from ..sr_stream import mix32_int as _mix32_int
+from ..sr_stream import sr_key
 
 
 def request_keys(seeds: list[int], device) -> torch.Tensor:

@@ -29,7 +29,7 @@ def _rows(r, k, dtype, seed):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("k", [1, 16, 200, 2100])
 def test_row_and_tensor_abs_max_equal_torch(dtype, k):
-    from fp4_compile.codegen.abs_max import row_abs_max, tensor_abs_max
+    from fp4_compile.codegen.nvfp4.abs_max_kernel import row_abs_max, tensor_abs_max
 
     x = _rows(37, k, dtype, seed=k)
     assert_bitwise_equal(row_abs_max(x), x.abs().amax(dim=1).float(), "row amax")
@@ -43,7 +43,7 @@ def test_row_and_tensor_abs_max_equal_torch(dtype, k):
 
 
 def test_segment_abs_max_equals_torch():
-    from fp4_compile.codegen.abs_max import segment_abs_max
+    from fp4_compile.codegen.nvfp4.abs_max_kernel import segment_abs_max
 
     x = _rows(30, 64, torch.bfloat16, seed=1)
     expert = torch.tensor([0] * 7 + [2] * 13 + [3] * 10, device=DEV)
@@ -55,7 +55,7 @@ def test_segment_abs_max_equals_torch():
 
 
 def test_row_abs_max_refuses_strided_rows():
-    from fp4_compile.codegen.abs_max import row_abs_max
+    from fp4_compile.codegen.nvfp4.abs_max_kernel import row_abs_max
 
     with pytest.raises(ValueError, match="unit stride"):
         row_abs_max(torch.zeros(4, 32, device=DEV).t())
@@ -67,7 +67,7 @@ def test_segment_column_abs_max_equals_the_scatter(dtype, d):
     """Bitwise: per (expert segment, column) max |x| == the scatter_reduce of |x| in FP32 it
     replaced; uneven segments longer than a row chunk, empty experts (0), inf rows; a NaN
     poisons exactly its own (expert, column)."""
-    from fp4_compile.codegen.abs_max import segment_column_abs_max
+    from fp4_compile.codegen.nvfp4.abs_max_kernel import segment_column_abs_max
 
     x = _rows(70, d, dtype, seed=d)
     counts = torch.tensor([0, 33, 1, 0, 36, 0])  # 70 rows; experts 0, 3, 5 empty
@@ -87,7 +87,7 @@ def test_segment_column_abs_max_equals_the_scatter(dtype, d):
 
 
 def test_vector_abs_max_is_torch_amax_nan_included():
-    from fp4_compile.codegen.abs_max import vector_abs_max
+    from fp4_compile.codegen.nvfp4.abs_max_kernel import vector_abs_max
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(4)

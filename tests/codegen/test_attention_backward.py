@@ -1,4 +1,4 @@
-"""The Triton attention backward (`codegen/attention_backward.py`): compiled on CUDA, else in the
+"""The Triton attention backward (`codegen/attention_backward_kernel.py`): compiled on CUDA, else in the
 Triton interpreter (conftest sets TRITON_INTERPRET=1 without a GPU).
 
 Contracts: dq, dk, dv within 2x the error of stock SDPA's bf16 backward against float64 autograd
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp4_compile.codegen import invariant_cpu as cpu
+from fp4_compile.codegen.invariant import reference as cpu
 from fp4_compile.codegen.runtime import interpreting
 from fp4_compile.testing import assert_bitwise_equal
 
@@ -25,7 +25,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.fixture(scope="module")
 def ab():
     pytest.importorskip("triton")
-    from fp4_compile.codegen import attention_backward
+    from fp4_compile.codegen.invariant import attention_backward_kernel as attention_backward
 
     return attention_backward
 

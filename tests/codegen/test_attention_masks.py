@@ -1,4 +1,4 @@
-"""Mask tensors in the Triton attention kernels (`invariant_kernels.mask_args`): compiled on
+"""Mask tensors in the Triton attention kernels (`forward_kernels.mask_args`): compiled on
 CUDA, else in the Triton interpreter.
 
 Contracts: `mask_args` finds each row's [lo, hi) and flags exactly the masks whose rows are
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp4_compile.codegen import invariant_cpu as cpu
+from fp4_compile.codegen.invariant import reference as cpu
 from fp4_compile.codegen.runtime import interpreting
 from fp4_compile.testing import assert_bitwise_equal
 
@@ -26,7 +26,8 @@ B, HQ, HKV, T, D = 2, 4, 2, 40, 16
 @pytest.fixture(scope="module")
 def kernels():
     pytest.importorskip("triton")
-    from fp4_compile.codegen import attention_backward, invariant_kernels
+    from fp4_compile.codegen.invariant import attention_backward_kernel as attention_backward
+    from fp4_compile.codegen.invariant import forward_kernels as invariant_kernels
 
     return invariant_kernels, attention_backward
 
@@ -74,7 +75,7 @@ def _force_bit_path(monkeypatch, ik):
         return m8, strides, iv, torch.zeros_like(ok)
 
     monkeypatch.setattr(ik, "mask_args", bytes_only)
-    import fp4_compile.codegen.attention_backward as ab
+    import fp4_compile.codegen.invariant.attention_backward_kernel as ab
 
     monkeypatch.setattr(ab, "mask_args", bytes_only)
 

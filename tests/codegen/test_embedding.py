@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fp4_compile.codegen import embedding as emb
+from fp4_compile.codegen.invariant import embedding as emb
 from fp4_compile.testing import assert_bitwise_equal
 
 

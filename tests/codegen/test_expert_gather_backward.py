@@ -1,5 +1,5 @@
-"""The experts' gather backward through the sort permutation (`codegen/expert_gather_backward.py`)
-== `gather_rows`' position-ordered sums over the sorted index (`ops_nvfp4._scatter_gathered`),
+"""The experts' gather backward through the sort permutation (`codegen/expert_gather_backward_kernel.py`)
+== `gather_rows`' position-ordered sums over the sorted index (`ops._scatter_gathered`),
 bitwise: the Triton kernels (the interpreter here, CUDA on the GPU) on routings like
 transformers' experts (`perm` a stable sort of the expert ids, the gather index `perm // k`),
 with masked slots (index -1), signed zeros, k a power of two or not; and bad input refused."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fp4_compile.codegen  # noqa: F401  (registers the ops)
-from fp4_compile.codegen.ops_nvfp4 import _scatter_gathered
+from fp4_compile.codegen.nvfp4.ops import _scatter_gathered
 from fp4_compile.testing import assert_bitwise_equal
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -37,7 +37,9 @@ def _needs_kernel():
 @pytest.mark.parametrize("masked", [False, True], ids=["plain", "masked"])
 def test_kernel_equals_the_sorted_sums(dtype, k, masked):
     _needs_kernel()
-    from fp4_compile.codegen.expert_gather_backward import expert_gather_backward_triton
+    from fp4_compile.codegen.nvfp4.expert_gather_backward_kernel import (
+        expert_gather_backward_triton,
+    )
 
     tokens, cols = 21, 300  # ragged against the kernel's token and column blocks
     perm, x_index = _routing(tokens, k, experts=8, masked=masked, seed=k)
@@ -60,7 +62,6 @@ def test_kernel_equals_the_sorted_sums(dtype, k, masked):
 def _grouped_case(masked):
     from fp4_compile import NVFP4Recipe
     from fp4_compile import reference as ref
-    from fp4_compile.codegen import nvfp4_impl as impl
 
     g = torch.Generator().manual_seed(0)
     tokens, k, experts = 6, 2, 4
@@ -71,7 +72,7 @@ def _grouped_case(masked):
     w = torch.randn(experts, 32, 48, generator=g)
     wq = ref.quantize_experts(w)
     h = torch.randn(tokens, 48, generator=g).to(torch.bfloat16)
-    rec = impl.recipe_to_json(NVFP4Recipe.strict())
+    rec = NVFP4Recipe.strict().numerics_key
     rest = (w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, offsets, None, rec)
     return h, rest, x_index, perm
 
@@ -112,7 +113,7 @@ def test_grouped_op_refuses_a_wrong_perm_and_passes_opcheck():
 
 
 def test_bad_perm_is_refused():
-    from fp4_compile.codegen.expert_gather_backward import check_perm_precondition
+    from fp4_compile.codegen.nvfp4.expert_gather_backward_kernel import check_perm_precondition
 
     perm, x_index = _routing(6, 2, experts=4, masked=False)
     with pytest.raises(ValueError, match=r"x_perm must be int32/int64 \[S=12\]"):

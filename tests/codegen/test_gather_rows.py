@@ -5,7 +5,8 @@ keep their sums when other rows join the batch; bad operands are refused by name
 import pytest
 import torch
 
-from fp4_compile.codegen.gather_rows import gather_rows, gather_rows_backward_reference
+from fp4_compile.codegen.invariant.gather_rows import gather_rows
+from fp4_compile.codegen.invariant.reference import gather_rows_backward_reference
 from fp4_compile.testing import assert_bitwise_equal
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -32,7 +33,7 @@ def test_backward_kernel_equals_the_torch_ops(dtype, case):
     """Bitwise: the Triton backward (CUDA's path; the interpreter here) == the torch ops, with
     duplicates (every token top-k times), a permutation, rows no position names, negative
     indices; columns past one tile, rows past a program's."""
-    from fp4_compile.codegen.gather_rows_kernel import gather_rows_backward_triton
+    from fp4_compile.codegen.invariant.gather_rows_kernel import gather_rows_backward_triton
 
     rows, c = 13, 700
     if case == "moe":
@@ -88,7 +89,7 @@ def test_a_rows_sum_does_not_depend_on_the_other_rows():
     mine = (idx < 4).nonzero().squeeze(1)
     alone = gather_rows_backward_reference(grad[mine].to(DEV), idx[mine].to(DEV), 4)
     assert_bitwise_equal(full[:4], alone, "rows alone vs in the batch")
-    from fp4_compile.codegen.gather_rows_kernel import gather_rows_backward_triton
+    from fp4_compile.codegen.invariant.gather_rows_kernel import gather_rows_backward_triton
 
     kernel_alone = gather_rows_backward_triton(grad[mine].to(DEV), idx[mine].to(DEV), 4)
     assert_bitwise_equal(kernel_alone, full[:4], "kernel, rows alone")
@@ -119,7 +120,7 @@ def test_gather_rows_survives_export():
 def test_row_segments_on_narrow_keys_equal_the_int64_sort(num_rows):
     """row_segments sorts the row ids as int16 / int32 (fewer radix passes on CUDA): the same
     order, starts and counts as the int64 sort, at the int16 boundary too, negatives wrapped."""
-    from fp4_compile.codegen.gather_rows import row_segments
+    from fp4_compile.codegen.invariant.reference import row_segments
 
     g = torch.Generator().manual_seed(num_rows)
     idx = torch.randint(-num_rows, num_rows, (3 * num_rows,), generator=g).to(DEV)

@@ -39,8 +39,8 @@ def _x(a, n, c, dtype, seed):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", [(3, 8, 1000), (2, 4, 2500)])
 def test_round_each_equals_ordered_sum_torch(dtype, shape):
-    from fp4_compile.codegen.group_sum_kernel import group_sum
-    from fp4_compile.codegen.ordered_sum import ordered_sum_torch
+    from fp4_compile.codegen.invariant.group_sum_kernel import group_sum
+    from fp4_compile.codegen.invariant.ordered_sum import ordered_sum_torch
 
     x = _x(*shape, dtype, seed=shape[2])
     want = ordered_sum_torch(x, 1, False)
@@ -53,8 +53,8 @@ def test_round_each_equals_ordered_sum_torch(dtype, shape):
                                        (torch.float32, torch.bfloat16),
                                        (torch.float32, torch.float32)])  # fmt: skip
 def test_round_end_equals_repeat_kv_backward_torch(dtype, out):
-    from fp4_compile.codegen.group_sum_kernel import group_sum
-    from fp4_compile.codegen.repeat_kv import repeat_kv_backward_torch
+    from fp4_compile.codegen.invariant.group_sum_kernel import group_sum
+    from fp4_compile.codegen.invariant.repeat_kv import repeat_kv_backward_torch
 
     b, h, n_rep, t, d = 2, 3, 4, 5, 64
     grad = _x(b * h, n_rep, t * d, dtype, seed=7).reshape(b, h * n_rep, t, d)
@@ -64,7 +64,7 @@ def test_round_end_equals_repeat_kv_backward_torch(dtype, out):
 
 
 def test_bad_input_is_named():
-    from fp4_compile.codegen.group_sum_kernel import group_sum
+    from fp4_compile.codegen.invariant.group_sum_kernel import group_sum
 
     x = torch.zeros(2, 3, 4, device=DEV)
     with pytest.raises(ValueError, match="dtypes"):
@@ -79,7 +79,7 @@ def test_bad_input_is_named():
 def test_repeat_rows_is_the_expand_copy(dtype):
     """repeat_kv's CUDA forward (`repeat_kv_kernel.repeat_rows`) == x.expand(...).contiguous(),
     bitwise (NaN, inf and -0.0 included: a copy), rows longer than one block, n_rep 1."""
-    from fp4_compile.codegen.repeat_kv_kernel import repeat_rows
+    from fp4_compile.codegen.invariant.repeat_kv_kernel import repeat_rows
 
     x = torch.randn(3, 1, 2500).to(dtype)
     x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -0.0])

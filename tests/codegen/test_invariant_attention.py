@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp4_compile.codegen import invariant as inv
-from fp4_compile.codegen.invariant_cpu import SOFTMAX_BLOCK
+from fp4_compile.codegen.invariant import api as inv
+from fp4_compile.codegen.invariant.reference import SOFTMAX_BLOCK
 from fp4_compile.testing import assert_bitwise_equal
 
 HQ, HKV, D = 4, 2, 32

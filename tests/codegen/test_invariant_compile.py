@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from fp4_compile.codegen import invariant as inv
+from fp4_compile.codegen.invariant import api as inv
 from fp4_compile.testing import assert_bitwise_equal
 
 

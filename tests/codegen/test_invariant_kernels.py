@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp4_compile.codegen import invariant_cpu as cpu
+from fp4_compile.codegen.invariant import reference as cpu
 from fp4_compile.codegen.runtime import interpreting
 from fp4_compile.testing import assert_bitwise_equal
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def ik():
     pytest.importorskip("triton")
-    from fp4_compile.codegen import invariant_kernels
+    from fp4_compile.codegen.invariant import forward_kernels as invariant_kernels
 
     return invariant_kernels
 

@@ -58,9 +58,9 @@ def test_kernels_equal_the_reference(dtypes, permutation):
 
     if DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
-    from fp4_compile.codegen.gather_rows_kernel import gather_rows_backward_triton
-    from fp4_compile.codegen.moe_combine import moe_combine_reference, slot_grad_sums_reference
-    from fp4_compile.codegen.moe_combine_kernel import moe_combine_triton
+    from fp4_compile.codegen.invariant.gather_rows_kernel import gather_rows_backward_triton
+    from fp4_compile.codegen.moe.combine import moe_combine_reference, slot_grad_sums_reference
+    from fp4_compile.codegen.moe.combine_kernel import moe_combine_triton
 
     x, w, idx, k = _case(*dtypes, permutation=permutation)
     out_dtype = torch.promote_types(x.dtype, w.dtype)
@@ -132,9 +132,9 @@ def test_fused_kernel_equals_the_reference(masked):
 
     if DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
-    from fp4_compile.codegen.moe_combine import slot_grad_sums_reference
-    from fp4_compile.codegen.row_scale import row_scale_backward_reference
-    from fp4_compile.codegen.row_scale_kernel import row_scale_backward_triton
+    from fp4_compile.codegen.moe.combine import slot_grad_sums_reference
+    from fp4_compile.codegen.moe.row_scale import row_scale_backward_reference
+    from fp4_compile.codegen.moe.row_scale_kernel import row_scale_backward_triton
 
     for dtypes in [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)]:
         x, w, idx, k, inverse, grad, mask = _inverse_case(dtypes, masked, seed=3)
@@ -157,7 +157,7 @@ def test_a_wrong_inverse_is_refused():
     with pytest.raises(ValueError, match="inverse permutation of idx"):
         grad = torch.zeros(x.shape[0] // k, x.shape[1])
         ops.moe_combine_backward(grad, x, w, idx, k, None, inverse.flip(0))
-    from fp4_compile.codegen.row_scale_kernel import row_scale_backward_triton
+    from fp4_compile.codegen.moe.row_scale_kernel import row_scale_backward_triton
 
     if DEV == "cuda":
         with pytest.raises(ValueError, match="grad_rows must be int32/int64"):

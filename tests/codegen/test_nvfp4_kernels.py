@@ -13,7 +13,7 @@ import torch
 
 from fp4_compile import NVFP4Recipe
 from fp4_compile import reference as ref
-from fp4_compile.codegen import nvfp4_impl as impl
+from fp4_compile.codegen.nvfp4 import gemm as impl
 from fp4_compile.sr_stream import nth_call_seed, set_sr_state
 from fp4_compile.testing import assert_bitwise_equal, assert_nvfp4_equal
 
@@ -40,7 +40,7 @@ def _x(*shape, dtype=torch.bfloat16, seed=0):
 def test_quantize_kernel_bitwise(dtype, block, mode):
     """Bitwise: kernel codes, E4M3 scales (subnormal ones too) and global scales == reference;
     the on-grid output == reference on_grid in bf16."""
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     x = _x(48, 96, dtype=dtype)
     gs = {"static": torch.tensor(3.0), "static_tiny": torch.tensor(1e-3)}.get(mode, mode)
@@ -69,7 +69,7 @@ def test_quantize_kernel_e2m1_ties_and_thresholds():
     """Bitwise: at every E2M1 threshold (ties to even) and grid point, one ulp either side,
     the kernel's codes and on-grid values == reference, for RNE and stochastic rounding (on
     the grid: never rounded away; between points: the reference's probability)."""
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     x = _e2m1_edge_values().to(DEV)
     amax = torch.tensor(6.0 * 448.0, device=DEV)
@@ -89,7 +89,7 @@ def test_quantize_kernel_e2m1_ties_and_thresholds():
 
 def test_quantize_kernel_stochastic_and_experts():
     """Bitwise: stochastic rounding with the reference's seeded stream; per-expert weights."""
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     x = _x(32, 64, dtype=torch.float32)
     for seed in (9, 2**62 + 4097):  # a small seed and a call seed's size (sr_stream.call_seed)
@@ -102,7 +102,7 @@ def test_quantize_kernel_stochastic_and_experts():
     )
     # the per-expert amax (row maxima, then per expert): a NaN poisons its own expert only, an
     # inf gives that expert the unit encode, the others are unchanged
-    from fp4_compile.codegen.quantize_kernel import global_stage
+    from fp4_compile.codegen.nvfp4.quantize_kernel import global_stage
 
     w[1, 5, 7], w[2, 31, 0] = float("nan"), float("inf")
     gd, mult = global_stage(w, "per_expert")
@@ -187,7 +187,7 @@ def test_grouped_kernel_equals_loop(shape):
         start = end
     y_cpu = torch.ops.fp4_compile.nvfp4_grouped_mm(
         x.cpu(), w.cpu(), wq.codes.cpu(), sc.cpu(), wq.global_decode.cpu(), offsets.cpu(), None,
-        impl.recipe_to_json(STRICT), None)  # fmt: skip
+        STRICT.numerics_key, None)  # fmt: skip
     assert (y.float().cpu() - y_cpu.float()).abs().max() <= 2.0**-7 * y_cpu.float().abs().max()
 
 
@@ -217,7 +217,7 @@ def test_grouped_wgrad_equals_per_expert_loop(grad):
     """Bitwise: the one-pass MoE wgrad == the per-expert loop of dense wgrads (seed + 1 + e),
     with empty experts, segments of odd lengths and segments over several K chunks; and the
     backward op's dW on the kernels == that loop."""
-    from fp4_compile.codegen.grouped_wgrad import grouped_wgrad
+    from fp4_compile.codegen.nvfp4.grouped_wgrad_kernel import grouped_wgrad
     from fp4_compile.recipe import QuantSpec
 
     rec = NVFP4Recipe.strict(grad=QuantSpec(block="1x16", global_scale=grad[0], rounding=grad[1]))
@@ -240,7 +240,7 @@ def test_grouped_wgrad_equals_per_expert_loop(grad):
     wq = ref.quantize_experts(w)
     _, dw_op = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(
         dy, x, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, offsets, None,
-        impl.recipe_to_json(rec), 7, False, True)  # fmt: skip
+        rec.numerics_key, 7, False, True)  # fmt: skip
     dw = grouped_wgrad(dy, x, offsets, rec, nth_call_seed(7, 0))
     if DEV == "cuda":
         assert_bitwise_equal(dw_op, dw, "op dW")
@@ -264,12 +264,12 @@ def test_dense_wgrad_quantizes_the_transposes_in_place(grad, tokens, flat32, mon
     copies (`quantize_triton(pad_tokens(t.t().contiguous()))`) and the same GEMM; the operands
     themselves equal too; int and device-held seeds; given dY's amax or not; the segmented
     kernel's stochastic-rounding index in int32 (FLAT32, small tensors) and in int64."""
-    from fp4_compile.codegen import quantize_kernel
+    from fp4_compile.codegen.nvfp4 import quantize_kernel
 
     if not flat32:
         monkeypatch.setattr(quantize_kernel, "FLAT32_LIMIT", 0)
-    from fp4_compile.codegen.nvfp4_gemm import launch_gemm
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
     from fp4_compile.recipe import QuantSpec
 
     rec = NVFP4Recipe.strict(grad=QuantSpec(block="1x16", global_scale=grad[0], rounding=grad[1]))
@@ -297,7 +297,7 @@ def test_dense_wgrad_quantizes_the_transposes_in_place(grad, tokens, flat32, mon
 def test_ongrid_weight_kernel_equals_on_grid():
     """Bitwise: the one-launch dequantize == NVFP4Tensor.on_grid(bf16), dense and experts, with
     subnormal E4M3 scales."""
-    from fp4_compile.codegen.nvfp4_gemm import ongrid_weight
+    from fp4_compile.codegen.nvfp4.gemm_kernel import ongrid_weight
 
     for shape in ((48, 96), (3, 32, 64)):
         w = _x(*shape, dtype=torch.float32, seed=31)
@@ -309,8 +309,8 @@ def test_ongrid_weight_kernel_equals_on_grid():
 def test_quantize_kernel_packed_and_ongrid_in_one_pass():
     """Bitwise: quantize_triton(out="both") (a weight's packed form and its on-grid copy from
     one kernel pass) == out="packed" and the decode of those bytes, dense and experts."""
-    from fp4_compile.codegen.nvfp4_gemm import ongrid_weight
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.gemm_kernel import ongrid_weight
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     for shape, mode in (((48, 96), "per_tensor"), ((3, 32, 64), "per_expert")):
         w = _x(*shape, dtype=torch.bfloat16, seed=32).to(DEV)
@@ -328,8 +328,8 @@ def test_invariant_grouped_kernel_equals_per_expert_linear():
     """Bitwise: the one-launch BF16 grouped GEMM (the bf16 recipe's MoE experts on CUDA) == a
     loop of the invariant linear kernel per expert, empty experts included; and its rows do not
     depend on the other rows (one expert's rows alone give the same bits)."""
-    from fp4_compile.codegen import invariant_kernels as ik
-    from fp4_compile.codegen.invariant_grouped import grouped_kernel
+    from fp4_compile.codegen.invariant import forward_kernels as ik
+    from fp4_compile.codegen.moe.grouped_mm import grouped_kernel
 
     w = _x(4, 48, 64, dtype=torch.float32, seed=41).to(torch.bfloat16)
     x = _x(29, 64, seed=42)
@@ -351,7 +351,7 @@ def test_backward_kernels_store_16_bit_outputs_and_share_the_grad_amax():
     round-to-nearest-even either way; on CUDA the kernel's own cast); dgrad / wgrad given dY's
     per-tensor amax (`grad_amax`, one read for both) == computing it themselves; the grouped
     wgrad likewise."""
-    from fp4_compile.codegen.grouped_wgrad import grouped_wgrad
+    from fp4_compile.codegen.nvfp4.grouped_wgrad_kernel import grouped_wgrad
 
     m, n, k = 40, 32, 48
     x, w = _x(m, k, seed=21), _x(n, k, dtype=torch.float32, seed=22)
@@ -379,8 +379,8 @@ def test_device_held_seeds_draw_the_same_streams():
     """Bitwise: every stochastic-rounding consumer given its seed as an int64 [1] tensor on the
     device (what a CUDA-graph capture passes, `sr_stream.device_call_seed`) == the same seed as
     an int: the quantizer (packed and on-grid), the dense dgrad and wgrad, the MoE wgrad."""
-    from fp4_compile.codegen.grouped_wgrad import grouped_wgrad
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.grouped_wgrad_kernel import grouped_wgrad
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
     from fp4_compile.sr_stream import DeviceSeed
 
     assert STRICT.grad.rounding == "stochastic"
@@ -417,11 +417,11 @@ def test_device_held_seeds_draw_the_same_streams():
 
 
 def test_next_device_seed_is_device_call_seed(monkeypatch):
-    """Bitwise: the one-launch device seed (`device_seed.next_device_seed`) == the torch ops of
+    """Bitwise: the one-launch device seed (`device_seed_kernel.next_device_seed`) == the torch ops of
     `sr_stream.device_call_seed`, call after call, with the site's counter advanced alike; an
     unprepared site is the same clear error."""
     from fp4_compile import sr_stream
-    from fp4_compile.codegen.device_seed import next_device_seed
+    from fp4_compile.codegen.nvfp4.device_seed_kernel import next_device_seed
     from fp4_compile.sr_stream import DeviceSeed, graph_site_key
 
     monkeypatch.setattr(sr_stream, "_device_counters", {})
@@ -471,8 +471,8 @@ def test_grouped_backward_with_x_index_equals_gathered_copy():
     `gather_rows_backward` (dX of the source rows; masked rows, index -1, add their zeroed
     gradients as the unfolded graph does), and the MoE wgrad reading X^T through the index ==
     the wgrad of the gathered copy."""
-    from fp4_compile.codegen.gather_rows import gather_rows_backward
-    from fp4_compile.codegen.grouped_wgrad import grouped_wgrad
+    from fp4_compile.codegen.invariant.gather_rows import gather_rows_backward
+    from fp4_compile.codegen.nvfp4.grouped_wgrad_kernel import grouped_wgrad
 
     e, n, k = 4, 32, 48
     w = _x(e, n, k, dtype=torch.float32, seed=3)
@@ -489,7 +489,7 @@ def test_grouped_backward_with_x_index_equals_gathered_copy():
     assert_bitwise_equal(grouped_wgrad(dy, h, offsets, STRICT, seed, x_index=x_index),
                          grouped_wgrad(dy, xg, offsets, STRICT, seed), "wgrad")  # fmt: skip
     wargs = (w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, offsets, None,
-             impl.recipe_to_json(STRICT), 7, True, True)  # fmt: skip
+             STRICT.numerics_key, 7, True, True)  # fmt: skip
     set_sr_state(None)
     dh, dw = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(dy, h, *wargs, x_index)
     set_sr_state(None)
@@ -541,8 +541,8 @@ def test_narrow_configs_give_the_wide_configs_bits(monkeypatch):
     """Bitwise on the H200, cancellation-heavy rows: the narrow forward config (N = 512) ==
     the table's 128x256 tile, at M = 300 and 4096; the 512-row wgrad bucket == 128x256."""
     from fp4_compile.codegen import configs
-    from fp4_compile.codegen.nvfp4_gemm import launch_gemm
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     w = _x(512, 2048, dtype=torch.float32, seed=31)
     wq = quantize_triton(w.to(DEV), block="16x16", global_scale="per_tensor")

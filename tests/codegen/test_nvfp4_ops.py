@@ -11,7 +11,7 @@ import torch
 import fp4_compile.codegen as cg
 from fp4_compile import NVFP4Recipe, QuantSpec
 from fp4_compile import reference as ref
-from fp4_compile.codegen import nvfp4_impl as impl
+from fp4_compile.codegen.nvfp4 import gemm as impl
 from fp4_compile.sr_stream import nth_call_seed, set_sr_state, site_seed
 from fp4_compile.testing import assert_bitwise_equal, assert_nvfp4_equal
 
@@ -89,7 +89,7 @@ def test_grouped_equals_per_expert_loop(shape):
     offsets = torch.tensor([4, 4, 9, 30, 30, 41], dtype=torch.int32)
     x = _x(41, k)
     wq = cg.quantize_weight(w, STRICT)
-    y = cg.nvfp4_grouped_mm(x, w, offsets, recipe=STRICT, w_q=wq)
+    y = cg.nvfp4_grouped_linear(x, w, offsets, recipe=STRICT, w_q=wq)
     start = 0
     for i, end in enumerate(offsets.tolist()):
         if end > start:
@@ -154,7 +154,7 @@ def test_grouped_autograd_matches_per_expert_linear():
     offsets = torch.tensor([10, 10, 24], dtype=torch.int32)
     dy = _x(24, n, dtype=torch.float32, seed=6)
     set_sr_state(None)
-    cg.nvfp4_grouped_mm(x, w, offsets, recipe=recipe).backward(dy)
+    cg.nvfp4_grouped_linear(x, w, offsets, recipe=recipe).backward(dy)
     seed = nth_call_seed(site_seed(3, 0), 0)
     for i, s, t in [(0, 0, 10), (2, 10, 24)]:
         want = impl.cpu_wgrad(dy[s:t], x.detach()[s:t], recipe, seed + 1 + i)
@@ -175,7 +175,7 @@ def _linear_args(recipe=STRICT, requires_grad=True):
     b = _x(32, dtype=torch.float32, seed=2).requires_grad_(requires_grad)
     wq = ref.quantize(w.detach(), block="16x16")
     return (x, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, b, None,
-            impl.recipe_to_json(recipe), None)  # fmt: skip
+            recipe.numerics_key, None)  # fmt: skip
 
 
 def test_opcheck():
@@ -191,14 +191,14 @@ def test_opcheck():
     off = torch.tensor([4, 10], dtype=torch.int32)
     torch.library.opcheck(
         torch.ops.fp4_compile.nvfp4_grouped_mm.default,
-        (xg, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, off, None, impl.recipe_to_json(STRICT), None),
+        (xg, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, off, None, STRICT.numerics_key, None),
     )  # fmt: skip
     # the folded token gather: rows of h through x_index (-1: a zero row), gradient of h
     h = _x(6, 32, dtype=torch.float32).requires_grad_()
     x_index = torch.tensor([0, 5, 2, -1, 2, 4, 1, 0, 3, 5])
     torch.library.opcheck(
         torch.ops.fp4_compile.nvfp4_grouped_mm.default,
-        (h, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, off, None, impl.recipe_to_json(STRICT), None, 0, x_index),
+        (h, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, off, None, STRICT.numerics_key, None, 0, x_index),
     )  # fmt: skip
 
 
@@ -268,7 +268,7 @@ def test_bad_inputs_name_the_argument():
         static = NVFP4Recipe.strict(activation=QuantSpec(block="1x16", global_scale="static"))
         cg.nvfp4_linear(x, w, recipe=static)
     with pytest.raises(TypeError, match="offsets"):
-        cg.nvfp4_grouped_mm(x, w[None], torch.tensor([4]), recipe=STRICT)
+        cg.nvfp4_grouped_linear(x, w[None], torch.tensor([4]), recipe=STRICT)
     with pytest.raises(ValueError, match="quantize"):
         cg.nvfp4_linear(x, w, recipe=NVFP4Recipe.bf16())
 
@@ -356,12 +356,13 @@ def test_quantize_with_ongrid_equals_quantize_then_ongrid_weight():
 
 
 def test_save_ongrid_weights_false_drops_the_weight_copy():
-    """options['save_ongrid_weights']=False (backend.drop_ongrid_weights): the graph keeps no
+    """options['save_ongrid_weights']=False (passes.drop_ongrid_weights): the graph keeps no
     on-grid copy (its quantize node is a plain quantize again) and every NVFP4 GEMM gets
     w_ongrid=None back; a non-bool is refused."""
     import torch.fx as fx
 
-    from fp4_compile.backend import drop_ongrid_weights, parse_options
+    from fp4_compile.backend import parse_options
+    from fp4_compile.passes import drop_ongrid_weights
     from fp4_compile.passes.targets import emit_nvfp4_linear, emit_quantize_weight
 
     graph, x, w, lin = _fake_graph("cuda", impl.ONGRID_FORWARD_MIN_ROWS)

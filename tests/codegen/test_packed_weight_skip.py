@@ -19,7 +19,7 @@ import torch.fx as fx
 
 import fp4_compile.codegen  # noqa: F401  (registers the ops)
 from fp4_compile import NVFP4Recipe
-from fp4_compile.codegen import nvfp4_impl as impl
+from fp4_compile.codegen.nvfp4 import gemm as impl
 from fp4_compile.sr_stream import set_sr_state
 from fp4_compile.testing import assert_bitwise_equal
 
@@ -66,7 +66,7 @@ def _item(q, i):
 
 
 def test_pass_skips_the_packed_bytes_that_no_node_reads_and_drop_packs_them_again():
-    from fp4_compile.backend import drop_ongrid_weights
+    from fp4_compile.passes import drop_ongrid_weights
 
     gm, q = _lowered_graph(impl.ONGRID_FORWARD_MIN_ROWS)
     assert q.target is ops.quantize_with_ongrid.default
@@ -118,7 +118,7 @@ def _weight(dev, *lead):
 def test_gemm_ops_refuse_empty_codes_without_a_copy_or_on_a_decoding_path():
     w, _, (codes, scales, gd, ongrid) = _weight("cpu")
     x = torch.randn(4, 64, generator=_gen(3)).bfloat16()
-    args = (x, w, codes, scales.view(torch.uint8), gd, None, None, STRICT.op_json)
+    args = (x, w, codes, scales.view(torch.uint8), gd, None, None, STRICT.numerics_key)
     with pytest.raises(ValueError, match="w_ongrid is None"):
         ops.nvfp4_linear(*args, None, 0)
     with pytest.raises(ValueError, match="no packed bytes"):  # the CPU path decodes the codes
@@ -147,9 +147,11 @@ def test_cuda_forward_and_gradients_equal_the_packed_weight(experts):
         if experts:
             off = torch.arange(1, experts + 1, device="cuda", dtype=torch.int32)
             off = off * impl.ONGRID_FORWARD_MIN_ROWS
-            y = ops.nvfp4_grouped_mm(x, wp, codes, s8, gd, off, None, STRICT.op_json, ongrid, 0)
+            y = ops.nvfp4_grouped_mm(
+                x, wp, codes, s8, gd, off, None, STRICT.numerics_key, ongrid, 0
+            )
         else:
-            y = ops.nvfp4_linear(x, wp, codes, s8, gd, None, None, STRICT.op_json, ongrid, 0)
+            y = ops.nvfp4_linear(x, wp, codes, s8, gd, None, None, STRICT.numerics_key, ongrid, 0)
         y.backward(go)
         results.append((y.detach(), x.grad, wp.grad))
     for got, want, name in zip(results[1], results[0], ("y", "dx", "dw")):

@@ -21,7 +21,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("k", [16, 144, 2048])
 def test_row_global_stage_equals_torch(dtype, k):
-    from fp4_compile.codegen.quantize_global import row_global_stage
+    from fp4_compile.codegen.nvfp4.global_scale_kernel import row_global_stage
 
     g = torch.Generator().manual_seed(k)
     x = torch.randn(37, k, generator=g) * torch.logspace(-6, 3, 37)[:, None]
@@ -40,7 +40,7 @@ def test_row_global_stage_equals_torch(dtype, k):
 
 
 def test_row_global_stage_rejects_strided_rows():
-    from fp4_compile.codegen.quantize_global import row_global_stage
+    from fp4_compile.codegen.nvfp4.global_scale_kernel import row_global_stage
 
     with pytest.raises(ValueError, match="x2"):
         row_global_stage(torch.zeros(4, 32, device=DEV).t())
@@ -50,7 +50,7 @@ def test_row_global_stage_rejects_strided_rows():
 def test_per_tensor_global_stage_equals_torch_ops(case):
     """The two-launch per-tensor stage (row maxima, then the per-row stage over them) == the
     reference on torch's `x.abs().amax()`, bitwise; a NaN anywhere gives NaN scales."""
-    from fp4_compile.codegen.quantize_kernel import global_stage
+    from fp4_compile.codegen.nvfp4.quantize_kernel import global_stage
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(40, 96, generator=g) * 3.0
@@ -74,8 +74,8 @@ def test_per_tensor_global_stage_equals_torch_ops(case):
 def test_amax_global_stage_equals_reference():
     """Scales from given amaxes (static amax, per expert) in one launch == `global_scales`:
     zero, inf, NaN, subnormal, huge, negative and ordinary amaxes, any shape."""
-    from fp4_compile.codegen.quantize_global import amax_global_stage
-    from fp4_compile.codegen.quantize_kernel import global_stage
+    from fp4_compile.codegen.nvfp4.global_scale_kernel import amax_global_stage
+    from fp4_compile.codegen.nvfp4.quantize_kernel import global_stage
 
     edge = [0.0, float("inf"), float("nan"), 1e-45, 1e-38, 3.4e38, -2.5, 1.0, 448.0, 6.0]
     amax = torch.cat([torch.tensor(edge), torch.rand(300, generator=torch.Generator()) * 50])
@@ -99,9 +99,9 @@ def test_expert_global_stage_equals_the_torch_per_expert_stage():
     """One launch == `quantize_kernel.global_stage(w, "per_expert")` (row maxima, torch's max per
     expert, the scale launch), bitwise, with NaN, inf and all-zero experts; the per-row copies
     repeat each expert's values N times."""
-    from fp4_compile.codegen.abs_max import row_abs_max
-    from fp4_compile.codegen.quantize_global import expert_global_stage
-    from fp4_compile.codegen.quantize_kernel import global_stage
+    from fp4_compile.codegen.nvfp4.abs_max_kernel import row_abs_max
+    from fp4_compile.codegen.nvfp4.global_scale_kernel import expert_global_stage
+    from fp4_compile.codegen.nvfp4.quantize_kernel import global_stage
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(12)
@@ -120,7 +120,7 @@ def test_expert_global_stage_equals_the_torch_per_expert_stage():
 def test_per_row_quantize_of_a_3d_input_equals_its_rows():
     """quantize_triton with per-row scales on a 3-D x == on its rows flattened to 2-D, bitwise
     (a 3-D x's per-row global decode [A, B, 1] once took the static per-expert branch)."""
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     x = torch.randn(3, 7, 32, generator=torch.Generator().manual_seed(2)).to(DEV)
     v3, gd3 = quantize_triton(x, block="1x16", global_scale="per_row", out="ongrid")

@@ -46,7 +46,7 @@ def _exact(gy, h, w, eps):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hdim", [64, 200])
 def test_rms_norm_backward_kernel_matches_exact_math(dtype, hdim):
-    from fp4_compile.codegen.rms_norm_backward import rms_norm_backward
+    from fp4_compile.codegen.invariant.rms_norm_backward_kernel import rms_norm_backward
 
     r, eps = 70, 1e-6
     gy, h, w = _inputs(r, hdim, dtype)
@@ -63,7 +63,11 @@ def test_rms_norm_backward_kernel_matches_exact_math(dtype, hdim):
 
 
 def test_rms_norm_backward_kernel_rows_are_invariant_and_dweight_deterministic():
-    from fp4_compile.codegen.rms_norm_backward import TILES_PER_PROGRAM, rms_norm_backward, tiling
+    from fp4_compile.codegen.invariant.rms_norm_backward_kernel import (
+        TILES_PER_PROGRAM,
+        rms_norm_backward,
+        tiling,
+    )
 
     tile = tiling(96)[1]
     per_program = tile * TILES_PER_PROGRAM
@@ -85,7 +89,7 @@ def test_rms_norm_backward_kernel_rows_are_invariant_and_dweight_deterministic()
 def test_rms_norm_backward_reads_strided_grads_bitwise(layout):
     """q_norm / k_norm gradients arrive as a transposed view [B, S, heads, D] of [B, heads, S,
     D] memory, or a row-sliced one: read through their strides, the same bits as contiguous."""
-    from fp4_compile.codegen.rms_norm_backward import rms_norm_backward
+    from fp4_compile.codegen.invariant.rms_norm_backward_kernel import rms_norm_backward
 
     b, s, heads, d = 2, 5, 3, 64
     gy, h, w = _inputs(b * s * heads, d, torch.bfloat16, seed=4)
@@ -128,7 +132,11 @@ def test_partial_sum_is_the_ordered_fp32_sum_bitwise(dtype):
     `partial_sum_reference`'s chains-then-tree order, and that reference with one chain is the
     sequential sum. Program counts below, at, and past CHAINS, with a partial last tile; signed
     zeros kept."""
-    from fp4_compile.codegen.partial_sum_kernel import CHAINS, partial_sum, partial_sum_reference
+    from fp4_compile.codegen.invariant.partial_sum_kernel import (
+        CHAINS,
+        partial_sum,
+        partial_sum_reference,
+    )
 
     for num_programs in (1, 3, 17, CHAINS, 2 * CHAINS + 1, 3 * CHAINS + 8):
         x = _partials(num_programs, 70, seed=num_programs)
@@ -148,8 +156,8 @@ def test_partial_sum_within_fp32_error_of_float64_and_deterministic(monkeypatch)
     (P - 1) * eps32 * sum|terms| (eps32 = 2**-23 covers gamma_{P-1}), plus the final cast's half
     ulp of the stored value. Bitwise the same on a rerun, from a fresh copy, for a column
     alone, and with another column tiling (a speed setting, not part of the order)."""
-    from fp4_compile.codegen import partial_sum_kernel
-    from fp4_compile.codegen.partial_sum_kernel import partial_sum
+    from fp4_compile.codegen.invariant import partial_sum_kernel
+    from fp4_compile.codegen.invariant.partial_sum_kernel import partial_sum
 
     num_programs, hdim = 300, 200
     x = _partials(num_programs, hdim, seed=7)

@@ -29,7 +29,7 @@ U = 2.0**-24  # FP32 unit roundoff
 @pytest.fixture(scope="module")
 def rb():
     pytest.importorskip("triton")
-    from fp4_compile.codegen import routing_backward_kernel
+    from fp4_compile.codegen.invariant import routing_backward_kernel
 
     return routing_backward_kernel
 

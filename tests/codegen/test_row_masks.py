@@ -57,7 +57,10 @@ def test_silu_mul_kernels_with_row_mask_equal_the_kernels_on_masked_inputs():
 
     if DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
-    from fp4_compile.codegen.silu_mul_kernel import silu_mul_backward_triton, silu_mul_triton
+    from fp4_compile.codegen.invariant.silu_mul_kernel import (
+        silu_mul_backward_triton,
+        silu_mul_triton,
+    )
 
     for dtype in (torch.bfloat16,) + ((torch.float32,) if DEV == "cuda" else ()):
         x, mask = _gate_up(dtype)
@@ -108,10 +111,10 @@ def test_moe_combine_kernels_with_row_mask_equal_the_kernels_on_masked_inputs():
 
     if DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
-    from fp4_compile.codegen.moe_combine import moe_combine_reference
-    from fp4_compile.codegen.moe_combine_kernel import moe_combine_triton
-    from fp4_compile.codegen.row_scale import row_scale_backward_reference
-    from fp4_compile.codegen.row_scale_kernel import row_scale_backward_triton
+    from fp4_compile.codegen.moe.combine import moe_combine_reference
+    from fp4_compile.codegen.moe.combine_kernel import moe_combine_triton
+    from fp4_compile.codegen.moe.row_scale import row_scale_backward_reference
+    from fp4_compile.codegen.moe.row_scale_kernel import row_scale_backward_triton
 
     for dtypes in ((torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)):
         x, w, idx, k, mask = _combine_case(*dtypes)

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from fp4_compile import codegen  # noqa: F401  (registers the ops)
-from fp4_compile.codegen import invariant_math as im
-from fp4_compile.codegen.row_scale import BLOCK, row_scale
+from fp4_compile.codegen import configs
+from fp4_compile.codegen.invariant import fixed_order as im
+from fp4_compile.codegen.moe.row_scale import BLOCK, row_scale
 from fp4_compile.testing import assert_bitwise_equal
 
 
@@ -63,8 +64,8 @@ def test_backward_kernel_equals_the_torch_ops(rows, h, dtype, wdtype):
     ops, grad_x and grad_w, for H a multiple of the block, not one, and below it; rows past a
     program's 16; grad of x's dtype or FP32; cancellation-heavy products and all-negative-zero
     rows (the sum must keep -0.0 like the reference)."""
-    from fp4_compile.codegen.row_scale import row_scale_backward_reference
-    from fp4_compile.codegen.row_scale_kernel import row_scale_backward_triton
+    from fp4_compile.codegen.moe.row_scale import row_scale_backward_reference
+    from fp4_compile.codegen.moe.row_scale_kernel import row_scale_backward_triton
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(rows * h)
@@ -91,7 +92,7 @@ def test_backward_kernel_equals_the_torch_ops(rows, h, dtype, wdtype):
 def test_forward_kernel_equals_the_multiply(dtype, wdtype):
     """Bitwise: the Triton forward (CUDA's path; the interpreter here) == x * w, in the promoted
     dtype, with rows and columns past one program's tile and signed zeros."""
-    from fp4_compile.codegen.row_scale_kernel import row_scale_triton
+    from fp4_compile.codegen.moe.row_scale_kernel import row_scale_triton
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(7)
@@ -109,11 +110,11 @@ def test_forward_kernel_equals_the_multiply(dtype, wdtype):
 )
 @pytest.mark.parametrize("variant", ["plain", "row-mask", "grad-rows"])
 def test_backward_blocks_per_step_keep_the_bits(monkeypatch, most, rows, h, variant):
-    """Several 64-column blocks per loop step (`BACKWARD_LAUNCH[2]`, more bytes in flight) give
+    """Several 64-column blocks per loop step (`configs.ROW_SCALE_BACKWARD_LAUNCH[2]`, more bytes in flight) give
     the one-block kernel's bits, grad_x and grad_w: the block sums are still added one by one
     in block order (all -0.0 rows keep their sign). H = 384 with 8 per step takes 2 (the
     widest width dividing H), H = 200 takes 1."""
-    from fp4_compile.codegen import row_scale_kernel as rk
+    from fp4_compile.codegen.moe import row_scale_kernel as rk
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(rows * h + most)
@@ -132,9 +133,9 @@ def test_backward_blocks_per_step_keep_the_bits(monkeypatch, most, rows, h, vari
         kw = {"grad_rows": torch.randperm(rows, generator=g), "row_div": 1}
     args = [a.to(dev) if isinstance(a, torch.Tensor) else a for a in args]
     kw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
-    monkeypatch.setattr(rk, "BACKWARD_LAUNCH", (16, 4, 1))
+    monkeypatch.setattr(configs, "ROW_SCALE_BACKWARD_LAUNCH", (16, 4, 1))
     want = rk.row_scale_backward_triton(*args, **kw)
-    monkeypatch.setattr(rk, "BACKWARD_LAUNCH", (16, 4, most))
+    monkeypatch.setattr(configs, "ROW_SCALE_BACKWARD_LAUNCH", (16, 4, most))
     got = rk.row_scale_backward_triton(*args, **kw)
     assert_bitwise_equal(got[0], want[0], "grad x")
     assert_bitwise_equal(got[1], want[1], "grad w")
@@ -144,7 +145,7 @@ def test_backward_blocks_per_step_keep_the_bits(monkeypatch, most, rows, h, vari
 
 
 def test_blocks_per_step_refuses_other_counts():
-    from fp4_compile.codegen.row_scale_kernel import blocks_per_step
+    from fp4_compile.codegen.moe.row_scale_kernel import blocks_per_step
 
     with pytest.raises(ValueError, match="blocks per step must be 1, 2, 4 or 8"):
         blocks_per_step(2048, 3)

@@ -1,4 +1,4 @@
-"""The MoE wgrad's padded token layout kernel (`codegen/segment_layout.py`) == its torch-ops
+"""The MoE wgrad's padded token layout kernel (`codegen/segment_layout_kernel.py`) == its torch-ops
 reference, on routings with empty experts, full and tiny segments, and more experts than one
 chunk of the kernel's expert loop."""
 
@@ -49,7 +49,7 @@ def _offsets(counts):
     ],
 )
 def test_layout_equals_reference(counts):
-    from fp4_compile.codegen.segment_layout import segment_layout
+    from fp4_compile.codegen.nvfp4.segment_layout_kernel import segment_layout
 
     offsets = _offsets(counts)
     t = sum(counts)
@@ -61,7 +61,7 @@ def test_layout_equals_reference(counts):
 
 def test_many_experts_span_several_chunks():
     """300 experts (more than the kernel's 128-expert chunk), random counts with empties."""
-    from fp4_compile.codegen.segment_layout import segment_layout
+    from fp4_compile.codegen.nvfp4.segment_layout_kernel import segment_layout
 
     g = torch.Generator().manual_seed(0)
     counts = torch.randint(0, 9, (300,), generator=g)
@@ -74,7 +74,7 @@ def test_many_experts_span_several_chunks():
 
 
 def test_bad_offsets_are_refused():
-    from fp4_compile.codegen.segment_layout import segment_layout
+    from fp4_compile.codegen.nvfp4.segment_layout_kernel import segment_layout
 
     with pytest.raises(ValueError, match="offsets must be int32/int64"):
         segment_layout(torch.zeros((2, 2), dtype=torch.int32, device=DEV), 4)
@@ -84,7 +84,7 @@ def test_bad_offsets_are_refused():
 
 def test_row_index_gives_each_columns_source_row():
     """src_rows = row_index[src] (-1 padding): the wgrad's X^T read through the MoE gather."""
-    from fp4_compile.codegen.segment_layout import segment_layout
+    from fp4_compile.codegen.nvfp4.segment_layout_kernel import segment_layout
 
     counts = [10, 0, 7, 16]
     offsets = _offsets(counts)

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fp4_compile.codegen.silu_mul import silu_mul
+from fp4_compile.codegen.invariant.silu_mul import silu_mul
 from fp4_compile.testing import assert_autograd_bitwise_equal, assert_bitwise_equal
 
 
@@ -73,8 +73,11 @@ def test_kernels_equal_the_aten_ops(dtype, rows, cols):
     ops eager autograd runs, on strided halves, columns past one tile, rows past a program's.
     On CUDA both call CUDA's expf; in the interpreter only bf16 is compared (its rounding
     absorbs the FP32 ulp that numpy's exp and ATen's CPU exp may differ by)."""
-    from fp4_compile.codegen.silu_mul import silu_mul_backward_reference
-    from fp4_compile.codegen.silu_mul_kernel import silu_mul_backward_triton, silu_mul_triton
+    from fp4_compile.codegen.invariant.silu_mul import silu_mul_backward_reference
+    from fp4_compile.codegen.invariant.silu_mul_kernel import (
+        silu_mul_backward_triton,
+        silu_mul_triton,
+    )
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if dev == "cpu" and dtype == torch.float32:
@@ -107,7 +110,7 @@ def test_silu_mul_survives_export():
 def test_silu_mul_halves_equals_silu_mul_on_the_chunks(device, masked):
     """silu_mul_halves(x) == silu_mul(*x.chunk(2, -1)) forward, and its ONE gradient of x ==
     autograd's cat of the two halves' gradients, bitwise, with and without a row mask."""
-    from fp4_compile.codegen.silu_mul import silu_mul_halves
+    from fp4_compile.codegen.invariant.silu_mul import silu_mul_halves
 
     rows, cols = (7, 24) if device == "cpu" else (1024, 768)
     x = torch.cat(_halves(torch.bfloat16, rows, cols, 5, device), dim=-1)
@@ -120,7 +123,7 @@ def test_silu_mul_halves_equals_silu_mul_on_the_chunks(device, masked):
 
 def test_silu_mul_halves_kernel_writes_both_halves():
     """The backward kernel into one [R, 2C] tensor == its two-output form (interpreter on CPU)."""
-    from fp4_compile.codegen.silu_mul_kernel import silu_mul_backward_triton
+    from fp4_compile.codegen.invariant.silu_mul_kernel import silu_mul_backward_triton
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if dev == "cpu" and __import__("os").environ.get("TRITON_INTERPRET") != "1":
@@ -136,7 +139,7 @@ def test_silu_mul_halves_kernel_writes_both_halves():
 
 
 def test_silu_mul_halves_opcheck_and_errors():
-    from fp4_compile.codegen.silu_mul import silu_mul_halves
+    from fp4_compile.codegen.invariant.silu_mul import silu_mul_halves
 
     x = torch.randn(5, 16)
     torch.library.opcheck(torch.ops.fp4_compile.silu_mul_halves.default, (x,))

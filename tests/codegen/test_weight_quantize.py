@@ -1,4 +1,4 @@
-"""The weights' one-read quantize (`codegen/weight_quantize.py`): bitwise the two-step kernel path
+"""The weights' one-read quantize (`codegen/nvfp4/weight_quantize_kernel.py`): bitwise the two-step kernel path
 (the amax pass, then `_quantize_kernel`) and the reference, for every output form, dtype and
 global-scale mode, with NaN / inf / all-zero experts, ragged tiles and more experts than
 programs. On CPU the interpreter runs it as two launches of the same kernel (amaxes, then
@@ -49,8 +49,8 @@ def _same(got, want, label):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("out", ["packed", "ongrid", "both"])
 def test_per_expert_equals_two_step_path(dtype, out):
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
-    from fp4_compile.codegen.weight_quantize import quantize_weight_tiles
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.weight_quantize_kernel import quantize_weight_tiles
 
     w = _specials(_weights(5, 48, 96, dtype=dtype))  # 48 rows, 96 columns: ragged tiles
     got = quantize_weight_tiles(w, "per_expert", out=out)
@@ -61,8 +61,8 @@ def test_per_expert_equals_two_step_path(dtype, out):
 
 @pytest.mark.parametrize("shape", [(64, 160), (2, 32, 64)])
 def test_per_tensor_equals_reference(shape):
-    from fp4_compile.codegen.quantize_kernel import quantize_triton
-    from fp4_compile.codegen.weight_quantize import quantize_weight_tiles
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.weight_quantize_kernel import quantize_weight_tiles
 
     w = _weights(*shape, dtype=torch.bfloat16, seed=3)
     got = quantize_weight_tiles(w, "per_tensor")
@@ -78,7 +78,7 @@ def test_per_expert_equals_reference_with_specials():
     """NaN poisons its own expert only, inf gives its expert the unit encode, the finite
     experts (all zeros, -0.0 and a huge value included) equal the reference's per-expert
     quantize (which refuses non-finite input; the two-step test covers those experts)."""
-    from fp4_compile.codegen.weight_quantize import quantize_weight_tiles
+    from fp4_compile.codegen.nvfp4.weight_quantize_kernel import quantize_weight_tiles
 
     w = _specials(_weights(5, 32, 64, dtype=torch.float32, seed=5))
     got = quantize_weight_tiles(w, "per_expert")
@@ -94,14 +94,14 @@ def test_per_expert_equals_reference_with_specials():
 def test_more_experts_than_programs_and_one_row_tile():
     """Experts outnumber the programs (the announce-ahead path covers every expert), and an
     expert of 16 rows (fewer rows than one tile)."""
-    from fp4_compile.codegen.weight_quantize import quantize_weight_tiles
+    from fp4_compile.codegen.nvfp4.weight_quantize_kernel import quantize_weight_tiles
 
     w = _weights(11, 16, 32, dtype=torch.bfloat16, seed=7)
     assert_nvfp4_equal(quantize_weight_tiles(w, "per_expert"), ref.quantize_experts(w))
 
 
 def test_bad_arguments_name_themselves():
-    from fp4_compile.codegen.weight_quantize import quantize_weight_tiles
+    from fp4_compile.codegen.nvfp4.weight_quantize_kernel import quantize_weight_tiles
 
     w = _weights(2, 32, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="global_scale"):

@@ -10,7 +10,7 @@ import torch
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
 from fp4_compile import NVFP4Recipe
-from fp4_compile.codegen.repeat_kv import repeat_kv, repeat_kv_backward
+from fp4_compile.codegen.invariant.repeat_kv import repeat_kv, repeat_kv_backward
 from fp4_compile.models import tiny_llama, tiny_qwen3, tiny_qwen3_moe
 from fp4_compile.passes import run_pipeline
 from fp4_compile.testing import assert_bitwise_equal

@@ -73,9 +73,8 @@ def test_masked_rows_are_zero_rows_of_the_op():
     values and gradients as masking a gathered copy (the unfolded graph)."""
     from fp4_compile import NVFP4Recipe
     from fp4_compile import reference as ref
-    from fp4_compile.codegen import nvfp4_impl as impl
 
-    rec = impl.recipe_to_json(NVFP4Recipe.strict())
+    rec = NVFP4Recipe.strict().numerics_key
     g = torch.Generator().manual_seed(0)
     w = torch.randn(3, 32, 48, generator=g)
     wq = ref.quantize_experts(w)
@@ -117,10 +116,9 @@ def test_fold_keeps_a_negative_gather_index_wrapping():
 
     from fp4_compile import NVFP4Recipe
     from fp4_compile import reference as ref
-    from fp4_compile.codegen import nvfp4_impl as impl
     from fp4_compile.passes.report import LoweringReport
 
-    rec = impl.recipe_to_json(NVFP4Recipe.strict())
+    rec = NVFP4Recipe.strict().numerics_key
     g = torch.Generator().manual_seed(0)
     w = torch.randn(2, 32, 48, generator=g)
     wq = ref.quantize_experts(w)
@@ -158,10 +156,9 @@ def test_fold_refuses_what_would_change_the_result(case):
     alone (the graph's result unchanged)."""
     from fp4_compile import NVFP4Recipe
     from fp4_compile import reference as ref
-    from fp4_compile.codegen import nvfp4_impl as impl
     from fp4_compile.passes.report import LoweringReport
 
-    rec = impl.recipe_to_json(NVFP4Recipe.strict())
+    rec = NVFP4Recipe.strict().numerics_key
     g = torch.Generator().manual_seed(0)
     w = torch.randn(2, 32, 48, generator=g)
     wq = ref.quantize_experts(w)
@@ -352,10 +349,9 @@ def test_expert_gather_perm_only_where_the_graph_proves_it(case):
     indices, k * rows == S, and neither perm nor the index is written or viewed."""
     from fp4_compile import NVFP4Recipe
     from fp4_compile import reference as ref
-    from fp4_compile.codegen import nvfp4_impl as impl
     from fp4_compile.passes.report import LoweringReport
 
-    rec = impl.recipe_to_json(NVFP4Recipe.strict())
+    rec = NVFP4Recipe.strict().numerics_key
     g = torch.Generator().manual_seed(0)
     w = torch.randn(2, 32, 48, generator=g)
     wq = ref.quantize_experts(w)

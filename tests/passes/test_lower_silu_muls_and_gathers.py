@@ -87,8 +87,8 @@ def test_gathers(module, index_dtype, lowered):
 
 def test_ops_keep_the_fake_layout_for_permuted_inputs():
     """Outputs are contiguous, as the fake implementations say, whatever the inputs' layout."""
-    from fp4_compile.codegen.gather_rows import gather_rows
-    from fp4_compile.codegen.silu_mul import silu_mul
+    from fp4_compile.codegen.invariant.gather_rows import gather_rows
+    from fp4_compile.codegen.invariant.silu_mul import silu_mul
 
     a, b = torch.randn(8, 6).t(), torch.randn(8, 6).t()
     torch.library.opcheck(torch.ops.fp4_compile.silu_mul.default, (a, b))

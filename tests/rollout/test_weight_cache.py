@@ -5,7 +5,7 @@ engine shares the learner's module and a fused optimizer changed it without a ve
 import torch
 
 from fp4_compile import NVFP4Recipe
-from fp4_compile.codegen.weight_cache import WeightCache, active_cache
+from fp4_compile.codegen.nvfp4.weight_cache import WeightCache, active_cache
 from fp4_compile.models import tiny_qwen3_moe
 from fp4_compile.rl import RolloutEngine
 from fp4_compile.testing import assert_bitwise_equal

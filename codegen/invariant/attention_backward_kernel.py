@@ -1,0 +1,222 @@
+"""The backward of the invariant attention as two Triton launches (CUDA; interpreter in tests).
+
+Shape legend: B sequences, Hq / Hkv heads, G = Hq / Hkv, Tq queries, Tk key slots, D head dim.
+Rows are laid out as in the forward kernel: per (sequence, kv head), row = query * G + head in
+the group, so one program's rows hold the whole GQA group and dK, dV sum over it in place.
+
+Math (FlashAttention-2 style, P recomputed from the saved lse, no [Tq, Tk] tensor in memory):
+  s = (q k^T) * scale, p = exp(s - lse) on visible keys (0 elsewhere), delta = rowsum(dO * O),
+  dV = p^T dO, dP = dO v^T, dS = p * (dP - delta) * scale, dQ = dS k, dK = dS^T q.
+- `_dq_kernel`: one program per row block walks the key blocks in order from 0 (dQ), and
+  stores delta for the second launch.
+- `_dkdv_kernel`: one program per key block walks the row blocks in order (dK, dV), from the
+  first row that can see the block when causal.
+Deterministic: no atomics, every sum in a fixed order, one pinned config. Not batch-invariant
+(the backward needs determinism only; `invariant/reference.py` is the reference). Precision: on CUDA the
+dot operands are bf16 (q, k, v, dO are bf16 already; P and dS are rounded to bf16 for their
+dots, as stock FlashAttention does), accumulation FP32; in the interpreter every dot is FP32.
+Replaces FP32 cuBLAS matmuls over materialized [B, Hq, Tq, Tk] tensors
+(`benchmarks/results/2026-12-03_learner.md`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import configs as cfgs
+from ..runtime import arch_of, check_kernel_device, interpreting
+from .forward_kernels import mask_args, mask_key_end, positions_arg, visible
+
+
+@triton.jit
+def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, qs_ptr, kl_ptr,
+               m_ptr, iv_ptr, ivf_ptr, sqb, sqh, sqt, skb, skh, skt, smb, smh, smt, sdb, sdh, sdt,
+               sob, soh, sot, sgb, sgh, sgt, sekb, sekh, sekt, Tq, G, scale,
+               CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr, D: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    kvh = tl.program_id(2)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    qi = rows // G
+    hq = kvh * G + rows % G
+    row_live = qi < Tq
+    d = tl.arange(0, D)
+    row_off = b * sqb + hq[:, None] * sqh + qi[:, None] * sqt + d[None, :]
+    do_off = b * sdb + hq[:, None] * sdh + qi[:, None] * sdt + d[None, :]
+    o_off = b * sob + hq[:, None] * soh + qi[:, None] * sot + d[None, :]
+    q = tl.load(q_ptr + row_off, mask=row_live[:, None], other=0.0)
+    do = tl.load(do_ptr + do_off, mask=row_live[:, None], other=0.0)
+    o = tl.load(o_ptr + o_off, mask=row_live[:, None], other=0.0)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1)
+    stat = (b * G * tl.num_programs(2) + hq) * Tq + qi
+    tl.store(delta_ptr + stat, delta, mask=row_live)
+    lse = tl.load(lse_ptr + stat, mask=row_live, other=0.0)
+    lse = tl.where(lse == float("-inf"), 0.0, lse)
+    kv_len = tl.load(kl_ptr + b).to(tl.int32)
+    pos = tl.load(qs_ptr + b).to(tl.int32) + qi
+    hi = kv_len
+    if CAUSAL:
+        hi = tl.minimum(hi, tl.max(tl.where(row_live, pos, 0)) + 1)
+    iv_ok = False
+    if HAS_MASK:  # key blocks no row sees add exact zeros to dq: skipped
+        iv_ok = tl.load(ivf_ptr) != 0
+        hi = mask_key_end(hi, row_live, qi, hq, b, smb, smh, iv_ptr, iv_ok)
+    dq = tl.zeros((BLOCK_M, D), tl.float32)
+    for n0 in range(0, hi, BLOCK_N):  # key blocks from 0, in order
+        j = n0 + tl.arange(0, BLOCK_N)
+        key_live = j < kv_len
+        kv_off = b * skb + kvh * skh + j[:, None] * skt + d[None, :]
+        k = tl.load(k_ptr + kv_off, mask=key_live[:, None], other=0.0)
+        v = tl.load(v_ptr + kv_off, mask=key_live[:, None], other=0.0)
+        s = tl.dot(q.to(DOT), tl.trans(k).to(DOT), input_precision="ieee") * scale
+        vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, iv_ptr,
+                      iv_ok, CAUSAL, HAS_MASK)  # fmt: skip
+        p = tl.where(vis, tl.exp(s - lse[:, None]), 0.0)
+        dp = tl.dot(do.to(DOT), tl.trans(v).to(DOT), input_precision="ieee")
+        ds = p * (dp - delta[:, None]) * scale
+        dq = tl.dot(ds.to(DOT), k.to(DOT), dq, input_precision="ieee")
+    dq_off = b * sgb + hq[:, None] * sgh + qi[:, None] * sgt + d[None, :]
+    tl.store(dq_ptr + dq_off, dq.to(dq_ptr.dtype.element_ty), mask=row_live[:, None])
+
+
+@triton.jit
+def _mask_row_range(lo, num_rows, j0, j1, b, kvh, G, smb, smh, iv_ptr, Tq,
+                    BLOCK_M: tl.constexpr):  # fmt: skip
+    """(first, end): row-block bounds, multiples of BLOCK_M within [lo, num_rows), holding every
+    row whose interval [lo_r, hi_r) meets the keys [j0, j1) (first == end when none does)."""
+    first = num_rows + lo * 0
+    last = lo * 0 - 1
+    for r0 in range(lo, num_rows, BLOCK_M):
+        rows = r0 + tl.arange(0, BLOCK_M)
+        qi = rows // G
+        row = b * smb + (kvh * G + rows % G) * smh + qi
+        live = qi < Tq
+        lo_r = tl.load(iv_ptr + 2 * row, mask=live, other=0)
+        hi_r = tl.load(iv_ptr + 2 * row + 1, mask=live, other=0)
+        seen = live & (lo_r < j1) & (hi_r > j0) & (lo_r < hi_r)
+        first = tl.minimum(first, tl.min(tl.where(seen, rows, num_rows)))
+        last = tl.maximum(last, tl.max(tl.where(seen, rows, -1)))
+    first = tl.minimum(first, num_rows) // BLOCK_M * BLOCK_M
+    end = tl.where(last < 0, first, (last // BLOCK_M + 1) * BLOCK_M)
+    return first, end
+
+
+@triton.jit
+def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, qs_ptr,
+                 kl_ptr, m_ptr, iv_ptr, ivf_ptr, sqb, sqh, sqt, skb, skh, skt, smb, smh, smt,
+                 sdb, sdh, sdt, sob, soh, sot, sgb, sgh, sgt, sekb, sekh, sekt, Tq, G, scale, Tk,
+                 CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
+                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    pid_n = tl.program_id(0)
+    b = tl.program_id(1)
+    kvh = tl.program_id(2)
+    j = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, D)
+    kv_len = tl.load(kl_ptr + b).to(tl.int32)
+    q_start = tl.load(qs_ptr + b).to(tl.int32)
+    key_live = j < kv_len
+    kv_off = b * skb + kvh * skh + j[:, None] * skt + d[None, :]
+    k = tl.load(k_ptr + kv_off, mask=key_live[:, None], other=0.0)
+    v = tl.load(v_ptr + kv_off, mask=key_live[:, None], other=0.0)
+    dk = tl.zeros((BLOCK_N, D), tl.float32)
+    dv = tl.zeros((BLOCK_N, D), tl.float32)
+    num_rows = Tq * G
+    lo = pid_n * 0
+    if CAUSAL:  # queries before the block's first key see none of it
+        lo = tl.maximum(pid_n * BLOCK_N - q_start, 0) * G // BLOCK_M * BLOCK_M
+    lo = tl.where(pid_n * BLOCK_N >= kv_len, num_rows, lo)  # dead key slots only: zeros
+    hi = num_rows
+    iv_ok = False
+    if HAS_MASK:  # row blocks that see none of these keys add exact zeros to dk, dv: skipped
+        iv_ok = tl.load(ivf_ptr) != 0
+        if iv_ok:
+            lo, hi = _mask_row_range(lo, num_rows, pid_n * BLOCK_N, pid_n * BLOCK_N + BLOCK_N, b,
+                                     kvh, G, smb, smh, iv_ptr, Tq, BLOCK_M)  # fmt: skip
+    for r0 in range(lo, hi, BLOCK_M):  # row blocks in order
+        rows = r0 + tl.arange(0, BLOCK_M)
+        qi = rows // G
+        hq = kvh * G + rows % G
+        row_live = qi < Tq
+        row_off = b * sqb + hq[:, None] * sqh + qi[:, None] * sqt + d[None, :]
+        do_off = b * sdb + hq[:, None] * sdh + qi[:, None] * sdt + d[None, :]
+        q = tl.load(q_ptr + row_off, mask=row_live[:, None], other=0.0)
+        do = tl.load(do_ptr + do_off, mask=row_live[:, None], other=0.0)
+        stat = (b * G * tl.num_programs(2) + hq) * Tq + qi
+        lse = tl.load(lse_ptr + stat, mask=row_live, other=0.0)
+        lse = tl.where(lse == float("-inf"), 0.0, lse)
+        delta = tl.load(delta_ptr + stat, mask=row_live, other=0.0)
+        pos = q_start + qi
+        s = tl.dot(q.to(DOT), tl.trans(k).to(DOT), input_precision="ieee") * scale
+        vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, iv_ptr,
+                      iv_ok, CAUSAL, HAS_MASK)  # fmt: skip
+        p = tl.where(vis, tl.exp(s - lse[:, None]), 0.0)
+        dv = tl.dot(tl.trans(p).to(DOT), do.to(DOT), dv, input_precision="ieee")
+        dp = tl.dot(do.to(DOT), tl.trans(v).to(DOT), input_precision="ieee")
+        ds = p * (dp - delta[:, None]) * scale
+        dk = tl.dot(tl.trans(ds).to(DOT), q.to(DOT), dk, input_precision="ieee")
+    slot = (j < Tk)[:, None]  # slots at or past kv_len store their zeros
+    dkv_off = b * sekb + kvh * sekh + j[:, None] * sekt + d[None, :]  # dk, dv: contiguous
+    tl.store(dk_ptr + dkv_off, dk.to(dk_ptr.dtype.element_ty), mask=slot)
+    tl.store(dv_ptr + dkv_off, dv.to(dv_ptr.dtype.element_ty), mask=slot)
+
+
+def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, causal, scale):
+    """(dq, dk, dv) in the dtypes of q, k, v (contiguous); the arguments of
+    `reference.attention_backward`. Key slots at or past kv_len get zero gradients."""
+    check_kernel_device(q, "q")
+    b, hq, tq, d = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    g = hq // hkv
+    if d & (d - 1) or d < 16:
+        raise ValueError(
+            f"the Triton attention backward needs a power-of-two head dim >= 16, got {d}"
+        )
+    cfg_dq, cfg_dkdv = cfgs.attention_backward_configs(arch_of(q.device))
+    # q, O, dO and dq are each read or written through their own strides, k and v through one
+    # shared set, dk and dv (contiguous) another (q and k, v arrive as transposes of
+    # [B, T, H, D] from the projections, dO as autograd's transpose: a copy of q or dO was
+    # ~48 us per call at the learner's shapes)
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    o = out if out.stride(-1) == 1 else out.contiguous()
+    do = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
+    if k.stride() != v.stride() or k.stride(-1) != 1:
+        k, v = k.contiguous(), v.contiguous()
+    interp = interpreting()
+    dq = torch.empty(q.shape, dtype=torch.float32 if interp else q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=torch.float32 if interp else k.dtype, device=q.device)
+    dv = torch.empty_like(dk)
+    lse = lse.contiguous()
+    delta = torch.empty_like(lse)
+    if mask is not None:
+        mask_arg, (smb, smh), iv, iv_ok = mask_args(mask, b, hq, tq, tk)
+        sm = (smb, smh, mask_arg.shape[1])
+    else:
+        sm, mask_arg, iv, iv_ok = (0, 0, 0), q, lse, lse
+    qs, kl = positions_arg(q_start_B, "q_start"), positions_arg(kv_len_B, "kv_len")
+    dot = tl.float32 if interp else tl.bfloat16
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), *sm,
+               do.stride(0), do.stride(1), do.stride(2), o.stride(0), o.stride(1), o.stride(2),
+               dq.stride(0), dq.stride(1), dq.stride(2), dk.stride(0), dk.stride(1), dk.stride(2))  # fmt: skip
+    # one stride tuple for both launches: dQ's reads no dk strides, dK/dV's no O or dq strides
+    flags = {"CAUSAL": causal, "HAS_MASK": mask is not None, "DOT": dot, "D": d}
+    if b and tq:
+        _dq_kernel[(triton.cdiv(tq * g, cfg_dq.block_m), b, hkv)](
+            q, k, v, o, do, lse, delta, dq, qs, kl, mask_arg, iv, iv_ok, *strides, tq, g, scale,
+            **flags,
+            BLOCK_M=cfg_dq.block_m, BLOCK_N=cfg_dq.block_n, **cfg_dq.launch_kwargs(),
+        )  # fmt: skip
+    if b and tk:
+        if not tq:  # no query sees any key
+            dk.zero_()
+            dv.zero_()
+        else:
+            _dkdv_kernel[(triton.cdiv(tk, cfg_dkdv.block_n), b, hkv)](
+                q, k, v, do, lse, delta, dk, dv, qs, kl, mask_arg, iv, iv_ok, *strides, tq, g,
+                scale, tk,
+                **flags, BLOCK_M=cfg_dkdv.block_m, BLOCK_N=cfg_dkdv.block_n,
+                **cfg_dkdv.launch_kwargs(),
+            )  # fmt: skip
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

@@ -1,0 +1,486 @@
+"""Triton kernels of the batch-invariant ops, and their launchers (imports triton).
+
+Shape legend: M rows, K in-features, N out-features, H hidden, V vocabulary, B sequences,
+Hq / Hkv heads, G = Hq / Hkv, Tq queries, Tk key slots, D head dim.
+
+Runs compiled on CUDA, or on CPU tensors under TRITON_INTERPRET=1 (tests). Interpreter traps
+handled here: operands are loaded as FP32 and the dot dtype is a constexpr (bf16 on CUDA, fp32 in
+the interpreter, where bf16 `tl.dot` is wrong); no fp32 -> bf16 cast happens inside a kernel in
+interpreter mode (they truncate there): the attention kernel rounds P to bf16 with integer bit
+operations (round to nearest even, exact on both paths), and the rms_norm kernel hands its FP32
+result to torch for the final roundings when interpreting.
+
+Invariance (see `invariant/api.py` for the contract): one output tile per program, reductions over K,
+keys and vocabulary walked sequentially in fixed-size blocks from 0; rows never interact.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import configs as cfgs
+from ..runtime import arch_of, check_kernel_device, interpreting
+from ..triton_helpers import round_bf16
+
+
+def _dot_dtype():
+    return tl.float32 if interpreting() else tl.bfloat16
+
+
+# -------------------------------------------------------------------------------------- linear
+@triton.jit
+def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym, syn,
+                   HAS_BIAS: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):  # sequential K loop: the reduction order never follows M
+        kk = k0 + rk
+        a = tl.load(x_ptr + rm[:, None] * sxm + kk[None, :] * sxk,
+                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0).to(tl.float32)  # fmt: skip
+        b = tl.load(w_ptr + rn[None, :] * swn + kk[:, None] * swk,
+                    mask=(rn[None, :] < N) & (kk[:, None] < K), other=0.0).to(tl.float32)  # fmt: skip
+        acc = tl.dot(a.to(DOT), b.to(DOT), acc, input_precision="ieee")
+    if HAS_BIAS:
+        acc = acc + tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * sym + rn[None, :] * syn, acc.to(y_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))  # fmt: skip
+
+
+def linear(x_MK, w_NK, bias_N, out_dtype):
+    check_kernel_device(x_MK, "x")
+    m, k = x_MK.shape
+    n = w_NK.shape[0]
+    cfg = cfgs.linear_config(arch_of(x_MK.device), m)
+    store_dtype = torch.float32 if interpreting() else out_dtype
+    y = torch.empty((m, n), dtype=store_dtype, device=x_MK.device)
+    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
+    _linear_kernel[grid](
+        x_MK, w_NK, bias_N if bias_N is not None else y, y, m, n, k,
+        x_MK.stride(0), x_MK.stride(1), w_NK.stride(0), w_NK.stride(1), y.stride(0), y.stride(1),
+        HAS_BIAS=bias_N is not None, DOT=_dot_dtype(), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, **cfg.launch_kwargs(),
+    )  # fmt: skip
+    return y.to(out_dtype)
+
+
+# ------------------------------------------------------------------------------------ rms_norm
+@triton.jit
+def _rms_norm_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES: tl.constexpr,
+                  HAS_W: tl.constexpr, FINISH: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+    cols = tl.arange(0, BLOCK_H)
+    live = (cols < H) & ((cols * 0 + row) < R)  # (row < R as a vector: the interpreter's masks)
+    h = tl.load(x_ptr + row * H + cols, mask=live, other=0.0)
+    if HAS_RES:  # sum in x's dtype, as the model adds it
+        h = (
+            h.to(tl.float32) + tl.load(r_ptr + row * H + cols, mask=live, other=0.0).to(tl.float32)
+        ).to(h.dtype)
+        tl.store(h_ptr + row * H + cols, h, mask=live)
+    h32 = h.to(tl.float32)
+    var = tl.sum(h32 * h32, axis=0) / H  # one row at a time: the order never follows M
+    y = h32 * (1.0 / tl.sqrt_rn(var + eps))
+    if FINISH:
+        y = y.to(y_ptr.dtype.element_ty)
+        if HAS_W:
+            w = tl.load(w_ptr + cols, mask=live, other=0.0)
+            y = (y.to(tl.float32) * w.to(tl.float32)).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + row * H + cols, y, mask=live)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, eps, HAS_RES: tl.constexpr,
+                     HAS_W: tl.constexpr, FINISH: tl.constexpr, BLOCK_H: tl.constexpr,
+                     ROWS: tl.constexpr = 1):  # fmt: skip
+    # ROWS rows per program, one after the other with the one-row code (the same reduction,
+    # instruction for instruction; short rows such as the q / k norms' 128 columns otherwise
+    # make one tiny program per row: [131072, 128] took 80 us on the H200)
+    for r in tl.static_range(ROWS):
+        row = tl.program_id(0).to(tl.int64) * ROWS + r
+        _rms_norm_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES, HAS_W,
+                      FINISH, BLOCK_H)  # fmt: skip
+
+
+def rms_norm_rows_per_program(block: int) -> int:
+    """Rows per RMSNorm program: 1 for rows of >= 2048 columns, more for short rows (up to 16,
+    so that a program holds ~2048 elements)."""
+    return max(1, min(16, 2048 // block))
+
+
+def rms_norm(x, weight, residual, eps: float):
+    check_kernel_device(x, "x")
+    hdim = x.shape[-1]
+    x2 = x.reshape(-1, hdim).contiguous()
+    interp = interpreting()
+    if interp and residual is not None:  # the kernel's bf16 store would truncate here
+        x2, residual = (x2 + residual.reshape(-1, hdim)).contiguous(), None
+    h = torch.empty_like(x2) if residual is not None else x2
+    r2 = residual.reshape(-1, hdim).contiguous() if residual is not None else x2
+    y = torch.empty(x2.shape, dtype=torch.float32 if interp else x.dtype, device=x.device)
+    block = triton.next_power_of_2(hdim)
+    rows = rms_norm_rows_per_program(block)
+    _rms_norm_kernel[(triton.cdiv(x2.shape[0], rows),)](
+        x2, r2, weight if weight is not None else x2, y, h, x2.shape[0], hdim, eps,
+        HAS_RES=residual is not None, HAS_W=weight is not None, FINISH=not interp, BLOCK_H=block,
+        ROWS=rows, num_warps=min(max(block // 256, 1), 8),
+    )  # fmt: skip
+    if interp:
+        y = y.to(x.dtype)
+        if weight is not None:
+            y = weight * y
+    return y.reshape(x.shape), h.reshape(x.shape)
+
+
+# ----------------------------------------------------------------------------------- attention
+@triton.jit
+def visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, iv_ptr, iv_ok,
+            CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):  # fmt: skip
+    """[rows, keys] booleans: key j is live, the row is live, causal (j <= the row's position)
+    and the mask (if any: `mask_args`); shared by the forward and the backward kernels.
+    Mask row of (b, head hq, query qi): b * smb + hq * smh + qi (broadcast dims 0), its bits
+    at row * smt (smt = the int32 words of a mask row), its [lo, hi) at iv_ptr + 2 row. iv_ok:
+    every row's visible keys are that one interval (what causal and padding masks are): then the
+    two bounds decide, as cheap as the causal test; else the bits are read."""
+    vis = key_live[None, :] & row_live[:, None]
+    if CAUSAL:
+        vis = vis & (j[None, :] <= pos[:, None])
+    if HAS_MASK:
+        row = b * smb + hq * smh + qi
+        if iv_ok:
+            lo = tl.load(iv_ptr + 2 * row, mask=row_live, other=0)
+            hi = tl.load(iv_ptr + 2 * row + 1, mask=row_live, other=0)
+            vis = vis & (j[None, :] >= lo[:, None]) & (j[None, :] < hi[:, None])
+        else:
+            # bit-packed: one int32 word per row and 32 keys, a [rows] load per word of the
+            # block (a [rows, keys] tensor of byte pointers took 64 registers a thread and
+            # spilled on sm_90). j: consecutive keys, 32-aligned when longer than 32.
+            NW: tl.constexpr = (j.shape[0] + 31) // 32
+            word = j // 32
+            first = tl.min(word)
+            row_off = row.to(tl.int64) * smt
+            bits = tl.zeros(vis.shape, tl.int32)
+            for i in tl.static_range(NW):
+                here = word == first + i
+                live = tl.max((here & key_live).to(tl.int32), axis=0)
+                w_live = row_live & ((qi * 0 + live) > 0)  # a vector: the interpreter wants one
+                w = tl.load(m_ptr + row_off + first + i, mask=w_live, other=0)
+                bits = tl.where(here[None, :], (w[:, None] >> (j % 32)[None, :]) & 1, bits)
+            vis = vis & (bits != 0)
+    return vis
+
+
+@triton.jit
+def _mask_args_kernel(m_ptr, words_ptr, iv_ptr, ok_ptr, Tk, W, BLOCK_W: tl.constexpr):
+    """One mask row (bytes, 0 or 1) per program, BLOCK_W words (32 keys each) a step -> its
+    bit words, its [lo, hi) and, into ok_ptr[0], 0 when its visible keys are not [lo, hi)."""
+    row = tl.program_id(0).to(tl.int64)
+    bit = tl.arange(0, 32)
+    lo = tl.full((), 0, tl.int32) + Tk
+    hi = tl.full((), 0, tl.int32)
+    count = tl.full((), 0, tl.int32)
+    for w0 in range(0, W, BLOCK_W):
+        w = w0 + tl.arange(0, BLOCK_W)
+        key = w[:, None] * 32 + bit[None, :]  # [BLOCK_W, 32]
+        m = tl.load(m_ptr + row * Tk + key, mask=(w[:, None] < W) & (key < Tk), other=0) != 0
+        words = tl.sum(tl.where(m, 1 << bit[None, :], 0), axis=1)  # disjoint bits: exact
+        tl.store(words_ptr + row * W + w, words, mask=w < W)
+        lo = tl.minimum(lo, tl.min(tl.where(m, key, Tk)))
+        hi = tl.maximum(hi, tl.max(tl.where(m, key + 1, 0)))
+        count += tl.sum(m.to(tl.int32))
+    tl.store(iv_ptr + row * 2, lo)
+    tl.store(iv_ptr + row * 2 + 1, hi)
+    tl.atomic_min(ok_ptr, (count == tl.maximum(hi - lo, 0)).to(tl.int32))  # min: order-free
+
+
+def mask_args(mask: torch.Tensor, b: int, h: int, tq: int, tk: int):
+    """What the kernels take for a boolean mask (True = attend) broadcastable to [b, h, tq, tk]:
+    (int32 words [rows, ceil(tk / 32)], bit i of word w = key 32 w + i; row strides (smb, smh)
+    in rows, 0 on broadcast dims; int32 [rows, 2] each row's [lo, hi) = [first visible key,
+    last + 1); int32 [1] flag: every row's visible keys are exactly its [lo, hi)). One read of
+    the mask on the device (`_mask_args_kernel`), no host sync (CUDA-graph safe)."""
+    m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)).to(torch.bool)
+    m = m.expand(m.shape[0], m.shape[1], tq, tk).contiguous()
+    mb, mh = m.shape[0], m.shape[1]
+    rows, words = mb * mh * tq, -(-tk // 32)
+    packed = torch.empty((rows, words), dtype=torch.int32, device=m.device)
+    iv = torch.empty((rows, 2), dtype=torch.int32, device=m.device)
+    iv_ok = torch.ones(1, dtype=torch.int32, device=m.device)
+    if rows:
+        _mask_args_kernel[(rows,)](m.view(torch.uint8), packed, iv, iv_ok, tk, words,
+                                   BLOCK_W=32 if not interpreting() else 1)  # fmt: skip
+    strides = ((mh * tq if mb > 1 else 0), (tq if mh > 1 else 0))
+    return packed, strides, iv, iv_ok
+
+
+@triton.jit
+def mask_key_end(hi, row_live, qi, hq, b, smb, smh, iv_ptr, iv_ok):
+    """hi lowered to 1 + the last key a live row of the block sees through an interval mask
+    (iv_ok; else hi). Key blocks past it hold no visible key for any of these rows, which
+    leaves their state untouched bit for bit: skipping them changes no bit. (A causal mask
+    handed over as a tensor, what transformers builds under torch.compile, would otherwise
+    walk every key block.)"""
+    if iv_ok:
+        row_hi = tl.load(iv_ptr + 2 * (b * smb + hq * smh + qi) + 1, mask=row_live, other=0)
+        hi = tl.minimum(hi, tl.max(row_hi))
+    return hi
+
+
+@triton.jit
+def _attend_block(q, k_ptr, v_ptr, kv_base, skt, j, key_live, d, vis, m_i, acc, l_acc, ones,
+                  scale, DOT: tl.constexpr):  # fmt: skip
+    """One key block of the forward: scores, online softmax, the numerator and the row sum
+    on the MMA (see `_attention_kernel`). -> (m_i, acc, l_acc)."""
+    k = tl.load(k_ptr + kv_base + j[:, None] * skt + d[None, :], mask=key_live[:, None],
+                other=0.0).to(DOT)  # fmt: skip
+    v = tl.load(v_ptr + kv_base + j[:, None] * skt + d[None, :], mask=key_live[:, None],
+                other=0.0).to(DOT)  # fmt: skip
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+    s = tl.where(vis, s, float("-inf"))
+    any_vis = tl.max(vis.to(tl.int32), axis=1) > 0
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(any_vis, m_new, 0.0)
+    p = tl.where(vis, tl.exp(s - m_safe[:, None]), 0.0)
+    # a block with no visible key leaves the row's state untouched, bit for bit: its
+    # alpha is 1 and its p all zeros, which the MMAs add exactly
+    alpha = tl.where(m_i == float("-inf"), 0.0, tl.exp(m_i - m_safe))
+    alpha = tl.where(any_vis, alpha, 1.0)
+    p_hi = round_bf16(p)
+    p16 = p_hi.to(DOT)
+    acc = tl.dot(p16, v, acc * alpha[:, None], input_precision="ieee")
+    l_acc = tl.dot(p16, ones, l_acc * alpha[:, None], input_precision="ieee")
+    l_acc = tl.dot(round_bf16(p - p_hi).to(DOT), ones, l_acc, input_precision="ieee")
+    m_i = tl.where(any_vis, m_new, m_i)
+    return m_i, acc, l_acc
+
+
+@triton.jit
+def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr, iv_ptr,
+                      ivf_ptr, sqb, sqh, sqt, skb, skh, skt, sob, soh, sot, smb, smh, smt,
+                      Tq, G, scale, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+                      DOT: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):  # fmt: skip
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    kvh = tl.program_id(2)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # row = query * G + head-in-group
+    qi = rows // G
+    hq = kvh * G + rows % G
+    row_live = qi < Tq
+    d = tl.arange(0, D)
+    # operands stay in their storage dtype (bf16 on CUDA): FP32 copies of q, k and v took 255
+    # registers and spilled on sm_90; the dots see the same values either way
+    q = tl.load(q_ptr + b * sqb + hq[:, None] * sqh + qi[:, None] * sqt + d[None, :],
+                mask=row_live[:, None], other=0.0).to(DOT)  # fmt: skip
+    kv_len = tl.load(kl_ptr + b).to(tl.int32)  # int32 or int64 on the host: no cast launch
+    pos = tl.load(qs_ptr + b).to(tl.int32) + qi
+    hi = kv_len
+    if CAUSAL:
+        hi = tl.minimum(hi, tl.max(tl.where(row_live, pos, 0)) + 1)
+    iv_ok = False
+    if HAS_MASK:
+        iv_ok = tl.load(ivf_ptr) != 0
+        hi = mask_key_end(hi, row_live, qi, hq, b, smb, smh, iv_ptr, iv_ok)
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    # The row sum l runs on the tensor cores like the numerator: the MMA sums each row in an
+    # order fixed by the instruction, whatever register layout the compiler picks for this
+    # kernel variant (a `tl.sum` tree follows that layout: on the H200 the causal and the masked
+    # variant summed in different orders, 1 in ~4096 outputs 1 ulp apart, learner vs rollout;
+    # benchmarks/localize_gpu.py). FP32 p enters as bf16 p + bf16(p - bf16 p), so l is the sum
+    # of p to ~2^-17, not of its bf16 rounding. All 16 columns of l_acc are equal.
+    ones = tl.full((BLOCK_N, 16), 1.0, DOT)
+    l_acc = tl.zeros((BLOCK_M, 16), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    kv_base = b * skb + kvh * skh
+    # keys in fixed blocks from position 0, in order. An interval mask (iv_ok) runs its own loop:
+    # each row's [lo, hi) loaded once, key blocks before the block rows' first visible key
+    # skipped (they leave every row's state untouched, bit for bit, like the blocks past the
+    # last), no bit-word path in the loop body. The same block arithmetic, so the same bits.
+    # (the generic loop is written twice: `if iv_ok` outside `if HAS_MASK` compiled the interval
+    # loop into the maskless variant too on Triton 3.6, with its placeholder pointers)
+    if HAS_MASK:
+        if iv_ok:
+            mrow = b * smb + hq * smh + qi
+            lo_r = tl.load(iv_ptr + 2 * mrow, mask=row_live, other=0)
+            hi_r = tl.load(iv_ptr + 2 * mrow + 1, mask=row_live, other=0)
+            first = tl.min(tl.where(row_live, lo_r, kv_len))
+            for n0 in range(first // BLOCK_N * BLOCK_N, hi, BLOCK_N):
+                j = n0 + tl.arange(0, BLOCK_N)
+                key_live = j < kv_len
+                vis = key_live[None, :] & row_live[:, None]
+                if CAUSAL:
+                    vis = vis & (j[None, :] <= pos[:, None])
+                vis = vis & (j[None, :] >= lo_r[:, None]) & (j[None, :] < hi_r[:, None])
+                m_i, acc, l_acc = _attend_block(q, k_ptr, v_ptr, kv_base, skt, j, key_live, d,
+                                                vis, m_i, acc, l_acc, ones, scale, DOT)  # fmt: skip
+        else:
+            for n0 in range(0, hi, BLOCK_N):
+                j = n0 + tl.arange(0, BLOCK_N)
+                key_live = j < kv_len
+                vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt,
+                              iv_ptr, iv_ok, CAUSAL, HAS_MASK)  # fmt: skip
+                m_i, acc, l_acc = _attend_block(q, k_ptr, v_ptr, kv_base, skt, j, key_live, d,
+                                                vis, m_i, acc, l_acc, ones, scale, DOT)  # fmt: skip
+    else:
+        for n0 in range(0, hi, BLOCK_N):
+            j = n0 + tl.arange(0, BLOCK_N)
+            key_live = j < kv_len
+            vis = visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, iv_ptr,
+                          iv_ok, CAUSAL, HAS_MASK)  # fmt: skip
+            m_i, acc, l_acc = _attend_block(q, k_ptr, v_ptr, kv_base, skt, j, key_live, d, vis,
+                                            m_i, acc, l_acc, ones, scale, DOT)  # fmt: skip
+    l_i = tl.max(l_acc, axis=1)
+    seen = l_i > 0
+    out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
+    lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
+    tl.store(o_ptr + b * sob + hq[:, None] * soh + qi[:, None] * sot + d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=row_live[:, None])  # fmt: skip
+    tl.store(lse_ptr + (b * G * tl.num_programs(2) + hq) * Tq + qi, lse, mask=row_live)
+
+
+def positions_arg(t: torch.Tensor, name: str) -> torch.Tensor:
+    """A per-sequence position tensor (q_start, kv_len) as the attention kernels read it: int32
+    or int64 [B] as it is (the kernels load it and narrow it to int32), no cast launch."""
+    if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
+        raise ValueError(f"{name} must be int32/int64 [B], got {t.dtype} {tuple(t.shape)}")
+    return t.contiguous()
+
+
+def attention(q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float):
+    check_kernel_device(q, "q")
+    b, hq, tq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    if d & (d - 1) or d < 16:
+        raise ValueError(
+            f"the Triton attention kernel needs a power-of-two head dim >= 16, got {d}"
+        )
+    cfg = cfgs.attention_config(arch_of(q.device))
+    # q is read through its own strides (it arrives as the transpose of [B, Tq, Hq, D] from
+    # the projections: a contiguous copy was ~48 us per call), k and v through one shared set
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    if k.stride() != v.stride() or k.stride(-1) != 1:
+        k, v = k.contiguous(), v.contiguous()
+    interp = interpreting()
+    out = torch.empty(q.shape, dtype=torch.float32 if interp else q.dtype, device=q.device)
+    lse = torch.empty((b, hq, tq), dtype=torch.float32, device=q.device)
+    if mask is not None:
+        mask_arg, (smb, smh), iv, iv_ok = mask_args(mask, b, hq, tq, k.shape[2])
+        sm = (smb, smh, mask_arg.shape[1])
+    else:
+        sm, mask_arg, iv, iv_ok = (0, 0, 0), q, lse, lse
+    grid = (triton.cdiv(tq * g, cfg.block_m), b, hkv)
+    _attention_kernel[grid](
+        q, k, v, out, lse, positions_arg(q_start_B, "q_start"), positions_arg(kv_len_B, "kv_len"),
+        mask_arg,
+        iv, iv_ok,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        out.stride(0), out.stride(1), out.stride(2), *sm, tq, g, scale,
+        CAUSAL=causal, HAS_MASK=mask is not None, DOT=_dot_dtype(), D=d,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **cfg.launch_kwargs(),
+    )  # fmt: skip
+    return out.to(q.dtype), lse
+
+
+# ------------------------------------------------------------------------------------ logprobs
+@triton.jit
+def _logprobs_kernel(x_ptr, t_ptr, lp_ptr, ent_ptr, V, sx, temperature,
+                     BLOCK_V: tl.constexpr):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    base = x_ptr + row * sx
+    cols = tl.arange(0, BLOCK_V)
+    m_vec = tl.full((BLOCK_V,), float("-inf"), tl.float32)
+    for v0 in range(0, V, BLOCK_V):  # pass 1: the row max (exact in any order)
+        z = tl.load(base + v0 + cols, mask=v0 + cols < V, other=float("-inf")).to(tl.float32)
+        m_vec = tl.maximum(m_vec, z / temperature)
+    m = tl.max(m_vec, axis=0)
+    l_sum = 0.0
+    ez_sum = 0.0
+    for v0 in range(0, V, BLOCK_V):  # pass 2: sums over fixed vocabulary blocks, in order
+        live = v0 + cols < V
+        zm = tl.load(base + v0 + cols, mask=live, other=0.0).to(tl.float32) / temperature - m
+        e = tl.where(live, tl.exp(zm), 0.0)
+        l_sum += tl.sum(e, axis=0)
+        ez_sum += tl.sum(e * zm, axis=0)
+    tok = tl.load(t_ptr + row)
+    z_tok = tl.load(base + tok).to(tl.float32) / temperature - m
+    log_l = tl.log(l_sum)
+    tl.store(lp_ptr + row, z_tok - log_l)
+    tl.store(ent_ptr + row, log_l - ez_sum / l_sum)
+
+
+def logprobs(logits_MV, tokens_M, temperature: float):
+    check_kernel_device(logits_MV, "logits")
+    m, vocab = logits_MV.shape
+    logits_MV = logits_MV if logits_MV.stride(1) == 1 else logits_MV.contiguous()
+    lp = torch.empty(m, dtype=torch.float32, device=logits_MV.device)
+    ent = torch.empty_like(lp)
+    block_v = cfgs.logprobs_block_v(arch_of(logits_MV.device))
+    _logprobs_kernel[(m,)](
+        logits_MV, tokens_M.contiguous(), lp, ent, vocab, logits_MV.stride(0),
+        float(temperature), BLOCK_V=block_v, num_warps=8 if block_v >= 2048 else 1,
+    )  # fmt: skip
+    return lp, ent
+
+
+# ------------------------------------------------------------------------------------- routing
+@triton.jit
+def _routing_kernel(x_ptr, w_ptr, i_ptr, E, sx, TOP_K: tl.constexpr, K_P2: tl.constexpr,
+                    NORM: tl.constexpr, BLOCK_E: tl.constexpr, LEVELS: tl.constexpr):  # fmt: skip
+    """One row per program: softmax in FP32 (the row sum by an explicit pairwise tree of halves,
+    the tree of `fixed_order.tree_sum`), top-k by repeated max (ties: the lower expert, as
+    a stable descending sort), renormalized by the sum of the k values in order."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_E)
+    live = cols < E
+    z = tl.load(x_ptr + row * sx + cols, mask=live, other=float("-inf")).to(tl.float32)
+    e = tl.where(live, tl.exp(z - tl.max(z, axis=0)), 0.0)
+    s = e
+    for lvl in tl.static_range(LEVELS):  # [2, half] rows = first / second half: s[:h] + s[h:]
+        s = tl.sum(tl.reshape(s, (2, BLOCK_E >> (lvl + 1))), axis=0)
+    total = tl.sum(s, axis=0)  # one element left
+    p = tl.math.div_rn(e, tl.full((BLOCK_E,), 1.0, tl.float32) * total)
+    q = tl.where(live, p, -1.0)
+    kcols = tl.arange(0, K_P2)
+    vals = tl.zeros((K_P2,), dtype=tl.float32)
+    idxs = tl.zeros((K_P2,), dtype=tl.int64)
+    acc = 0.0
+    for j in tl.static_range(TOP_K):
+        v = tl.max(q, axis=0)
+        pick = tl.min(tl.where(q == v, cols, BLOCK_E), axis=0)
+        vals = tl.where(kcols == j, v, vals)
+        idxs = tl.where(kcols == j, pick.to(tl.int64), idxs)
+        acc = acc + v  # 0.0 + v == v: the sum starts at the first value, as on the CPU
+        q = tl.where(cols == pick, -2.0, q)
+    if NORM:
+        vals = tl.math.div_rn(vals, tl.full((K_P2,), 1.0, tl.float32) * acc)
+    kmask = kcols < TOP_K
+    tl.store(w_ptr + row * TOP_K + kcols, vals, mask=kmask)
+    tl.store(i_ptr + row * TOP_K + kcols, idxs, mask=kmask)
+
+
+def routing(logits_ME, top_k: int, norm_topk_prob: bool):
+    """Qwen3-MoE routing in ONE launch (the torch construction of `reference.routing` was
+    ~50 launches, about 1 ms of host time per call on the H200). Same definition, GPU exp:
+    softmax(float32 logits), stable top-k, optional renormalization. -> (weights FP32 [M, k],
+    experts int64 [M, k])."""
+    check_kernel_device(logits_ME, "logits")
+    m, num_experts = logits_ME.shape
+    if not 0 < top_k <= num_experts:
+        raise ValueError(f"top_k must be in 1..{num_experts} (experts), got {top_k}")
+    if num_experts > 4096:
+        raise ValueError(f"routing kernel supports up to 4096 experts, got {num_experts}")
+    x = logits_ME if logits_ME.stride(1) == 1 else logits_ME.contiguous()
+    w = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
+    idx = torch.empty((m, top_k), dtype=torch.int64, device=x.device)
+    block_e = max(triton.next_power_of_2(num_experts), 2)
+    if m:
+        _routing_kernel[(m,)](
+            x, w, idx, num_experts, x.stride(0), TOP_K=top_k,
+            K_P2=max(triton.next_power_of_2(top_k), 2), NORM=bool(norm_topk_prob),
+            BLOCK_E=block_e, LEVELS=block_e.bit_length() - 1, num_warps=1 if block_e <= 256 else 4,
+        )  # fmt: skip
+    return w, idx

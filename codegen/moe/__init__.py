@@ -1,0 +1,6 @@
+"""MoE glue around the experts' GEMMs: the top-k combine, the routing weights' row scale, BF16 GEMM.
+Layout: <op>.py (registration, reference, dispatch), <op>_kernel.py (its Triton kernel).
+May import the core, ..runtime, ..configs, ..triton_helpers, ..invariant and ..nvfp4.
+"""
+
+from . import combine, grouped_mm, row_scale  # noqa: F401  (register the ops)

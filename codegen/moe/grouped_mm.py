@@ -1,0 +1,96 @@
+"""`fp4_compile::invariant_grouped_mm`: the BF16 MoE experts GEMM of the bf16 recipe (and of
+BF16-kept MoE layers): tokens sorted by expert with int32 group-end offsets (torch._grouped_mm's
+convention), weights [E, N, K].
+
+CPU: each group runs `invariant_linear` (the reference), so every row equals
+`invariant_linear(row, weight[e])` whatever the other rows. CUDA: ONE launch for all experts, the
+grouped W4A4 kernel in its BF16-operand mode with unit global scales (`gemm_kernel.launch_gemm`:
+`(acc * 1) * 1` is `acc`), always with the same pinned tile config (no M bucket): a row's bits
+depend only on its own values and its expert's weight, never on the batch. One launch, not a
+loop of per-expert launches, whose host time dominated a rollout on the H200
+(`benchmarks/results/2026-12-02_rollout_h200_profile_before_weight_cache.md`).
+
+Shape legend: T tokens sorted by expert, K in-features, N out-features, E experts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..invariant import ops as invariant_ops  # noqa: F401  (registers invariant_linear)
+
+
+def _groups(offsets: torch.Tensor):
+    start = 0
+    for e, end in enumerate(offsets.tolist()):
+        yield e, start, end
+        start = end
+
+
+@torch.library.custom_op("fp4_compile::invariant_grouped_mm", mutates_args=())
+def invariant_grouped_mm(
+    x_TK: torch.Tensor, w_ENK: torch.Tensor, offsets: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    if offsets.dtype != torch.int32 or offsets.dim() != 1 or offsets.numel() != w_ENK.shape[0]:
+        raise ValueError(
+            f"offsets must be int32 [E={w_ENK.shape[0]}], got {offsets.dtype}{list(offsets.shape)}"
+        )
+    if x_TK.device.type == "cuda":
+        return grouped_kernel(x_TK, w_ENK, offsets, out_dtype)
+    out = x_TK.new_zeros((x_TK.shape[0], w_ENK.shape[1]), dtype=out_dtype)
+    for e, start, end in _groups(offsets):
+        if end > start:
+            out[start:end] = torch.ops.fp4_compile.invariant_linear(
+                x_TK[start:end], w_ENK[e], None, out_dtype
+            )
+    return out
+
+
+def grouped_kernel(x_TK, w_ENK, offsets, out_dtype) -> torch.Tensor:
+    """The one-launch BF16 grouped GEMM (CUDA, or CPU tensors under TRITON_INTERPRET=1)."""
+    from ..nvfp4.gemm_kernel import launch_gemm
+
+    one = torch.ones((1,), dtype=torch.float32, device=x_TK.device)
+    # rows_per_group=1: the same pinned config for every call (batch invariance by construction)
+    return launch_gemm(x_TK, one, w_ENK, one, out_dtype=out_dtype, offsets=offsets,
+                       rows_per_group=1)  # fmt: skip
+
+
+@invariant_grouped_mm.register_fake
+def _(x_TK, w_ENK, offsets, out_dtype):
+    return x_TK.new_empty((x_TK.shape[0], w_ENK.shape[1]), dtype=out_dtype)
+
+
+@torch.library.custom_op("fp4_compile::invariant_grouped_mm_backward", mutates_args=())
+def invariant_grouped_mm_backward(
+    grad: torch.Tensor, x_TK: torch.Tensor, w_ENK: torch.Tensor, offsets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """dX and dW per expert in FP32 (deterministic; reads the offsets on the host, so it is an
+    opaque op rather than traced autograd)."""
+    dx = torch.zeros_like(x_TK)
+    dw = torch.zeros_like(w_ENK)
+    for e, start, end in _groups(offsets):
+        if end > start:
+            g = grad[start:end].to(torch.float32)
+            dx[start:end] = (g @ w_ENK[e].to(torch.float32)).to(x_TK.dtype)
+            dw[e] = (g.T @ x_TK[start:end].to(torch.float32)).to(w_ENK.dtype)
+    return dx, dw
+
+
+@invariant_grouped_mm_backward.register_fake
+def _(grad, x_TK, w_ENK, offsets):
+    return x_TK.new_empty(x_TK.shape), w_ENK.new_empty(w_ENK.shape)
+
+
+def _setup(ctx, inputs, output):
+    x, w, offsets, _ = inputs
+    ctx.save_for_backward(x, w, offsets)
+
+
+def _backward(ctx, grad):
+    x, w, offsets = ctx.saved_tensors
+    dx, dw = invariant_grouped_mm_backward(grad.contiguous(), x, w, offsets)
+    return dx, dw, None, None
+
+
+invariant_grouped_mm.register_autograd(_backward, setup_context=_setup)

@@ -1,0 +1,267 @@
+"""Triton W4A4 GEMM for sm_90 (emulated NVFP4: BF16 tensor cores, FP32 accumulation).
+
+Shape legend: M rows of A (tokens), N out-features, K in-features (contraction), E experts.
+
+D[m, n] = ((sum_k A[m, k] * B[n, k]) * gd_a[m]) * gd_b  (+ bias[n]),  FP32, then cast to out dtype.
+
+- A is the ON-GRID activation (E2M1 x E4M3, exact in BF16) written by the quantize kernel, with
+  its FP32 global decode scale gd_a ([] or [M, 1]).
+- B is either PACKED (uint8 codes [N, K/2] + E4M3 scale bytes [N, K/16], dequantized in
+  registers: exact) or ON-GRID BF16 [N, K] (the weight dequantized once per weight version, or
+  W^T as a strided view for dgrad). Both give the same operand values.
+- The K loop is sequential (`acc = tl.dot(a, b, acc)`), BLOCK_K pinned (configs.py): no split-K.
+- Epilogue exactly `reference.apply_global_scales`: (acc * gd_a) * gd_b, then + bias, with FMA
+  contraction disabled on CUDA (runtime.compile_options).
+- One kernel serves the dense and the grouped (MoE) GEMM: GROUPED=False is one group of M rows,
+  so `nvfp4_grouped_mm` equals a loop of `nvfp4_linear` by construction (same per-row code).
+
+Error budget against the exact reference (reference.exact_dot_fp32): the kernel sums K products
+(each exact in FP32: 6-bit x 6-bit significands) in FP32, so |acc - exact| <= K * u * sum|a*b|
+(u = 2**-24, a loose Higham bound, gamma_K), then the epilogue adds 2 roundings on the scaled
+value: |D - D_ref| <= (K * u * sum_k|a_k b_k|) * |gd_a gd_b| + 3 * u * |D_ref| (+ output cast).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..configs import pick
+from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
+from ..triton_helpers import e2m1_value
+
+
+@triton.jit
+def _e4m3_value(byte):
+    """E4M3 byte (int32) -> exact FP32 value (non-negative scales; subnormals included)."""
+    e = (byte >> 3) & 15
+    m = byte & 7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    return tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
+
+
+@triton.jit
+def _nvfp4_gemm_kernel(
+    a_ptr, b_ptr, bs_ptr, gda_ptr, gdb_ptr, bias_ptr, out_ptr, group_end_ptr, a_rows_ptr,
+    M, N, K, E,
+    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_se, stride_sn,
+    gda_stride, gdb_stride, stride_om, stride_on,
+    GROUPED: tl.constexpr, B_PACKED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_E: tl.constexpr, A_GATHER: tl.constexpr = False, GDA_SHARED: tl.constexpr = False,
+):  # fmt: skip
+    # A_GATHER: row r of the product reads row a_rows[r] of A (and of a per-row gd_a), a zero
+    # row where a_rows[r] < 0: the MoE experts' token gather (and its masked rows) done by the
+    # operand load (A quantized once per token, not per copy). A zero row's product is
+    # (+0.0 * gd_a) * gd_b: a per-row gd_a of a zero row is finite (its own amax is 0), so any
+    # finite stand-in gives the same +0.0; a shared gd_a (per tensor, static) is loaded for the
+    # zero row too, as the gathered copy's row uses it (a NaN amax must still give NaN)
+    # one grid axis, the N tiles of an M tile adjacent in launch order: the programs in flight
+    # share their A rows (L2 hits) instead of re-reading all of A once per N tile (A is the
+    # largest operand of the MoE GEMMs: [T * k, K]). The order of tiles changes no bits.
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    t = tl.program_id(0) // n_tiles
+    pid_n = tl.program_id(0) % n_tiles
+    if GROUPED:
+        # which expert owns tile t: experts' M tiles laid end to end, tile_end[e] = the tiles
+        # of experts 0..e (computed here from the group ends: no per-call layout tensors)
+        eidx = tl.arange(0, BLOCK_E)
+        emask = eidx < E
+        row_hi = tl.load(group_end_ptr + eidx, mask=emask, other=0)
+        row_lo = tl.load(group_end_ptr + eidx - 1, mask=emask & (eidx > 0), other=0)
+        tiles = tl.where(emask, (row_hi - row_lo + BLOCK_M - 1) // BLOCK_M, 0)
+        tile_end = tl.where(emask, tl.cumsum(tiles, 0), 2147483647)
+        e = tl.sum((tile_end <= t).to(tl.int32), axis=0)
+        if e >= E:
+            return
+        is_e = eidx == e
+        tile_start = tl.sum(tl.where(is_e, tile_end - tiles, 0), axis=0)
+        row_start = tl.sum(tl.where(is_e, row_lo, 0), axis=0)
+        row_end = tl.minimum(tl.sum(tl.where(is_e, row_hi, 0), axis=0), M)
+        rows = row_start + (t - tile_start) * BLOCK_M + tl.arange(0, BLOCK_M)
+        e64 = e.to(tl.int64)
+    else:
+        e = 0
+        e64 = 0
+        row_end = M
+        rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < row_end
+    if A_GATHER:
+        arows = tl.load(a_rows_ptr + rows, mask=rmask, other=-1).to(tl.int64)
+        amask = rmask & (arows >= 0)
+    else:
+        arows = rows
+        amask = rmask
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    b_base = b_ptr + e64 * stride_be
+    s_base = bs_ptr + e64 * stride_se
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        kmask = kk < K
+        a = tl.load(a_ptr + arows[:, None] * stride_am + kk[None, :] * stride_ak,
+                    mask=amask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
+        if B_PACKED:
+            kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            byte = tl.load(b_base + cols[:, None] * stride_bn + kb[None, :],
+                           mask=cmask[:, None] & (kb < K // 2)[None, :], other=0).to(tl.int32)  # fmt: skip
+            codes = tl.reshape(tl.join(byte & 15, byte >> 4), (BLOCK_N, BLOCK_K))
+            ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+            sbyte = tl.load(s_base + cols[:, None] * stride_sn + ks[None, :],
+                            mask=cmask[:, None] & (ks < K // 16)[None, :], other=0).to(tl.int32)  # fmt: skip
+            sval = _e4m3_value(sbyte)
+            s_full = tl.reshape(tl.broadcast_to(sval[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)),
+                                (BLOCK_N, BLOCK_K))  # fmt: skip
+            b = tl.trans(e2m1_value(codes) * s_full)  # [BK, BN], exact
+        else:
+            b = tl.load(b_base + cols[None, :] * stride_bn + kk[:, None] * stride_bk,
+                        mask=cmask[None, :] & kmask[:, None], other=0.0)  # fmt: skip
+        if DOT_F32:
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    if GDA_SHARED:  # one gd_a for every row (gda_stride 0), zero rows included
+        gda = tl.load(gda_ptr + rows * 0, mask=rmask, other=1.0)
+    else:
+        gda = tl.load(gda_ptr + arows * gda_stride, mask=amask, other=1.0)
+    gdb = tl.load(gdb_ptr + e * gdb_stride)
+    out = (acc * gda[:, None]) * gdb
+    if HAS_BIAS:
+        out = out + tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on,
+             out.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])  # fmt: skip
+
+
+@triton.jit
+def _ongrid_kernel(codes_ptr, scales_ptr, out_ptr, R, K, BLOCK_R: tl.constexpr,
+                   BLOCK_K: tl.constexpr):  # fmt: skip
+    """out[r, k] = E2M1(code) * E4M3(scale of block k // 16), exact (rows flattened)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    kb = tl.program_id(1) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+    ks = tl.program_id(1) * (BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
+    r64 = rows.to(tl.int64)[:, None]
+    rmask = (rows < R)[:, None]
+    byte = tl.load(codes_ptr + r64 * (K // 2) + kb[None, :], mask=rmask & (kb < K // 2)[None, :],
+                   other=0).to(tl.int32)  # fmt: skip
+    codes = tl.reshape(tl.join(byte & 15, byte >> 4), (BLOCK_R, BLOCK_K))
+    sbyte = tl.load(scales_ptr + r64 * (K // 16) + ks[None, :],
+                    mask=rmask & (ks < K // 16)[None, :], other=0).to(tl.int32)  # fmt: skip
+    sval = _e4m3_value(sbyte)
+    s_full = tl.reshape(tl.broadcast_to(sval[:, :, None], (BLOCK_R, BLOCK_K // 16, 16)),
+                        (BLOCK_R, BLOCK_K))  # fmt: skip
+    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + r64 * K + cols[None, :],
+             (e2m1_value(codes) * s_full).to(out_ptr.dtype.element_ty),
+             mask=rmask & (cols < K)[None, :])  # fmt: skip
+
+
+def ongrid_weight(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
+    """The on-grid BF16 copy of a quantized weight, [.., N, K] from codes [.., N, K/2] and E4M3
+    scale bytes [.., N, K/16]: equal to `NVFP4Tensor.on_grid(torch.bfloat16)`, in one launch."""
+    check_kernel_device(codes, "w_codes")
+    k = codes.shape[-1] * 2
+    if scale_bytes.shape[-1] * 16 != k or not (
+        codes.is_contiguous() and scale_bytes.is_contiguous()
+    ):
+        raise ValueError(
+            f"codes {tuple(codes.shape)} / scales {tuple(scale_bytes.shape)}: contiguous, K/2 and K/16"
+        )
+    r = codes.numel() // max(codes.shape[-1], 1)
+    interp = interpreting()
+    out = torch.empty((*codes.shape[:-1], k), device=codes.device,
+                      dtype=torch.float32 if interp else torch.bfloat16)  # fmt: skip
+    if r and k:
+        block_k = 32 if interp else 128
+        grid = (triton.cdiv(r, 16 if interp else 32), triton.cdiv(k, block_k))
+        _ongrid_kernel[grid](codes, scale_bytes.view(torch.uint8), out, r, k,
+                             BLOCK_R=16 if interp else 32, BLOCK_K=block_k,
+                             **({} if interp else {"num_warps": 4}))  # fmt: skip
+    return out.to(torch.bfloat16) if interp else out
+
+
+def _dot_key(device: torch.device) -> str:
+    return "bf16" if device.type == "cuda" else "fp32"
+
+
+def launch_gemm(
+    a_MK: torch.Tensor,
+    gd_a: torch.Tensor,
+    b: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    gd_b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype,
+    offsets: torch.Tensor | None = None,
+    rows_per_group: int | None = None,
+    config_op: str | None = None,
+    a_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Launch the GEMM. b: on-grid [N, K] / [E, N, K] (any strides), or packed (codes, scale
+    bytes) [.., N, K/2] and [.., N, K/16]. offsets (int32 [E] group ends) selects the grouped
+    kernel; `rows_per_group` (a static estimate of M per expert) picks the config bucket of the
+    pinned table `config_op` (default: "nvfp4_gemm" for packed B, "nvfp4_gemm_ongrid" for
+    on-grid B; the weight gradient passes "nvfp4_wgrad"). `a_rows` (int32 / int64 [M]): row r of
+    the product reads row a_rows[r] of a_MK (and of a per-row gd_a), which may then have any
+    number of rows, or is a zero row where a_rows[r] < 0: a gather of A's rows in the operand
+    load."""
+    check_kernel_device(a_MK, "x")
+    dev = a_MK.device
+    k = a_MK.shape[1]
+    if a_rows is not None and (a_rows.dim() != 1 or a_rows.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"a_rows must be int32/int64 [M], got {a_rows.dtype}{list(a_rows.shape)}")
+    m = a_MK.shape[0] if a_rows is None else a_rows.shape[0]
+    m_a = a_MK.shape[0]
+    packed = isinstance(b, tuple)
+    b_main = b[0] if packed else b
+    grouped = offsets is not None
+    if b_main.dim() == 2:
+        b_main = b_main.unsqueeze(0)
+    num_experts, n = b_main.shape[0], b_main.shape[1]
+    if packed:
+        b_scales = b[1] if b[1].dim() == 3 else b[1].unsqueeze(0)
+        b_scales = b_scales.view(torch.uint8)
+        stride_bk = 1
+        stride_se, stride_sn = b_scales.stride(0), b_scales.stride(1)
+        if b_main.stride(-1) != 1 or b_scales.stride(-1) != 1:
+            raise ValueError("packed weight codes and scales must be contiguous along K")
+    else:
+        b_scales = b_main
+        stride_bk = b_main.stride(2)
+        stride_se = stride_sn = 0
+    gd_a = gd_a.reshape(-1)
+    gd_b = gd_b.reshape(-1)
+    if gd_a.numel() not in (1, m_a) or gd_b.numel() not in (1, num_experts):
+        raise ValueError(
+            f"global scales: gd_a {tuple(gd_a.shape)} for M={m}, gd_b {tuple(gd_b.shape)}"
+        )
+    op = config_op or ("nvfp4_gemm" if packed else "nvfp4_gemm_ongrid")
+    cfg = pick(arch_of(dev), _dot_key(dev), op, rows_per_group or m, n=None if grouped else n)
+    interp = interpreting()
+    out = torch.empty((m, n), dtype=torch.float32 if interp else out_dtype, device=dev)
+    if m == 0 or n == 0:
+        return out.to(out_dtype)
+    if grouped:
+        if offsets.dtype != torch.int32:
+            raise TypeError(f"offsets must be int32, got {offsets.dtype}")
+        ends = offsets
+        num_m_tiles = triton.cdiv(m, cfg.block_m) + num_experts
+    else:
+        ends = gd_a  # an unused pointer
+        num_m_tiles = triton.cdiv(m, cfg.block_m)
+    grid = (num_m_tiles * triton.cdiv(n, cfg.block_n),)
+    _nvfp4_gemm_kernel[grid](
+        a_MK, b_main, b_scales, gd_a, gd_b, bias if bias is not None else gd_b, out, ends,
+        a_rows if a_rows is not None else ends,
+        m, n, k, num_experts,
+        a_MK.stride(0), a_MK.stride(1), b_main.stride(0), b_main.stride(1), stride_bk,
+        stride_se, stride_sn,
+        1 if gd_a.numel() > 1 else 0, 1 if gd_b.numel() > 1 else 0, out.stride(0), out.stride(1),
+        GROUPED=grouped, B_PACKED=packed, HAS_BIAS=bias is not None, DOT_F32=dev.type != "cuda",
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        BLOCK_E=max(triton.next_power_of_2(num_experts), 2), A_GATHER=a_rows is not None,
+        GDA_SHARED=gd_a.numel() == 1,
+        **cfg.launch_kwargs(), **compile_options(dev),
+    )  # fmt: skip
+    return out.to(out_dtype) if interp else out

@@ -1,0 +1,77 @@
+"""A rollout engine's cache of quantized weights: quantize each weight once per weight version,
+not once per decode step.
+
+The lowering puts the weight quantizers inside the graph (once per forward: right for the
+learner, whose weights change every step). A rollout engine runs that graph for every generated
+token with the same weights, so without a cache it re-quantizes every weight per token (on the
+H200 that was most of the NVFP4 decode time: `benchmarks/results/2026-12-02_rollout_h200_profile_before_weight_cache.md`).
+
+While a `WeightCache` is active (`with cache:`), `fp4_compile::quantize` of a 16x16, RNE,
+data-scaled tensor (what the lowering emits for weights) returns the bytes it computed the first
+time for that tensor, as fresh copies (the graph may reuse an op's output buffers; a copy keeps
+the cache intact). Bitwise the same values: the very op's result, computed once.
+
+Key: (data_ptr, shape, strides, dtype, device, mode) plus the tensor's version counter. Fused
+optimizers update parameters in place WITHOUT bumping the version counter, so the owner must call
+`clear()` whenever the weights may have changed (`RolloutEngine.update_weights` does, also when
+the engine shares the learner's module).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+
+_active = threading.local()
+
+
+class WeightCache:
+    def __init__(self) -> None:
+        self._entries: dict[tuple, tuple[int, tuple[torch.Tensor, ...]]] = {}
+        self.hits = 0
+        self.misses = 0
+        self._hits_only = False
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    @contextlib.contextmanager
+    def hits_only(self):
+        """While active, a miss raises instead of computing: a CUDA-graph capture records kernels
+        without running them, so an entry computed inside one would hold unwritten memory."""
+        self._hits_only = True
+        try:
+            yield self
+        finally:
+            self._hits_only = False
+
+    def __enter__(self) -> WeightCache:
+        self._outer = getattr(_active, "cache", None)
+        _active.cache = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _active.cache = self._outer
+
+    def get(self, x: torch.Tensor, mode: str, compute) -> tuple[torch.Tensor, ...]:
+        key = (x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, x.device, mode)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] == x._version:
+            self.hits += 1
+        else:
+            if self._hits_only:
+                raise RuntimeError(
+                    f"weight cache miss for a {tuple(x.shape)} {x.dtype} weight while only hits "
+                    "are allowed (inside a CUDA-graph capture): run one step without capture first"
+                )
+            self.misses += 1
+            entry = (x._version, tuple(t.clone() for t in compute()))
+            self._entries[key] = entry
+        return tuple(t.clone() for t in entry[1])
+
+
+def active_cache() -> WeightCache | None:
+    """The cache of the innermost `with WeightCache():` block of this thread, or None."""
+    return getattr(_active, "cache", None)

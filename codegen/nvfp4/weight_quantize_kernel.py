@@ -1,0 +1,256 @@
+"""The weights' NVFP4 quantize (16x16 tiles, RNE, the global scale of each expert's amax or of
+the whole tensor's) in ONE persistent launch that reads each weight from HBM once.
+
+The two-step form (`quantize_kernel.global_stage`, then `_quantize_kernel`) reads every weight
+twice per learner step: once for the amaxes, once to quantize. On the H200 learner the amax
+read alone was 0.64 ms (2.4 GB of expert weights, `docs/learner_performance.md`). Here program
+p of P (all P resident at once) walks the tiles p, p + P, ... of expert e twice:
+
+1. amax: the max of the sign-cleared bits of x as integers (non-negative floats order like
+   their bits, so this IS max |x|, exact; a NaN's bits lie above inf's, so a NaN makes the
+   amax NaN, as torch's amax does), merged into amax[e] with an atomic max; then the program
+   announces it on expert e's counter.
+2. quantize: once all P programs have announced, every program reads amax[e], derives the
+   global scales (`global_scale_kernel.scales_from_amax`, one IEEE rounding per step) and
+   quantizes its tiles with the block-scale and rounding helpers of `_quantize_kernel`.
+
+Each program takes the amax of expert e + 1 BEFORE it waits for expert e, so it rarely waits,
+and its second read of expert e finds the tiles in L2 (one expert of the 30B-A3B shapes is
+<= 6.3 MB; the H200's L2 is 50 MB). A dense weight is one "expert" (per-tensor amax).
+
+Faster than the two-step form for a dense weight, slower for many experts, where a grid-wide
+wait per expert (every program announces on one counter, then every program polls it) costs
+more than one expert's traffic; so `quantize_triton` routes only per-tensor weights here and
+per-expert weights keep the two-step form (H200, the same bits in every row:
+benchmarks/results/2026-12-04_tune_kernels_weights_20b0dc2.md).
+
+Bitwise `_quantize_kernel` after `global_stage` (tests/codegen/test_weight_quantize.py). The
+wait needs every program resident at once: P = SMs x min(`PROGRAMS_PER_SM`, what fits on one
+SM), the fit computed from the compiled kernel's registers, shared memory and threads (the
+CUDA occupancy rules; one fewer than the estimate, and never below 1: one program per SM
+always fits). The interpreter runs programs one after the other, so a wait would never end:
+there the same kernel runs as two launches (all the amaxes, then all the quantizes).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...format import BLOCK_SIZE, NVFP4Tensor
+from ..configs import pick
+from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
+from ..triton_helpers import (
+    ONE_SIXTH_F32,
+    block_encode,
+    e2m1_scaled,
+    rne_integer,
+    rne_ongrid_magnitude,
+    scales_from_amax,
+    signed_value,
+    store_packed,
+    tile16_max,
+)
+
+PROGRAMS_PER_SM = 8  # at most; fewer where fewer fit (`_resident_per_sm`); tune_kernels' best
+_INTERPRETER_PROGRAMS = 3  # several programs, so the tile striding is exercised on CPU too
+_PHASE_AMAX, _PHASE_QUANTIZE, _PHASE_BOTH = 0, 1, 2
+
+
+@triton.jit
+def _expert_abs_bits(bits_ptr, e, pid, P, N, K, ABS_MASK: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """max over this program's tiles of expert e of the bits of |x| (int32 scalar)."""
+    tiles_k = tl.cdiv(K, BLOCK_K)
+    m = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.int32)
+    for t in range(pid, tl.cdiv(N, BLOCK_M) * tiles_k, P):
+        tm = t // tiles_k
+        rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = (t - tm * tiles_k) * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask = (rows < N)[:, None] & (cols < K)[None, :]
+        offs = (e * N + rows[:, None]).to(tl.int64) * K + cols[None, :]
+        b = tl.load(bits_ptr + offs, mask=mask, other=0)
+        m = tl.maximum(m, b.to(tl.int32) & ABS_MASK)
+    return tl.max(tl.max(m, axis=1), axis=0)
+
+
+@triton.jit
+def _announce_amax(bits_ptr, state_ptr, e, E, pid, P, N, K, ABS_MASK: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    local = _expert_abs_bits(bits_ptr, e, pid, P, N, K, ABS_MASK, BLOCK_M, BLOCK_K)
+    tl.atomic_max(state_ptr + e, local)
+    tl.atomic_add(state_ptr + E + e, 1)  # acq_rel: the max above is visible before the count
+
+
+@triton.jit
+def _quantize_expert(x_ptr, gd_ptr, codes_ptr, scales_ptr, ongrid_ptr, amax_bits, e, pid, P,
+                     N, K, one_sixth, BITS16: tl.constexpr, ONGRID: tl.constexpr,
+                     PACKED: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_K: tl.constexpr):  # fmt: skip
+    if BITS16:  # the 16-bit float whose bits these are, widened exactly
+        amax = amax_bits.to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True).to(tl.float32)
+    else:
+        amax = amax_bits.to(tl.float32, bitcast=True)
+    amax1 = tl.full((1,), 0.0, tl.float32) + amax  # |x| >= +0.0: adding +0.0 changes no bit
+    gd1, mult1 = scales_from_amax(amax1, amax1 != amax1, one_sixth, 1)
+    gd = tl.reshape(gd1, (1, 1))
+    mult = tl.reshape(mult1, (1, 1))
+    if pid == 0:
+        tl.store(gd_ptr + e + tl.arange(0, 1), gd1)
+    NB: tl.constexpr = BLOCK_K // 16
+    tiles_k = tl.cdiv(K, BLOCK_K)
+    for t in range(pid, tl.cdiv(N, BLOCK_M) * tiles_k, P):
+        tm = t // tiles_k
+        pid_k = t - tm * tiles_k
+        local = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = local < N
+        rows = e * N + local  # rows of the flattened [E * N, K]
+        blk = pid_k * NB + tl.arange(0, NB)
+        rows3 = rows[:, None, None].to(tl.int64)
+        cols3 = blk[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
+        mask = rmask[:, None, None] & (cols3 < K)
+        x = tl.load(x_ptr + rows3 * K + cols3, mask=mask, other=0.0).to(tl.float32)
+        vmax = tile16_max(tl.max(tl.abs(x), axis=2), BLOCK_M, NB)
+        s_code, s_val, enc = block_encode(vmax, mult, gd)
+        v = tl.minimum(tl.maximum(x * enc[:, :, None], -6.0), 6.0)
+        mag = tl.abs(v)
+        if ONGRID:
+            val = signed_value(rne_ongrid_magnitude(mag), v, s_val)
+            tl.store(ongrid_ptr + rows3 * K + cols3, val.to(ongrid_ptr.dtype.element_ty),
+                     mask=mask)  # fmt: skip
+        if PACKED:
+            y, base = e2m1_scaled(mag)
+            n, _n_f = rne_integer(y)
+            idx = tl.where(mag == mag, base + n, 0)  # NaN -> code 0, as `_quantize_kernel`
+            code = idx | ((v < 0.0).to(tl.int32) << 3)
+            store_packed(codes_ptr, scales_ptr, code, s_code, rows.to(tl.int64), rmask, pid_k,
+                          blk, K, BLOCK_M, BLOCK_K)  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["E", "N"])
+def _weight_quantize_kernel(
+    x_ptr, bits_ptr, state_ptr, gd_ptr, codes_ptr, scales_ptr, ongrid_ptr,
+    E, N, K, one_sixth,
+    ABS_MASK: tl.constexpr, BITS16: tl.constexpr, PHASE: tl.constexpr, ONGRID: tl.constexpr,
+    PACKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # state_ptr: int32 [2E], zeros: the amax bits of each expert, then its announcement count.
+    # PHASE 0: the amaxes only; 1: the quantizes only (a later launch); 2: both, in one launch.
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    if PHASE != 1:
+        _announce_amax(bits_ptr, state_ptr, 0, E, pid, P, N, K, ABS_MASK, BLOCK_M, BLOCK_K)
+    for e in range(E):
+        if PHASE != 1:
+            if e + 1 < E:  # the next expert's amax before this one's wait
+                _announce_amax(bits_ptr, state_ptr, e + 1, E, pid, P, N, K, ABS_MASK,
+                               BLOCK_M, BLOCK_K)  # fmt: skip
+        if PHASE != 0:
+            if PHASE == 2:
+                seen = tl.atomic_add(state_ptr + E + e, 0)
+                while seen < P:
+                    seen = tl.atomic_add(state_ptr + E + e, 0)
+            amax_bits = tl.atomic_max(state_ptr + e, 0)  # a coherent read (every max is >= 0)
+            _quantize_expert(x_ptr, gd_ptr, codes_ptr, scales_ptr, ongrid_ptr, amax_bits, e,
+                             pid, P, N, K, one_sixth, BITS16, ONGRID, PACKED, BLOCK_M,
+                             BLOCK_K)  # fmt: skip
+
+
+_RESIDENT: dict = {}
+
+
+def _resident_per_sm(args, flags, props) -> int:
+    """How many programs of the compiled kernel surely fit on one SM at once: the CUDA
+    occupancy limits (registers in 256-register warp units, shared memory with its 1 KiB per
+    block, threads, 32 blocks) of the compiled binary, minus one for safety, at least 1."""
+    key = (props.name, args[0].dtype, args[6].dtype, args[-2], tuple(sorted(flags.items())))
+    if key not in _RESIDENT:
+        kernel = _weight_quantize_kernel.warmup(*args, grid=(1,), PHASE=_PHASE_BOTH, **flags)
+        kernel._init_handles()  # loads the binary: its register count
+        warps = flags["num_warps"]
+        per_warp = -(-kernel.n_regs * 32 // 256) * 256
+        by_regs = getattr(props, "regs_per_multiprocessor", 65536) // max(per_warp, 1) // warps
+        smem = getattr(props, "shared_memory_per_multiprocessor", 233472)
+        by_smem = smem // (kernel.metadata.shared + 1024)
+        by_threads = getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps)
+        _RESIDENT[key] = max(1, min(by_regs, by_smem, by_threads, 32) - 1)
+    return _RESIDENT[key]
+
+
+def quantize_weight_tiles(
+    x: torch.Tensor,
+    global_scale: str,
+    *,
+    out: str = "packed",
+    ongrid_dtype: torch.dtype = torch.bfloat16,
+    programs_per_sm: int = PROGRAMS_PER_SM,
+):
+    """16x16 RNE quantize of x with a data amax per expert (x [E, N, K], global_scale
+    "per_expert") or per tensor (x [..., N, K], "per_tensor"), in one read of x. Returns what
+    `quantize_kernel.quantize_triton` returns for the same arguments, bitwise: an NVFP4Tensor
+    (out="packed"), (on-grid values, global decode) ("ongrid") or (NVFP4Tensor, on-grid)
+    ("both"). x must be contiguous and non-empty."""
+    check_kernel_device(x, "x")
+    if global_scale not in ("per_expert", "per_tensor"):
+        raise ValueError(f"global_scale must be 'per_expert' or 'per_tensor', got {global_scale!r}")
+    if out not in ("packed", "ongrid", "both"):
+        raise ValueError(f"out must be 'packed', 'ongrid' or 'both', got {out!r}")
+    if x.dim() < 2 or x.shape[-1] % BLOCK_SIZE or x.shape[-2] % BLOCK_SIZE or not x.numel():
+        raise ValueError(f"x must be non-empty [..., N, K] with N, K multiples of 16, got "
+                         f"{tuple(x.shape)}")  # fmt: skip
+    if global_scale == "per_expert" and x.dim() != 3:
+        raise ValueError(
+            f"global_scale='per_expert' needs x of shape [E, N, K], got {tuple(x.shape)}"
+        )
+    if not x.is_contiguous():
+        raise ValueError("x must be contiguous (a weight's own storage)")
+    bits_dtype = {
+        torch.bfloat16: torch.int16,
+        torch.float16: torch.int16,
+        torch.float32: torch.int32,
+    }
+    if x.dtype not in bits_dtype:
+        raise TypeError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    shape = tuple(x.shape)
+    k = shape[-1]
+    e = shape[0] if global_scale == "per_expert" else 1
+    n = x.numel() // (e * k)
+    dev = x.device
+    state = torch.zeros(2 * e, dtype=torch.int32, device=dev)
+    gd = torch.empty(e, dtype=torch.float32, device=dev)
+    packed = out in ("packed", "both")
+    ongrid_wanted = out in ("ongrid", "both")
+    codes = torch.empty((e * n, k // 2) if packed else (0,), dtype=torch.uint8, device=dev)
+    scales = torch.empty((e * n, k // BLOCK_SIZE) if packed else (0,), dtype=torch.uint8,
+                         device=dev)  # fmt: skip
+    ongrid = torch.empty((e * n, k) if ongrid_wanted else (0,), dtype=ongrid_dtype, device=dev)
+    cfg = pick(arch_of(dev), "any", "nvfp4_weight_quantize", n)
+    bits16 = x.element_size() == 2
+    args = (x, x.view(bits_dtype[x.dtype]), state, gd, codes, scales, ongrid, e, n, k,
+            ONE_SIXTH_F32)  # fmt: skip
+    flags = dict(ABS_MASK=0x7FFF if bits16 else 0x7FFFFFFF, BITS16=bits16, ONGRID=ongrid_wanted,
+                 PACKED=packed, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
+                 **cfg.launch_kwargs(), **compile_options(dev))  # fmt: skip
+    if interpreting() or dev.type != "cuda":
+        grid = (_INTERPRETER_PROGRAMS,)
+        _weight_quantize_kernel[grid](*args, PHASE=_PHASE_AMAX, **flags)
+        _weight_quantize_kernel[grid](*args, PHASE=_PHASE_QUANTIZE, **flags)
+    else:
+        props = torch.cuda.get_device_properties(dev)
+        per_sm = min(programs_per_sm, _resident_per_sm(args, flags, props))
+        _weight_quantize_kernel[(props.multi_processor_count * per_sm,)](
+            *args, PHASE=_PHASE_BOTH, **flags
+        )
+    gd = gd.reshape(e, 1, 1) if global_scale == "per_expert" else gd.reshape(())
+    ongrid = ongrid.reshape(shape) if ongrid_wanted else None
+    if out == "ongrid":
+        return ongrid, gd
+    q = NVFP4Tensor(
+        codes=codes.reshape(*shape[:-1], k // 2),
+        block_scales=scales.view(torch.float8_e4m3fn).reshape(*shape[:-1], k // BLOCK_SIZE),
+        global_decode=gd,
+        shape=shape,
+        block="16x16",
+    )
+    return (q, ongrid) if out == "both" else q
