@@ -91,8 +91,9 @@ def test_from_dict_rejects_unknown_fields_and_versions():
 def test_as_recipe():
     assert as_recipe(None) == NVFP4Recipe.strict()
     assert as_recipe(NVFP4Recipe.te().to_dict()) == NVFP4Recipe.te()
+    assert as_recipe("strict") == NVFP4Recipe.strict()  # names: tests/test_recipe_names.py
     with pytest.raises(TypeError, match="recipe must be"):
-        as_recipe("strict")
+        as_recipe(3)
 
 
 def test_nothing_read_from_environment(monkeypatch):
