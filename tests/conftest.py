@@ -11,5 +11,5 @@ def pytest_collection_modifyitems(config, items):
         return
     needs_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:
             item.add_marker(needs_gpu)
