@@ -7,6 +7,9 @@ reports, in backward order, each opaque op's input/output agreement and layout d
 - inputs equal, outputs differ -> the op itself (its kernels follow strides / alignment).
 
     python -m benchmarks.grad_localize_gpu [--cpu] [--recipes strict,bf16]
+
+A diagnostic tool: its pass/fail part (every gradient == the eager lowered graph's, bitwise) is
+tests/gpu/test_gpu_backend.py.
 """
 
 from __future__ import annotations
