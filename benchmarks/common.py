@@ -68,10 +68,19 @@ def cuda_time_ms(fn, *, warmup: int = 3, iters: int = 10) -> float:
     return times[len(times) // 2]
 
 
+def result_stem(topic: str, env: dict) -> str:
+    """`<date>_<topic>_<commit>` (commit: 7 hex digits), the name of every result file under
+    benchmarks/results/ (the index, benchmarks/results/README.md, keeps the latest per topic)."""
+    commit = str(env.get("commit") or "unknown")[:7]
+    return f"{env['date']}_{topic}_{commit}"
+
+
 def write_results(name: str, payload: dict, markdown: str) -> list[Path]:
+    """`payload` (with its `env`, from `environment()`) as json and `markdown` as md, named by
+    `result_stem`, under $OUT (default benchmarks/results/)."""
     out = Path(os.environ.get("OUT", "benchmarks/results"))
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"{payload['env']['date']}_{name}"
+    stem = result_stem(name, payload["env"])
     paths = [out / f"{stem}.json", out / f"{stem}.md"]
     paths[0].write_text(json.dumps(payload, indent=1, default=str))
     paths[1].write_text(markdown)

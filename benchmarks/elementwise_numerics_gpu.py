@@ -12,7 +12,8 @@ is a cause; its fix is to make it opaque (an fp4_compile op, like `row_scale`), 
     python -m benchmarks.elementwise_numerics_gpu [--tokens 4096] [--device cuda]
 
 The last row is the fix: the SwiGLU as `fp4_compile::silu_mul` (what the `lower_silu_muls` pass
-emits), compiled, against the plain SwiGLU run eagerly.
+emits), compiled, against the plain SwiGLU run eagerly. A diagnostic tool: its pass/fail part (the
+fix, rotary, residual adds equal, bitwise) is tests/gpu/test_gpu_elementwise_numerics.py.
 
 Candidates: the MoE experts' SwiGLU (`silu(gate) * up` on the gate_up output, Qwen3-MoE's
 `act_fn`), the rotary embedding (transformers' `Qwen3RotaryEmbedding` + `apply_rotary_pos_emb`,

@@ -10,6 +10,9 @@ divergent layer / position of each pair says which side, which phase (prefill or
 whether Inductor's code is involved.
 
     python -m benchmarks.localize_gpu [--tiny] [--batch 8] [--new-tokens 16]
+
+A diagnostic tool: its pass/fail part (the four views agree, bitwise; engine == learner
+log-probs) is tests/gpu/test_gpu_alignment.py.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def _bits_differ(a: torch.Tensor, b: torch.Tensor) -> int:
 def engine_vs_learner(
     model, recipe, *, batch: int, new_tokens: int, device, localize: bool = False, op_rows=()
 ) -> list[str]:
-    """The sampled path of benchmarks.alignment_gpu, instrumented: the logits the engine fed to
+    """The sampled path of tests/gpu/test_gpu_alignment.py, instrumented: the logits the engine fed to
     the shared log-prob op at every step, against the learner's logits at the same positions
     (plain graph and hidden-states graph), and the log-probs recomputed from each."""
     import fp4_compile.rollout.engine as engine_module

@@ -13,7 +13,7 @@ learner runs).
   (`invariant ok`: a sequence decoded token by token at a few positions and alone in a batch
   of one equals its rows of the batched causal forward, bitwise) and against the pinned
   config's output (`differ`: a new config changes bits, so pinning it needs the GPU alignment
-  run, `benchmarks.alignment_gpu`).
+  run, `pytest -m gpu tests/gpu/test_gpu_alignment.py`).
 - dq / dkdv: the backward (determinism only) timed whole, one launch's config varied at a time;
   `differ` against the pinned backward. (A dK/dV launch that split the GQA group over programs,
   FP32 partials added after, was slower at every split, 2026-12-04_tune_attention_10bb871.md.)

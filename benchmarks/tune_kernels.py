@@ -10,7 +10,7 @@ pinned config's: a candidate that changes any bit is reported and must not be pi
 GEMM's K chunk, BLOCK_K, is varied only as a probe of the wgrad; see configs.py). Baselines in the same run: the
 device copy for the quantizer, `torch._grouped_mm` / `torch.mm` BF16 for the GEMMs.
 Nothing here is read at run time: a winner is copied into configs.py by hand, then re-checked by
-the CUDA tests and `benchmarks.backend_gpu_check`. Figures: "emulated NVFP4 (sm_90)".
+the GPU tests (`pytest -m gpu`). Figures: "emulated NVFP4 (sm_90)".
 """
 
 from __future__ import annotations

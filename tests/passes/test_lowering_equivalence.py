@@ -8,10 +8,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from random_models import random_stack
 
 from fp4_compile import NVFP4Recipe
 from fp4_compile.backend import lowering_only_backend
-from fp4_compile.random_models import random_stack
 from fp4_compile.sr_stream import set_sr_state
 from fp4_compile.testing import assert_bitwise_equal
 
