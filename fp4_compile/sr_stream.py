@@ -166,7 +166,7 @@ def prepare_device_counters(site_keys, device) -> None:
 
 def device_counter(site_key: int, device) -> tuple[torch.Tensor, int]:
     """(the site's device counter, int64 [1]; the high bits of its graph family's seeds): what
-    `device_call_seed` combines (and `codegen.device_seed.next_device_seed`, in one launch)."""
+    `device_call_seed` combines (and `codegen/nvfp4/device_seed_kernel.next_device_seed`, in one launch)."""
     slot = (int(site_key), str(torch.device(device)))
     counter = _device_counters.get(slot)
     if counter is None:

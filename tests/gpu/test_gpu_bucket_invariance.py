@@ -43,7 +43,7 @@ def test_nvfp4_linear_every_bucket(weights, k):
     og = wq.on_grid(torch.bfloat16) if weights == "on-grid" else None
     args = (wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, og, None)
     _assert_rows_equal_in_every_bucket(
-        lambda a: gi.nvfp4_impl.cuda_linear(a, *args, recipe, None), _x(300, k, seed=k)
+        lambda a: gi.nvfp4_gemm.cuda_linear(a, *args, recipe, None), _x(300, k, seed=k)
     )
 
 
@@ -67,10 +67,10 @@ def test_grouped_equals_experts_alone(per_expert, k):
     args = (wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, None, None)
     xs = _x(e * per_expert, k, seed=k + per_expert)
     offsets = (torch.arange(1, e + 1, device=DEVICE) * per_expert).to(torch.int32)
-    y = gi.nvfp4_impl.cuda_linear(xs, *args, recipe, None, offsets=offsets)
+    y = gi.nvfp4_gemm.cuda_linear(xs, *args, recipe, None, offsets=offsets)
     for i in range(e):
         rows = slice(i * per_expert, (i + 1) * per_expert)
-        alone = gi.nvfp4_impl.cuda_linear(
+        alone = gi.nvfp4_gemm.cuda_linear(
             xs[rows], wq.codes[i], wq.block_scales[i].view(torch.uint8),
             wq.global_decode[i].reshape(()), None, None, recipe, None,
         )  # fmt: skip

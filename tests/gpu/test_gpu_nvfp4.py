@@ -104,7 +104,7 @@ def test_gemm_within_fp32_budget():
     x, w = _x(M, K, seed=1), _x(N, K, dtype=torch.float32, seed=2)
     bias = _x(N, seed=3)
     wq = quantize(w, block="16x16")
-    y32 = gi.nvfp4_impl.cuda_linear(x.float(), *_wargs(wq), bias, recipe, None)
+    y32 = gi.nvfp4_gemm.cuda_linear(x.float(), *_wargs(wq), bias, recipe, None)
     xq = quantize(x.float().cpu(), global_scale="per_row")
     wq_cpu = wq.to("cpu")
     y_ref = nvfp4_mm(xq, wq_cpu) + bias.float().cpu()
@@ -120,8 +120,8 @@ def test_gemm_packed_equals_ongrid_weights():
     x, w = _x(M, K, seed=1), _x(N, K, dtype=torch.float32, seed=2)
     bias = _x(N, seed=3)
     wq = quantize(w, block="16x16")
-    packed = gi.nvfp4_impl.cuda_linear(x, *_wargs(wq), bias, recipe, None)
-    ongrid = gi.nvfp4_impl.cuda_linear(
+    packed = gi.nvfp4_gemm.cuda_linear(x, *_wargs(wq), bias, recipe, None)
+    ongrid = gi.nvfp4_gemm.cuda_linear(
         x, *_wargs(wq, wq.on_grid(torch.bfloat16)), bias, recipe, None
     )
     assert_bitwise_equal(ongrid, packed, "on-grid vs packed weights")
@@ -138,7 +138,7 @@ def test_linear_batch_invariance(weights):
     xb = _x(512, K, seed=4)
 
     def linear(a):
-        return gi.nvfp4_impl.cuda_linear(a, *_wargs(wq, og), bias, recipe, None)
+        return gi.nvfp4_gemm.cuda_linear(a, *_wargs(wq, og), bias, recipe, None)
 
     full = linear(xb[100:])
     for m in BATCH_SIZES:
@@ -156,11 +156,11 @@ def test_grouped_equals_per_expert_loop(name, weights):
     og = wq.on_grid(torch.bfloat16) if weights == "on-grid" else None
     offsets = _offsets()
     x = _x(int(offsets[-1]), k, seed=6)
-    y = gi.nvfp4_impl.cuda_linear(x, *_wargs(wq, og), None, recipe, None, offsets=offsets)
+    y = gi.nvfp4_gemm.cuda_linear(x, *_wargs(wq, og), None, recipe, None, offsets=offsets)
     start = 0
     for i, end in enumerate(offsets.tolist()):
         if end > start:
-            want = gi.nvfp4_impl.cuda_linear(
+            want = gi.nvfp4_gemm.cuda_linear(
                 x[start:end], wq.codes[i], wq.block_scales[i].view(torch.uint8),
                 wq.global_decode[i].reshape(()), None if og is None else og[i], None, recipe, None,
             )  # fmt: skip
@@ -185,9 +185,9 @@ def test_grouped_wgrad_equals_per_expert_loop(name):
             assert int((dw[i] != 0).sum()) == 0, f"empty expert {i}: nonzero gradient"
             continue
         rows = slice(start, end)
-        want = gi.nvfp4_impl.cuda_wgrad(dy[rows], x[rows], recipe, seed + 1 + i)
+        want = gi.nvfp4_gemm.cuda_wgrad(dy[rows], x[rows], recipe, seed + 1 + i)
         assert_bitwise_equal(dw[i], want, f"expert {i}")
-        cpu = gi.nvfp4_impl.cpu_wgrad(dy[rows].cpu(), x[rows].cpu(), recipe, seed + 1 + i)
+        cpu = gi.nvfp4_gemm.cpu_wgrad(dy[rows].cpu(), x[rows].cpu(), recipe, seed + 1 + i)
         m = -(-(end - start) // 16) * 16
         bound = (dy[rows].abs().float().t() @ x[rows].abs().float()).cpu() * (4 * m * U)
         _assert_within((dw[i].cpu() - cpu).abs(), bound, f"expert {i} vs exact CPU path")
@@ -202,11 +202,11 @@ def test_dgrad_wgrad_within_budget():
     x, w = _x(m, k, dtype=torch.float32, seed=7), _x(n, k, dtype=torch.float32, seed=8)
     dy = _x(m, n, dtype=torch.float32, seed=9)
     wq = quantize(w, block="16x16")
-    dx = gi.nvfp4_impl.cuda_dgrad(dy, *_wargs(wq), w, recipe, 5).cpu()
-    dx_ref = gi.nvfp4_impl.cpu_dgrad(dy.cpu(), wq.to("cpu"), w.cpu(), recipe, 5)
+    dx = gi.nvfp4_gemm.cuda_dgrad(dy, *_wargs(wq), w, recipe, 5).cpu()
+    dx_ref = gi.nvfp4_gemm.cpu_dgrad(dy.cpu(), wq.to("cpu"), w.cpu(), recipe, 5)
     _assert_within((dx - dx_ref).abs(), (dy.abs() @ w.abs()).cpu() * (4 * n * U), "dgrad")
-    dw = gi.nvfp4_impl.cuda_wgrad(dy, x, recipe, 6).cpu()
-    dw_ref = gi.nvfp4_impl.cpu_wgrad(dy.cpu(), x.cpu(), recipe, 6)
+    dw = gi.nvfp4_gemm.cuda_wgrad(dy, x, recipe, 6).cpu()
+    dw_ref = gi.nvfp4_gemm.cpu_wgrad(dy.cpu(), x.cpu(), recipe, 6)
     _assert_within((dw - dw_ref).abs(), (dy.abs().t() @ x.abs()).cpu() * (4 * m * U), "wgrad")
 
 
