@@ -200,8 +200,32 @@ def verify(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> N
             "minite could not lower this graph completely (nothing falls back silently):\n  - "
             + "\n  - ".join(problems)
             + "\n"
+            + _eager_attention_hint(gm)
             + report.table()
         )
+
+
+ATTENTION_MODULES = ("self_attn", "attn", "attention", "self_attention")
+
+
+def _eager_attention_hint(gm: fx.GraphModule) -> str:
+    """A stock matmul left inside an attention module is the eager attention pattern (matmul,
+    scale, mask, softmax, matmul): name it and the fix rather than leave the user with
+    `torch.matmul` nodes."""
+    for node in gm.graph.nodes:
+        if _kind(node) != "gemm":
+            continue
+        last = (module_path(node) or "").rsplit(".", 1)[-1]
+        if last in ATTENTION_MODULES:
+            return (
+                f"{module_path(node)} computes attention with stock matmuls: this is the eager "
+                "attention implementation (attn_implementation='eager'), which minite does not "
+                "lower. minite lowers scaled_dot_product_attention: load the model with "
+                "attn_implementation='sdpa' (from_pretrained(..., attn_implementation='sdpa') or "
+                "model.set_attn_implementation('sdpa')). Attention that needs eager (Gemma2's "
+                "logit soft-capping) is not supported yet.\n"
+            )
+    return ""
 
 
 class LoweringError(RuntimeError):

@@ -151,3 +151,14 @@ def test_explain_table_mentions_every_gemm(capsys):
         and "lm_head" in out
         and "bf16_modules pattern" in out
     )
+
+
+def test_eager_attention_is_refused_with_its_name_and_fix():
+    """attn_implementation='eager' leaves stock matmuls in self_attn: the error says that this
+    is the eager attention implementation and how to load the model with SDPA instead."""
+    model = tiny_qwen3(layers=1).eval()
+    model.config._attn_implementation = "eager"
+    with pytest.raises(LoweringError, match=r"(?s)self_attn.*attn_implementation='eager'.*'sdpa'"):
+        fp4_compile.explain(
+            model, torch.randint(0, 100, (1, 8)), use_cache=False, print_report=False
+        )
