@@ -103,3 +103,63 @@ def qwen3_30b_a3b_layers(
     with torch.device(device):
         model = cls(cfg)
     return model.to(dtype)
+
+
+# architecture family -> (transformers config class, model class, config fields beyond the common
+# tiny ones); `tiny_causal_lm` builds any of them, `tests/test_architectures.py` runs them all
+ARCHITECTURES = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {"head_dim": 32}),
+    "llama_tied": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {"head_dim": 32, "tie_word_embeddings": True},
+    ),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"head_dim": 32}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 32}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 32}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 32}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {"head_dim": 32, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2},
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        {"num_local_experts": 4, "num_experts_per_tok": 2},
+    ),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
+}
+
+
+def tiny_causal_lm(
+    arch: str,
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    vocab: int = 128,
+    seed: int = 0,
+    dtype=torch.float32,
+):
+    """A random-init tiny causal LM of one of `ARCHITECTURES` (4 query / 2 KV heads of 32)."""
+    import transformers
+
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"arch must be one of {sorted(ARCHITECTURES)}, got {arch!r}")
+    config_name, model_name, extra = ARCHITECTURES[arch]
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    cfg = getattr(transformers, config_name)(**{**common, **extra})
+    torch.manual_seed(seed)
+    return getattr(transformers, model_name)(cfg).to(dtype)
