@@ -208,3 +208,36 @@ def test_errors_name_the_argument(tmp_path):
     _export(model, tmp_path / "again", "modelopt")  # an earlier export: overwritten
     with pytest.raises(ValueError, match="quantizes no linear"):
         fp4_compile.export_checkpoint(model, tmp_path / "b", recipe="bf16")
+
+
+def test_cli_export_of_a_grpo_checkpoint(tmp_path):
+    """`minite export RUN_DIR --format ... --out DIR` rebuilds the policy from a trainer-format
+    checkpoint (runs/NAME/checkpoints/step_*.ckpt) and writes the same tensors, bitwise, as
+    export_checkpoint on that policy."""
+    from safetensors.torch import load_file
+
+    from fp4_compile.cli import main
+    from fp4_compile.rl.checkpoint import save_checkpoint, step_path
+    from fp4_compile.rl.config import TrainConfig, build_model
+
+    cfg = TrainConfig(arch="qwen3_moe", layers=1, device="cpu")
+    model = build_model(cfg, 32)
+    state = {
+        "step": 3,
+        "model": model.state_dict(),
+        "recipe": RECIPE.to_dict(),
+        "config": cfg.to_dict(),
+        "tokenizer": {"chars": "0123456789"},
+    }
+    run = tmp_path / "runs" / "toy"
+    save_checkpoint(step_path(run / "checkpoints", 3), state, kind="grpo")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["export", str(run), "--format", "modelopt", "--out", str(tmp_path / "cli")]) == 0
+    _export(model, tmp_path / "api", "modelopt")
+    got, want = load_file(str(tmp_path / "cli" / "model.safetensors")), _tensors(tmp_path / "api")
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert_bitwise_equal(got[name], want[name], name)
+    assert (tmp_path / "cli" / "minite_tokenizer.json").is_file()
+    assert main(["export", str(tmp_path / "nothing"), "--format", "modelopt", "--out", str(tmp_path / "x")]) == 2
