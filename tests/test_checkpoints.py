@@ -62,7 +62,10 @@ def _learner_linears(model) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch
 def _dequantized(codes, scales, gd) -> torch.Tensor:
     """minite's dequantized weight, FP32: (e2m1 x E4M3, exact) x global decode."""
     t = fp4_compile.NVFP4Tensor(
-        codes=codes, block_scales=scales, global_decode=gd, shape=(codes.shape[0], 2 * codes.shape[1])
+        codes=codes,
+        block_scales=scales,
+        global_decode=gd,
+        shape=(codes.shape[0], 2 * codes.shape[1]),
     )
     return fp4_compile.dequantize(t, torch.float32)
 
@@ -153,7 +156,9 @@ def test_modelopt_tensors_decode_to_the_same_values(tmp_path, kind):
         assert_bitwise_equal(tensors[f"{name}.weight_scale_2"], gd, f"{name} weight_scale_2")
         assert tensors[f"{name}.input_scale"].dtype == torch.float32
         decoded = decode_weight(
-            tensors[f"{name}.weight"], tensors[f"{name}.weight_scale"], tensors[f"{name}.weight_scale_2"]
+            tensors[f"{name}.weight"],
+            tensors[f"{name}.weight_scale"],
+            tensors[f"{name}.weight_scale_2"],
         )
         assert_bitwise_equal(decoded, _dequantized(codes, scales, gd), f"{name} decoded")
     hf = json.loads((tmp_path / "mo" / "hf_quant_config.json").read_text())["quantization"]
@@ -187,7 +192,9 @@ def test_load_round_trip(tmp_path, kind, fmt):
             ])  # fmt: skip
         elif name.endswith("down_proj") and tensor.dim() == 3:
             path = name.removesuffix(".down_proj")
-            want = torch.stack([_dequantized(*learner[f"{path}.{e}.down_proj"]) for e in range(tensor.shape[0])])
+            want = torch.stack(
+                [_dequantized(*learner[f"{path}.{e}.down_proj"]) for e in range(tensor.shape[0])]
+            )
         else:
             want = tensor
         assert_bitwise_equal(state[name], want, name)
@@ -233,11 +240,25 @@ def test_cli_export_of_a_grpo_checkpoint(tmp_path):
     save_checkpoint(step_path(run / "checkpoints", 3), state, kind="grpo")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert main(["export", str(run), "--format", "modelopt", "--out", str(tmp_path / "cli")]) == 0
+        assert (
+            main(["export", str(run), "--format", "modelopt", "--out", str(tmp_path / "cli")]) == 0
+        )
     _export(model, tmp_path / "api", "modelopt")
     got, want = load_file(str(tmp_path / "cli" / "model.safetensors")), _tensors(tmp_path / "api")
     assert sorted(got) == sorted(want)
     for name in want:
         assert_bitwise_equal(got[name], want[name], name)
     assert (tmp_path / "cli" / "minite_tokenizer.json").is_file()
-    assert main(["export", str(tmp_path / "nothing"), "--format", "modelopt", "--out", str(tmp_path / "x")]) == 2
+    assert (
+        main(
+            [
+                "export",
+                str(tmp_path / "nothing"),
+                "--format",
+                "modelopt",
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )

@@ -69,7 +69,9 @@ def _fuse_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     experts: dict[str, dict[int, dict[str, torch.Tensor]]] = defaultdict(lambda: defaultdict(dict))
     out = {}
     for name, tensor in state.items():
-        split = split_expert_name(name.removesuffix(".weight")) if name.endswith(".weight") else None
+        split = (
+            split_expert_name(name.removesuffix(".weight")) if name.endswith(".weight") else None
+        )
         if split is None:
             out[name] = tensor
         else:

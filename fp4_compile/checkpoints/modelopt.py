@@ -31,7 +31,10 @@ def quantization(exclude: list[str]) -> dict:
 
 def hf_quant_config(exclude: list[str], version: str) -> dict:
     """The `hf_quant_config.json` ModelOpt writes (producer + quantization)."""
-    return {"producer": {"name": "minite", "version": version}, "quantization": quantization(exclude)}
+    return {
+        "producer": {"name": "minite", "version": version},
+        "quantization": quantization(exclude),
+    }
 
 
 def quantization_config(exclude: list[str], minite: dict) -> dict:

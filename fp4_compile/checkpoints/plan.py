@@ -168,6 +168,6 @@ _EXPERT_NAME = re.compile(r"^(?P<path>.+)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_pro
 
 
 def split_expert_name(name: str) -> tuple[str, int, str] | None:
-    """"model.layers.0.mlp.experts.3.up_proj" -> ("model.layers.0.mlp.experts", 3, "up_proj")."""
+    """Split an expert linear name: `model.layers.0.mlp.experts.3.up_proj` -> (path, 3, proj)."""
     m = _EXPERT_NAME.match(name)
     return (m["path"], int(m["e"]), m["proj"]) if m else None
