@@ -1,11 +1,13 @@
 """minite: native NVFP4 RL of LLMs, one lowering for the learner and the rollout. Import package `fp4_compile`.
 
 The public API: `compile` / `explain` (the `minite` torch.compile backend), `export_rollout` /
-`load_rollout` (the rollout side, `fp4_compile.rollout`), `NVFP4Recipe` (all numerics), and the
+`load_rollout` (the rollout side, `fp4_compile.rollout`), `export_checkpoint` /
+`load_nvfp4_checkpoint` (NVFP4 checkpoints engines load, `fp4_compile.checkpoints`), `NVFP4Recipe` (all numerics), and the
 NVFP4 format with its reference numerics (`quantize`, `dequantize`, `nvfp4_mm`,
 `nvfp4_grouped_mm`). Importing it loads no Triton (codegen imports Triton lazily) and no `rl`.
 """
 
+from .checkpoints import export_checkpoint, load_nvfp4_checkpoint
 from .compile_api import compile, explain
 from .format import NVFP4Tensor
 from .recipe import NVFP4Recipe, QuantSpec
@@ -21,7 +23,9 @@ __all__ = [
     "compile",
     "dequantize",
     "explain",
+    "export_checkpoint",
     "export_rollout",
+    "load_nvfp4_checkpoint",
     "load_rollout",
     "RolloutArtifact",
     "RolloutArtifactError",

@@ -85,3 +85,12 @@ def select_gemms(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport
         )
         node.meta["minite_gemm"] = decision
         report.gemms.append(decision)
+
+
+def gemm_precision(
+    recipe: NVFP4Recipe, path: str, *, n: int, k: int, num_layers: int
+) -> tuple[str, str]:
+    """("nvfp4" | "bf16", reason) of a GEMM of module `path` with weight [N, K]: the decision
+    this pass makes for a traced site, for code that walks modules instead of a graph (the
+    checkpoint export)."""
+    return _decide(recipe, path, n, k, layer_index(path), num_layers)
