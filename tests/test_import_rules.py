@@ -4,7 +4,8 @@
   closes a loop is still a loop).
 - No private name (`_name`) imported from another module of the package.
 - One direction: codegen/ and passes/ never import the rollout runtime or rl/; the rollout
-  runtime (fp4_compile/rollout/) never imports rl/; the core imports rl/ only from the CLI.
+  runtime (fp4_compile/rollout/) and the checkpoint formats (fp4_compile/checkpoints/) never
+  import rl/; the core imports rl/ only from the CLI.
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ def test_no_private_names_imported_across_modules():
         ("fp4_compile.codegen", ("fp4_compile.rl", "fp4_compile.rollout")),
         ("fp4_compile.passes", ("fp4_compile.rl", "fp4_compile.rollout")),
         ("fp4_compile.rollout", ("fp4_compile.rl",)),
+        ("fp4_compile.checkpoints", ("fp4_compile.rl", "fp4_compile.rollout")),
     ],
 )
 def test_layers_import_one_way(layer, forbidden):
