@@ -44,16 +44,6 @@ class Tokenizer(Protocol):
 
     def encode_answer(self, answer: str) -> list[int]: ...
 
-    def encode_prompt(self, prompt: str) -> list[int]:
-        return self.encode(prompt)
-
-    def encode_answer(self, answer: str) -> list[int]:
-        return self.encode(answer, bos=False, eos=True)
-
-    def token_budget(self, task: Task) -> tuple[int, int]:
-        """Exact: one token per character, plus BOS before a prompt and EOS after an answer."""
-        return 1 + task.max_prompt_chars, task.max_answer_chars + 1
-
     def decode(self, ids: list[int], *, stop_at_eos: bool = True) -> str: ...
 
     def token_budget(self, task: Task) -> tuple[int, int]:

@@ -79,9 +79,7 @@ def run_warm_start(model, cfg: TrainConfig, task: Task, tok: Tokenizer) -> list[
     return torch.stack(losses).tolist() if losses else []
 
 
-def load_or_warm_start(
-    model, cfg: TrainConfig, task: Task, tok: Tokenizer, *, log=print
-) -> dict:
+def load_or_warm_start(model, cfg: TrainConfig, task: Task, tok: Tokenizer, *, log=print) -> dict:
     """Load the cached warm start for this configuration into `model`, or compute and cache it.
     Returns {"path", "cached", "losses"}."""
     key = warm_start_key(cfg, tok)
