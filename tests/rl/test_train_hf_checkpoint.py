@@ -11,8 +11,10 @@ a checkpoint directory is a ValueError naming `model`."""
 import dataclasses
 
 import pytest
+import torch
 
 from fp4_compile.rl.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from fp4_compile.rl.cli_export import policy_from_checkpoint
 from fp4_compile.rl.presets import get_preset
 from fp4_compile.rl.tokenizer import CHARACTERS
 from fp4_compile.rl.trainer import train
@@ -39,12 +41,20 @@ def _save_tokenizer(folder, *, chat_template=TEMPLATE):
     return hf
 
 
-@pytest.fixture(scope="module")
-def checkpoint_dir(tmp_path_factory):
-    from fp4_compile.models import tiny_qwen3
+@pytest.fixture(scope="module", params=["untied", "tied"])
+def checkpoint_dir(request, tmp_path_factory):
+    """A 1-layer Qwen3 (vocab 64 >= the tokenizer's 47), with its own lm_head or tied to the
+    embedding (as Qwen3-0.6B is), and the tokenizer."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    folder = tmp_path_factory.mktemp("hf_checkpoint")
-    tiny_qwen3(layers=1, vocab=64, seed=3).save_pretrained(str(folder))
+    folder = tmp_path_factory.mktemp(f"hf_checkpoint_{request.param}")
+    config = Qwen3Config(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+        tie_word_embeddings=request.param == "tied",
+    )  # fmt: skip
+    torch.manual_seed(3)
+    Qwen3ForCausalLM(config).save_pretrained(str(folder))
     _save_tokenizer(folder)
     return folder
 
@@ -58,6 +68,7 @@ def _cfg(tmp_path, model_dir, **over):
     return get_preset("tiny").with_overrides([f"{k}={v}" for k, v in {**base, **over}.items()])
 
 
+@pytest.mark.slow
 def test_train_hf_checkpoint_strict_gap_is_zero(tmp_path, checkpoint_dir):
     logs = []
     cfg = _cfg(tmp_path, checkpoint_dir)
@@ -66,6 +77,8 @@ def test_train_hf_checkpoint_strict_gap_is_zero(tmp_path, checkpoint_dir):
     assert any("architecture fields are ignored" in m for m in logs), logs
     assert type(trainer.model).__name__ == "Qwen3ForCausalLM"
     assert trainer.model.config.num_hidden_layers == 1  # the checkpoint's, not the preset's 2
+    tied = trainer.model.lm_head.weight is trainer.model.get_input_embeddings().weight
+    assert tied == trainer.model.config.tie_word_embeddings
 
     # its tokenizer and chat template: "s:3142>" is sent as "q:s:3142> a:", answers end at <eos>
     tok = trainer.tok
@@ -87,6 +100,10 @@ def test_train_hf_checkpoint_strict_gap_is_zero(tmp_path, checkpoint_dir):
     assert state["config"]["model"] == str(checkpoint_dir)
     assert state["model_dir"]["path"] == str(checkpoint_dir)
     assert state["tokenizer"]["kind"] == "hf" and state["tokenizer"] == tok.to_dict()
+    # `minite export` rebuilds the policy from the directory and the checkpoint's weights
+    policy = policy_from_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))[0]
+    want = trainer.model.state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in policy.state_dict().items())
 
     # resuming with another tokenizer (other chat template) in the same directory is refused
     _save_tokenizer(checkpoint_dir, chat_template=TEMPLATE.replace("q:", "u:"))
