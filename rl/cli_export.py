@@ -62,7 +62,16 @@ def run_export(args) -> int:
 
     ckpt = resolve_checkpoint(args.source)
     model, recipe, tokenizer = policy_from_checkpoint(ckpt)
-    out = export_checkpoint(model, args.out, format=args.format, recipe=recipe)
+    if tokenizer is not None and tokenizer.get("kind") == "hf":  # a model=DIR run: its tokenizer
+        from transformers import AutoTokenizer
+
+        hf_tokenizer = AutoTokenizer.from_pretrained(tokenizer["path"])
+        out = export_checkpoint(
+            model, args.out, format=args.format, recipe=recipe, tokenizer=hf_tokenizer
+        )
+        tokenizer = None
+    else:
+        out = export_checkpoint(model, args.out, format=args.format, recipe=recipe)
     if tokenizer is not None:  # the run's own character tokenizer: not a transformers one
         (Path(out) / "minite_tokenizer.json").write_text(json.dumps(tokenizer, indent=2) + "\n")
     print(f"wrote {args.format} checkpoint of {ckpt} to {out}")

@@ -56,7 +56,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         description=(
             "Run a named training preset. Settings are replaced with key=value (e.g. steps=80 "
             "lr=1e-3 tis_cap=2 mis_seq_bounds=0.5,2 compile=false), in any order with the "
-            "options. Writes metrics.jsonl, PNG plots, summary.txt and checkpoints under out_dir "
+            "options; model=DIR trains a local transformers checkpoint with its tokenizer and "
+            "chat template instead of the preset's random-init model. Writes metrics.jsonl, PNG plots, summary.txt and checkpoints under out_dir "
             "(default runs/PRESET-VARIANT)."
         ),
     )

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import typing
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,7 +39,15 @@ class TrainConfig:
     """Numerics: "strict" (NVFP4, batch-invariant, learner == rollout bitwise), "te" (NVFP4 with
     per-tensor activation scales, corrected by token TIS), "bf16" (no quantization)."""
 
-    # ---- model (transformers, random init from a config) --------------------------------
+    # ---- model --------------------------------------------------------------------------
+    model: str = ""
+    """A local transformers causal-LM checkpoint directory (config.json, weights, tokenizer) to
+    train instead of a random-init model: loaded with `AutoModelForCausalLM.from_pretrained`
+    (FP32 master weights, SDPA attention), its own tokenizer and chat template build the
+    prompts, and the architecture fields below (arch ... moe_intermediate) are ignored. The
+    warm start still runs as configured (teacher-forced through the checkpoint's tokenizer);
+    warm_start_steps=0 starts GRPO from the checkpoint as it is. "" = random init."""
+    # random init (model=""): a transformers Qwen3 / Qwen3-MoE built from these fields
     arch: str = "qwen3"
     hidden: int = 64
     layers: int = 2
@@ -139,6 +149,11 @@ class TrainConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.model and not (Path(self.model) / "config.json").is_file():
+            raise ValueError(
+                f"model must be a local transformers checkpoint directory holding config.json, "
+                f"got model={self.model!r}"
+            )
         if self.rollout_cuda_graphs and not self.device.startswith("cuda"):
             raise ValueError(
                 f"rollout_cuda_graphs=True needs a CUDA device, got device={self.device!r}"
@@ -235,8 +250,24 @@ def _check_types(cfg: TrainConfig) -> None:
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> torch.nn.Module:
-    """A random-init transformers Qwen3 / Qwen3-MoE causal LM, FP32 (the master weights), in eval
-    mode (no dropout: the learner and the rollout must run the same graph)."""
+    """The policy, FP32 (the master weights), in eval mode (no dropout: the learner and the
+    rollout must run the same graph): `cfg.model`'s checkpoint (`vocab_size` is then the
+    tokenizer's, checked against the embedding), else a random-init transformers Qwen3 /
+    Qwen3-MoE causal LM with `vocab_size` rows."""
+    if cfg.model:
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(cfg.seed)  # any weights the checkpoint lacks are initialised reproducibly
+        model = AutoModelForCausalLM.from_pretrained(
+            cfg.model, dtype=torch.float32, attn_implementation="sdpa"
+        )
+        rows = model.get_input_embeddings().weight.shape[0]
+        if rows < vocab_size:
+            raise ValueError(
+                f"model={cfg.model!r}: the embedding has {rows} rows, fewer than the tokenizer's "
+                f"{vocab_size} tokens"
+            )
+        return model.to(cfg.torch_device()).float().eval()
     common = dict(
         vocab_size=vocab_size,
         hidden_size=cfg.hidden,
@@ -265,6 +296,17 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> torch.nn.Module:
             )
             model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**common, **moe))
     return model.float().eval()
+
+
+def model_dir_identity(path: str) -> dict[str, Any]:
+    """What identifies a checkpoint directory without reading its weights: its config.json and
+    the name and size of every file in it (a changed checkpoint changes the hash)."""
+    import hashlib
+
+    folder = Path(path)
+    files = sorted((p.name, p.stat().st_size) for p in folder.iterdir() if p.is_file())
+    blob = json.dumps({"config": (folder / "config.json").read_text(), "files": files}).encode()
+    return {"path": str(path), "sha256": hashlib.sha256(blob).hexdigest()}
 
 
 def derive_seed(*parts: int | str) -> int:

@@ -6,6 +6,8 @@ A preset is a whole GRPO run (model, task, schedule); the variant picks its nume
     minite train tiny                    # CPU, 2 cores, a few minutes: warm start + GRPO
     minite train tiny --variant te       # NVFP4 per-tensor scales + token TIS (cap 2)
     minite train h200-moe --variant bf16 # small Qwen3-MoE on the H200, about 2 minutes
+    minite train tiny model=DIR          # a local transformers checkpoint (its tokenizer and
+                                         # chat template) instead of the random-init model
 
 Variants: "strict" (NVFP4Recipe.strict(): W4A4, batch-invariant, learner == rollout bitwise),
 "te" (NVFP4Recipe.te(): per-tensor activation amax, NOT invariant, so the rollout is corrected by

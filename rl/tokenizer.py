@@ -1,6 +1,8 @@
-"""A tiny character tokenizer that ships in the repo: digits, the few symbols the tasks use, and
-three special tokens. No files, no downloads; the vocabulary is fixed, so token ids are stable
-across versions (changing it changes `VOCAB_VERSION`, which checkpoints record).
+"""The tokenizer interface of the RL trainer and warm start (`Tokenizer`), and its built-in
+implementation: a tiny character tokenizer that ships in the repo (digits, the few symbols the
+tasks use, three special tokens). No files, no downloads; the vocabulary is fixed, so token ids
+are stable across versions (changing it changes `VOCAB_VERSION`, which checkpoints record).
+The other implementation, `rl/hf_tokenizer.py`, adapts a transformers checkpoint's tokenizer.
 
     tok = CharTokenizer()
     ids = tok.encode("12+34=")          # [BOS, '1', '2', '+', '3', '4', '=']
@@ -9,9 +11,56 @@ across versions (changing it changes `VOCAB_VERSION`, which checkpoints record).
 
 from __future__ import annotations
 
+from typing import Protocol
+
+from .tasks import Task
+
 VOCAB_VERSION = 1
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 CHARACTERS = "0123456789+=,:>-| " + "abcdefghijklmnopqrstuvwxyz"
+
+
+class Tokenizer(Protocol):
+    """What the trainer and the warm start need from a tokenizer.
+
+    A prompt is encoded once, whole (BOS, chat template: whatever the tokenizer's model expects
+    before an answer); an answer is its ids plus `eos_id`, the token that ends a rollout.
+    `token_budget(task)` gives the two numbers that fix the one padded batch width (so the
+    compiled learner sees one shape): every prompt of `task` encodes to at most
+    `max_prompt_tokens` ids and every answer (with its EOS) to at most `max_answer_tokens`.
+    `to_dict()` identifies the tokenizer in checkpoints (a resumed run must use the same one).
+    """
+
+    pad_id: int
+    eos_id: int
+
+    @property
+    def vocab_size(self) -> int:
+        """Ids 0..vocab_size-1 are real tokens; the model's embedding must have at least as many
+        rows."""
+        ...
+
+    def encode_prompt(self, prompt: str) -> list[int]: ...
+
+    def encode_answer(self, answer: str) -> list[int]: ...
+
+    def decode(self, ids: list[int], *, stop_at_eos: bool = True) -> str: ...
+
+    def token_budget(self, task: Task) -> tuple[int, int]:
+        """-> (max_prompt_tokens, max_answer_tokens incl. EOS) over every problem of `task`."""
+        ...
+
+    def to_dict(self) -> dict: ...
+
+
+def make_tokenizer(model: str = "") -> Tokenizer:
+    """The run's tokenizer: the built-in `CharTokenizer`, or for `model=DIR` that checkpoint's
+    own (`HFTokenizer`)."""
+    if model:
+        from .hf_tokenizer import HFTokenizer
+
+        return HFTokenizer(model)
+    return CharTokenizer()
 
 
 class CharTokenizer:
@@ -47,6 +96,16 @@ class CharTokenizer:
                 )
             ids.append(self._to_id[ch])
         return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return self.encode(prompt)
+
+    def encode_answer(self, answer: str) -> list[int]:
+        return self.encode(answer, bos=False, eos=True)
+
+    def token_budget(self, task: Task) -> tuple[int, int]:
+        """Exact: one token per character, plus BOS before a prompt and EOS after an answer."""
+        return 1 + task.max_prompt_chars, task.max_answer_chars + 1
 
     def decode(self, ids: list[int], *, stop_at_eos: bool = True) -> str:
         """Characters of `ids`, special tokens dropped; stops at the first <eos> by default.

@@ -3,8 +3,12 @@ advantages, the learner (the model compiled with backend="minite") recomputing t
 log-probs, the clipped loss, AdamW on FP32 master weights, then `engine.update_weights`.
 
 Shape legend: P prompts per step, G samples per prompt, N = P*G sequences, W the fixed sequence
-width (longest prompt + max new tokens; every batch is padded to it, so the compiled learner
-sees ONE shape and compiles once), T = W - 1 target positions.
+width (longest prompt + max new tokens, both in tokens from `tok.token_budget(task)`; every batch
+is padded to it, so the compiled learner sees ONE shape and compiles once), T = W - 1 target
+positions.
+
+The model is a random-init Qwen3 / Qwen3-MoE with the character tokenizer, or (`model=DIR`) a
+local transformers checkpoint with its own tokenizer and chat template (rl/hf_tokenizer.py).
 
 Every step logs reward, the learner/rollout mismatch (`rl.diagnostics` names), the rollout
 correction's effect, tokens/s of rollout and learner and the step time. Device-side metrics are
@@ -32,11 +36,11 @@ from .checkpoint import (
     set_rng_state,
     step_path,
 )
-from .config import TrainConfig, build_model, derive_seed
+from .config import TrainConfig, build_model, derive_seed, model_dir_identity
 from .diagnostics import mismatch_tensors
 from .grpo import group_advantages, policy_loss, rollout_correction
 from .tasks import make_task
-from .tokenizer import CharTokenizer
+from .tokenizer import make_tokenizer
 from .warm_start import load_or_warm_start
 
 
@@ -56,7 +60,7 @@ class GRPOTrainer:
         self.cfg, self.log = cfg, log
         self.recipe = cfg.recipe()
         self.device = cfg.torch_device()
-        self.tok = CharTokenizer()
+        self.tok = make_tokenizer(cfg.model)
         self.task = make_task(
             cfg.task, num_digits=cfg.num_digits, partial_credit=cfg.partial_credit
         )
@@ -69,9 +73,22 @@ class GRPOTrainer:
         self.num_seqs = cfg.prompts_per_step * cfg.group_size
         self.local_groups = ddp.rank_groups(cfg.prompts_per_step, self.rank, self.world)
         self.num_local = len(self.local_groups) * cfg.group_size
-        self.max_new_tokens = self.task.max_answer_chars + 1  # the answer and its EOS
-        self.width = 1 + self.task.max_prompt_chars + self.max_new_tokens
-        self.model = build_model(cfg, self.tok.padded_vocab_size(16))
+        # the longest prompt, and the answer with its EOS, in tokens
+        self.max_prompt_tokens, self.max_new_tokens = self.tok.token_budget(self.task)
+        self.width = self.max_prompt_tokens + self.max_new_tokens
+        if cfg.model:
+            self.model = build_model(cfg, self.tok.vocab_size)
+            num_params = sum(p.numel() for p in self.model.parameters())
+            log(
+                f"model: {cfg.model} ({type(self.model).__name__}, {num_params:,} parameters, "
+                f"FP32 master weights); the preset's architecture fields are ignored. Tokenizer: "
+                f"{type(self.tok.hf).__name__}, chat template "
+                f"{'used' if self.tok.chat_template else 'absent'}, EOS id {self.tok.eos_id}; "
+                f"sequence width {self.width} ({self.max_prompt_tokens} prompt + "
+                f"{self.max_new_tokens} new tokens)"
+            )
+        else:
+            self.model = build_model(cfg, self.tok.padded_vocab_size(16))
         self.step = 0
         self.warm_start: dict = {}
         state = None
@@ -127,7 +144,16 @@ class GRPOTrainer:
 
     # ---- checkpoints ---------------------------------------------------------------------
     def _identity(self) -> dict:
-        return {"fingerprint": self.recipe.fingerprint(), "numerics": self.cfg.numerics_dict()}
+        """What a resumed run must share with the checkpoint: recipe, settings, tokenizer, and for
+        `model=DIR` the checkpoint directory (its path and a hash of its config and files)."""
+        identity = {
+            "fingerprint": self.recipe.fingerprint(),
+            "numerics": self.cfg.numerics_dict(),
+            "tokenizer": self.tok.to_dict(),
+        }
+        if self.cfg.model:
+            identity["model_dir"] = model_dir_identity(self.cfg.model)
+        return identity
 
     def state_dict(self) -> dict:
         """The run's state, full (not sharded): a collective when the learner is sharded (call
@@ -146,7 +172,6 @@ class GRPOTrainer:
             "sr_state": sr_state(),
             "recipe": self.recipe.to_dict(),
             "config": self.cfg.to_dict(),
-            "tokenizer": self.tok.to_dict(),
             **self._identity(),
         }
         if self.ref_model is not None:
@@ -195,7 +220,14 @@ class GRPOTrainer:
         )
         # this rank's GRPO groups (all of them in one process); sampling seeds by global index
         problems = [all_problems[g] for g in self.local_groups]
-        prompts = [tok.encode(p.prompt) for p in problems for _ in range(group)]
+        encoded = [tok.encode_prompt(p.prompt) for p in problems]
+        for p, ids in zip(problems, encoded):
+            if len(ids) > self.max_prompt_tokens:  # never truncated: the batch width is fixed
+                raise ValueError(
+                    f"prompt {p.prompt!r} encodes to {len(ids)} tokens, more than the "
+                    f"{self.max_prompt_tokens} measured by token_budget; the width is fixed"
+                )
+        prompts = [ids for ids in encoded for _ in range(group)]
         seeds = [
             derive_seed(cfg.seed, "sample", step, g * group + j)
             for g in self.local_groups
@@ -281,7 +313,8 @@ class GRPOTrainer:
         record["perf/learner_tokens_per_s"] = (
             real_tokens * cfg.updates_per_batch / max(t_end - t_learn, 1e-9)
         )
-        record["sample"] = f"{all_problems[0].prompt}{gathered[0][3]}"
+        prompt_text = tok.decode(tok.encode_prompt(all_problems[0].prompt), stop_at_eos=False)
+        record["sample"] = f"{prompt_text}{gathered[0][3]}"
         if self.world > 1:
             record["world"] = self.world
         self.step += 1

@@ -4,7 +4,10 @@ its result (model shape, task, warm-start settings, seed, vocabulary), so a seco
 
 The warm start runs eagerly in FP32 (plain transformers, no minite lowering): it stands for the
 pretrained BF16/FP32 checkpoint a real RL run starts from. The RL phase then runs the recipe's
-numerics (NVFP4 for strict / te) on these weights.
+numerics (NVFP4 for strict / te) on these weights. With `model=DIR` it fine-tunes that checkpoint
+the same way, teacher-forcing answers after prompts encoded by its own tokenizer and chat
+template (the key then holds the directory's identity and the tokenizer's); warm_start_steps=0
+skips it.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from pathlib import Path
 import torch
 
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import TrainConfig, derive_seed
+from .config import TrainConfig, derive_seed, model_dir_identity
 from .tasks import Problem, Task
-from .tokenizer import CharTokenizer
+from .tokenizer import Tokenizer
 
 WARM_START_FIELDS = (
     "arch", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "experts",
@@ -27,22 +30,24 @@ WARM_START_FIELDS = (
 )  # fmt: skip
 
 
-def warm_start_key(cfg: TrainConfig, tok: CharTokenizer) -> str:
+def warm_start_key(cfg: TrainConfig, tok: Tokenizer) -> str:
     d = {k: getattr(cfg, k) for k in WARM_START_FIELDS}
     d["tokenizer"] = tok.to_dict()
+    if cfg.model:
+        d["model_dir"] = model_dir_identity(cfg.model)
     blob = json.dumps(d, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def supervised_batch(
-    problems: list[Problem], tok: CharTokenizer, device
+    problems: list[Problem], tok: Tokenizer, device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> ids [B, W] (BOS prompt answer EOS, right-padded) and target mask [B, W-1]: 1 where
-    the target ids[:, t+1] is an answer token or the EOS."""
+    """-> ids [B, W] (encoded prompt, answer, EOS, right-padded) and target mask [B, W-1]: 1
+    where the target ids[:, t+1] is an answer token or the EOS."""
     seqs, starts = [], []
     for p in problems:
-        prompt = tok.encode(p.prompt)
-        seqs.append(prompt + tok.encode(p.answer, bos=False, eos=True))
+        prompt = tok.encode_prompt(p.prompt)
+        seqs.append(prompt + tok.encode_answer(p.answer))
         starts.append(len(prompt))
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), tok.pad_id, dtype=torch.long)
@@ -53,7 +58,7 @@ def supervised_batch(
     return ids.to(device), mask.to(device)
 
 
-def run_warm_start(model, cfg: TrainConfig, task: Task, tok: CharTokenizer) -> list[float]:
+def run_warm_start(model, cfg: TrainConfig, task: Task, tok: Tokenizer) -> list[float]:
     """Teacher-forced cross-entropy on answer tokens; returns the loss of every step (one
     host sync at the end)."""
     device = cfg.torch_device()
@@ -74,9 +79,7 @@ def run_warm_start(model, cfg: TrainConfig, task: Task, tok: CharTokenizer) -> l
     return torch.stack(losses).tolist() if losses else []
 
 
-def load_or_warm_start(
-    model, cfg: TrainConfig, task: Task, tok: CharTokenizer, *, log=print
-) -> dict:
+def load_or_warm_start(model, cfg: TrainConfig, task: Task, tok: Tokenizer, *, log=print) -> dict:
     """Load the cached warm start for this configuration into `model`, or compute and cache it.
     Returns {"path", "cached", "losses"}."""
     key = warm_start_key(cfg, tok)
