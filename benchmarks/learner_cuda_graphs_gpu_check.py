@@ -23,7 +23,7 @@ import torch
 
 from benchmarks.common import environment, write_results
 from fp4_compile import NVFP4Recipe
-from fp4_compile.codegen.nvfp4 import ops as ops_nvfp4
+from fp4_compile.codegen.nvfp4 import linear as linear_module
 from fp4_compile.models import qwen3_30b_a3b_layers, tiny_qwen3_moe
 from fp4_compile.sr_stream import set_sr_state, sr_state
 from fp4_compile.testing import count_bytes_differ
@@ -64,13 +64,13 @@ def check(name, build, ids) -> dict:
     row["grad_tensors"] = len(runs[4][1])
     # the same step without graphs, backward forced onto the device seed path
     plain = torch.compile(plain_model, backend="minite", options={"recipe": recipe})
-    real_capturing = ops_nvfp4.capturing
-    ops_nvfp4.capturing = lambda device: device.type == "cuda"
+    real_capturing = linear_module.capturing
+    linear_module.capturing = lambda device: device.type == "cuda"
     try:
         set_sr_state(states[4])
         logits, grads = _step(plain, plain_model, ids)
     finally:
-        ops_nvfp4.capturing = real_capturing
+        linear_module.capturing = real_capturing
     row["plain_logits_differ"] = count_bytes_differ(runs[4][0], logits)
     row["plain_grads_differ"], row["plain_grad_bytes_differ"] = _differ(runs[4][1], grads)
     set_sr_state(states[4])
