@@ -1,4 +1,4 @@
-"""The Triton attention backward (`codegen/attention_backward_kernel.py`): compiled on CUDA, else in the
+"""The Triton attention backward (`codegen/invariant/attention_backward_kernel.py`): compiled on CUDA, else in the
 Triton interpreter (conftest sets TRITON_INTERPRET=1 without a GPU).
 
 Contracts: dq, dk, dv within 2x the error of stock SDPA's bf16 backward against float64 autograd

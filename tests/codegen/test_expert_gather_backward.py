@@ -1,4 +1,4 @@
-"""The experts' gather backward through the sort permutation (`codegen/expert_gather_backward_kernel.py`)
+"""The experts' gather backward through the sort permutation (`codegen/nvfp4/expert_gather_backward_kernel.py`)
 == `gather_rows`' position-ordered sums over the sorted index (`grouped_linear._scatter_gathered`),
 bitwise: the Triton kernels (the interpreter here, CUDA on the GPU) on routings like
 transformers' experts (`perm` a stable sort of the expert ids, the gather index `perm // k`),
