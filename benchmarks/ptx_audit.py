@@ -217,9 +217,9 @@ def _row_scale_cases() -> list[KernelCase]:
 
 
 def _layout_cases() -> list[KernelCase]:
-    """The MoE wgrad's padded layout (`codegen/segment_layout.py`), 128 experts, 32768 tokens,
-    with the gather index (gate_up's X^T) as the learner launches it: its tiles must not spill
-    (an int64 [64, 128] version did: 0.11 ms per call)."""
+    """The MoE wgrad's padded layout (`codegen/nvfp4/segment_layout_kernel.py`), 128 experts, 32768
+    tokens, with the gather index (gate_up's X^T) as the learner launches it: its tiles must not
+    spill (an int64 [64, 128] version did: 0.11 ms per call)."""
     from fp4_compile.codegen.nvfp4 import segment_layout_kernel as sl
 
     i64, i32 = "*i64", "*i32"

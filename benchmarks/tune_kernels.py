@@ -191,7 +191,7 @@ def quantize_section(rows):
 
 
 def weights_section(rows):
-    """The weights' one-read quantize (`weight_quantize.py`): tiles and programs per SM, each
+    """The weights' one-read quantize (`weight_quantize_kernel.py`): tiles and programs per SM, each
     against the two-step form's bytes (baseline = the two-step form's time, same run)."""
     from fp4_compile.codegen.nvfp4 import weight_quantize_kernel as wq
     from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton

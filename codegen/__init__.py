@@ -4,8 +4,14 @@ May import the core (never `rl`), Triton only lazily (`*_kernel*.py`); importing
 """
 
 from . import invariant, moe, nvfp4  # noqa: F401  (register the ops)
-from .invariant import attention, linear, logprobs, mm, rms_norm, route, sort_by_expert
-from .nvfp4 import nvfp4_grouped_linear, nvfp4_linear, ongrid_weight, quantize_op, quantize_weight
+from .invariant.api import attention, linear, logprobs, mm, rms_norm, route, sort_by_expert
+from .nvfp4.api import (
+    nvfp4_grouped_linear,
+    nvfp4_linear,
+    ongrid_weight,
+    quantize_op,
+    quantize_weight,
+)
 
 __all__ = [
     "attention",

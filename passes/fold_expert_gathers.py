@@ -10,7 +10,8 @@ A whole-row zero fill of the gathered copy (transformers 5.17's experts always a
 expert-parallel sentinel mask, `masked_fill_(mask, 0.0)`) folds in as index -1: the op's zero
 row. When the gather index is `perm // top_k` of a sort permutation that nothing writes,
 perm rides along (`x_perm`): the backward finds each token's gathered positions through its
-inverse instead of sorting the index (`codegen/expert_gather_backward_kernel.py`), the same bits."""
+inverse instead of sorting the index (`codegen/nvfp4/expert_gather_backward_kernel.py`), the same
+bits."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Pass, lower embeddings: a token-embedding lookup (`F.embedding` in Dynamo graphs,
 `aten.embedding` in exported ones) becomes `fp4_compile::embedding`, whose backward is one
-opaque op (codegen/embedding.py): eager and Inductor then sum repeated tokens' gradients with the
-same kernel. Lookups with max_norm, scale_grad_by_freq or sparse gradients are left as they are
-and named in the report's notes."""
+opaque op (codegen/invariant/embedding.py): eager and Inductor then sum repeated tokens' gradients
+with the same kernel. Lookups with max_norm, scale_grad_by_freq or sparse gradients are left as
+they are and named in the report's notes."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Pass, lower row gathers: x[idx] with a 1-D integer index tensor along dim 0 of a floating x
 of >= 2 dims (the MoE experts' `hidden_states[perm // top_k]` and `weighted_out[inv_perm]`)
 becomes `fp4_compile::gather_rows`. The forward is the same ATen gather; the backward sums each
-row's gradients in position order (codegen/gather_rows.py), where `x[idx]`'s autograd would leave
-the scatter-add to the sort-based ATen kernel of whichever engine runs it."""
+row's gradients in position order (codegen/invariant/gather_rows.py), where `x[idx]`'s autograd
+would leave the scatter-add to the sort-based ATen kernel of whichever engine runs it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Pass, lower SwiGLUs: silu(a) * b (a gated MLP's activation, dense or MoE experts) becomes
 `fp4_compile::silu_mul`, one opaque op that the compiled and the eager graph both call (on CUDA
 its Triton passes, ATen's operations; elsewhere the ATen ops). Left to Inductor, the SwiGLU's
-backward rounded differently from eager on the H200 (codegen/silu_mul.py says where it was
+backward rounded differently from eager on the H200 (codegen/invariant/silu_mul.py says where it was
 measured). The silu node is absorbed only when the multiply is its one user and nothing between
 them writes to a in place; otherwise the silu and its multiply are left as they are."""
 

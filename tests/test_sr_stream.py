@@ -146,16 +146,16 @@ def test_backward_seed_switches_to_the_device_counter_while_capturing(
 ):
     """The NVFP4 backward ops draw host-counted seeds, except while a CUDA graph is being
     captured: then the site's device counter (so every replay advances it)."""
-    from fp4_compile.codegen.nvfp4 import ops as ops_nvfp4
+    from fp4_compile.codegen.nvfp4 import linear as linear_module
 
     sr = fresh_device_counters
     a = site_seed(0, site_id("layers.0.self_attn.q_proj:linear:0"))
     cpu = torch.device("cpu")
-    assert ops_nvfp4.capturing(cpu) is False
-    assert ops_nvfp4.backward_seed(a, cpu) == nth_call_seed(a, 0)
+    assert linear_module.capturing(cpu) is False
+    assert linear_module.backward_seed(a, cpu) == nth_call_seed(a, 0)
     sr.prepare_device_counters([a], cpu)
-    monkeypatch.setattr(ops_nvfp4, "capturing", lambda device: True)
-    s = ops_nvfp4.backward_seed(a, cpu)
+    monkeypatch.setattr(linear_module, "capturing", lambda device: True)
+    s = linear_module.backward_seed(a, cpu)
     assert isinstance(s, sr.DeviceSeed) and s.offset == 0
     assert int(s.tensor) == nth_call_seed(sr.graph_site_key(a), 0)
-    assert int(ops_nvfp4.backward_seed(a, cpu).tensor) == nth_call_seed(sr.graph_site_key(a), 1)
+    assert int(linear_module.backward_seed(a, cpu).tensor) == nth_call_seed(sr.graph_site_key(a), 1)

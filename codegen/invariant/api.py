@@ -44,7 +44,11 @@ import math
 
 import torch
 
-from . import ops
+from .attention import invariant_attention
+from .linear import invariant_linear
+from .logprobs import invariant_logprobs
+from .rms_norm import invariant_add_rms_norm, invariant_rms_norm
+from .routing import invariant_routing
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ATTENTION_DTYPES = (torch.bfloat16, torch.float16)
@@ -89,7 +93,7 @@ def linear(
     if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
         raise TypeError(f"out_dtype must be one of {FLOAT_DTYPES}, got {out_dtype}")
     _check_same_device(x, weight=weight, bias=bias)
-    return ops.invariant_linear(x, weight, bias, out_dtype or x.dtype)
+    return invariant_linear(x, weight, bias, out_dtype or x.dtype)
 
 
 def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -121,14 +125,14 @@ def rms_norm(
         raise ValueError(f"eps must be a non-negative float, got {eps!r}")
     _check_same_device(x, weight=weight, residual=residual)
     if residual is None:
-        return ops.invariant_rms_norm(x, weight, float(eps))
+        return invariant_rms_norm(x, weight, float(eps))
     _check_tensor(residual, "residual")
     if residual.shape != x.shape or residual.dtype != x.dtype:
         raise ValueError(
             f"residual must match x ({x.dtype}{list(x.shape)}), got "
             f"{residual.dtype}{list(residual.shape)}"
         )
-    return ops.invariant_add_rms_norm(x, residual, weight, float(eps))
+    return invariant_add_rms_norm(x, residual, weight, float(eps))
 
 
 def _positions(t, name: str, batch: int, device, default: int) -> torch.Tensor:
@@ -206,9 +210,7 @@ def attention(
             )
     if scale is None:
         scale = 1.0 / math.sqrt(d)
-    out, lse = ops.invariant_attention(
-        q, k, v, q_start_B, kv_len_B, mask, bool(causal), float(scale)
-    )
+    out, lse = invariant_attention(q, k, v, q_start_B, kv_len_B, mask, bool(causal), float(scale))
     return (out, lse) if return_lse else out
 
 
@@ -231,7 +233,7 @@ def logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.
         raise ValueError("logits has an empty vocabulary dim")
     flat_logits = logits.reshape(-1, vocab)
     flat_tokens = tokens.reshape(-1).to(torch.int64)
-    logp, ent = ops.invariant_logprobs(flat_logits, flat_tokens, float(temperature))
+    logp, ent = invariant_logprobs(flat_logits, flat_tokens, float(temperature))
     return logp.reshape(tokens.shape), ent.reshape(tokens.shape)
 
 
@@ -244,7 +246,7 @@ def route(logits: torch.Tensor, top_k: int, *, norm_topk_prob: bool = True):
         raise ValueError(f"logits must be [M, E], got shape {tuple(logits.shape)}")
     if not isinstance(top_k, int) or not 1 <= top_k <= logits.shape[1]:
         raise ValueError(f"top_k must be an int in [1, E={logits.shape[1]}], got {top_k!r}")
-    return ops.invariant_routing(logits, top_k, bool(norm_topk_prob))
+    return invariant_routing(logits, top_k, bool(norm_topk_prob))
 
 
 def sort_by_expert(experts_MK: torch.Tensor, num_experts: int):

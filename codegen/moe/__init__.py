@@ -1,5 +1,5 @@
 """MoE glue around the experts' GEMMs: the top-k combine, the routing weights' row scale, BF16 GEMM.
-Layout: <op>.py (registration, reference, dispatch), <op>_kernel.py (its Triton kernel).
+Layout: <op>.py (registration, dispatch, its small *_reference), <op>_kernel.py (Triton kernel).
 May import the core, ..runtime, ..configs, ..triton_helpers, ..invariant and ..nvfp4.
 """
 

@@ -1,5 +1,5 @@
 """`fp4_compile::moe_combine`'s forward on CUDA (the interpreter in tests): one Triton pass,
-bitwise `moe_combine.moe_combine_reference` (the composition of `row_scale`, `gather_rows`
+bitwise `combine.moe_combine_reference` (the composition of `row_scale`, `gather_rows`
 and `ordered_sum`).
 
 Shape legend: S slots (= T tokens x k), H hidden.

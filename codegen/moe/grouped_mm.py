@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..invariant import ops as invariant_ops  # noqa: F401  (registers invariant_linear)
+from ..invariant import linear  # noqa: F401  (registers invariant_linear)
 
 
 def _groups(offsets: torch.Tensor):

@@ -2,8 +2,8 @@
 with a backward whose reduction is written out. Autograd of a plain broadcasting multiply sums
 grad * x over H with whatever kernel runs it (eager, Inductor's generated reduction): two orders,
 two answers, and the router's gradient differed (tests/passes/test_lowering_equivalence.py).
-Here d(w) = block_sum(grad * x) over H in a fixed order (invariant_math), in FP32, as an opaque
-op, so eager, Inductor and every batch size add the same numbers in the same order. On CUDA
+Here d(w) = block_sum(grad * x) over H in a fixed order (`invariant/fixed_order.py`), in FP32, as an
+opaque op, so eager, Inductor and every batch size add the same numbers in the same order. On CUDA
 forward and backward are Triton passes (`row_scale_kernel`), bitwise these torch ops."""
 
 from __future__ import annotations

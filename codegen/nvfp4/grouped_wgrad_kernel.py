@@ -96,9 +96,10 @@ def grouped_wgrad(
     x_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dW [E, N, K] in `out_dtype` of the NVFP4 wgrad (recipe.wgrad == "nvfp4"), expert e
-    drawing the stochastic-rounding seed `seed + 1 + e` (as `ops.nvfp4_grouped_mm_backward`).
-    `dy_row_amax`: dY's per-row max |dY| (`abs_max_kernel.row_abs_max`) when the caller read it already
-    (the dgrad's per-tensor amax comes from the same row maxima)
+    drawing the stochastic-rounding seed `seed + 1 + e` (as
+    `grouped_linear.nvfp4_grouped_mm_backward`). `dy_row_amax`: dY's per-row max |dY|
+    (`abs_max_kernel.row_abs_max`) when the caller read it already (the dgrad's per-tensor amax
+    comes from the same row maxima)
     The kernel stores `out_dtype` directly: its FP32 epilogue, then one round-to-nearest-even
     cast, the bits of `.to(out_dtype)` of the FP32 result (in the interpreter, whose casts
     truncate, torch casts the FP32 result).

@@ -1,7 +1,8 @@
 """Argument and output positions of the NVFP4 ops' schemas, named once for the ops, the passes and
-the backend (graph nodes carry positional args). The schemas themselves live in `ops.py` and do not
-change (exported artifacts and the op census depend on them); tests/codegen/nvfp4/test_op_args.py
-checks every position here against the registered schemas.
+the backend (graph nodes carry positional args). The schemas themselves live in `quantize.py`,
+`linear.py` and `grouped_linear.py` and do not change (exported artifacts and the op census depend
+on them); tests/codegen/nvfp4/test_op_args.py checks every position here against the registered
+schemas.
 
 The GEMMs' string argument is the recipe's numerics key (`NVFP4Recipe.numerics_key`, decoded by
 `NVFP4Recipe.from_numerics_key`); the schema calls it `recipe`, Python calls its position NUMERICS.

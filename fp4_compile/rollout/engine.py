@@ -62,7 +62,7 @@ class RolloutEngine:
     ):
         from .export import RolloutArtifact, load_rollout
 
-        # quantized weights, once per weight version (codegen/weight_cache.py); update_weights
+        # quantized weights, once per weight version (codegen/nvfp4/weight_cache.py); update_weights
         # clears it
         self.weight_cache = WeightCache()
         if not isinstance(cuda_graphs, bool):

@@ -1,5 +1,5 @@
-"""The Triton attention backward (`codegen/attention_backward_kernel.py`): compiled on CUDA, else in the
-Triton interpreter (conftest sets TRITON_INTERPRET=1 without a GPU).
+"""The Triton attention backward (`codegen/invariant/attention_backward_kernel.py`): compiled on
+CUDA, else in the Triton interpreter (conftest sets TRITON_INTERPRET=1 without a GPU).
 
 Contracts: dq, dk, dv within 2x the error of stock SDPA's bf16 backward against float64 autograd
 (the budget of `test_invariant_attention.test_backward_vs_fp64`), over causal / ragged kv_len /

@@ -1,8 +1,9 @@
-"""The experts' gather backward through the sort permutation (`codegen/expert_gather_backward_kernel.py`)
-== `gather_rows`' position-ordered sums over the sorted index (`ops._scatter_gathered`),
-bitwise: the Triton kernels (the interpreter here, CUDA on the GPU) on routings like
-transformers' experts (`perm` a stable sort of the expert ids, the gather index `perm // k`),
-with masked slots (index -1), signed zeros, k a power of two or not; and bad input refused."""
+"""The experts' gather backward through the sort permutation
+(`codegen/nvfp4/expert_gather_backward_kernel.py`) == `gather_rows`' position-ordered sums over the
+sorted index (`grouped_linear._scatter_gathered`), bitwise: the Triton kernels (the interpreter
+here, CUDA on the GPU) on routings like transformers' experts (`perm` a stable sort of the expert
+ids, the gather index `perm // k`), with masked slots (index -1), signed zeros, k a power of two
+or not; and bad input refused."""
 
 import os
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 import fp4_compile.codegen  # noqa: F401  (registers the ops)
-from fp4_compile.codegen.nvfp4.ops import _scatter_gathered
+from fp4_compile.codegen.nvfp4.grouped_linear import _scatter_gathered
 from fp4_compile.testing import assert_bitwise_equal
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,5 +1,5 @@
-"""The one-launch routing backward kernel (`codegen/routing_backward_kernel.py`), in the Triton
-interpreter on CPU or compiled on CUDA.
+"""The one-launch routing backward kernel (`codegen/invariant/routing_backward_kernel.py`), in the
+Triton interpreter on CPU or compiled on CUDA.
 
 Contracts: (1) error budget: within an a-priori FP32 rounding bound (`_fp32_error_bound`,
 derived, not tuned) of the formula evaluated in float64, for norm_topk_prob True and False,

@@ -1,6 +1,6 @@
-"""The MoE wgrad's padded token layout kernel (`codegen/segment_layout_kernel.py`) == its torch-ops
-reference, on routings with empty experts, full and tiny segments, and more experts than one
-chunk of the kernel's expert loop."""
+"""The MoE wgrad's padded token layout kernel (`codegen/nvfp4/segment_layout_kernel.py`) == its
+torch-ops reference, on routings with empty experts, full and tiny segments, and more experts than
+one chunk of the kernel's expert loop."""
 
 from __future__ import annotations
 

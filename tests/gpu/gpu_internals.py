@@ -7,7 +7,7 @@ imported on first use, so collecting the GPU tests needs no Triton.
 from fp4_compile.backend import lowering_only_backend  # noqa: F401
 from fp4_compile.codegen.invariant import reference as invariant_reference  # noqa: F401
 from fp4_compile.codegen.nvfp4 import gemm as nvfp4_gemm  # noqa: F401
-from fp4_compile.codegen.nvfp4 import ops as nvfp4_ops  # noqa: F401
+from fp4_compile.codegen.nvfp4 import linear as nvfp4_linear_op  # noqa: F401
 from fp4_compile.rl.localize import (  # noqa: F401
     compare_states,
     learner_hidden_states,

@@ -100,7 +100,7 @@ def test_learner_graph_step_equals_plain_step(model_name, monkeypatch):
     assert fresh > 0, "two replays gave bitwise the same gradients: the SR noise was not redrawn"
 
     plain = torch.compile(plain_model, backend="minite", options={"recipe": recipe})
-    monkeypatch.setattr(gi.nvfp4_ops, "capturing", lambda device: device.type == "cuda")
+    monkeypatch.setattr(gi.nvfp4_linear_op, "capturing", lambda device: device.type == "cuda")
     gi.set_sr_state(states[4])
     logits, grads = _step(plain, plain_model, ids)
     monkeypatch.undo()

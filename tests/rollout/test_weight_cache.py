@@ -1,4 +1,4 @@
-"""The rollout engine quantizes each weight once per weight version (codegen/weight_cache.py):
+"""The rollout engine quantizes each weight once per weight version (codegen/nvfp4/weight_cache.py):
 cached rollouts are bitwise the uncached ones, and update_weights drops the cache, also when the
 engine shares the learner's module and a fused optimizer changed it without a version bump."""
 

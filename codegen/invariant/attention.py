@@ -1,0 +1,95 @@
+"""`fp4_compile::invariant_attention` and its backward op. Validation and documentation live
+in `invariant/api.py` (the public API).
+
+Shape legend: B sequences, Hq / Hkv heads, Tq queries, Tk keys, D head dim.
+
+- invariant_attention(q, k, v, q_start, kv_len, mask, causal, scale) -> (out, lse);
+  invariant_attention_backward(...) -> (dq, dk, dv)
+CPU: `invariant/reference.py` (invariant by construction). CUDA: the Triton kernel of
+`invariant/forward_kernels.py` (imported lazily); the backward two Triton launches
+(`attention_backward_kernel`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference as cpu
+
+_LIB = "fp4_compile"
+
+
+@torch.library.custom_op(f"{_LIB}::invariant_attention", mutates_args=())
+def invariant_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_start: torch.Tensor,
+    kv_len: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if q.is_cuda:
+        from . import forward_kernels  # lazy: imports triton
+
+        out, lse = forward_kernels.attention(q, k, v, q_start, kv_len, mask, causal, scale)
+    else:
+        out, lse = cpu.attention(q, k, v, q_start, kv_len, mask, causal, scale)
+    return out.contiguous(), lse.contiguous()  # the fake promises contiguous outputs
+
+
+@invariant_attention.register_fake
+def _(q, k, v, q_start, kv_len, mask, causal, scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_LIB}::invariant_attention_backward", mutates_args=())
+def invariant_attention_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q_start: torch.Tensor,
+    kv_len: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if q.is_cuda:
+        from .attention_backward_kernel import attention_backward  # lazy: imports triton
+
+        grads = attention_backward(
+            grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale
+        )
+    else:
+        grads = cpu.attention_backward(
+            grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale
+        )
+    return tuple(g.contiguous() for g in grads)
+
+
+@invariant_attention_backward.register_fake
+def _(grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _attn_setup(ctx, inputs, output):
+    q, k, v, q_start, kv_len, mask, causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, q_start, kv_len, mask)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _attn_backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, q_start, kv_len, mask = ctx.saved_tensors
+    dq, dk, dv = invariant_attention_backward(
+        grad_out, q, k, v, out, lse, q_start, kv_len, mask, ctx.causal, ctx.scale
+    )
+    return dq, dk, dv, None, None, None, None, None
+
+
+invariant_attention.register_autograd(_attn_backward, setup_context=_attn_setup)

@@ -1,0 +1,105 @@
+"""`fp4_compile::invariant_rms_norm`, `::invariant_add_rms_norm` and their backward op.
+Validation and documentation live in `invariant/api.py` (the public API).
+
+Shape legend: M rows, H hidden.
+
+- invariant_rms_norm(x, weight, eps) -> y;  invariant_add_rms_norm(x, residual, weight, eps)
+  -> (y, h = x + residual);  invariant_rms_norm_backward(grad_y, h, weight, eps) -> (dh, dw)
+CPU: `invariant/reference.py` (invariant by construction). CUDA: the Triton kernel of
+`invariant/forward_kernels.py` (imported lazily); the backward one Triton launch
+(`rms_norm_backward_kernel`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference as cpu
+
+_LIB = "fp4_compile"
+
+
+def _rms_forward(x, weight, residual, eps):
+    if x.is_cuda:
+        from . import forward_kernels  # lazy: imports triton
+
+        outs = forward_kernels.rms_norm(x, weight, residual, eps)
+    else:
+        outs = cpu.rms_norm(x, weight, residual, eps)
+    return tuple(o.contiguous() for o in outs)  # the fakes promise contiguous outputs
+
+
+@torch.library.custom_op(f"{_LIB}::invariant_rms_norm", mutates_args=())
+def invariant_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return _rms_forward(x, weight, None, eps)[0]
+
+
+@invariant_rms_norm.register_fake
+def _(x, weight, eps):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op(f"{_LIB}::invariant_add_rms_norm", mutates_args=())
+def invariant_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rms_forward(x, weight, residual, eps)
+
+
+@invariant_add_rms_norm.register_fake
+def _(x, residual, weight, eps):
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+@torch.library.custom_op(f"{_LIB}::invariant_rms_norm_backward", mutates_args=())
+def invariant_rms_norm_backward(
+    grad_y: torch.Tensor, h: torch.Tensor, weight: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dh, dweight); dweight is an empty tensor when weight is None. CUDA: one Triton launch
+    (`rms_norm_backward`); CPU: plain PyTorch."""
+    if h.is_cuda:
+        from .rms_norm_backward_kernel import rms_norm_backward
+
+        dh, dw = rms_norm_backward(grad_y, h, weight, eps)
+    else:
+        dh, dw = cpu.rms_norm_backward(grad_y, h, weight, eps)
+    return dh, (h.new_empty(0) if dw is None else dw)
+
+
+@invariant_rms_norm_backward.register_fake
+def _(grad_y, h, weight, eps):
+    return torch.empty_like(h), (h.new_empty(0) if weight is None else torch.empty_like(weight))
+
+
+def _rms_setup(ctx, inputs, output):
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _rms_backward(ctx, grad_y):
+    x, weight = ctx.saved_tensors
+    dx, dw = invariant_rms_norm_backward(grad_y, x, weight, ctx.eps)
+    return dx, (dw if weight is not None else None), None
+
+
+invariant_rms_norm.register_autograd(_rms_backward, setup_context=_rms_setup)
+
+
+def _add_rms_setup(ctx, inputs, output):
+    _, residual, weight, eps = inputs
+    ctx.save_for_backward(output[1], weight)
+    ctx.eps = eps
+    ctx.residual_dtype = residual.dtype
+
+
+def _add_rms_backward(ctx, grad_y, grad_h):
+    h, weight = ctx.saved_tensors
+    dh, dw = invariant_rms_norm_backward(grad_y, h, weight, ctx.eps)
+    dw = dw if weight is not None else None
+    if grad_h is not None:
+        dh = dh + grad_h
+    return dh, dh.to(ctx.residual_dtype), dw, None
+
+
+invariant_add_rms_norm.register_autograd(_add_rms_backward, setup_context=_add_rms_setup)
