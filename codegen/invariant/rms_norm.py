@@ -63,12 +63,15 @@ def invariant_rms_norm_backward(
         dh, dw = rms_norm_backward(grad_y, h, weight, eps)
     else:
         dh, dw = cpu.rms_norm_backward(grad_y, h, weight, eps)
-    return dh, (h.new_empty(0) if dw is None else dw)
+    # contiguous whatever h's layout (the q/k norms of Gemma3 see a transposed view): the fake
+    # promises it
+    return dh.contiguous(), (h.new_empty(0) if dw is None else dw.contiguous())
 
 
 @invariant_rms_norm_backward.register_fake
 def _(grad_y, h, weight, eps):
-    return torch.empty_like(h), (h.new_empty(0) if weight is None else torch.empty_like(weight))
+    dw = h.new_empty(0) if weight is None else weight.new_empty(weight.shape)
+    return h.new_empty(h.shape), dw
 
 
 def _rms_setup(ctx, inputs, output):

@@ -175,3 +175,20 @@ def test_partial_sum_within_fp32_error_of_float64_and_deterministic(monkeypatch)
         with monkeypatch.context() as m:
             m.setattr(partial_sum_kernel, "BLOCK_ELEMENTS", 4 * partial_sum_kernel.CHAINS)
             assert_bitwise_equal(partial_sum(x.to(DEV), dtype).cpu(), got, "other tiling")
+
+
+def test_rms_norm_backward_op_of_a_transposed_input_matches_its_fake():
+    """Gemma3 normalizes q/k after a transpose: the op's outputs are contiguous whatever h's
+    layout, as its fake promises (Inductor checks the strides), with the values of the
+    contiguous input, bitwise; opcheck passes on the strided input."""
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(2, 12, 4, 32, generator=g).to(DEV).transpose(1, 2)  # [2, 4, 12, 32] strided
+    gy = torch.randn(2, 4, 12, 32, generator=g).to(DEV)
+    w = (1 + 0.1 * torch.randn(32, generator=g)).to(DEV)
+    op = torch.ops.fp4_compile.invariant_rms_norm_backward.default
+    dh, dw = op(gy, h, w, 1e-6)
+    assert dh.is_contiguous() and dw.is_contiguous()
+    dh_ref, dw_ref = op(gy, h.contiguous(), w, 1e-6)
+    assert_bitwise_equal(dh, dh_ref, "dh, strided vs contiguous h")
+    assert_bitwise_equal(dw, dw_ref, "dweight, strided vs contiguous h")
+    torch.library.opcheck(op, (gy, h, w, 1e-6))
