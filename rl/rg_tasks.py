@@ -29,8 +29,9 @@ only when such a task is built.
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .tasks import Problem, Task, positional_accuracy
 
@@ -101,7 +102,9 @@ class ReasoningGymTask(Task):
 
     def __init__(self, name: str, *, partial_credit: float = 0.0) -> None:
         if name not in RG_FAMILIES:
-            raise ValueError(f"reasoning-gym task must be one of {sorted(RG_FAMILIES)}, got {name!r}")
+            raise ValueError(
+                f"reasoning-gym task must be one of {sorted(RG_FAMILIES)}, got {name!r}"
+            )
         super().__init__(num_digits=1, partial_credit=partial_credit)
         self.name = name
         self.family = RG_FAMILIES[name]
@@ -127,11 +130,7 @@ class ReasoningGymTask(Task):
         for entry in ds:
             p = Problem(prompt=entry["question"], answer=entry["answer"], task=self.name)
             unknown = set(p.prompt + p.answer) - set(self.alphabet)
-            if (
-                len(p.prompt) > self._max_prompt
-                or len(p.answer) > self._max_answer
-                or unknown
-            ):
+            if len(p.prompt) > self._max_prompt or len(p.answer) > self._max_answer or unknown:
                 raise ValueError(
                     f"{self.name}: problem {p} exceeds the declared widths (prompt <= "
                     f"{self._max_prompt}, answer <= {self._max_answer} chars) or alphabet "

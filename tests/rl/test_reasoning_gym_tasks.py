@@ -7,6 +7,7 @@ tasks keep the built-in vocabulary; the held-out set is fixed and drawn from a s
 training prompt uses. Bitwise: training records are the same with evaluation on or off, and the
 compiled strict run keeps the learner/rollout gap exactly 0 while it evaluates."""
 
+import importlib.util
 import sys
 
 import pytest
@@ -19,7 +20,7 @@ from fp4_compile.rl.tokenizer import VOCAB_VERSION, CharTokenizer, make_tokenize
 from fp4_compile.rl.trainer import train
 
 needs_extra = pytest.mark.skipif(
-    any(__import__("importlib").util.find_spec(m) is None for m in ("reasoning_gym", "math_verify")),
+    any(importlib.util.find_spec(m) is None for m in ("reasoning_gym", "math_verify")),
     reason="needs the optional extra minite[tasks] (reasoning-gym, math-verify)",
 )
 
@@ -160,3 +161,9 @@ def test_rg_compiled_run_evaluates_and_keeps_the_gap_zero(tmp_path):
         progress=False, log=lambda *_: None,
     )  # fmt: skip
     assert _without_eval(records) == _without_eval(off["records"])
+
+
+def test_tiny_rg_preset_names_a_reasoning_gym_task():
+    cfg = get_preset("tiny-rg")
+    assert cfg.task in RG_TASK_NAMES and cfg.out_dir == "runs/tiny-rg-strict"
+    assert get_preset("tiny").task == "sort"  # the main job's task is unchanged
