@@ -51,6 +51,12 @@ PLOTS = {
 }
 
 
+def step_records(records: list[dict]) -> list[dict]:
+    """The records of GRPO steps: all but the last one of a run that evaluates (eval_every > 0),
+    which holds only `step` (= steps, the final weights) and the eval/ metrics."""
+    return [r for r in records if "reward/mean" in r]
+
+
 def read_jsonl(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
@@ -181,7 +187,7 @@ def summary(records: list[dict], *, title: str, extra: dict | None = None) -> st
         vals = [r[key] for r in rows if key in r]
         return sum(vals) / len(vals) if vals else float("nan")
 
-    steps = [r for r in records if "reward/mean" in r]  # not the final eval-only record
+    steps = step_records(records)
     k = max(1, min(5, len(steps) // 4))
     first, last = steps[:k], steps[-k:]
     lines = [

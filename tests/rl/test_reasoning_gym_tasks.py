@@ -17,6 +17,7 @@ from fp4_compile.rl.evaluation import heldout_problems
 from fp4_compile.rl.presets import get_preset
 from fp4_compile.rl.tasks import RG_TASK_NAMES, make_task
 from fp4_compile.rl.tokenizer import VOCAB_VERSION, CharTokenizer, make_tokenizer
+from fp4_compile.rl.train_logging import step_records
 from fp4_compile.rl.trainer import train
 
 needs_extra = pytest.mark.skipif(
@@ -123,8 +124,7 @@ def test_heldout_set_is_fixed_and_from_its_own_seed_stream(name):
 def _without_eval(records):
     return [
         {k: v for k, v in r.items() if not k.startswith(("eval/", "perf/"))}
-        for r in records
-        if "reward/mean" in r
+        for r in step_records(records)
     ]
 
 
@@ -136,6 +136,7 @@ def test_eval_does_not_change_training(tmp_path):
     )
     assert [r["step"] for r in on["records"] if "eval/accuracy" in r] == [0, 1, 2]
     assert not any("eval/accuracy" in r for r in off["records"])
+    assert len(_without_eval(on["records"])) == 2
     assert _without_eval(on["records"]) == _without_eval(off["records"])
     assert "eval/accuracy" in on["summary"]
 
@@ -151,10 +152,9 @@ def test_rg_compiled_run_evaluates_and_keeps_the_gap_zero(tmp_path):
     result = train(cfg, progress=False, log=lambda *_: None)
     records = result["records"]
     assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 1, 2]
-    for r in records:
-        if "reward/mean" in r:
-            assert r["mismatch/max_abs_dlogp"] == 0.0, r
-            assert r["mismatch/frac_bitwise_equal"] == 1.0, r
+    for r in step_records(records):
+        assert r["mismatch/max_abs_dlogp"] == 0.0, r
+        assert r["mismatch/frac_bitwise_equal"] == 1.0, r
     off = train(
         _run_cfg(tmp_path / "off", task="rg:chain_sum", compile=True, eval_every=0,
                  cache_dir=str(tmp_path / "on" / "cache")),
