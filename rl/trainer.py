@@ -12,7 +12,8 @@ local transformers checkpoint with its own tokenizer and chat template (rl/hf_to
 
 Every step logs reward, the learner/rollout mismatch (`rl.diagnostics` names), the rollout
 correction's effect, tokens/s of rollout and learner and the step time. Device-side metrics are
-gathered into one tensor and synced once per step.
+gathered into one tensor and synced once per step. `train` also scores the policy on a fixed
+held-out set, greedily (rl/evaluation.py): before GRPO, every `eval_every` steps and at the end.
 """
 
 from __future__ import annotations
