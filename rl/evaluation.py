@@ -1,8 +1,11 @@
 """Held-out evaluation: a fixed set of problems per run, decoded greedily by the rollout engine.
 
-The set is `task.problems(eval_size, seed=derive_seed(seed, "eval"))`: fixed by the run's seed,
-from a seed stream that no training prompt ("prompts", step) or warm-start batch ("warm", step)
-uses. Greedy decoding (`temperature=0`: argmax, no sampling) makes the score a function of the
+The set is `task.problems(eval_size, seed=derive_seed(seed, "eval"), split="eval")`: fixed by
+the run's seed, from a seed stream that no training prompt ("prompts", step) or warm-start batch
+("warm", step) uses. The rg: tasks also keep its content apart: their "eval" split is a reserved
+part of the problem space that training never draws from (rl/rg_tasks.py). The built-in tasks
+keep only the seeds apart: in a space as small as sort's (4 digits: 10^4 problems) a held-out
+problem can also turn up among the training prompts. Greedy decoding (`temperature=0`: argmax, no sampling) makes the score a function of the
 weights alone. The evaluation leaves the run's state as it found it: the global RNG streams and
 the stochastic-rounding counters are saved and restored around it, so a run's training records
 are the same bits with evaluation on or off.
@@ -21,7 +24,7 @@ from .tokenizer import Tokenizer
 
 
 def heldout_problems(task: Task, *, seed: int, size: int) -> list[Problem]:
-    return task.problems(size, seed=derive_seed(seed, "eval"))
+    return task.problems(size, seed=derive_seed(seed, "eval"), split="eval")
 
 
 def evaluate(

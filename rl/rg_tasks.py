@@ -20,14 +20,18 @@ Families and their verifiers:
   of 3-5 letters). Verified with the dataset's own `score_answer` (1.0 exact, case-insensitive;
   otherwise credit per leading matching character).
 
-Problem i of `problems(num, seed=s)` is reasoning-gym's item i of `create_dataset(name,
-seed=s, size=num)`, which draws from `random.Random(s + i)`: the same seed gives the same
-problems anywhere. reasoning-gym and math-verify are the optional extra `minite[tasks]`, imported
+Splits: a problem whose prompt hashes into bucket 0 of `EVAL_BUCKETS` (sha256) is reserved for
+the held-out set (`split="eval"`); training and warm-start problems (`split="train"`) skip it, so
+no held-out problem is ever trained on, however small the problem space. `problems(num, seed=s,
+split=...)` walks reasoning-gym's items 0, 1, 2, ... of `create_dataset(name, seed=s)` (item i
+draws from `random.Random(s + i)`) and keeps the first `num` of the split: the same seed gives
+the same problems anywhere. reasoning-gym and math-verify are the optional extra `minite[tasks]`, imported
 only when such a task is built.
 """
 
 from __future__ import annotations
 
+import hashlib
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +40,14 @@ from typing import Any
 from .tasks import Problem, Task, positional_accuracy
 
 EXTRA = "pip install 'minite[tasks]'  (reasoning-gym>=0.1.25, math-verify>=0.9)"
+EVAL_BUCKETS = 8
+"""1/8 of each family's problem space is held out."""
+
+
+def split_of(prompt: str) -> str:
+    """ "eval" for the prompts reserved for the held-out set, else "train"."""
+    bucket = hashlib.sha256(prompt.encode()).digest()[0] % EVAL_BUCKETS
+    return "eval" if bucket == 0 else "train"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,19 +128,26 @@ class ReasoningGymTask(Task):
         self._max_prompt, self._max_answer, alphabet = self.family.bounds(self._dataset)
         self.alphabet = "".join(sorted(set(alphabet)))
 
-    def problems(self, num: int, *, seed: int) -> list[Problem]:
-        """Items 0..num-1 of the dataset seeded `seed`; each is checked against the declared
-        widths and alphabet (a generator that outgrows them is an error, never truncated)."""
+    def problems(self, num: int, *, seed: int, split: str = "train") -> list[Problem]:
+        """The first `num` problems of `split` among the items of the dataset seeded `seed`;
+        each is checked against the declared widths and alphabet (a generator that outgrows
+        them is an error, never truncated)."""
         if num < 1:
             raise ValueError(f"num must be >= 1, got {num}")
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         import reasoning_gym
 
+        limit = 64 * EVAL_BUCKETS * num  # items to walk before concluding the split is empty
         ds = reasoning_gym.create_dataset(
-            self.family.dataset, size=num, seed=seed, **self.family.config
+            self.family.dataset, size=limit, seed=seed, **self.family.config
         )
         out = []
-        for entry in ds:
+        for index in range(limit):
+            entry = ds[index]
             p = Problem(prompt=entry["question"], answer=entry["answer"], task=self.name)
+            if split_of(p.prompt) != split:
+                continue
             unknown = set(p.prompt + p.answer) - set(self.alphabet)
             if len(p.prompt) > self._max_prompt or len(p.answer) > self._max_answer or unknown:
                 raise ValueError(
@@ -138,7 +157,9 @@ class ReasoningGymTask(Task):
                     "differently from the one these bounds were derived for"
                 )
             out.append(p)
-        return out
+            if len(out) == num:
+                return out
+        raise ValueError(f"{self.name}: fewer than {num} {split} problems in {limit} items")
 
     def sample(self, rng):
         raise TypeError(f"{self.name} draws through problems(num, seed=...), not sample()")

@@ -58,8 +58,13 @@ class Task:
             return 1.0
         return self.partial_credit * positional_accuracy(completion, problem.answer)
 
-    def problems(self, num: int, *, seed: int) -> list[Problem]:
-        """`num` problems drawn from `random.Random(seed)` (reproducible)."""
+    def problems(self, num: int, *, seed: int, split: str = "train") -> list[Problem]:
+        """`num` problems drawn from `random.Random(seed)` (reproducible). `split` ("train" or
+        "eval", the held-out set): the built-in tasks draw both alike (their streams predate
+        the split; only the seed keeps the held-out set apart), the rg: tasks reserve part of
+        their problem space for "eval"."""
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if num < 1:
             raise ValueError(f"num must be >= 1, got {num}")
         rng = random.Random(seed)
@@ -123,7 +128,9 @@ class MixTask(Task):
         self.tasks = list(tasks)
         self.alphabet = "".join(sorted(set("".join(t.alphabet for t in self.tasks))))
 
-    def problems(self, num: int, *, seed: int) -> list[Problem]:
+    def problems(self, num: int, *, seed: int, split: str = "train") -> list[Problem]:
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if num < 1:
             raise ValueError(f"num must be >= 1, got {num}")
         rng = random.Random(seed)

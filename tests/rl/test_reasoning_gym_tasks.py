@@ -111,14 +111,41 @@ def test_heldout_set_is_fixed_and_from_its_own_seed_stream(name):
     heldout = heldout_problems(task, seed=0, size=64)
     assert heldout == heldout_problems(task, seed=0, size=64)
     assert heldout != heldout_problems(task, seed=1, size=64)
-    # reasoning-gym item i of seed s draws from Random(s + i): the held-out items' generator
-    # seeds are disjoint from every training step's (and warm-start batch's)
-    eval_base = derive_seed(0, "eval")
-    eval_seeds = set(range(eval_base, eval_base + 64))
+    # reasoning-gym item i of seed s draws from Random(s + i), and problems(num) walks at most
+    # 64 * EVAL_BUCKETS * num items: the held-out items' generator seeds are disjoint from every
+    # training step's and warm-start batch's
+    walk = 64 * 8
+    eval_lo = derive_seed(0, "eval")
+    eval_hi = eval_lo + walk * 64
     for phase, per_step in (("prompts", 16), ("warm", 64)):
         for step in range(1000):
-            base = derive_seed(0, phase, step)
-            assert eval_seeds.isdisjoint(range(base, base + per_step))
+            lo = derive_seed(0, phase, step)
+            assert lo + walk * per_step <= eval_lo or eval_hi <= lo
+
+
+@needs_extra
+@pytest.mark.parametrize("name", RG_TASK_NAMES)
+def test_rg_heldout_problems_are_never_trained_on(name):
+    """The rg: tasks reserve 1/EVAL_BUCKETS of the problem space for the held-out set: no
+    warm-start or GRPO prompt is a held-out one, even where the space is small."""
+    from fp4_compile.rl.rg_tasks import EVAL_BUCKETS, split_of
+
+    task = make_task(name, num_digits=2)
+    heldout = {p.prompt for p in heldout_problems(task, seed=0, size=64)}
+    assert all(split_of(p) == "eval" for p in heldout)
+    trained = {
+        p.prompt for s in range(60) for p in task.problems(64, seed=derive_seed(0, "warm", s))
+    }
+    trained |= {
+        p.prompt for s in range(30) for p in task.problems(8, seed=derive_seed(0, "prompts", s))
+    }
+    assert heldout.isdisjoint(trained)
+    assert not any(split_of(p.prompt) == "eval" for p in task.problems(2000, seed=9))
+    # about 1/EVAL_BUCKETS of the prompts are reserved
+    share = sum(split_of(f"{i}") == "eval" for i in range(8000)) / 8000
+    assert abs(share - 1 / EVAL_BUCKETS) < 0.02
+    with pytest.raises(ValueError, match="split"):
+        task.problems(2, seed=0, split="test")
 
 
 def _without_eval(records):
@@ -145,25 +172,42 @@ def test_eval_does_not_change_training(tmp_path):
 @pytest.mark.slow
 def test_rg_compiled_run_evaluates_and_keeps_the_gap_zero(tmp_path):
     """`minite train tiny task=rg:chain_sum steps=2 ... eval_every=1 eval_size=4` through the
-    compiled strict path: eval/accuracy at steps 0, 1, 2; learner and rollout log-probs equal
-    bit for bit; the training records (and so the SR streams that shape them) equal a run
-    without evaluation."""
-    cfg = _run_cfg(tmp_path / "on", task="rg:chain_sum", compile=True)
-    result = train(cfg, progress=False, log=lambda *_: None)
-    records = result["records"]
+    compiled strict path: eval/accuracy at steps 0, 1, 2 (2 = the final weights); learner and
+    rollout log-probs equal bit for bit at every step."""
+    cfg = _run_cfg(tmp_path, task="rg:chain_sum", compile=True)
+    records = train(cfg, progress=False, log=lambda *_: None)["records"]
     assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 1, 2]
+    assert [r["step"] for r in step_records(records)] == [0, 1]
     for r in step_records(records):
         assert r["mismatch/max_abs_dlogp"] == 0.0, r
         assert r["mismatch/frac_bitwise_equal"] == 1.0, r
+
+
+@pytest.mark.slow
+def test_compiled_training_is_the_same_with_eval_on_or_off(tmp_path):
+    """Compiled strict (NVFP4 forward and backward with its stochastic-rounding streams): the
+    training records with a greedy evaluation before every step equal those without."""
+    on = train(_run_cfg(tmp_path / "on", task="sort", compile=True), progress=False,
+               log=lambda *_: None)  # fmt: skip
     off = train(
-        _run_cfg(tmp_path / "off", task="rg:chain_sum", compile=True, eval_every=0,
+        _run_cfg(tmp_path / "off", task="sort", compile=True, eval_every=0,
                  cache_dir=str(tmp_path / "on" / "cache")),
         progress=False, log=lambda *_: None,
     )  # fmt: skip
-    assert _without_eval(records) == _without_eval(off["records"])
+    assert [r["step"] for r in on["records"] if "eval/accuracy" in r] == [0, 1, 2]
+    assert len(_without_eval(on["records"])) == 2
+    assert _without_eval(on["records"]) == _without_eval(off["records"])
 
 
 def test_tiny_rg_preset_names_a_reasoning_gym_task():
     cfg = get_preset("tiny-rg")
     assert cfg.task in RG_TASK_NAMES and cfg.out_dir == "runs/tiny-rg-strict"
     assert get_preset("tiny").task == "sort"  # the main job's task is unchanged
+
+
+@needs_extra
+def test_rg_problem_beyond_the_declared_width_is_an_error():
+    task = make_task("rg:spell_backward", num_digits=2)
+    task._max_prompt -= 1  # as if the generator had outgrown its bound: raise, never truncate
+    with pytest.raises(ValueError, match="declared widths"):
+        task.problems(200, seed=0)
