@@ -28,6 +28,8 @@ RESUMABLE_FIELDS = (
     "out_dir",
     "cache_dir",
     "log_every",
+    "eval_every",
+    "eval_size",
 )
 
 
@@ -62,7 +64,10 @@ class TrainConfig:
 
     # ---- task ----------------------------------------------------------------------------
     task: str = "addition"
+    """"addition", "sort", "mix" (built in, rl/tasks.py) or a reasoning-gym family "rg:<name>"
+    (rl/rg_tasks.py; needs the extra `minite[tasks]`)."""
     num_digits: int = 2
+    """Operand digits of the built-in tasks (the rg: families pin their own sizes)."""
     partial_credit: float = 0.0
     """Reward for a wrong answer = partial_credit x fraction of right characters."""
 
@@ -98,6 +103,14 @@ class TrainConfig:
     warm_start_lr: float = 3e-3
     warm_start_batch: int = 64
 
+    # ---- held-out evaluation ---------------------------------------------------------------
+    eval_every: int = 10
+    """Greedy evaluation on the held-out set before GRPO (step 0), every `eval_every` steps and
+    after the last step (eval/accuracy, eval/reward); 0 turns it off. It never changes the
+    training numbers (its RNG and SR state are restored)."""
+    eval_size: int = 64
+    """Problems in the held-out set (seeded from `seed`, a stream no training prompt uses)."""
+
     # ---- run -----------------------------------------------------------------------------
     seed: int = 0
     device: str = "cpu"
@@ -129,11 +142,13 @@ class TrainConfig:
             "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "experts",
             "experts_per_token", "moe_intermediate", "num_digits", "prompts_per_step",
             "group_size", "steps", "updates_per_batch", "warm_start_batch", "checkpoint_every",
-            "keep_checkpoints", "log_every",
+            "keep_checkpoints", "log_every", "eval_size",
         )  # fmt: skip
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be >= 0 (0 = off), got {self.eval_every}")
         if self.warm_start_steps < 0:
             raise ValueError(f"warm_start_steps must be >= 0, got {self.warm_start_steps}")
         if self.group_size < 2:

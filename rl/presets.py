@@ -8,6 +8,8 @@ A preset is a whole GRPO run (model, task, schedule); the variant picks its nume
     minite train h200-moe --variant bf16 # small Qwen3-MoE on the H200, about 2 minutes
     minite train tiny model=DIR          # a local transformers checkpoint (its tokenizer and
                                          # chat template) instead of the random-init model
+    minite train tiny-rg                 # the tiny model on reasoning-gym's chain_sum
+    minite train tiny task=rg:spell_backward   # any preset on a reasoning-gym task
 
 Variants: "strict" (NVFP4Recipe.strict(): W4A4, batch-invariant, learner == rollout bitwise),
 "te" (NVFP4Recipe.te(): per-tensor activation amax, NOT invariant, so the rollout is corrected by
@@ -46,6 +48,15 @@ def tiny(variant: str = "strict") -> TrainConfig:
     return _variant(cfg, variant)
 
 
+def tiny_rg(variant: str = "strict") -> TrainConfig:
+    """The tiny model and schedule on a reasoning-gym task (needs the extra `minite[tasks]`):
+    `rg:chain_sum`, two-term sums of 1-2 digit numbers behind reasoning-gym's own 60-character
+    question, so the width is 74 tokens (70 prompt + 4 answer) instead of sort's 11."""
+    return _variant(
+        dataclasses.replace(tiny(variant), name="tiny-rg", task="rg:chain_sum"), variant
+    )
+
+
 def h200_moe(variant: str = "strict") -> TrainConfig:
     """Small Qwen3-MoE (hidden 512, 4 layers, 16 experts / 4 active) on the H200: addition and
     sorting mixed, 64 prompts x 8 samples per step, 40 steps, about 2 minutes per variant
@@ -65,7 +76,7 @@ def h200_moe(variant: str = "strict") -> TrainConfig:
     return _variant(cfg, variant)
 
 
-PRESETS = {"tiny": tiny, "h200-moe": h200_moe}
+PRESETS = {"tiny": tiny, "tiny-rg": tiny_rg, "h200-moe": h200_moe}
 
 
 def get_preset(name: str, variant: str = "strict") -> TrainConfig:

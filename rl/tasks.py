@@ -6,6 +6,8 @@ correct answer; the verifier scores a completion string.
   the compiled graphs see one shape).
 - `sort`: "s:3142>" -> "1234" (`num_digits` random digits, sorted ascending).
 - `mix`: alternates the two, so one policy learns both.
+- `rg:<family>`: a reasoning-gym generator pinned to short problems (rl/rg_tasks.py; the
+  optional extra `minite[tasks]`).
 
 Reward (`Task.reward`): 1.0 for the exact answer; otherwise `partial_credit` times the fraction
 of answer positions that hold the right character (over max(len(answer), len(completion)), so
@@ -35,6 +37,10 @@ def positional_accuracy(completion: str, answer: str) -> float:
 
 class Task:
     name = "task"
+    alphabet = ""
+    """Characters the task's prompts and answers may hold (a superset is fine); the character
+    tokenizer appends those its built-in `CHARACTERS` lack. "" for the built-in tasks, whose
+    vocabulary is the built-in one."""
 
     def __init__(self, *, num_digits: int, partial_credit: float = 0.0) -> None:
         if not isinstance(num_digits, int) or isinstance(num_digits, bool) or num_digits < 1:
@@ -52,8 +58,13 @@ class Task:
             return 1.0
         return self.partial_credit * positional_accuracy(completion, problem.answer)
 
-    def problems(self, num: int, *, seed: int) -> list[Problem]:
-        """`num` problems drawn from `random.Random(seed)` (reproducible)."""
+    def problems(self, num: int, *, seed: int, split: str = "train") -> list[Problem]:
+        """`num` problems drawn from `random.Random(seed)` (reproducible). `split` ("train" or
+        "eval", the held-out set): the built-in tasks draw both alike (their streams predate
+        the split; only the seed keeps the held-out set apart), the rg: tasks reserve part of
+        their problem space for "eval"."""
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if num < 1:
             raise ValueError(f"num must be >= 1, got {num}")
         rng = random.Random(seed)
@@ -115,8 +126,11 @@ class MixTask(Task):
         if not tasks:
             raise ValueError("MixTask needs at least one task")
         self.tasks = list(tasks)
+        self.alphabet = "".join(sorted(set("".join(t.alphabet for t in self.tasks))))
 
-    def problems(self, num: int, *, seed: int) -> list[Problem]:
+    def problems(self, num: int, *, seed: int, split: str = "train") -> list[Problem]:
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if num < 1:
             raise ValueError(f"num must be >= 1, got {num}")
         rng = random.Random(seed)
@@ -140,10 +154,16 @@ class MixTask(Task):
         return max(t.max_answer_chars for t in self.tasks)
 
 
-TASK_NAMES = ("addition", "sort", "mix")
+RG_TASK_NAMES = ("rg:chain_sum", "rg:spell_backward")  # rl/rg_tasks.py RG_FAMILIES
+TASK_NAMES = ("addition", "sort", "mix") + RG_TASK_NAMES
 
 
 def make_task(name: str, *, num_digits: int, partial_credit: float = 0.0) -> Task:
+    """A task by name (`num_digits` sizes the built-in ones; the rg: families pin their own)."""
+    if name in RG_TASK_NAMES:
+        from .rg_tasks import ReasoningGymTask
+
+        return ReasoningGymTask(name, partial_credit=partial_credit)
     if name == "addition":
         return AdditionTask(num_digits=num_digits, partial_credit=partial_credit)
     if name == "sort":

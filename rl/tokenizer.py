@@ -1,7 +1,9 @@
 """The tokenizer interface of the RL trainer and warm start (`Tokenizer`), and its built-in
 implementation: a tiny character tokenizer that ships in the repo (digits, the few symbols the
 tasks use, three special tokens). No files, no downloads; the vocabulary is fixed, so token ids
-are stable across versions (changing it changes `VOCAB_VERSION`, which checkpoints record).
+are stable across versions (changing it changes `VOCAB_VERSION`, which checkpoints record). A
+task whose alphabet is larger (the reasoning-gym tasks) gets the characters it lacks appended,
+sorted, after the built-in ones: the built-in ids never move, and `to_dict()` lists every token.
 The other implementation, `rl/hf_tokenizer.py`, adapts a transformers checkpoint's tokenizer.
 
     tok = CharTokenizer()
@@ -53,14 +55,14 @@ class Tokenizer(Protocol):
     def to_dict(self) -> dict: ...
 
 
-def make_tokenizer(model: str = "") -> Tokenizer:
-    """The run's tokenizer: the built-in `CharTokenizer`, or for `model=DIR` that checkpoint's
-    own (`HFTokenizer`)."""
+def make_tokenizer(model: str = "", task: Task | None = None) -> Tokenizer:
+    """The run's tokenizer: the built-in `CharTokenizer` (extended by `task.alphabet`), or for
+    `model=DIR` that checkpoint's own (`HFTokenizer`)."""
     if model:
         from .hf_tokenizer import HFTokenizer
 
         return HFTokenizer(model)
-    return CharTokenizer()
+    return CharTokenizer(extra_characters=task.alphabet if task is not None else "")
 
 
 class CharTokenizer:
@@ -68,10 +70,15 @@ class CharTokenizer:
 
     `vocab_size` is the number of real tokens; `padded_vocab_size(multiple)` rounds it up for the
     model's embedding (GEMM tiles want a multiple of 16). Ids past `vocab_size` never decode.
+    `extra_characters`: a task's alphabet; the characters `CHARACTERS` lacks get the next ids.
     """
 
-    def __init__(self) -> None:
-        self.tokens: tuple[str, ...] = SPECIAL_TOKENS + tuple(CHARACTERS)
+    def __init__(self, *, extra_characters: str = "") -> None:
+        if not isinstance(extra_characters, str):
+            raise TypeError(f"extra_characters must be a str, got {extra_characters!r}")
+        extra = sorted(set(extra_characters) - set(CHARACTERS))
+        self.characters = CHARACTERS + "".join(extra)
+        self.tokens: tuple[str, ...] = SPECIAL_TOKENS + tuple(self.characters)
         self._to_id = {t: i for i, t in enumerate(self.tokens)}
         self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
 
@@ -92,7 +99,7 @@ class CharTokenizer:
             if ch not in self._to_id or ch in SPECIAL_TOKENS:
                 raise ValueError(
                     f"character {ch!r} at position {pos} of {text!r} is not in the vocabulary "
-                    f"{CHARACTERS!r}"
+                    f"{self.characters!r}"
                 )
             ids.append(self._to_id[ch])
         return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])

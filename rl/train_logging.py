@@ -14,7 +14,12 @@ from pathlib import Path
 PLOTS = {
     "reward.png": (
         "reward",
-        [("reward/mean", "reward/mean", 0.0), ("reward/exact_frac", "reward/exact_frac", 0.0)],
+        [
+            ("reward/mean", "reward/mean", 0.0),
+            ("reward/exact_frac", "reward/exact_frac", 0.0),
+            ("eval/accuracy", "eval/accuracy (held-out, greedy)", 0.0),
+            ("eval/reward", "eval/reward (held-out, greedy)", 0.0),
+        ],
         "higher is better; 1 = every answer right",
     ),
     "mismatch.png": (
@@ -44,6 +49,12 @@ PLOTS = {
         "step 0 includes compilation",
     ),
 }
+
+
+def step_records(records: list[dict]) -> list[dict]:
+    """The records of GRPO steps: all but the last one of a run that evaluates (eval_every > 0),
+    which holds only `step` (= steps, the final weights) and the eval/ metrics."""
+    return [r for r in records if "reward/mean" in r]
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -137,7 +148,8 @@ def _si(x: float) -> str:
 
 
 def write_plots(records: list[dict], out_dir: str | Path) -> list[Path]:
-    """PNG curves (matplotlib, Agg backend) of reward, mismatch and throughput."""
+    """PNG curves (matplotlib, Agg backend) of reward, mismatch and throughput. A curve is drawn
+    through the records that hold its metric (the eval/ ones every `eval_every` steps)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -145,16 +157,19 @@ def write_plots(records: list[dict], out_dir: str | Path) -> list[Path]:
 
     out_dir = Path(out_dir)
     written = []
-    steps = [r["step"] for r in records]
     for filename, (title, curves, caption) in PLOTS.items():
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for key, label, offset in curves:
-            ys = [r.get(key, float("nan")) - offset for r in records]
+            rows = [r for r in records if key in r]
+            if not rows:
+                continue
+            steps, ys = [r["step"] for r in rows], [r[key] - offset for r in rows]
             ax.plot(steps, ys, label=label, marker="." if len(steps) < 60 else None)
         ax.set_title(title)
         ax.set_xlabel(f"step    ({caption})", fontsize=8)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
         fig.tight_layout()
         path = out_dir / filename
         fig.savefig(path, dpi=100)
@@ -172,14 +187,22 @@ def summary(records: list[dict], *, title: str, extra: dict | None = None) -> st
         vals = [r[key] for r in rows if key in r]
         return sum(vals) / len(vals) if vals else float("nan")
 
-    k = max(1, min(5, len(records) // 4))
-    first, last = records[:k], records[-k:]
+    steps = step_records(records)
+    k = max(1, min(5, len(steps) // 4))
+    first, last = steps[:k], steps[-k:]
     lines = [
         f"== {title} ==",
         f"steps {records[0]['step']}..{records[-1]['step']} ({len(records)} logged)",
     ]
     for key in ("reward/mean", "reward/exact_frac"):
         lines.append(f"{key:34s} first {k}: {avg(key, first):.3f}   last {k}: {avg(key, last):.3f}")
+    for key in ("eval/accuracy", "eval/reward"):  # held-out, greedy: first vs last evaluation
+        rows = [r for r in records if key in r]
+        if rows:
+            a, b = rows[0], rows[-1]
+            lines.append(
+                f"{key:34s} step {a['step']}: {a[key]:.3f}   step {b['step']}: {b[key]:.3f}"
+            )
     for key in (
         "mismatch/max_abs_dlogp",
         "mismatch/frac_bitwise_equal",

@@ -12,7 +12,8 @@ local transformers checkpoint with its own tokenizer and chat template (rl/hf_to
 
 Every step logs reward, the learner/rollout mismatch (`rl.diagnostics` names), the rollout
 correction's effect, tokens/s of rollout and learner and the step time. Device-side metrics are
-gathered into one tensor and synced once per step.
+gathered into one tensor and synced once per step. `train` also scores the policy on a fixed
+held-out set, greedily (rl/evaluation.py): before GRPO, every `eval_every` steps and at the end.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from .checkpoint import (
 )
 from .config import TrainConfig, build_model, derive_seed, model_dir_identity
 from .diagnostics import mismatch_tensors
+from .evaluation import evaluate, heldout_problems
 from .grpo import group_advantages, policy_loss, rollout_correction
 from .tasks import make_task
 from .tokenizer import make_tokenizer
@@ -60,10 +62,10 @@ class GRPOTrainer:
         self.cfg, self.log = cfg, log
         self.recipe = cfg.recipe()
         self.device = cfg.torch_device()
-        self.tok = make_tokenizer(cfg.model)
         self.task = make_task(
             cfg.task, num_digits=cfg.num_digits, partial_credit=cfg.partial_credit
         )
+        self.tok = make_tokenizer(cfg.model, self.task)
         self.rank, self.world = ddp.rank_world()
         if cfg.prompts_per_step % self.world:
             raise ValueError(
@@ -76,6 +78,9 @@ class GRPOTrainer:
         # the longest prompt, and the answer with its EOS, in tokens
         self.max_prompt_tokens, self.max_new_tokens = self.tok.token_budget(self.task)
         self.width = self.max_prompt_tokens + self.max_new_tokens
+        self.heldout = []
+        if cfg.eval_every > 0:
+            self.heldout = heldout_problems(self.task, seed=cfg.seed, size=cfg.eval_size)
         if cfg.model:
             self.model = build_model(cfg, self.tok.vocab_size)
             num_params = sum(p.numel() for p in self.model.parameters())
@@ -187,6 +192,25 @@ class GRPOTrainer:
             prune_checkpoints(folder, keep=self.cfg.keep_checkpoints)
         ddp.barrier()
         return path
+
+    # ---- held-out evaluation -----------------------------------------------------------
+    def eval_due(self) -> bool:
+        """Evaluate the current weights? At step 0, every `eval_every` steps, after the last."""
+        every = self.cfg.eval_every
+        return every > 0 and (self.step % every == 0 or self.step == self.cfg.steps)
+
+    def evaluate(self) -> dict:
+        """eval/accuracy and eval/reward of the current weights on the held-out set, greedy
+        (rank 0 evaluates, the others return {}); RNG and SR state are left as they were."""
+        if self.rank != 0 or not self.heldout:
+            return {}
+        t0 = time.perf_counter()
+        metrics = evaluate(
+            self.engine, self.task, self.tok, self.heldout,
+            max_prompt_tokens=self.max_prompt_tokens, max_new_tokens=self.max_new_tokens,
+        )  # fmt: skip
+        metrics["perf/eval_s"] = time.perf_counter() - t0
+        return metrics
 
     # ---- one step ------------------------------------------------------------------------
     def _pack(
@@ -368,7 +392,10 @@ def train(
         first = cfg.compile
         while trainer.step < cfg.steps:
             t_step = time.perf_counter()
+            # the held-out score of the weights this step starts from (step 0: before GRPO)
+            evaluated = trainer.evaluate() if trainer.eval_due() else {}
             record = trainer.train_step()
+            record.update(evaluated)
             if first:
                 took = time.perf_counter() - t_step
                 log(f"compiled: the first step, compilation included, took {took:.1f} s")
@@ -379,6 +406,10 @@ def train(
                 bar.update(record["step"], record)
             if trainer.step % cfg.checkpoint_every == 0 or trainer.step == cfg.steps:
                 trainer.save(ckpt_dir)
+        if trainer.eval_due():  # the final weights: a record of their own, step = cfg.steps
+            evaluated = trainer.evaluate()
+            if logger is not None and evaluated:
+                logger.log({"step": trainer.step, **evaluated})
     finally:
         if logger is not None:
             logger.close()

@@ -17,6 +17,7 @@ from fp4_compile.rl.checkpoint import CheckpointError, latest_checkpoint, load_c
 from fp4_compile.rl.cli_export import policy_from_checkpoint
 from fp4_compile.rl.presets import get_preset
 from fp4_compile.rl.tokenizer import CHARACTERS
+from fp4_compile.rl.train_logging import step_records
 from fp4_compile.rl.trainer import train
 
 TEMPLATE = (
@@ -89,7 +90,7 @@ def test_train_hf_checkpoint_strict_gap_is_zero(tmp_path, checkpoint_dir):
     # sort 3 digits: "q:" + 6 + " a:" = 11 prompt tokens; 3 answer tokens + EOS
     assert (trainer.max_prompt_tokens, trainer.max_new_tokens, trainer.width) == (11, 4, 15)
 
-    records = result["records"]
+    records = step_records(result["records"])
     assert [r["step"] for r in records] == [0, 1]
     for r in records:
         assert r["mismatch/max_abs_dlogp"] == 0.0, r

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from fp4_compile.rl.checkpoint import latest_checkpoint, load_checkpoint
+from fp4_compile.rl.train_logging import step_records
 
 ARGS = ["steps=2", "warm_start_steps=10", "prompts_per_step=4", "checkpoint_every=2"]
 # keys whose values are not a function of the numbers alone, or that differ by design
@@ -26,7 +27,7 @@ def _train(tmp_path, name, *extra):
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
-    return res.stdout, [json.loads(line) for line in lines]
+    return res.stdout, step_records([json.loads(line) for line in lines])
 
 
 @pytest.mark.slow

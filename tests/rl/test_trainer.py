@@ -12,6 +12,7 @@ import torch
 from fp4_compile.rl.checkpoint import CheckpointError, latest_checkpoint
 from fp4_compile.rl.cli_train import add_train_parser, run_train
 from fp4_compile.rl.presets import get_preset
+from fp4_compile.rl.train_logging import step_records
 from fp4_compile.rl.trainer import train
 
 
@@ -146,7 +147,7 @@ def test_tiny_strict_compiled_gap_is_zero(tmp_path):
     rollout's bit for bit, at every step, and the weights update."""
     cfg = _cfg(tmp_path, steps=2, compile=True, prompts_per_step=4)
     result = train(cfg, progress=False, log=lambda *_: None)
-    for r in result["records"]:
+    for r in step_records(result["records"]):
         assert r["mismatch/max_abs_dlogp"] == 0.0, r
         assert r["mismatch/frac_bitwise_equal"] == 1.0, r
         assert r["correction/is_weight_mean"] == 1.0

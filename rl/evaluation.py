@@ -1,0 +1,64 @@
+"""Held-out evaluation: a fixed set of problems per run, decoded greedily by the rollout engine.
+
+The set is `task.problems(eval_size, seed=derive_seed(seed, "eval"), split="eval")`: fixed by
+the run's seed, from a seed stream that no training prompt ("prompts", step) or warm-start batch
+("warm", step) uses. The rg: tasks also keep its content apart: their "eval" split is a reserved
+part of the problem space that training never draws from (rl/rg_tasks.py). The built-in tasks
+keep only the seeds apart: in a space as small as sort's (4 digits: 10^4 problems) a held-out
+problem can also turn up among the training prompts. Greedy decoding (`temperature=0`: argmax, no sampling) makes the score a function of the
+weights alone. The evaluation leaves the run's state as it found it: the global RNG streams and
+the stochastic-rounding counters are saved and restored around it, so a run's training records
+are the same bits with evaluation on or off.
+
+    eval/accuracy  share of held-out problems whose greedy answer is exactly right
+    eval/reward    mean task reward of those answers (partial credit included)
+"""
+
+from __future__ import annotations
+
+from ..sr_stream import set_sr_state, sr_state
+from .checkpoint import rng_state, set_rng_state
+from .config import derive_seed
+from .tasks import Problem, Task
+from .tokenizer import Tokenizer
+
+
+def heldout_problems(task: Task, *, seed: int, size: int) -> list[Problem]:
+    return task.problems(size, seed=derive_seed(seed, "eval"), split="eval")
+
+
+def evaluate(
+    engine, task: Task, tok: Tokenizer, problems: list[Problem], *, max_prompt_tokens: int,
+    max_new_tokens: int,
+) -> dict[str, float]:  # fmt: skip
+    """Greedy answers to `problems` in batches of exactly `engine.max_batch` rows (the last one
+    filled up with copies of its first prompt, whose answers are dropped), so the engine sees
+    the batch size it was compiled for."""
+    encoded = [tok.encode_prompt(p.prompt) for p in problems]
+    for p, ids in zip(problems, encoded):
+        if len(ids) > max_prompt_tokens:  # never truncated: the width is fixed
+            raise ValueError(
+                f"held-out prompt {p.prompt!r} encodes to {len(ids)} tokens, more than the "
+                f"{max_prompt_tokens} measured by token_budget"
+            )
+    batch = engine.max_batch
+    saved_rng, saved_sr = rng_state(), sr_state()
+    completions: list[str] = []
+    try:
+        for start in range(0, len(encoded), batch):
+            chunk = encoded[start : start + batch]
+            real = len(chunk)
+            chunk = chunk + [chunk[0]] * (batch - real)
+            out = engine.generate(
+                chunk, max_new_tokens=max_new_tokens, temperature=0.0, eos_token_id=tok.eos_id
+            )
+            completions += [tok.decode(t) for t in out.tokens[:real]]
+    finally:
+        set_rng_state(saved_rng)
+        set_sr_state(saved_sr)
+    exact = [float(c == p.answer) for p, c in zip(problems, completions)]
+    rewards = [task.reward(p, c) for p, c in zip(problems, completions)]
+    return {
+        "eval/accuracy": sum(exact) / len(exact),
+        "eval/reward": sum(rewards) / len(rewards),
+    }

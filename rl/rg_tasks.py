@@ -1,0 +1,193 @@
+"""Tasks from reasoning-gym's procedural generators (offline, seeded): `task=rg:<dataset>`.
+
+Each family is pinned to a small configuration so that its questions and answers fit a tiny
+character-level model, and declares, from that configuration (never from a sample), the two
+things the trainer needs before the first step:
+
+- `max_prompt_chars` / `max_answer_chars`: exact bounds, so the padded batch width is fixed (the
+  learner compiles once); `problems()` checks every problem against them and raises rather than
+  truncate.
+- `alphabet`: every character a prompt or answer can hold; the character tokenizer appends the
+  ones it lacks (`CharTokenizer(extra_characters=...)`), so the built-in tasks keep their
+  vocabulary.
+
+Families and their verifiers:
+
+- `rg:chain_sum`: "State the final answer to the following arithmetic problem: 47 - 9 =" -> "38"
+  (two terms of 1-2 digits). Verified with math-verify: the completion must parse as a number
+  equal to the answer ("38.0" counts) and consist of nothing but that number ("38x" does not).
+- `rg:spell_backward`: "Spell this word backward (example: sun -> nus): chess" -> "ssehc" (words
+  of 3-5 letters). Verified with the dataset's own `score_answer` (1.0 exact, case-insensitive;
+  otherwise credit per leading matching character).
+
+Splits: a problem whose prompt hashes into bucket 0 of `EVAL_BUCKETS` (sha256) is reserved for
+the held-out set (`split="eval"`); training and warm-start problems (`split="train"`) skip it, so
+no held-out problem is ever trained on, however small the problem space. `problems(num, seed=s,
+split=...)` walks reasoning-gym's items 0, 1, 2, ... of `create_dataset(name, seed=s)` (item i
+draws from `random.Random(s + i)`) and keeps the first `num` of the split: the same seed gives
+the same problems anywhere. reasoning-gym and math-verify are the optional extra `minite[tasks]`, imported
+only when such a task is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import string
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .tasks import Problem, Task, positional_accuracy
+
+EXTRA = "pip install 'minite[tasks]'  (reasoning-gym>=0.1.25, math-verify>=0.9)"
+EVAL_BUCKETS = 8
+"""1/8 of each family's problem space is held out."""
+
+
+def split_of(prompt: str) -> str:
+    """ "eval" for the prompts reserved for the held-out set, else "train"."""
+    bucket = hashlib.sha256(prompt.encode()).digest()[0] % EVAL_BUCKETS
+    return "eval" if bucket == 0 else "train"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RGFamily:
+    dataset: str
+    """reasoning-gym dataset name (`reasoning_gym.create_dataset(dataset, ...)`)."""
+    config: dict[str, Any]
+    """Generator settings that keep questions and answers short."""
+    verifier: str
+    """"math-verify" (numeric answers) or "score_answer" (the dataset's own scorer)."""
+    bounds: Callable[[Any], tuple[int, int, str]] = field(repr=False)
+    """dataset -> (max prompt chars, max answer chars, alphabet), derived from the config."""
+
+
+CHAIN_SUM_PREFIX = "State the final answer to the following arithmetic problem: "
+SPELL_BACKWARD_PREFIX = "Spell this word backward (example: sun -> nus): "
+
+
+def _chain_sum_bounds(ds) -> tuple[int, int, str]:
+    cfg = ds.config
+    if cfg.allow_negation:
+        raise ValueError("rg:chain_sum is pinned to allow_negation=False")
+    biggest = 10**cfg.max_digits - 1
+    terms = cfg.max_terms
+    expression = terms * cfg.max_digits + 3 * (terms - 1)  # "a + b - c"
+    answer = max(len(str(terms * biggest)), len(str(-(terms - 1) * biggest)))
+    alphabet = CHAIN_SUM_PREFIX + string.digits + " +-="
+    return len(CHAIN_SUM_PREFIX) + expression + len(" ="), answer, alphabet
+
+
+def _spell_backward_bounds(ds) -> tuple[int, int, str]:
+    longest = max(len(w) for w in ds.words)
+    return len(SPELL_BACKWARD_PREFIX) + longest, longest, SPELL_BACKWARD_PREFIX + "".join(ds.words)
+
+
+RG_FAMILIES = {
+    "rg:chain_sum": RGFamily(
+        dataset="chain_sum",
+        config=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2),
+        verifier="math-verify",
+        bounds=_chain_sum_bounds,
+    ),
+    "rg:spell_backward": RGFamily(
+        dataset="spell_backward",
+        config=dict(min_word_len=3, max_word_len=5),
+        verifier="score_answer",
+        bounds=_spell_backward_bounds,
+    ),
+}
+
+
+def _import(module: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"reasoning-gym tasks need {module!r}: {EXTRA}") from e
+
+
+class ReasoningGymTask(Task):
+    """A reasoning-gym family (`RG_FAMILIES`) as a `Task`. reward: the verifier's score (1.0 for
+    the exact answer), raised to `partial_credit` x positional accuracy when that is higher."""
+
+    def __init__(self, name: str, *, partial_credit: float = 0.0) -> None:
+        if name not in RG_FAMILIES:
+            raise ValueError(
+                f"reasoning-gym task must be one of {sorted(RG_FAMILIES)}, got {name!r}"
+            )
+        super().__init__(num_digits=1, partial_credit=partial_credit)
+        self.name = name
+        self.family = RG_FAMILIES[name]
+        rg = _import("reasoning_gym")
+        if self.family.verifier == "math-verify":
+            self._math_verify = _import("math_verify")
+        # one instance for the bounds, the alphabet and score_answer; problems() builds its own
+        self._dataset = rg.create_dataset(self.family.dataset, size=1, seed=0, **self.family.config)
+        self._max_prompt, self._max_answer, alphabet = self.family.bounds(self._dataset)
+        self.alphabet = "".join(sorted(set(alphabet)))
+
+    def problems(self, num: int, *, seed: int, split: str = "train") -> list[Problem]:
+        """The first `num` problems of `split` among the items of the dataset seeded `seed`;
+        each is checked against the declared widths and alphabet (a generator that outgrows
+        them is an error, never truncated)."""
+        if num < 1:
+            raise ValueError(f"num must be >= 1, got {num}")
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        import reasoning_gym
+
+        limit = 64 * EVAL_BUCKETS * num  # items to walk before concluding the split is empty
+        ds = reasoning_gym.create_dataset(
+            self.family.dataset, size=limit, seed=seed, **self.family.config
+        )
+        out = []
+        for index in range(limit):
+            entry = ds[index]
+            p = Problem(prompt=entry["question"], answer=entry["answer"], task=self.name)
+            if split_of(p.prompt) != split:
+                continue
+            unknown = set(p.prompt + p.answer) - set(self.alphabet)
+            if len(p.prompt) > self._max_prompt or len(p.answer) > self._max_answer or unknown:
+                raise ValueError(
+                    f"{self.name}: problem {p} exceeds the declared widths (prompt <= "
+                    f"{self._max_prompt}, answer <= {self._max_answer} chars) or alphabet "
+                    f"(unknown {sorted(unknown)}); the installed reasoning-gym generates "
+                    "differently from the one these bounds were derived for"
+                )
+            out.append(p)
+            if len(out) == num:
+                return out
+        raise ValueError(f"{self.name}: fewer than {num} {split} problems in {limit} items")
+
+    def sample(self, rng):
+        raise TypeError(f"{self.name} draws through problems(num, seed=...), not sample()")
+
+    def verify(self, problem: Problem, completion: str) -> float:
+        """The family's verifier alone (no partial credit): 1.0 means right."""
+        if completion == problem.answer:
+            return 1.0
+        if self.family.verifier == "math-verify":
+            mv = self._math_verify
+            parsed = mv.parse(completion)
+            # parse() extracts a number from any text; the completion must be that number alone
+            if not parsed or str(parsed[-1]).strip() != completion.strip():
+                return 0.0
+            return float(mv.verify(mv.parse(problem.answer), parsed))
+        entry = {"question": problem.prompt, "answer": problem.answer}
+        return float(self._dataset.score_answer(completion, entry))
+
+    def reward(self, problem: Problem, completion: str) -> float:
+        score = self.verify(problem, completion)
+        if score >= 1.0:
+            return 1.0
+        return max(score, self.partial_credit * positional_accuracy(completion, problem.answer))
+
+    @property
+    def max_prompt_chars(self) -> int:
+        return self._max_prompt
+
+    @property
+    def max_answer_chars(self) -> int:
+        return self._max_answer
