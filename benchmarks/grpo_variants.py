@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import environment, write_results
+from fp4_compile.rl.train_logging import step_records
 
 VARIANTS = ("strict", "te", "bf16")
 
@@ -49,7 +50,8 @@ def run_variant(recipe: str, variant: str, out: Path, overrides: list[str], budg
     records = []
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
-        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        lines = metrics.read_text().splitlines()
+        records = step_records([json.loads(line) for line in lines if line.strip()])
     row = {"variant": variant, "rc": rc, "wall_s": round(wall, 1), "steps": len(records)}
     if records:
         last = records[-5:]
