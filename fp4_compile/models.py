@@ -9,20 +9,10 @@ import torch
 def tiny_qwen3(
     *, layers: int = 2, hidden: int = 64, vocab: int = 128, seed: int = 0, dtype=torch.float32
 ):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    cfg = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=512,
+    """The tiny Qwen3 of the tests and the CPU presets (`tiny_causal_lm("qwen3", ...)`)."""
+    return tiny_causal_lm(
+        "qwen3", layers=layers, hidden=hidden, vocab=vocab, seed=seed, dtype=dtype
     )
-    torch.manual_seed(seed)
-    return Qwen3ForCausalLM(cfg).to(dtype)
 
 
 def tiny_qwen3_moe(

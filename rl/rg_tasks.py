@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tasks import Problem, Task, positional_accuracy
+from .task_base import Problem, Task, positional_accuracy
 
 EXTRA = "pip install 'minite[tasks]'  (reasoning-gym>=0.1.25, math-verify>=0.9)"
 EVAL_BUCKETS = 8

@@ -19,10 +19,7 @@ import operator
 
 import torch
 
-from ..sr_stream import M32 as _M32
-from ..sr_stream import mix32 as _mix32
-from ..sr_stream import mix32_int as _mix32_int
-from ..sr_stream import sr_key
+from ..sr_stream import M32, mix32, mix32_int, sr_key
 
 
 def request_keys(seeds: list[int], device) -> torch.Tensor:
@@ -46,10 +43,10 @@ def gumbel_noise(keys_B: torch.Tensor, step: int, vocab_size: int) -> torch.Tens
         raise TypeError(f"keys_B must be int64 [B], got {keys_B.dtype}{list(keys_B.shape)}")
     if step < 0 or vocab_size < 1:
         raise ValueError(f"step must be >= 0 and vocab_size >= 1, got {step}, {vocab_size}")
-    step_key = _mix32_int((_mix32_int(step & _M32) ^ (step >> 32) ^ 0x85EBCA6B) & _M32)
+    step_key = mix32_int((mix32_int(step & M32) ^ (step >> 32) ^ 0x85EBCA6B) & M32)
     tok = torch.arange(vocab_size, dtype=torch.int64, device=keys_B.device)
-    h = _mix32(tok[None, :] ^ keys_B[:, None])
-    h = _mix32(h ^ ((keys_B[:, None] >> 1) ^ step_key))
+    h = mix32(tok[None, :] ^ keys_B[:, None])
+    h = mix32(h ^ ((keys_B[:, None] >> 1) ^ step_key))
     u = ((h >> 8).to(torch.float64) + 0.5) * (1.0 / 16777216.0)
     return (-torch.log(-torch.log(u))).to(torch.float32)
 
