@@ -98,6 +98,66 @@ _QUANT_SEGMENTS_SM90 = ((None, TileConfig(16, 0, 128, num_warps=2, num_stages=1)
 # per tile keeps 32 per thread, as the tiling above.
 _WEIGHT_QUANT_SM90 = ((None, TileConfig(32, 0, 128, num_warps=4, num_stages=1)),)
 
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """A tile of the few-row packed GEMM (`nvfp4/decode_gemm_kernel.py`): BLOCK_T tokens x
+    BLOCK_W weight rows (the MMA's left operand: >= 64 on sm_90, so wgmma as in the learner),
+    BLOCK_K along K; `scale_3d` picks how the block scales are broadcast (speed only)."""
+
+    block_t: int
+    block_w: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+    scale_3d: bool = False
+
+    def launch_kwargs(self) -> dict:
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+# (max rows per weight inclusive, config). The packed forward GEMM of a weight seeing at most the
+# last bucket's rows (per expert for MoE) runs the decode kernel on these architectures; beyond,
+# the tables above. Bits: the same as the learner's GEMM (the kernel's docstring proves it; the
+# H200 re-check is tests/gpu/test_gpu_decode_gemm.py).
+DECODE = {
+    "sm_90": (
+        (16, DecodeConfig(16, 64, 256, num_warps=4, num_stages=4)),
+        (64, DecodeConfig(64, 64, 128, num_warps=4, num_stages=4)),
+    ),
+    "interpreter": ((64, DecodeConfig(16, 32, 32, num_warps=1, num_stages=1)),),
+}
+# Where `launch_gemm` sends few-row packed GEMMs to the decode kernel. Not the interpreter: its
+# FP32 `tl.dot` is numpy's, whose summation order follows the operand layout, so there the
+# decode kernel is tested directly (tests/codegen/nvfp4/test_decode_gemm.py), not dispatched.
+DECODE_DISPATCH = ("sm_90",)
+
+for _arch, _table in DECODE.items():
+    assert all(c.block_k % 32 == 0 and c.block_t >= 16 for _, c in _table), _arch
+    if _arch.startswith("sm_9"):  # wgmma: the left operand (weights) has >= 64 rows
+        assert all(c.block_w >= 64 for _, c in _table), f"{_arch}: decode BLOCK_W < 64"
+
+
+def pick_decode(arch: str, m: int) -> DecodeConfig | None:
+    """The decode config for `m` rows per weight, or None where the decode kernel does not
+    serve `m` (more rows than its last bucket). Unknown architectures raise."""
+    table = DECODE.get(arch)
+    if table is None:
+        raise ValueError(
+            f"no pinned decode GEMM config for arch={arch!r} (pinned: {sorted(DECODE)}); add "
+            "one to codegen/configs.py (an untested architecture is not guessed)"
+        )
+    for max_m, cfg in table:
+        if m <= max_m:
+            return cfg
+    return None
+
+
+def decode_dispatch(arch: str, m: int) -> DecodeConfig | None:
+    """The decode config `launch_gemm` uses for a packed GEMM of `m` rows per weight, or None."""
+    return pick_decode(arch, m) if arch in DECODE_DISPATCH else None
+
+
 GEMM_OPS = ("nvfp4_gemm", "nvfp4_gemm_ongrid", "nvfp4_wgrad")
 
 PINNED: dict[tuple[str, str, str], tuple] = {

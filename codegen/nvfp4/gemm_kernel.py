@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import pick
+from ..configs import decode_dispatch, pick
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
 from ..triton_helpers import e2m1_value
 
@@ -202,7 +202,9 @@ def launch_gemm(
     bytes) [.., N, K/2] and [.., N, K/16]. offsets (int32 [E] group ends) selects the grouped
     kernel; `rows_per_group` (a static estimate of M per expert) picks the config bucket of the
     pinned table `config_op` (default: "nvfp4_gemm" for packed B, "nvfp4_gemm_ongrid" for
-    on-grid B; the weight gradient passes "nvfp4_wgrad"). `a_rows` (int32 / int64 [M]): row r of
+    on-grid B; the weight gradient passes "nvfp4_wgrad"). Packed B with few rows per weight
+    (`configs.decode_dispatch`) runs the decode kernel (`decode_gemm_kernel`), bitwise the same
+    product. `a_rows` (int32 / int64 [M]): row r of
     the product reads row a_rows[r] of a_MK (and of a per-row gd_a), which may then have any
     number of rows, or is a zero row where a_rows[r] < 0: a gather of A's rows in the operand
     load."""
@@ -214,6 +216,14 @@ def launch_gemm(
     m = a_MK.shape[0] if a_rows is None else a_rows.shape[0]
     m_a = a_MK.shape[0]
     packed = isinstance(b, tuple)
+    if packed and config_op is None:
+        decode = decode_dispatch(arch_of(dev), rows_per_group or m)
+        if decode is not None:  # few rows: the weight-streaming kernel, the same bits
+            from .decode_gemm_kernel import launch_decode_gemm
+
+            return launch_decode_gemm(a_MK, gd_a, b, gd_b, bias=bias, out_dtype=out_dtype,
+                                      offsets=offsets, rows_per_group=rows_per_group,
+                                      a_rows=a_rows, config=decode)  # fmt: skip
     b_main = b[0] if packed else b
     grouped = offsets is not None
     if b_main.dim() == 2:

@@ -36,3 +36,17 @@ def invariant_linear_kernel(*args, **kwargs):
     from fp4_compile.codegen.invariant.forward_kernels import linear
 
     return linear(*args, **kwargs)
+
+
+def launch_gemm(*args, **kwargs):
+    """The W4A4 GEMM's launcher (codegen/nvfp4/gemm_kernel.py)."""
+    from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm as launch
+
+    return launch(*args, **kwargs)
+
+
+def launch_decode_gemm(*args, **kwargs):
+    """The few-row packed GEMM's launcher (codegen/nvfp4/decode_gemm_kernel.py)."""
+    from fp4_compile.codegen.nvfp4.decode_gemm_kernel import launch_decode_gemm as launch
+
+    return launch(*args, **kwargs)

@@ -1,0 +1,238 @@
+# ruff: noqa: B023  (each benchmarked closure is timed immediately, inside its own iteration)
+"""Decode-shaped NVFP4 GEMM (packed weights, few rows: `nvfp4/decode_gemm_kernel.py`) vs cuBLAS
+BF16 and `torch._grouped_mm` BF16, and vs the packed kernel it replaces at these shapes, same run.
+
+    python -m benchmarks.decode_gemm [--sweep]
+
+Dense: M in {1, 16, 64} at N = K = 8192 and at the Qwen3-30B-A3B expert shapes (gate_up
+1536 x 2048, down 2048 x 768); grouped (MoE): 128 experts at those shapes, 1 / 4 / 16 tokens per
+expert. Every timing is `triton.testing.do_bench` with its L2 flush before each call (the weights
+come from HBM, as in decode), median ms; weight GB/s = packed bytes (codes + E4M3 scales) / time,
+beside the device copy's (read + write) GB/s measured in the same run. Before timing, every
+config is checked bitwise against the learner's GEMM (on-grid weights, 512-row call) on
+cancellation-heavy rows. `--sweep` times candidate tile configs too (speed only: each is checked
+bitwise first); the pinned ones are in codegen/configs.py (`DECODE`).
+Figures: "emulated NVFP4 (sm_90)".
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.common import write_results
+from benchmarks.kernel_timing import fmt, header, ratio
+
+DENSE = {"square_8192": (8192, 8192), "expert_gate_up": (1536, 2048), "expert_down": (2048, 768)}
+DENSE_M = (1, 16, 64)
+GROUPED = {"gate_up": (128, 1536, 2048), "down": (128, 2048, 768)}
+PER_EXPERT = (1, 4, 16)
+
+
+def flushed_ms(fn) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
+
+
+def copy_gbps() -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / flushed_ms(lambda: dst.copy_(src)) / 1e6
+
+
+@functools.cache
+def _rows(m, k, seed):
+    """Cancellation-heavy rows: magnitudes 1e-4..1e2 along K, both signs."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, k, generator=g, device="cuda")
+    return x * torch.logspace(-4, 2, k, device="cuda")
+
+
+@functools.cache
+def _weights(e, n, k, seed):
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
+
+    w = _rows(e * n, k, seed).reshape(e, n, k) if e else _rows(n, k, seed)
+    mode = "per_expert" if e else "per_tensor"
+    return w.to(torch.bfloat16), quantize_triton(w, block="16x16", global_scale=mode)
+
+
+def _act(x):
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
+
+    return quantize_triton(x, block="1x16", global_scale="per_row", out="ongrid")
+
+
+def check_bitwise(cfg) -> bool:
+    """Rows of the decode kernel (m rows, dense and grouped with a gather) == the same rows of the
+    learner's on-grid GEMM over 512 rows."""
+    from fp4_compile.codegen.nvfp4.decode_gemm_kernel import launch_decode_gemm
+    from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
+
+    ok = True
+    _, wq = _weights(0, 320, 2048, 1)
+    og = wq.on_grid(torch.bfloat16)
+    a, gd_a = _act(_rows(512, 2048, 2).to(torch.bfloat16))
+    full = launch_gemm(a, gd_a, og, wq.global_decode, out_dtype=torch.float32)
+    packed = (wq.codes, wq.block_scales.view(torch.uint8))
+    for m in sorted({1, 3, cfg.block_t - 1, cfg.block_t, 64}):
+        y = launch_decode_gemm(a[:m], gd_a[:m], packed, wq.global_decode,
+                               out_dtype=torch.float32, config=cfg)  # fmt: skip
+        ok &= bool(torch.equal(y.view(torch.int32), full[:m].view(torch.int32)))
+    _, wqe = _weights(4, 192, 768, 3)
+    oge = wqe.on_grid(torch.bfloat16)
+    a, gd_a = _act(_rows(40, 768, 4).to(torch.bfloat16))
+    offs = torch.tensor([5, 5, 21, 40], dtype=torch.int32, device="cuda")
+    rows = torch.randint(-1, 40, (40,), device="cuda", dtype=torch.int32)
+    want = launch_gemm(a, gd_a, oge, wqe.global_decode, out_dtype=torch.float32, offsets=offs,
+                       rows_per_group=512, a_rows=rows)  # fmt: skip
+    got = launch_decode_gemm(a, gd_a, (wqe.codes, wqe.block_scales.view(torch.uint8)),
+                             wqe.global_decode, out_dtype=torch.float32, offsets=offs,
+                             a_rows=rows, config=cfg)  # fmt: skip
+    ok &= bool(torch.equal(got.view(torch.int32), want.view(torch.int32)))
+    return ok
+
+
+def dense_row(name, m, n, k, cfg=None) -> dict:
+    from fp4_compile.codegen.nvfp4.decode_gemm_kernel import launch_decode_gemm
+    from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
+
+    w, wq = _weights(0, n, k, 5)
+    x = _rows(m, k, 6).to(torch.bfloat16)
+    a, gd_a = _act(x)
+    packed = (wq.codes, wq.block_scales.view(torch.uint8))
+    gd = wq.global_decode
+    row = {"kind": "dense", "name": name, "M": m, "N": n, "K": k}
+    row["bf16_ms"] = flushed_ms(lambda: F.linear(x, w))
+    row["decode_ms"] = flushed_ms(
+        lambda: launch_decode_gemm(a, gd_a, packed, gd, out_dtype=torch.bfloat16, config=cfg)
+    )
+    if cfg is None:
+        row["old_packed_ms"] = flushed_ms(
+            lambda: launch_gemm(
+                a, gd_a, packed, gd, out_dtype=torch.bfloat16, config_op="nvfp4_gemm"
+            )  # fmt: skip
+        )
+    row["weight_GBps"] = n * k * (0.5 + 1 / 16) / row["decode_ms"] / 1e6
+    row["vs_bf16"] = ratio(row["bf16_ms"], row["decode_ms"])
+    return row
+
+
+def grouped_row(name, e, n, k, per, cfg=None) -> dict:
+    from fp4_compile.codegen.nvfp4.decode_gemm_kernel import launch_decode_gemm
+    from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
+
+    w, wq = _weights(e, n, k, 7)
+    offs = (torch.arange(1, e + 1, device="cuda", dtype=torch.int32) * per).to(torch.int32)
+    x = _rows(e * per, k, 8).to(torch.bfloat16)
+    a, gd_a = _act(x)
+    packed = (wq.codes, wq.block_scales.view(torch.uint8))
+    gd = wq.global_decode
+    w_kn = w.transpose(-1, -2)
+    row = {"kind": "grouped", "name": name, "E": e, "N": n, "K": k, "per_expert": per}
+    row["bf16_ms"] = flushed_ms(lambda: torch._grouped_mm(x, w_kn, offs=offs))
+    row["decode_ms"] = flushed_ms(
+        lambda: launch_decode_gemm(
+            a,
+            gd_a,
+            packed,
+            gd,
+            out_dtype=torch.bfloat16,
+            offsets=offs,
+            rows_per_group=per,
+            config=cfg,
+        )  # fmt: skip
+    )
+    if cfg is None:
+        row["old_packed_ms"] = flushed_ms(
+            lambda: launch_gemm(
+                a,
+                gd_a,
+                packed,
+                gd,
+                out_dtype=torch.bfloat16,
+                offsets=offs,
+                rows_per_group=per,
+                config_op="nvfp4_gemm",
+            )  # fmt: skip
+        )
+    row["weight_GBps"] = e * n * k * (0.5 + 1 / 16) / row["decode_ms"] / 1e6
+    row["vs_bf16"] = ratio(row["bf16_ms"], row["decode_ms"])
+    return row
+
+
+def sweep_configs():
+    from fp4_compile.codegen.configs import DecodeConfig
+
+    for t, w, k, stages, s3 in itertools.product((16, 64), (64, 128), (128, 256), (3, 5),
+                                                 (False, True)):  # fmt: skip
+        yield DecodeConfig(t, w, k, num_warps=4 if w == 64 else 8, num_stages=stages, scale_3d=s3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sweep", action="store_true", help="time candidate tile configs too")
+    args = parser.parse_args()
+    from fp4_compile.codegen.configs import pick_decode
+
+    env, lines = header("NVFP4 decode GEMM (packed weights, few rows) vs BF16")
+    copy = copy_gbps()
+    print(f"device copy {copy:.0f} GB/s (read + write)", flush=True)
+    pinned = {m: pick_decode("sm_90", m) for m in (1, 16, 64)}
+    bitwise_pinned = {str(c): check_bitwise(c) for c in set(pinned.values())}
+    print("pinned configs bitwise:", bitwise_pinned, flush=True)
+    rows = [dense_row(name, m, n, k) for name, (n, k) in DENSE.items() for m in DENSE_M]
+    rows += [grouped_row(name, e, n, k, per) for name, (e, n, k) in GROUPED.items()
+             for per in PER_EXPERT]  # fmt: skip
+    for r in rows:
+        print(r, flush=True)
+    sweep = []
+    if args.sweep:
+        for cfg in sweep_configs():
+            try:
+                entry = {"config": str(cfg), "bitwise": check_bitwise(cfg)}
+                ms = [16, 64] if cfg.block_t == 64 else [1, 16]
+                entry["dense"] = {f"{name}_M{m}": dense_row(name, m, n, k, cfg)["decode_ms"]
+                                  for name, (n, k) in DENSE.items() for m in ms}  # fmt: skip
+                entry["grouped"] = {f"{name}_per{per}": grouped_row(name, e, n, k, per, cfg)["decode_ms"]
+                                    for name, (e, n, k) in GROUPED.items() for per in (4, 16)}  # fmt: skip
+            except Exception as exc:  # a config that does not compile or fit: recorded as such
+                entry = {"config": str(cfg), "error": f"{type(exc).__name__}: {str(exc)[:160]}"}
+            print(entry, flush=True)
+            sweep.append(entry)
+    lines += [f"Device copy: {copy:.0f} GB/s (read + write). Pinned configs bitwise == the "
+              f"learner's GEMM: {bitwise_pinned}.", "",
+              "| shape | M or tokens/expert | BF16 ms | decode ms | ratio vs BF16 | previous packed ms "
+              "| weight GB/s | % of copy |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in rows:
+        m = r.get("M", r.get("per_expert"))
+        shape = f"{r['kind']} {r['name']} {r['N']}x{r['K']}" + (
+            f" x{r['E']}" if r["kind"] == "grouped" else ""
+        )
+        lines.append(
+            f"| {shape} | {m} | {r['bf16_ms']:.4f} | {r['decode_ms']:.4f} | "
+            f"{fmt(r['vs_bf16'], '.2f')}x | {r['old_packed_ms']:.4f} | "
+            f"{r['weight_GBps']:.0f} | {100 * r['weight_GBps'] / copy:.0f}% |"
+        )
+    if sweep:
+        lines += ["", "Sweep (ms; configs failing the bitwise check are marked):", ""]
+        for s in sweep:
+            lines.append(f"- {s['config']}: " + (s.get("error") or (
+                ("" if s["bitwise"] else "NOT BITWISE ")
+                + ", ".join(f"{k} {v:.4f}" for k, v in {**s["dense"], **s["grouped"]}.items())
+            )))  # fmt: skip
+    path = write_results("decode_gemm", {"env": env, "copy_GBps": copy, "rows": rows,
+                                         "bitwise_pinned": bitwise_pinned, "sweep": sweep},
+                         "\n".join(lines) + "\n")  # fmt: skip
+    print("\n".join(lines))
+    print("wrote", *path)
+
+
+if __name__ == "__main__":
+    main()

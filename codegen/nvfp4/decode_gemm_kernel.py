@@ -1,0 +1,232 @@
+"""Triton W4A4 GEMM for few rows (decode, small MoE groups): packed weights streamed, not ALU-bound.
+
+Shape legend: M rows of A (tokens), N out-features, K in-features (contraction), E experts.
+
+Computes exactly what `gemm_kernel._nvfp4_gemm_kernel` computes with packed B,
+D[m, n] = ((sum_k A[m, k] * B[n, k]) * gd_a[m]) * gd_b (+ bias[n]), with three changes that make
+the weight stream cheap, none of which changes a bit:
+
+1. Swapped operands. The product is computed as D^T = B @ A^T: the decoded weight tile [BLOCK_W,
+   BLOCK_K] is the MMA's left operand, taken from registers (no shared-memory round trip of the
+   decoded weights), and the few tokens are its right operand. On sm_90 both this kernel and the
+   learner's GEMM issue wgmma (the left operand has BLOCK_W >= 64 rows, asserted in configs.py):
+   the same products, accumulated over K in the same ascending order, one FP32 accumulator per
+   output element, no split-K.
+2. E2M1 by bit placement. A code nibble s|e1 e0 m placed as s -> bit 15, e1 e0 m -> bits 8..6
+   of a 16-bit lane is the BF16 number code * 2**-126 (bits 8..7 are the low exponent bits, 6 the
+   top mantissa bit; e1 e0 = 0 gives the BF16 subnormal m * 2**-127 = 0.5 * m * 2**-126, the
+   E2M1 subnormal): two masks and two shifts per code, no lookup, no convert.
+3. Scales folded once. The E4M3 block scale s is turned into the BF16 number s * 2**118 (exact:
+   4 significant bits; 2**-9 * 2**118 .. 448 * 2**118 lies inside BF16's normal range) from its
+   bits, once per 16 weights. One BF16 multiply gives w' = code * s * 2**-8: exact (at most 6
+   significant bits, and |w'| >= 2**-19 is normal), so w' = w * 2**-8 for every weight.
+   Then every product a * w' is exactly (a * w) * 2**-8, and every partial sum of the FP32
+   accumulation is the learner's partial sum times 2**-8: FP32 rounding commutes with an exact
+   power-of-two scale as long as nothing leaves the normal range, and it cannot here (a nonzero
+   on-grid product is a multiple of 2**-20, so every nonzero partial sum of the scaled products
+   is at least 2**-28 in magnitude; |sum| <= K * 2688**2 is far below 2**127). The epilogue's
+   first step, acc * 2**8, is therefore exact and restores the learner's accumulator bit for
+   bit; the rest of the epilogue is the learner's, in the same order.
+So D here equals the learner's D bitwise; tests/gpu/test_gpu_decode_gemm.py checks it on the
+H200 on cancellation-heavy rows at every pinned bucket, and tests/codegen checks the decode and
+the epilogue in the interpreter (FP32 lanes there: the interpreter has no BF16 arithmetic).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..configs import pick_decode
+from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
+
+WEIGHT_SHIFT = 8  # w' = w * 2**-WEIGHT_SHIFT inside the kernel (see 3. above)
+
+
+@triton.jit
+def _scale_times_2_118(sbyte):
+    """E4M3 scale byte (int32, sign 0) -> FP32 value * 2**118, exact; subnormals too."""
+    e = (sbyte >> 3) & 15
+    m = sbyte & 7
+    normal = (((e + 238) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    # subnormal: m * 2**-9 * 2**118 = m * 2**109
+    return tl.where(e == 0, m.to(tl.float32) * 6.490371073168535e32, normal)
+
+
+@triton.jit
+def _codes_times_2_126(byte, BF16_LANES: tl.constexpr):
+    """Packed byte (low nibble = even k) -> (low, high) E2M1 values * 2**-126, by bit placement:
+    BF16 lanes on CUDA, FP32 lanes in the interpreter (the same numbers: FP32 is BF16 << 16)."""
+    if BF16_LANES:
+        b = byte.to(tl.int16)
+        lo = ((b & 0x8) << 12) | ((b & 0x7) << 6)
+        hi = ((b & 0x80) << 8) | ((b & 0x70) << 2)
+        return lo.to(tl.bfloat16, bitcast=True), hi.to(tl.bfloat16, bitcast=True)
+    b = byte.to(tl.int32)
+    lo = ((b & 0x8) << 28) | ((b & 0x7) << 22)
+    hi = ((b & 0x80) << 24) | ((b & 0x70) << 18)
+    return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _nvfp4_decode_gemm_kernel(
+    a_ptr, b_ptr, bs_ptr, gda_ptr, gdb_ptr, bias_ptr, out_ptr, group_end_ptr, a_rows_ptr,
+    M, N, K, E,
+    stride_am, stride_ak, stride_be, stride_bn, stride_se, stride_sn,
+    gda_stride, gdb_stride, stride_om, stride_on,
+    GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, BF16_LANES: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+    A_GATHER: tl.constexpr, GDA_SHARED: tl.constexpr, SCALE_3D: tl.constexpr,
+):  # fmt: skip
+    # grid: token tiles x weight tiles, the weight tiles of one token tile adjacent in launch
+    # order (the programs in flight share their A rows). A_GATHER / GDA_SHARED / GROUPED have
+    # the meaning they have in gemm_kernel._nvfp4_gemm_kernel (tokens = its rows).
+    w_tiles = tl.cdiv(N, BLOCK_W)
+    t = tl.program_id(0) // w_tiles
+    pid_w = tl.program_id(0) % w_tiles
+    if GROUPED:
+        eidx = tl.arange(0, BLOCK_E)
+        emask = eidx < E
+        row_hi = tl.load(group_end_ptr + eidx, mask=emask, other=0)
+        row_lo = tl.load(group_end_ptr + eidx - 1, mask=emask & (eidx > 0), other=0)
+        tiles = tl.where(emask, (row_hi - row_lo + BLOCK_T - 1) // BLOCK_T, 0)
+        tile_end = tl.where(emask, tl.cumsum(tiles, 0), 2147483647)
+        e = tl.sum((tile_end <= t).to(tl.int32), axis=0)
+        if e >= E:
+            return
+        is_e = eidx == e
+        tile_start = tl.sum(tl.where(is_e, tile_end - tiles, 0), axis=0)
+        row_start = tl.sum(tl.where(is_e, row_lo, 0), axis=0)
+        row_end = tl.minimum(tl.sum(tl.where(is_e, row_hi, 0), axis=0), M)
+        rows = row_start + (t - tile_start) * BLOCK_T + tl.arange(0, BLOCK_T)
+        e64 = e.to(tl.int64)
+    else:
+        e = 0
+        e64 = 0
+        row_end = M
+        rows = t * BLOCK_T + tl.arange(0, BLOCK_T)
+    rmask = rows < row_end
+    if A_GATHER:
+        arows = tl.load(a_rows_ptr + rows, mask=rmask, other=-1).to(tl.int64)
+        amask = rmask & (arows >= 0)
+    else:
+        arows = rows
+        amask = rmask
+    cols = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
+    cmask = cols < N
+    b_base = b_ptr + e64 * stride_be + cols.to(tl.int64)[:, None] * stride_bn
+    s_base = bs_ptr + e64 * stride_se + cols.to(tl.int64)[:, None] * stride_sn
+    acc = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        a_t = tl.load(a_ptr + arows[None, :] * stride_am + kk[:, None] * stride_ak,
+                      mask=amask[None, :] & (kk < K)[:, None], other=0.0)  # fmt: skip
+        ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+        sbyte = tl.load(s_base + ks[None, :], mask=cmask[:, None] & (ks < K // 16)[None, :],
+                        other=0, eviction_policy="evict_first").to(tl.int32)  # fmt: skip
+        s = _scale_times_2_118(sbyte)
+        if BF16_LANES:
+            s = s.to(tl.bfloat16)  # exact: 4 significant bits
+        if SCALE_3D:
+            kb = k0 // 2 + tl.arange(0, BLOCK_K // 16)[:, None] * 8 + tl.arange(0, 8)[None, :]
+            byte = tl.load(b_base[:, :, None] + kb[None, :, :],
+                           mask=cmask[:, None, None] & (kb < K // 2)[None, :, :], other=0,
+                           eviction_policy="evict_first")  # fmt: skip
+            lo, hi = _codes_times_2_126(byte, BF16_LANES)  # [W, K/16, 8]
+            code = tl.reshape(tl.join(lo, hi), (BLOCK_W, BLOCK_K // 16, 16))
+            w = tl.reshape(code * s[:, :, None], (BLOCK_W, BLOCK_K))
+        else:
+            kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            byte = tl.load(b_base + kb[None, :], mask=cmask[:, None] & (kb < K // 2)[None, :],
+                           other=0, eviction_policy="evict_first")  # fmt: skip
+            lo, hi = _codes_times_2_126(byte, BF16_LANES)
+            code = tl.reshape(tl.join(lo, hi), (BLOCK_W, BLOCK_K))
+            s_full = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_W, BLOCK_K // 16, 16)),
+                                (BLOCK_W, BLOCK_K))  # fmt: skip
+            w = code * s_full
+        if BF16_LANES:
+            acc = tl.dot(w, a_t.to(tl.bfloat16), acc)
+        else:
+            acc = tl.dot(w, a_t.to(tl.float32), acc, input_precision="ieee")
+    acc = acc * 256.0  # 2**WEIGHT_SHIFT: exact, the learner's accumulator (see 3. above)
+    if GDA_SHARED:
+        gda = tl.load(gda_ptr + rows * 0, mask=rmask, other=1.0)
+    else:
+        gda = tl.load(gda_ptr + arows * gda_stride, mask=amask, other=1.0)
+    gdb = tl.load(gdb_ptr + e * gdb_stride)
+    out = (acc * gda[None, :]) * gdb
+    if HAS_BIAS:
+        out = out + tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[:, None]
+    tl.store(out_ptr + rows[None, :] * stride_om + cols[:, None] * stride_on,
+             out.to(out_ptr.dtype.element_ty), mask=rmask[None, :] & cmask[:, None])  # fmt: skip
+
+
+def launch_decode_gemm(
+    a_MK: torch.Tensor,
+    gd_a: torch.Tensor,
+    b: tuple[torch.Tensor, torch.Tensor],
+    gd_b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype,
+    offsets: torch.Tensor | None = None,
+    rows_per_group: int | None = None,
+    a_rows: torch.Tensor | None = None,
+    config=None,
+) -> torch.Tensor:
+    """`gemm_kernel.launch_gemm` for packed B = (codes [.., N, K/2], E4M3 scale bytes
+    [.., N, K/16]) and few rows, bitwise the same result. `config` (a `DecodeConfig`) overrides
+    the pinned one (the tuner's sweeps only)."""
+    check_kernel_device(a_MK, "x")
+    dev = a_MK.device
+    codes, scales = b
+    if codes.dim() == 2:
+        codes, scales = codes.unsqueeze(0), scales.unsqueeze(0)
+    scales = scales.view(torch.uint8)
+    if codes.dtype != torch.uint8 or codes.stride(-1) != 1 or scales.stride(-1) != 1:
+        raise ValueError("packed weight codes (uint8) and scales must be contiguous along K")
+    if a_rows is not None and (a_rows.dim() != 1 or a_rows.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"a_rows must be int32/int64 [M], got {a_rows.dtype}{list(a_rows.shape)}")
+    k = a_MK.shape[1]
+    num_experts, n = codes.shape[0], codes.shape[1]
+    if codes.shape[2] * 2 != k or scales.shape[2] * 16 != k:
+        raise ValueError(
+            f"packed weight codes {tuple(codes.shape)} / scales {tuple(scales.shape)} do not "
+            f"match K={k} (K/2 and K/16)"
+        )
+    m = a_MK.shape[0] if a_rows is None else a_rows.shape[0]
+    gd_a, gd_b = gd_a.reshape(-1), gd_b.reshape(-1)
+    if gd_a.numel() not in (1, a_MK.shape[0]) or gd_b.numel() not in (1, num_experts):
+        raise ValueError(
+            f"global scales: gd_a {tuple(gd_a.shape)} for M={m}, gd_b {tuple(gd_b.shape)}"
+        )
+    grouped = offsets is not None
+    cfg = config or pick_decode(arch_of(dev), rows_per_group or m)
+    interp = interpreting()
+    out = torch.empty((m, n), dtype=torch.float32 if interp else out_dtype, device=dev)
+    if m == 0 or n == 0:
+        return out.to(out_dtype)
+    if grouped:
+        if offsets.dtype != torch.int32:
+            raise TypeError(f"offsets must be int32, got {offsets.dtype}")
+        ends = offsets
+        t_tiles = triton.cdiv(m, cfg.block_t) + num_experts
+    else:
+        ends = gd_a  # an unused pointer
+        t_tiles = triton.cdiv(m, cfg.block_t)
+    grid = (t_tiles * triton.cdiv(n, cfg.block_w),)
+    _nvfp4_decode_gemm_kernel[grid](
+        a_MK, codes, scales, gd_a, gd_b, bias if bias is not None else gd_b, out, ends,
+        a_rows if a_rows is not None else ends,
+        m, n, k, num_experts,
+        a_MK.stride(0), a_MK.stride(1), codes.stride(0), codes.stride(1),
+        scales.stride(0), scales.stride(1),
+        1 if gd_a.numel() > 1 else 0, 1 if gd_b.numel() > 1 else 0, out.stride(0), out.stride(1),
+        GROUPED=grouped, HAS_BIAS=bias is not None, BF16_LANES=dev.type == "cuda",
+        BLOCK_T=cfg.block_t, BLOCK_W=cfg.block_w, BLOCK_K=cfg.block_k,
+        BLOCK_E=max(triton.next_power_of_2(num_experts), 2), A_GATHER=a_rows is not None,
+        GDA_SHARED=gd_a.numel() == 1, SCALE_3D=cfg.scale_3d,
+        **cfg.launch_kwargs(), **compile_options(dev),
+    )  # fmt: skip
+    return out.to(out_dtype) if interp else out
