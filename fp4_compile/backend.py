@@ -17,7 +17,7 @@ import torch
 
 from .recipe import NVFP4Recipe, as_recipe
 
-_KNOWN_OPTIONS = ("recipe", "report_sink", "cuda_graphs", "save_ongrid_weights")
+_KNOWN_OPTIONS = ("recipe", "report_sink", "cuda_graphs", "save_ongrid_weights", "rollout")
 
 
 def parse_options(options) -> tuple[NVFP4Recipe, dict]:
@@ -30,7 +30,7 @@ def parse_options(options) -> tuple[NVFP4Recipe, dict]:
     unknown = sorted(set(options) - set(_KNOWN_OPTIONS))
     if unknown:
         raise ValueError(f"unknown minite backend options {unknown}; known: {list(_KNOWN_OPTIONS)}")
-    for name in ("cuda_graphs", "save_ongrid_weights"):
+    for name in ("cuda_graphs", "save_ongrid_weights", "rollout"):
         if not isinstance(options.get(name, False), bool):
             raise TypeError(f"options[{name!r}] must be a bool, got {options[name]!r}")
     return as_recipe(options.get("recipe")), options
@@ -148,6 +148,12 @@ def numerics_knobs() -> dict:
     return {key: _has_config(key) for key in EAGER_NUMERICS_KNOBS}
 
 
+# A rollout graph reads its weights' quantized bytes from the engine's weight cache without a copy
+# (codegen/nvfp4/weight_cache.py): Inductor must then never write into a buffer after its last
+# use (reuse it for another buffer, or update it in place). Memory only; no value changes.
+ROLLOUT_INDUCTOR_CONFIG = {"allow_buffer_reuse": False, "inplace_buffers": False}
+
+
 def inductor_patches(recipe: NVFP4Recipe) -> dict:
     patches = dict(INVARIANCE_INDUCTOR_CONFIG)
     patches.update({k: v for k, v in EAGER_NUMERICS_KNOBS.items() if _has_config(k)})
@@ -160,6 +166,7 @@ def aoti_inductor_configs() -> dict:
     exported rollout's traced ops round like the learner's."""
     configs = dict(INVARIANCE_INDUCTOR_CONFIG)
     configs.update({k: v for k, v in EAGER_NUMERICS_KNOBS.items() if _has_config(k)})
+    configs.update(ROLLOUT_INDUCTOR_CONFIG)  # an exported program is a rollout's
     return configs
 
 
@@ -229,7 +236,11 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     (CUDA, >= `codegen.nvfp4.gemm.ONGRID_FORWARD_MIN_ROWS` rows per weight), each weight is dequantized
     ONCE per step and autograd keeps that copy for the dgrad: faster, at the memory of one
     BF16-size copy of each such weight from its forward to its backward. False: the forward and
-    the dgrad each dequantize (no copy kept). The same bits either way."""
+    the dgrad each dequantize (no copy kept). The same bits either way.
+
+    options["rollout"] (default False): compiled for a rollout engine, whose weight cache hands
+    the graph its cached quantized weights without copies: Inductor's buffer reuse is off
+    (`ROLLOUT_INDUCTOR_CONFIG`). The same bits."""
     from torch._inductor.compile_fx import compile_fx
 
     from .passes import run_pipeline
@@ -241,6 +252,8 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     if sink is not None:
         sink.append(report)
     patches = inductor_patches(recipe)
+    if opts.get("rollout"):
+        patches.update(ROLLOUT_INDUCTOR_CONFIG)
     if device is not None:
         # Inductor's CUDA graphs (what mode="reduce-overhead" turns on): the forward and the
         # backward each replay as one graph launch. The backward's SR seeds then come from device

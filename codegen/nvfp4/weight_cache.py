@@ -7,20 +7,26 @@ token with the same weights, so without a cache it re-quantizes every weight per
 H200 that was most of the NVFP4 decode time: `benchmarks/results/2026-12-02_rollout_h200_profile_before_weight_cache.md`).
 
 While a `WeightCache` is active (`with cache:`), `fp4_compile::quantize` of a 16x16, RNE,
-data-scaled tensor (what the lowering emits for weights) returns the bytes it computed the first
-time for that tensor, as fresh copies (the graph may reuse an op's output buffers; a copy keeps
-the cache intact). Bitwise the same values: the very op's result, computed once.
+data-scaled tensor (what the lowering emits for weights) returns the tensors it computed the
+first time for that weight version: the very op's result, computed once, handed out without a
+copy. That is safe only where nothing writes into an op's output after its last use: the graphs a
+rollout runs are compiled with Inductor's buffer reuse and in-place buffers off (the backend's
+`options={"rollout": True}`, `backend.ROLLOUT_INDUCTOR_CONFIG`; the exported rollout's AOTI
+package likewise); an eagerly run graph reuses nothing.
 
-Key: (data_ptr, shape, strides, dtype, device, mode) plus the tensor's version counter. Fused
-optimizers update parameters in place WITHOUT bumping the version counter, so the owner must call
-`clear()` whenever the weights may have changed (`RolloutEngine.update_weights` does, also when
-the engine shares the learner's module).
+An entry is served only for the same live tensor at its same version: the entry holds a weak
+reference to the weight, so a freed weight's address reused by another tensor is a miss, and the
+version counter catches in-place writes that bump it. Fused optimizers update parameters in place
+WITHOUT bumping the version counter, so the owner must call `clear()` whenever the weights may
+have changed (`RolloutEngine.update_weights` does, also when the engine shares the learner's
+module).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 
 import torch
 
@@ -29,7 +35,7 @@ _active = threading.local()
 
 class WeightCache:
     def __init__(self) -> None:
-        self._entries: dict[tuple, tuple[int, tuple[torch.Tensor, ...]]] = {}
+        self._entries: dict[tuple, tuple[weakref.ref, int, tuple[torch.Tensor, ...]]] = {}
         self.hits = 0
         self.misses = 0
         self._hits_only = False
@@ -56,20 +62,22 @@ class WeightCache:
         _active.cache = self._outer
 
     def get(self, x: torch.Tensor, mode: str, compute) -> tuple[torch.Tensor, ...]:
+        """x's quantized tensors for `mode`, computed by `compute()` on a miss. The returned
+        tensors ARE the cache's (no copy): callers must not write into them."""
         key = (x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, x.device, mode)
         entry = self._entries.get(key)
-        if entry is not None and entry[0] == x._version:
+        if entry is not None and entry[0]() is not None and entry[1] == x._version:
             self.hits += 1
-        else:
-            if self._hits_only:
-                raise RuntimeError(
-                    f"weight cache miss for a {tuple(x.shape)} {x.dtype} weight while only hits "
-                    "are allowed (inside a CUDA-graph capture): run one step without capture first"
-                )
-            self.misses += 1
-            entry = (x._version, tuple(t.clone() for t in compute()))
-            self._entries[key] = entry
-        return tuple(t.clone() for t in entry[1])
+            return entry[2]
+        if self._hits_only:
+            raise RuntimeError(
+                f"weight cache miss for a {tuple(x.shape)} {x.dtype} weight while only hits "
+                "are allowed (inside a CUDA-graph capture): run one step without capture first"
+            )
+        self.misses += 1
+        tensors = tuple(compute())
+        self._entries[key] = (weakref.ref(x), x._version, tensors)
+        return tensors
 
 
 def active_cache() -> WeightCache | None:

@@ -109,7 +109,9 @@ class RolloutEngine:
         self._set_shapes(self.model.config, next(self.model.parameters()).dtype)
         step = RolloutStep(self.model)
         if compile:
-            self.step = torch.compile(step, backend="minite", options={"recipe": self.recipe})
+            self.step = torch.compile(
+                step, backend="minite", options={"recipe": self.recipe, "rollout": True}
+            )
         else:
             self.step = step
         self._params = dict(self.model.named_parameters())

@@ -94,3 +94,57 @@ def test_cuda_graphs_need_a_cuda_device():
         RolloutEngine(model, recipe=NVFP4Recipe.strict(), device="cpu", cuda_graphs=True)
     with pytest.raises(TypeError, match="cuda_graphs"):
         RolloutEngine(model, recipe=NVFP4Recipe.strict(), device="cpu", cuda_graphs="yes")
+
+
+def test_hits_are_the_cached_tensors_and_stale_entries_are_never_served():
+    """A hit hands out the cached tensors themselves (no per-call copy); an in-place write that
+    bumps the version, or the same address under another (new) tensor, is a miss."""
+    cache = WeightCache()
+    base = torch.ones(256)
+    calls = []
+
+    def compute(t):
+        def run():
+            calls.append(1)
+            return (t * 2,)
+
+        return run
+
+    w = base.view(16, 16)
+    (first,) = cache.get(w, "per_tensor", compute(w))
+    (again,) = cache.get(w, "per_tensor", compute(w))
+    assert again is first and len(calls) == 1, "a hit is the cached tensor, not a copy"
+    base.add_(1)  # bumps the version counter shared by the view
+    (bumped,) = cache.get(w, "per_tensor", compute(w))
+    assert len(calls) == 2 and float(bumped[0, 0]) == 4.0, "a bumped version recomputes"
+    del w
+    other = base.view(16, 16)  # same address, shape, strides and version: another tensor
+    cache.get(other, "per_tensor", compute(other))
+    assert len(calls) == 3, "an entry whose weight died is never served to a new tensor"
+
+
+def test_rollout_graphs_compile_without_buffer_reuse(monkeypatch):
+    """The engine compiles its step with options['rollout']: Inductor gets no buffer reuse and
+    no in-place buffers, which is what lets the cache hand out its tensors uncopied (the AOTI
+    configs of an exported rollout likewise)."""
+    import torch._inductor.compile_fx as cfx
+
+    from fp4_compile.backend import ROLLOUT_INDUCTOR_CONFIG, aoti_inductor_configs
+
+    assert ROLLOUT_INDUCTOR_CONFIG == {"allow_buffer_reuse": False, "inplace_buffers": False}
+    assert all(aoti_inductor_configs()[k] == v for k, v in ROLLOUT_INDUCTOR_CONFIG.items())
+    seen = []
+    real = cfx.compile_fx
+
+    def spy(gm, inputs, config_patches=None, **kw):
+        seen.append(dict(config_patches or {}))
+        return real(gm, inputs, config_patches=config_patches, **kw)
+
+    monkeypatch.setattr(cfx, "compile_fx", spy)
+    torch._dynamo.reset()
+    model = tiny_qwen3_moe(layers=1).eval()
+    engine = RolloutEngine(model, recipe=NVFP4Recipe.strict(), max_batch=2, max_seq_len=16)
+    engine.generate([[3, 5]], max_new_tokens=2, seed=0)
+    assert seen, "the engine's step went through the minite backend"
+    for patches in seen:
+        assert all(patches.get(k) == v for k, v in ROLLOUT_INDUCTOR_CONFIG.items()), patches
