@@ -169,9 +169,10 @@ def grouped_row(name, e, n, k, per, cfg=None) -> dict:
 def sweep_configs():
     from fp4_compile.codegen.configs import DecodeConfig
 
-    for t, w, k, stages, s3 in itertools.product((16, 64), (64, 128), (128, 256), (3, 5),
-                                                 (False, True)):  # fmt: skip
-        yield DecodeConfig(t, w, k, num_warps=4 if w == 64 else 8, num_stages=stages, scale_3d=s3)
+    for t, w, k, s3, dq in itertools.product((16, 64), (64, 128), (128, 256), (False, True),
+                                             ("asm", "bf16")):  # fmt: skip
+        yield DecodeConfig(t, w, k, num_warps=4 if w == 64 else 8, num_stages=4, scale_3d=s3,
+                           dequant=dq)  # fmt: skip
 
 
 def main() -> None:

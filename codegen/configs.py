@@ -103,7 +103,9 @@ _WEIGHT_QUANT_SM90 = ((None, TileConfig(32, 0, 128, num_warps=4, num_stages=1)),
 class DecodeConfig:
     """A tile of the few-row packed GEMM (`nvfp4/decode_gemm_kernel.py`): BLOCK_T tokens x
     BLOCK_W weight rows (the MMA's left operand: >= 64 on sm_90, so wgmma as in the learner),
-    BLOCK_K along K; `scale_3d` picks how the block scales are broadcast (speed only)."""
+    BLOCK_K along K; `scale_3d` picks how the block scales are broadcast and `dequant` how the
+    E2M1 bits are placed ("asm": two BF16 lanes per 32-bit op, "bf16": one per 16-bit op); speed
+    only, the same values (the interpreter always takes its FP32 lanes)."""
 
     block_t: int
     block_w: int
@@ -111,6 +113,7 @@ class DecodeConfig:
     num_warps: int = 4
     num_stages: int = 4
     scale_3d: bool = False
+    dequant: str = "asm"
 
     def launch_kwargs(self) -> dict:
         return {"num_warps": self.num_warps, "num_stages": self.num_stages}

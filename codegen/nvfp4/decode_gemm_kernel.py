@@ -54,19 +54,58 @@ def _scale_times_2_118(sbyte):
     return tl.where(e == 0, m.to(tl.float32) * 6.490371073168535e32, normal)
 
 
+# Four packed bytes (one 32-bit register) -> the BF16 pairs of their low nibbles and of their high
+# nibbles: `prmt` spreads bytes 0, 1 (2, 3) into the two 16-bit halves of a register, then each
+# half takes bit 3 (7) to bit 15 and bits 2..0 (6..4) to bits 8..6: two BF16 lanes per integer op.
+_PLACE_E2M1_ASM = tl.constexpr("""
+{
+.reg .b32 t01, t23, s, m;
+prmt.b32 t01, $4, 0, 0x4140;
+prmt.b32 t23, $4, 0, 0x4342;
+shl.b32 s, t01, 12;
+shl.b32 m, t01, 6;
+and.b32 s, s, 0x80008000;
+and.b32 m, m, 0x01C001C0;
+or.b32 $0, s, m;
+shl.b32 s, t23, 12;
+shl.b32 m, t23, 6;
+and.b32 s, s, 0x80008000;
+and.b32 m, m, 0x01C001C0;
+or.b32 $1, s, m;
+shl.b32 s, t01, 8;
+shl.b32 m, t01, 2;
+and.b32 s, s, 0x80008000;
+and.b32 m, m, 0x01C001C0;
+or.b32 $2, s, m;
+shl.b32 s, t23, 8;
+shl.b32 m, t23, 2;
+and.b32 s, s, 0x80008000;
+and.b32 m, m, 0x01C001C0;
+or.b32 $3, s, m;
+}
+""")
+
+
 @triton.jit
-def _codes_times_2_126(byte, BF16_LANES: tl.constexpr):
-    """Packed byte (low nibble = even k) -> (low, high) E2M1 values * 2**-126, by bit placement:
-    BF16 lanes on CUDA, FP32 lanes in the interpreter (the same numbers: FP32 is BF16 << 16)."""
-    if BF16_LANES:
+def _codes_times_2_126(byte, DEQUANT: tl.constexpr):
+    """Packed bytes (low nibble = even k) -> (low, high) E2M1 values * 2**-126 by bit placement.
+    DEQUANT "asm": BF16 pairs from 32-bit integer ops (CUDA); "bf16": one BF16 lane per 16-bit
+    op (CUDA); "fp32": FP32 lanes (the interpreter, which has neither inline PTX nor BF16
+    arithmetic; the same numbers: FP32 is BF16 << 16)."""
+    if DEQUANT == "asm":
+        lo, hi = tl.inline_asm_elementwise(
+            _PLACE_E2M1_ASM, "=r,=r,=r,=r,r", [byte], dtype=(tl.bfloat16, tl.bfloat16),
+            is_pure=True, pack=4,
+        )  # fmt: skip
+    elif DEQUANT == "bf16":
         b = byte.to(tl.int16)
-        lo = ((b & 0x8) << 12) | ((b & 0x7) << 6)
-        hi = ((b & 0x80) << 8) | ((b & 0x70) << 2)
-        return lo.to(tl.bfloat16, bitcast=True), hi.to(tl.bfloat16, bitcast=True)
-    b = byte.to(tl.int32)
-    lo = ((b & 0x8) << 28) | ((b & 0x7) << 22)
-    hi = ((b & 0x80) << 24) | ((b & 0x70) << 18)
-    return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
+        lo = (((b & 0x8) << 12) | ((b & 0x7) << 6)).to(tl.bfloat16, bitcast=True)
+        hi = (((b & 0x80) << 8) | ((b & 0x70) << 2)).to(tl.bfloat16, bitcast=True)
+    else:
+        b = byte.to(tl.int32)
+        lo = (((b & 0x8) << 28) | ((b & 0x7) << 22)).to(tl.float32, bitcast=True)
+        hi = (((b & 0x80) << 24) | ((b & 0x70) << 18)).to(tl.float32, bitcast=True)
+    return lo, hi
 
 
 @triton.jit
@@ -75,7 +114,7 @@ def _nvfp4_decode_gemm_kernel(
     M, N, K, E,
     stride_am, stride_ak, stride_be, stride_bn, stride_se, stride_sn,
     gda_stride, gdb_stride, stride_om, stride_on,
-    GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, BF16_LANES: tl.constexpr,
+    GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, DEQUANT: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
     A_GATHER: tl.constexpr, GDA_SHARED: tl.constexpr, SCALE_3D: tl.constexpr,
 ):  # fmt: skip
@@ -126,26 +165,26 @@ def _nvfp4_decode_gemm_kernel(
         sbyte = tl.load(s_base + ks[None, :], mask=cmask[:, None] & (ks < K // 16)[None, :],
                         other=0, eviction_policy="evict_first").to(tl.int32)  # fmt: skip
         s = _scale_times_2_118(sbyte)
-        if BF16_LANES:
+        if DEQUANT != "fp32":
             s = s.to(tl.bfloat16)  # exact: 4 significant bits
         if SCALE_3D:
             kb = k0 // 2 + tl.arange(0, BLOCK_K // 16)[:, None] * 8 + tl.arange(0, 8)[None, :]
             byte = tl.load(b_base[:, :, None] + kb[None, :, :],
                            mask=cmask[:, None, None] & (kb < K // 2)[None, :, :], other=0,
                            eviction_policy="evict_first")  # fmt: skip
-            lo, hi = _codes_times_2_126(byte, BF16_LANES)  # [W, K/16, 8]
+            lo, hi = _codes_times_2_126(byte, DEQUANT)  # [W, K/16, 8]
             code = tl.reshape(tl.join(lo, hi), (BLOCK_W, BLOCK_K // 16, 16))
             w = tl.reshape(code * s[:, :, None], (BLOCK_W, BLOCK_K))
         else:
             kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
             byte = tl.load(b_base + kb[None, :], mask=cmask[:, None] & (kb < K // 2)[None, :],
                            other=0, eviction_policy="evict_first")  # fmt: skip
-            lo, hi = _codes_times_2_126(byte, BF16_LANES)
+            lo, hi = _codes_times_2_126(byte, DEQUANT)
             code = tl.reshape(tl.join(lo, hi), (BLOCK_W, BLOCK_K))
             s_full = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_W, BLOCK_K // 16, 16)),
                                 (BLOCK_W, BLOCK_K))  # fmt: skip
             w = code * s_full
-        if BF16_LANES:
+        if DEQUANT != "fp32":
             acc = tl.dot(w, a_t.to(tl.bfloat16), acc)
         else:
             acc = tl.dot(w, a_t.to(tl.float32), acc, input_precision="ieee")
@@ -223,7 +262,7 @@ def launch_decode_gemm(
         a_MK.stride(0), a_MK.stride(1), codes.stride(0), codes.stride(1),
         scales.stride(0), scales.stride(1),
         1 if gd_a.numel() > 1 else 0, 1 if gd_b.numel() > 1 else 0, out.stride(0), out.stride(1),
-        GROUPED=grouped, HAS_BIAS=bias is not None, BF16_LANES=dev.type == "cuda",
+        GROUPED=grouped, HAS_BIAS=bias is not None, DEQUANT="fp32" if interp else cfg.dequant,
         BLOCK_T=cfg.block_t, BLOCK_W=cfg.block_w, BLOCK_K=cfg.block_k,
         BLOCK_E=max(triton.next_power_of_2(num_experts), 2), A_GATHER=a_rows is not None,
         GDA_SHARED=gd_a.numel() == 1, SCALE_3D=cfg.scale_3d,
