@@ -169,10 +169,10 @@ def grouped_row(name, e, n, k, per, cfg=None) -> dict:
 def sweep_configs():
     from fp4_compile.codegen.configs import DecodeConfig
 
-    for t, w, k, s3, dq in itertools.product((16, 64), (64, 128), (128, 256), (False, True),
-                                             ("asm", "bf16")):  # fmt: skip
-        yield DecodeConfig(t, w, k, num_warps=4 if w == 64 else 8, num_stages=4, scale_3d=s3,
-                           dequant=dq)  # fmt: skip
+    for t, w, k, dq in itertools.product((16, 64), (64, 128), (128, 256), ("asm", "bf16", "word")):
+        yield DecodeConfig(t, w, k, num_warps=4 if w == 64 else 8, num_stages=4, dequant=dq)
+    for t, w, k in itertools.product((16, 64), (64, 128), (128, 256)):
+        yield DecodeConfig(t, w, k, num_warps=4 if w == 64 else 8, num_stages=4, scale_3d=True)
 
 
 def main() -> None:

@@ -109,6 +109,30 @@ def _codes_times_2_126(byte, DEQUANT: tl.constexpr):
 
 
 @triton.jit
+def _pair_halves(word, SHIFT: tl.constexpr):
+    """Nibbles j and j + 4 of each 32-bit word (SHIFT = 4 j) placed as two BF16 values * 2**-126
+    in one 32-bit op chain (nibble j + 4 sits 16 bits above nibble j), split into the halves."""
+    v = word >> SHIFT
+    pair = ((v << 12) & -2147450880) | ((v << 6) & 0x01C001C0)  # 0x80008000 as int32
+    lo = pair.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    hi = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def _word_codes_times_2_126(word, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[W, K/8] words of 8 codes -> [W, K] BF16 codes * 2**-126, in k order."""
+    n0, n4 = _pair_halves(word, 0)
+    n1, n5 = _pair_halves(word, 4)
+    n2, n6 = _pair_halves(word, 8)
+    n3, n7 = _pair_halves(word, 12)
+    # join adds the LAST dim: [W, K/8, a, b, c] = code 4 a + 2 b + c of the word
+    even = tl.join(tl.join(n0, n4), tl.join(n2, n6))
+    odd = tl.join(tl.join(n1, n5), tl.join(n3, n7))
+    return tl.reshape(tl.join(even, odd), (BLOCK_W, BLOCK_K))
+
+
+@triton.jit
 def _nvfp4_decode_gemm_kernel(
     a_ptr, b_ptr, bs_ptr, gda_ptr, gdb_ptr, bias_ptr, out_ptr, group_end_ptr, a_rows_ptr,
     M, N, K, E,
@@ -167,7 +191,15 @@ def _nvfp4_decode_gemm_kernel(
         s = _scale_times_2_118(sbyte)
         if DEQUANT != "fp32":
             s = s.to(tl.bfloat16)  # exact: 4 significant bits
-        if SCALE_3D:
+        if DEQUANT == "word":  # 32-bit words of 8 codes, nibble j = code k0 + 8 i + j
+            kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+            word = tl.load(b_base + kw[None, :], mask=cmask[:, None] & (kw < K // 8)[None, :],
+                           other=0, eviction_policy="evict_first")  # fmt: skip
+            code = _word_codes_times_2_126(word, BLOCK_W, BLOCK_K)
+            s_full = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_W, BLOCK_K // 16, 16)),
+                                (BLOCK_W, BLOCK_K))  # fmt: skip
+            w = code * s_full
+        elif SCALE_3D:
             kb = k0 // 2 + tl.arange(0, BLOCK_K // 16)[:, None] * 8 + tl.arange(0, 8)[None, :]
             byte = tl.load(b_base[:, :, None] + kb[None, :, :],
                            mask=cmask[:, None, None] & (kb < K // 2)[None, :, :], other=0,
@@ -255,6 +287,13 @@ def launch_decode_gemm(
         ends = gd_a  # an unused pointer
         t_tiles = triton.cdiv(m, cfg.block_t)
     grid = (t_tiles * triton.cdiv(n, cfg.block_w),)
+    if cfg.dequant == "word" and not interp:  # the codes as 32-bit words of 8 nibbles
+        if codes.stride(1) % 4 or codes.stride(0) % 4 or codes.storage_offset() % 4:
+            raise ValueError(
+                f"dequant='word' reads 32-bit words: codes strides {codes.stride()} and offset "
+                f"{codes.storage_offset()} must be multiples of 4 bytes"
+            )
+        codes = codes.view(torch.int32)
     _nvfp4_decode_gemm_kernel[grid](
         a_MK, codes, scales, gd_a, gd_b, bias if bias is not None else gd_b, out, ends,
         a_rows if a_rows is not None else ends,
