@@ -95,7 +95,10 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true", help="no transformers generate baseline")
     parser.add_argument("--name", default="rollout_h200", help="results file stem")
     parser.add_argument(
-        "--configs", default="all", help="'all' or engine config labels separated by ';'"
+        "--configs",
+        default="all",
+        help="'all', 'minite-graphs' (strict and bf16 recipe under CUDA graphs) or engine "
+        "config labels separated by ';'",
     )
     args = parser.parse_args()
     env = environment()
@@ -108,7 +111,9 @@ def main() -> None:
         "minite bf16 recipe, CUDA graphs": dict(recipe=NVFP4Recipe.bf16(), cuda_graphs=True),
         "same engine, stock kernels, CUDA graphs": dict(compile=False, cuda_graphs=True),
     }
-    if args.configs != "all":
+    if args.configs == "minite-graphs":  # the bar: strict vs bf16 recipe, CUDA graphs
+        configs = {k: v for k, v in configs.items() if k.startswith("minite") and "graphs" in k}
+    elif args.configs != "all":
         configs = {k: configs[k] for k in args.configs.split(";")}
     table, errors, profiles = {}, {}, {}
     graph_check = {}
