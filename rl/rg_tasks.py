@@ -20,9 +20,10 @@ Families and their verifiers:
   of 3-5 letters). Verified with the dataset's own `score_answer` (1.0 exact, case-insensitive;
   otherwise credit per leading matching character).
 
-Splits: a problem whose prompt hashes into bucket 0 of `EVAL_BUCKETS` (sha256) is reserved for
-the held-out set (`split="eval"`); training and warm-start problems (`split="train"`) skip it, so
-no held-out problem is ever trained on, however small the problem space. `problems(num, seed=s,
+Splits: as for every task (rl/task_base.py `split_of`), a problem whose question text hashes
+into bucket 0 of `EVAL_BUCKETS` (sha256) is reserved for the held-out set (`split="eval"`);
+training and warm-start problems (`split="train"`) skip it, so no held-out problem is ever
+trained on, however small the problem space. `problems(num, seed=s,
 split=...)` walks reasoning-gym's items 0, 1, 2, ... of `create_dataset(name, seed=s)` (item i
 draws from `random.Random(s + i)`) and keeps the first `num` of the split: the same seed gives
 the same problems anywhere. reasoning-gym and math-verify are the optional extra `minite[tasks]`, imported
@@ -31,23 +32,21 @@ only when such a task is built.
 
 from __future__ import annotations
 
-import hashlib
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .task_base import Problem, Task, positional_accuracy
+from .task_base import (
+    MAX_DRAWS_PER_PROBLEM,
+    Problem,
+    Task,
+    check_split_request,
+    positional_accuracy,
+    split_of,
+)
 
 EXTRA = "pip install 'minite[tasks]'  (reasoning-gym>=0.1.25, math-verify>=0.9)"
-EVAL_BUCKETS = 8
-"""1/8 of each family's problem space is held out."""
-
-
-def split_of(prompt: str) -> str:
-    """ "eval" for the prompts reserved for the held-out set, else "train"."""
-    bucket = hashlib.sha256(prompt.encode()).digest()[0] % EVAL_BUCKETS
-    return "eval" if bucket == 0 else "train"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,13 +131,10 @@ class ReasoningGymTask(Task):
         """The first `num` problems of `split` among the items of the dataset seeded `seed`;
         each is checked against the declared widths and alphabet (a generator that outgrows
         them is an error, never truncated)."""
-        if num < 1:
-            raise ValueError(f"num must be >= 1, got {num}")
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        check_split_request(num, split)
         import reasoning_gym
 
-        limit = 64 * EVAL_BUCKETS * num  # items to walk before concluding the split is empty
+        limit = MAX_DRAWS_PER_PROBLEM * num  # items to walk before concluding the split is empty
         ds = reasoning_gym.create_dataset(
             self.family.dataset, size=limit, seed=seed, **self.family.config
         )

@@ -126,9 +126,9 @@ def test_heldout_set_is_fixed_and_from_its_own_seed_stream(name):
 @needs_extra
 @pytest.mark.parametrize("name", RG_TASK_NAMES)
 def test_rg_heldout_problems_are_never_trained_on(name):
-    """The rg: tasks reserve 1/EVAL_BUCKETS of the problem space for the held-out set: no
+    """The rg: tasks, like every task, reserve 1/EVAL_BUCKETS of the problem space for the held-out set: no
     warm-start or GRPO prompt is a held-out one, even where the space is small."""
-    from fp4_compile.rl.rg_tasks import EVAL_BUCKETS, split_of
+    from fp4_compile.rl.task_base import EVAL_BUCKETS, split_of
 
     task = make_task(name, num_digits=2)
     heldout = {p.prompt for p in heldout_problems(task, seed=0, size=64)}
