@@ -19,6 +19,8 @@ Families and their verifiers:
 - `rg:spell_backward`: "Spell this word backward (example: sun -> nus): chess" -> "ssehc" (words
   of 3-5 letters). Verified with the dataset's own `score_answer` (1.0 exact, case-insensitive;
   otherwise credit per leading matching character).
+- `rg:count_bits`: "How many 1 bits are there in the binary representation of the number 200?"
+  -> "3" (numbers 1-999). Verified with math-verify, as chain_sum.
 
 Splits: as for every task (rl/task_base.py `split_of`), a problem whose question text hashes
 into bucket 0 of `EVAL_BUCKETS` (sha256) is reserved for the held-out set (`split="eval"`);
@@ -63,6 +65,7 @@ class RGFamily:
 
 CHAIN_SUM_PREFIX = "State the final answer to the following arithmetic problem: "
 SPELL_BACKWARD_PREFIX = "Spell this word backward (example: sun -> nus): "
+COUNT_BITS_PREFIX = "How many 1 bits are there in the binary representation of the number "
 
 
 def _chain_sum_bounds(ds) -> tuple[int, int, str]:
@@ -82,6 +85,14 @@ def _spell_backward_bounds(ds) -> tuple[int, int, str]:
     return len(SPELL_BACKWARD_PREFIX) + longest, longest, SPELL_BACKWARD_PREFIX + "".join(ds.words)
 
 
+def _count_bits_bounds(ds) -> tuple[int, int, str]:
+    cfg = ds.config
+    # the most 1 bits in [min_n, max_n]: max_n's own, or all ones one bit shorter
+    most_ones = max(bin(cfg.max_n).count("1"), cfg.max_n.bit_length() - 1)
+    prompt = len(COUNT_BITS_PREFIX) + len(str(cfg.max_n)) + len("?")
+    return prompt, len(str(most_ones)), COUNT_BITS_PREFIX + string.digits + "?"
+
+
 RG_FAMILIES = {
     "rg:chain_sum": RGFamily(
         dataset="chain_sum",
@@ -94,6 +105,12 @@ RG_FAMILIES = {
         config=dict(min_word_len=3, max_word_len=5),
         verifier="score_answer",
         bounds=_spell_backward_bounds,
+    ),
+    "rg:count_bits": RGFamily(
+        dataset="count_bits",
+        config=dict(min_n=1, max_n=999),
+        verifier="math-verify",
+        bounds=_count_bits_bounds,
     ),
 }
 

@@ -102,7 +102,7 @@ class MixTask(Task):
         return max(t.max_answer_chars for t in self.tasks)
 
 
-RG_TASK_NAMES = ("rg:chain_sum", "rg:spell_backward")  # rl/rg_tasks.py RG_FAMILIES
+RG_TASK_NAMES = ("rg:chain_sum", "rg:spell_backward", "rg:count_bits")  # rl/rg_tasks.py RG_FAMILIES
 TASK_NAMES = ("addition", "sort", "mix") + RG_TASK_NAMES
 
 

@@ -93,6 +93,19 @@ def test_chain_sum_verified_by_math_verify():
 
 
 @needs_extra
+def test_count_bits_verified_by_math_verify():
+    task = make_task("rg:count_bits", num_digits=2)
+    assert (task.max_prompt_chars, task.max_answer_chars) == (73, 1)
+    for p in task.problems(200, seed=0):
+        number = int(p.prompt.rsplit(" ", 1)[1].rstrip("?"))
+        assert 1 <= number <= 999 and p.answer == str(bin(number).count("1"))
+        assert task.reward(p, p.answer) == 1.0
+        assert task.reward(p, f"{p.answer}.0") == 1.0  # an equivalent form
+        assert task.reward(p, str(int(p.answer) + 1)) == 0.0
+        assert task.reward(p, f"{p.answer} bits") == 0.0  # the number must be the whole completion
+
+
+@needs_extra
 def test_spell_backward_verified_by_score_answer():
     task = make_task("rg:spell_backward", num_digits=2)
     for p in task.problems(50, seed=0):
