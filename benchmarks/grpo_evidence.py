@@ -8,7 +8,8 @@ in one results file.
 
 Each run is `minite train PRESET --variant V` in a subprocess (its own Dynamo state); the
 variants of a preset share one warm-start cache folder, so they start from the same weights.
-Under $OUT (default benchmarks/results/), named `<date>_grpo_evidence_<commit>`:
+Under $OUT (default benchmarks/results/), named `<date>_grpo_<presets>_<commit>` (e.g.
+`2026-12-05_grpo_h200-evidence_abc1234`):
 
 - `.md`: per run the held-out accuracy (greedy, problems never trained on) before GRPO and
   after the last step, the training reward of the first and last 10 steps, the learner/rollout
@@ -278,8 +279,9 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     payload = {"env": env, "args": vars(args), "overrides": overrides, "rows": rows,
                "verdicts": verdicts}  # fmt: skip
-    written = write_results("grpo_evidence", payload, text)
-    stem = result_stem("grpo_evidence", env)
+    topic = "grpo_" + "_".join(presets)  # grpo_h200-evidence, as grpo_variants' grpo_h200-moe
+    written = write_results(topic, payload, text)
+    stem = result_stem(topic, env)
     plot(rows, presets, out / f"{stem}.png")
     archive(work, out / f"{stem}_runs.tgz")
     written += [out / f"{stem}.png", out / f"{stem}_runs.tgz"]

@@ -14,7 +14,7 @@ from benchmarks.grpo_evidence import main, summarize
 
 def _outputs(out):
     files = sorted(p.name for p in out.iterdir())
-    stems = {name.split("_grpo_evidence_")[0] for name in files}
+    stems = {name.split("_grpo_h200-evidence_")[0] for name in files}
     assert len(stems) == 1, files
     return files
 
