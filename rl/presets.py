@@ -84,10 +84,10 @@ def h200_evidence(variant: str = "strict") -> TrainConfig:
     set; h200-moe's 3-digit sort was solved by the warm start), warm-started 150 steps, then
     150 GRPO steps of 64 prompts x 8 samples, and greedy held-out accuracy on 512 problems
     every 10 steps. `python -m benchmarks.grpo_evidence` runs strict / bf16 / te with the same
-    seeds in one device call. Cost, scaled from h200-moe's measured 0.46 s/step strict (0.44
-    te, 0.26 bf16; width 14 -> 17 tokens, 5 -> 7 decode steps): about 0.6 / 0.55 / 0.35 s per
-    step, 140 / 110 / 85 s per variant with compilation and evaluation (the warm start runs
-    once, in the first)."""
+    seeds in one device call. Estimated cost (not yet measured), scaled from h200-moe's 0.46 /
+    0.26 / 0.44 s per step strict / bf16 / te (width 14 -> 17 tokens, 5 -> 7 decode steps) and
+    its 25-47 s of start-up per run: about 0.6 / 0.35 / 0.55 s per step, 150-190 / 80 / 110 s
+    per run with compilation and 16 evaluations (the warm start runs once, in the first)."""
     cfg = dataclasses.replace(
         h200_moe(variant),
         name="h200-evidence", task="sort", num_digits=6, steps=150,
