@@ -39,7 +39,7 @@ def test_smoke_run_writes_one_results_file(tmp_path, monkeypatch):
         assert len(r["curves"]["step"]) == 3 and r["curves"]["eval_step"] == [0, 2, 3]
     md = (out / files[1]).read_text()
     assert "| h200-evidence | strict | 3 |" in md and "| h200-evidence | te | 3 |" in md
-    assert "held-out accuracy strict - bf16: not measured" in md  # bf16 not among the variants
+    assert "strict vs bf16 held-out accuracy: not measured" in md  # bf16 not among the variants
     assert (out / files[2]).stat().st_size > 10_000
     with tarfile.open(out / files[3]) as tar:
         names = tar.getnames()
