@@ -8,8 +8,8 @@ in one results file.
 
 Each run is `minite train PRESET --variant V` in a subprocess (its own Dynamo state); the
 variants of a preset share one warm-start cache folder, so they start from the same weights.
-Under $OUT (default benchmarks/results/), named `<date>_grpo_<presets>_<commit>` (e.g.
-`2026-12-05_grpo_h200-evidence_abc1234`):
+Under $OUT (default benchmarks/results/), named `<date>_grpo_<presets>_<commit>` (presets
+joined by "_": `grpo_h200-evidence` by default):
 
 - `.md`: per run the held-out accuracy (greedy, problems never trained on) before GRPO and
   after the last step, the training reward of the first and last 10 steps, the learner/rollout
