@@ -7,9 +7,11 @@ of the problem space) for the "eval" split, and the warm start and the GRPO prom
 from the "train" split. The set is fixed by the run's seed, drawn from a seed stream of its own
 (no training prompt ("prompts", step) or warm-start batch ("warm", step) uses it), with
 replacement: in a small space a held-out problem can occur twice. Greedy decoding
-(`temperature=0`: argmax, no sampling) makes the score a function of the weights alone. The evaluation leaves the run's state as it found it: the global RNG streams and
-the stochastic-rounding counters are saved and restored around it, so a run's training records
-are the same bits with evaluation on or off.
+(`temperature=0`: argmax, no sampling) makes the score a function of the weights alone.
+
+The evaluation leaves the run's state as it found it: the global RNG streams and the
+stochastic-rounding counters are saved and restored around it, so a run's training records are
+the same bits with evaluation on or off.
 
     eval/accuracy  share of held-out problems whose greedy answer is exactly right
     eval/reward    mean task reward of those answers (partial credit included)
