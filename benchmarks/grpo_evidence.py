@@ -181,8 +181,13 @@ def verdict(rows: list[dict]) -> str:
     s, b = by.get("strict", {}), by.get("bf16", {})
     if s.get("eval_after") is not None and b.get("eval_after") is not None:
         d = s["eval_after"] - b["eval_after"]
+        at = (
+            f"after step {s['eval_after_step']}"
+            if s["eval_after_step"] == b["eval_after_step"]
+            else f"at DIFFERENT steps (strict {s['eval_after_step']}, bf16 {b['eval_after_step']})"
+        )
         parts.append(
-            f"held-out accuracy strict - bf16 = {d:+.3f} after step {s['eval_after_step']} "
+            f"held-out accuracy strict - bf16 = {d:+.3f} {at} "
             f"({'within' if abs(d) <= 0.02 else 'outside'} the 0.02 goal)"
         )
     else:
