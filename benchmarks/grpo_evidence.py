@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -251,7 +252,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--min-start-s", type=float, default=60.0, help="do not start a run with less time left"
     )
-    parser.add_argument("--work-dir", default=None, help="run folders (default: a temp folder)")
+    parser.add_argument(
+        "--work-dir", default=None, help="run folders (default: a temp folder, removed at the end)"
+    )
     parser.add_argument("--smoke", action="store_true", help="CPU-sized stand-in (see SMOKE)")
     parser.add_argument("overrides", nargs="*", help="key=value settings for every run")
     args = parser.parse_args(argv)
@@ -290,6 +293,8 @@ def main(argv: list[str] | None = None) -> None:
     plot(rows, presets, out / f"{stem}.png")
     archive(work, out / f"{stem}_runs.tgz")
     written += [out / f"{stem}.png", out / f"{stem}_runs.tgz"]
+    if args.work_dir is None:  # checkpoints and the warm-start cache are not results
+        shutil.rmtree(work)
     print("wrote", *map(str, written), f"in {time.perf_counter() - t0:.0f} s")
 
 
