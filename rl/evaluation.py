@@ -1,14 +1,17 @@
 """Held-out evaluation: a fixed set of problems per run, decoded greedily by the rollout engine.
 
-The set is `task.problems(eval_size, seed=derive_seed(seed, "eval"), split="eval")`: fixed by
-the run's seed, from a seed stream that no training prompt ("prompts", step) or warm-start batch
-("warm", step) uses. The rg: tasks also keep its content apart: their "eval" split is a reserved
-part of the problem space that training never draws from (rl/rg_tasks.py). The built-in tasks
-keep only the seeds apart: in a space as small as sort's (4 digits: 10^4 problems) a held-out
-problem can also turn up among the training prompts. Greedy decoding (`temperature=0`: argmax, no sampling) makes the score a function of the
-weights alone. The evaluation leaves the run's state as it found it: the global RNG streams and
-the stochastic-rounding counters are saved and restored around it, so a run's training records
-are the same bits with evaluation on or off.
+How held-out is defined: the set is `task.problems(eval_size, seed=derive_seed(seed, "eval"),
+split="eval")`. Its content is disjoint from everything the run trains on: every task (built-in
+and rg:) reserves the prompts whose sha256 falls into bucket 0 of 8 (`task_base.split_of`, 1/8
+of the problem space) for the "eval" split, and the warm start and the GRPO prompts draw only
+from the "train" split. The set is fixed by the run's seed, drawn from a seed stream of its own
+(no training prompt ("prompts", step) or warm-start batch ("warm", step) uses it), with
+replacement: in a small space a held-out problem can occur twice. Greedy decoding
+(`temperature=0`: argmax, no sampling) makes the score a function of the weights alone.
+
+The evaluation leaves the run's state as it found it: the global RNG streams and the
+stochastic-rounding counters are saved and restored around it, so a run's training records are
+the same bits with evaluation on or off.
 
     eval/accuracy  share of held-out problems whose greedy answer is exactly right
     eval/reward    mean task reward of those answers (partial credit included)

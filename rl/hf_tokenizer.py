@@ -81,16 +81,16 @@ class HFTokenizer:
 
     def token_budget(self, task: Task) -> tuple[int, int]:
         """Measured, not derived: the longest prompt and answer (+ EOS) over `BUDGET_SAMPLES`
-        problems of `task` drawn with `BUDGET_SEED` (and, for the rg: tasks, an eighth as many
-        of their held-out split), each encoded exactly as the trainer does
+        problems of `task` drawn with `BUDGET_SEED` (and an eighth as many of its held-out
+        split), each encoded exactly as the trainer does
         (chat template included). A subword tokenizer's length for a string depends on its merges,
         so no per-character bound holds for every tokenizer; the tasks' prompts have a fixed
         format (fixed digit counts), so their encoded lengths vary little and the sample covers
         them. The trainer still checks every prompt against the width and raises if one is
         longer (never truncates)."""
         problems = task.problems(BUDGET_SAMPLES, seed=BUDGET_SEED)
-        if task.name.startswith("rg:"):  # their held-out split is a part of the space of its own
-            problems += task.problems(BUDGET_SAMPLES // 8, seed=BUDGET_SEED, split="eval")
+        # the held-out split is a part of the problem space of its own
+        problems += task.problems(BUDGET_SAMPLES // 8, seed=BUDGET_SEED, split="eval")
         prompt = max(len(self.encode_prompt(p.prompt)) for p in problems)
         answer = max(len(self.encode_answer(p.answer)) for p in problems)
         return prompt, answer

@@ -19,10 +19,13 @@ Families and their verifiers:
 - `rg:spell_backward`: "Spell this word backward (example: sun -> nus): chess" -> "ssehc" (words
   of 3-5 letters). Verified with the dataset's own `score_answer` (1.0 exact, case-insensitive;
   otherwise credit per leading matching character).
+- `rg:count_bits`: "How many 1 bits are there in the binary representation of the number 200?"
+  -> "3" (numbers 1-999). Verified with math-verify, as chain_sum.
 
-Splits: a problem whose prompt hashes into bucket 0 of `EVAL_BUCKETS` (sha256) is reserved for
-the held-out set (`split="eval"`); training and warm-start problems (`split="train"`) skip it, so
-no held-out problem is ever trained on, however small the problem space. `problems(num, seed=s,
+Splits: as for every task (rl/task_base.py `split_of`), a problem whose question text hashes
+into bucket 0 of `EVAL_BUCKETS` (sha256) is reserved for the held-out set (`split="eval"`);
+training and warm-start problems (`split="train"`) skip it, so no held-out problem is ever
+trained on, however small the problem space. `problems(num, seed=s,
 split=...)` walks reasoning-gym's items 0, 1, 2, ... of `create_dataset(name, seed=s)` (item i
 draws from `random.Random(s + i)`) and keeps the first `num` of the split: the same seed gives
 the same problems anywhere. reasoning-gym and math-verify are the optional extra `minite[tasks]`, imported
@@ -31,23 +34,21 @@ only when such a task is built.
 
 from __future__ import annotations
 
-import hashlib
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .task_base import Problem, Task, positional_accuracy
+from .task_base import (
+    MAX_DRAWS_PER_PROBLEM,
+    Problem,
+    Task,
+    check_split_request,
+    positional_accuracy,
+    split_of,
+)
 
 EXTRA = "pip install 'minite[tasks]'  (reasoning-gym>=0.1.25, math-verify>=0.9)"
-EVAL_BUCKETS = 8
-"""1/8 of each family's problem space is held out."""
-
-
-def split_of(prompt: str) -> str:
-    """ "eval" for the prompts reserved for the held-out set, else "train"."""
-    bucket = hashlib.sha256(prompt.encode()).digest()[0] % EVAL_BUCKETS
-    return "eval" if bucket == 0 else "train"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +65,7 @@ class RGFamily:
 
 CHAIN_SUM_PREFIX = "State the final answer to the following arithmetic problem: "
 SPELL_BACKWARD_PREFIX = "Spell this word backward (example: sun -> nus): "
+COUNT_BITS_PREFIX = "How many 1 bits are there in the binary representation of the number "
 
 
 def _chain_sum_bounds(ds) -> tuple[int, int, str]:
@@ -83,6 +85,14 @@ def _spell_backward_bounds(ds) -> tuple[int, int, str]:
     return len(SPELL_BACKWARD_PREFIX) + longest, longest, SPELL_BACKWARD_PREFIX + "".join(ds.words)
 
 
+def _count_bits_bounds(ds) -> tuple[int, int, str]:
+    cfg = ds.config
+    # the most 1 bits in [min_n, max_n]: max_n's own, or all ones one bit shorter
+    most_ones = max(bin(cfg.max_n).count("1"), cfg.max_n.bit_length() - 1)
+    prompt = len(COUNT_BITS_PREFIX) + len(str(cfg.max_n)) + len("?")
+    return prompt, len(str(most_ones)), COUNT_BITS_PREFIX + string.digits + "?"
+
+
 RG_FAMILIES = {
     "rg:chain_sum": RGFamily(
         dataset="chain_sum",
@@ -95,6 +105,12 @@ RG_FAMILIES = {
         config=dict(min_word_len=3, max_word_len=5),
         verifier="score_answer",
         bounds=_spell_backward_bounds,
+    ),
+    "rg:count_bits": RGFamily(
+        dataset="count_bits",
+        config=dict(min_n=1, max_n=999),
+        verifier="math-verify",
+        bounds=_count_bits_bounds,
     ),
 }
 
@@ -132,13 +148,10 @@ class ReasoningGymTask(Task):
         """The first `num` problems of `split` among the items of the dataset seeded `seed`;
         each is checked against the declared widths and alphabet (a generator that outgrows
         them is an error, never truncated)."""
-        if num < 1:
-            raise ValueError(f"num must be >= 1, got {num}")
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        check_split_request(num, split)
         import reasoning_gym
 
-        limit = 64 * EVAL_BUCKETS * num  # items to walk before concluding the split is empty
+        limit = MAX_DRAWS_PER_PROBLEM * num  # items to walk before concluding the split is empty
         ds = reasoning_gym.create_dataset(
             self.family.dataset, size=limit, seed=seed, **self.family.config
         )

@@ -9,6 +9,10 @@ correct answer; the verifier scores a completion string.
 - `rg:<family>`: a reasoning-gym generator pinned to short problems (rl/rg_tasks.py; the
   optional extra `minite[tasks]`).
 
+Held-out split (rl/task_base.py): 1/8 of each task's prompts, chosen by a hash of the prompt
+text, form the held-out set; training and warm-start draws skip them, so no held-out problem is
+ever trained on.
+
 Reward (`Task.reward`): 1.0 for the exact answer; otherwise `partial_credit` times the fraction
 of answer positions that hold the right character (over max(len(answer), len(completion)), so
 padding a completion with junk does not pay). `partial_credit=0` gives the plain 0/1 verifier.
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import random
 
-from .task_base import Problem, Task
+from .task_base import Problem, Task, check_split_request
 from .task_base import positional_accuracy as positional_accuracy  # re-exported
 
 
@@ -73,15 +77,15 @@ class MixTask(Task):
         self.alphabet = "".join(sorted(set("".join(t.alphabet for t in self.tasks))))
 
     def problems(self, num: int, *, seed: int, split: str = "train") -> list[Problem]:
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-        if num < 1:
-            raise ValueError(f"num must be >= 1, got {num}")
+        check_split_request(num, split)
         rng = random.Random(seed)
-        return [self.tasks[i % len(self.tasks)].sample(rng) for i in range(num)]
+        return [self.tasks[i % len(self.tasks)].sample_split(rng, split) for i in range(num)]
 
     def sample(self, rng: random.Random) -> Problem:
         raise TypeError("MixTask draws through problems(num, seed=...), not sample()")
+
+    def sample_split(self, rng: random.Random, split: str) -> Problem:
+        raise TypeError("MixTask draws through problems(num, seed=...), not sample_split()")
 
     def reward(self, problem: Problem, completion: str) -> float:
         for task in self.tasks:
@@ -98,7 +102,7 @@ class MixTask(Task):
         return max(t.max_answer_chars for t in self.tasks)
 
 
-RG_TASK_NAMES = ("rg:chain_sum", "rg:spell_backward")  # rl/rg_tasks.py RG_FAMILIES
+RG_TASK_NAMES = ("rg:chain_sum", "rg:spell_backward", "rg:count_bits")  # rl/rg_tasks.py RG_FAMILIES
 TASK_NAMES = ("addition", "sort", "mix") + RG_TASK_NAMES
 
 

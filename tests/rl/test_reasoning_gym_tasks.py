@@ -93,6 +93,19 @@ def test_chain_sum_verified_by_math_verify():
 
 
 @needs_extra
+def test_count_bits_verified_by_math_verify():
+    task = make_task("rg:count_bits", num_digits=2)
+    assert (task.max_prompt_chars, task.max_answer_chars) == (73, 1)
+    for p in task.problems(200, seed=0):
+        number = int(p.prompt.rsplit(" ", 1)[1].rstrip("?"))
+        assert 1 <= number <= 999 and p.answer == str(bin(number).count("1"))
+        assert task.reward(p, p.answer) == 1.0
+        assert task.reward(p, f"{p.answer}.0") == 1.0  # an equivalent form
+        assert task.reward(p, str(int(p.answer) + 1)) == 0.0
+        assert task.reward(p, f"{p.answer} bits") == 0.0  # the number must be the whole completion
+
+
+@needs_extra
 def test_spell_backward_verified_by_score_answer():
     task = make_task("rg:spell_backward", num_digits=2)
     for p in task.problems(50, seed=0):
@@ -126,9 +139,9 @@ def test_heldout_set_is_fixed_and_from_its_own_seed_stream(name):
 @needs_extra
 @pytest.mark.parametrize("name", RG_TASK_NAMES)
 def test_rg_heldout_problems_are_never_trained_on(name):
-    """The rg: tasks reserve 1/EVAL_BUCKETS of the problem space for the held-out set: no
+    """The rg: tasks, like every task, reserve 1/EVAL_BUCKETS of the problem space for the held-out set: no
     warm-start or GRPO prompt is a held-out one, even where the space is small."""
-    from fp4_compile.rl.rg_tasks import EVAL_BUCKETS, split_of
+    from fp4_compile.rl.task_base import EVAL_BUCKETS, split_of
 
     task = make_task(name, num_digits=2)
     heldout = {p.prompt for p in heldout_problems(task, seed=0, size=64)}
