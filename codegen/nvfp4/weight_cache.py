@@ -11,6 +11,11 @@ data-scaled tensor (what the lowering emits for weights) returns the bytes it co
 time for that tensor, as fresh copies (the graph may reuse an op's output buffers; a copy keeps
 the cache intact). Bitwise the same values: the very op's result, computed once.
 
+Weights quantized with a group's shared global scale (mode "shared", `NVFP4Recipe.
+shared_weight_scale`) depend on the other members too: `fp4_compile::weight_group_amax`, which
+runs before the members' quantizes, is cached per group (every member's version), and a miss
+there drops the members' quantized entries, so they are recomputed with the new amax.
+
 Key: (data_ptr, shape, strides, dtype, device, mode) plus the tensor's version counter. Fused
 optimizers update parameters in place WITHOUT bumping the version counter, so the owner must call
 `clear()` whenever the weights may have changed (`RolloutEngine.update_weights` does, also when
@@ -30,12 +35,14 @@ _active = threading.local()
 class WeightCache:
     def __init__(self) -> None:
         self._entries: dict[tuple, tuple[int, tuple[torch.Tensor, ...]]] = {}
+        self._groups: dict[tuple, tuple[tuple[int, ...], torch.Tensor]] = {}
         self.hits = 0
         self.misses = 0
         self._hits_only = False
 
     def clear(self) -> None:
         self._entries.clear()
+        self._groups.clear()
 
     @contextlib.contextmanager
     def hits_only(self):
@@ -55,21 +62,44 @@ class WeightCache:
     def __exit__(self, *exc) -> None:
         _active.cache = self._outer
 
+    @staticmethod
+    def _key(x: torch.Tensor, mode: str) -> tuple:
+        return (x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, x.device, mode)
+
+    def _miss(self, x: torch.Tensor) -> None:
+        if self._hits_only:
+            raise RuntimeError(
+                f"weight cache miss for a {tuple(x.shape)} {x.dtype} weight while only hits "
+                "are allowed (inside a CUDA-graph capture): run one step without capture first"
+            )
+        self.misses += 1
+
     def get(self, x: torch.Tensor, mode: str, compute) -> tuple[torch.Tensor, ...]:
-        key = (x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, x.device, mode)
+        key = self._key(x, mode)
         entry = self._entries.get(key)
         if entry is not None and entry[0] == x._version:
             self.hits += 1
         else:
-            if self._hits_only:
-                raise RuntimeError(
-                    f"weight cache miss for a {tuple(x.shape)} {x.dtype} weight while only hits "
-                    "are allowed (inside a CUDA-graph capture): run one step without capture first"
-                )
-            self.misses += 1
+            self._miss(x)
             entry = (x._version, tuple(t.clone() for t in compute()))
             self._entries[key] = entry
         return tuple(t.clone() for t in entry[1])
+
+    def group_amax(self, weights: list[torch.Tensor], compute) -> torch.Tensor:
+        """The shared amax of a weight group (computed on a miss: any member's version changed,
+        or a new group), as a fresh copy; a miss also drops the members' "shared" entries."""
+        key = tuple(self._key(w, "group_amax") for w in weights)
+        versions = tuple(w._version for w in weights)
+        entry = self._groups.get(key)
+        if entry is not None and entry[0] == versions:
+            self.hits += 1
+        else:
+            self._miss(weights[0])
+            for w in weights:
+                self._entries.pop(self._key(w, "shared"), None)
+            entry = (versions, compute().clone())
+            self._groups[key] = entry
+        return entry[1].clone()
 
 
 def active_cache() -> WeightCache | None:

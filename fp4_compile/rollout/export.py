@@ -116,8 +116,11 @@ def _quantized_weights(program, recipe: NVFP4Recipe) -> dict[str, torch.Tensor]:
 
     state = program.state_dict
     out = {}
-    for name, experts in quantized_weight_inputs(program):
-        codes, scales, gd = quantize_weight_bytes(state[name], recipe, experts=experts)
+    for name, experts, group in quantized_weight_inputs(program):
+        members = [state[m] for m in group]
+        codes, scales, gd = quantize_weight_bytes(
+            state[name], recipe, experts=experts, group=members
+        )
         out[f"{name}.nvfp4.codes"] = codes.cpu().contiguous()
         out[f"{name}.nvfp4.block_scales"] = scales.cpu().contiguous().view(torch.uint8)
         out[f"{name}.nvfp4.global_decode"] = gd.cpu().contiguous()
