@@ -162,3 +162,24 @@ def test_eager_attention_is_refused_with_its_name_and_fix():
         fp4_compile.explain(
             model, torch.randint(0, 100, (1, 8)), use_cache=False, print_report=False
         )
+
+
+@pytest.mark.parametrize(
+    "make, recipe, groups",
+    [
+        (tiny_qwen3, NVFP4Recipe.strict(), 4),  # q/k/v and gate/up per layer
+        (tiny_qwen3_moe, NVFP4Recipe.strict(), 2),  # q/k/v per layer (experts: one tensor)
+        (tiny_qwen3, NVFP4Recipe.strict(bf16_modules=("*lm_head*", "*v_proj")), 4),  # q/k left
+        (tiny_qwen3, NVFP4Recipe.strict(shared_weight_scale=False), 0),
+    ],
+    ids=["dense", "moe", "v_bf16", "off"],
+)
+def test_shared_weight_scale_groups(make, recipe, groups):
+    """shared_weight_scale: one weight_group_amax per fused group with two or more NVFP4
+    members, each member quantized once with mode "shared"; off: none, every weight per tensor."""
+    rep = _explain(make(layers=2), recipe)
+    census = rep.census
+    assert census.count("fp4_compile::weight_group_amax") == groups, census
+    num_linears = rep.counts["fp4_compile.nvfp4_linear"]
+    num_grouped = rep.counts.get("fp4_compile.nvfp4_grouped_mm", 0)
+    assert census.count("fp4_compile::quantize") == num_linears + num_grouped
