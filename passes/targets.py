@@ -267,6 +267,11 @@ def quantized_weight_inputs(program) -> list[tuple[str, bool, list[str]]]:
             amax = node.args[3]
             if node.args[2] == "shared" and isinstance(amax, torch.fx.Node):
                 group = [_parameter_name(m, to_param) for m in amax.args[0]]
+                if None in group:
+                    raise ValueError(
+                        f"the shared-scale group of {name!r} holds a weight that is not a "
+                        f"parameter of the program: {amax.args[0]}"
+                    )
             out.append((name, fake(node.args[0]).dim() == 3, group))
     return out
 

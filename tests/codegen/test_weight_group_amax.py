@@ -94,3 +94,22 @@ def test_bad_input_names_the_argument():
         ops.quantize(ws[0], "16x16", "shared", None, "rne", 0)
     with pytest.raises(ValueError, match="one group amax"):
         ops.quantize(ws[0], "16x16", "shared", torch.ones(2), "rne", 0)
+
+
+def test_quantize_weight_api_with_a_group():
+    """codegen.quantize_weight(w, recipe, group=...) is the lowering's shared quantize; with the
+    recipe's shared_weight_scale off it is the per-tensor quantize; a group without the weight
+    is refused."""
+    from fp4_compile import NVFP4Recipe
+    from fp4_compile.codegen import quantize_weight
+
+    ws = _members()
+    amax = ops.weight_group_amax(ws)
+    got = quantize_weight(ws[1], NVFP4Recipe.strict(), group=ws)
+    codes, scales, gd = ops.quantize(ws[1], "16x16", "shared", amax, "rne", 0)
+    assert_bitwise_equal(got.codes, codes, "codes")
+    assert_bitwise_equal(got.global_decode, gd, "global decode")
+    off = quantize_weight(ws[1], NVFP4Recipe.strict(shared_weight_scale=False), group=ws)
+    assert_bitwise_equal(off.global_decode, ref.quantize(ws[1], block="16x16").global_decode, "off")
+    with pytest.raises(ValueError, match="group must hold"):
+        quantize_weight(ws[1], NVFP4Recipe.strict(), group=[ws[0], ws[2]])
