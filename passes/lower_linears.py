@@ -57,6 +57,8 @@ def lower_linears(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRepor
     graph = gm.graph
     cache = gm.meta.setdefault("minite_weight_q", {})
     groups = _weight_groups(graph, recipe)
+    if groups:
+        report.count("shared weight scale groups", len({id(m) for m in groups.values()}))
     for node in list(graph.nodes):
         decision = node.meta.get("minite_gemm")
         if decision is None or decision.kind != "linear" or not is_linear(node):

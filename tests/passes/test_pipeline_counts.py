@@ -26,6 +26,7 @@ def test_qwen3_counts():
         "repeat_kv": 4,  # GQA: keys and values per layer
         "embedding": 1,
         "silu_mul": 2,  # the MLP's SwiGLU per layer
+        "shared weight scale groups": 4,  # q/k/v and gate/up per layer
     }
     lm = [g for g in rep.gemms if g.module == "lm_head"]
     assert lm and lm[0].precision == "bf16" and "lm_head" in lm[0].reason
@@ -76,6 +77,7 @@ def test_llama_counts():
         "repeat_kv": 2,
         "embedding": 1,
         "silu_mul": 1,
+        "shared weight scale groups": 2,
     }
 
 
@@ -180,6 +182,7 @@ def test_shared_weight_scale_groups(make, recipe, groups):
     rep = _explain(make(layers=2), recipe)
     census = rep.census
     assert census.count("fp4_compile::weight_group_amax") == groups, census
+    assert rep.counts.get("shared weight scale groups", 0) == groups
     num_linears = rep.counts["fp4_compile.nvfp4_linear"]
     num_grouped = rep.counts.get("fp4_compile.nvfp4_grouped_mm", 0)
     assert census.count("fp4_compile::quantize") == num_linears + num_grouped
