@@ -46,9 +46,15 @@ def _weight_groups(graph: fx.Graph, recipe: NVFP4Recipe) -> dict[fx.Node, list[f
             if is_linear(node):
                 weight_of.setdefault(decision.module, node.args[1])
     out: dict[fx.Node, list[fx.Node]] = {}
-    for paths in shared_scale_groups(weight_of, recipe).values():
+    for name, paths in shared_scale_groups(weight_of, recipe).items():
         members = list(dict.fromkeys(weight_of[p] for p in paths))
-        if len(members) > 1 and not any(m in out for m in members):
+        if any(m in out for m in members):
+            raise ValueError(
+                f"a weight of {name} also belongs to another fused group (a weight shared "
+                "between modules); one global scale per group cannot hold: use a recipe with "
+                "shared_weight_scale=False"
+            )
+        if len(members) > 1:
             out.update((m, members) for m in members)
     return out
 

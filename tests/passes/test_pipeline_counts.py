@@ -186,3 +186,15 @@ def test_shared_weight_scale_groups(make, recipe, groups):
     num_linears = rep.counts["fp4_compile.nvfp4_linear"]
     num_grouped = rep.counts.get("fp4_compile.nvfp4_grouped_mm", 0)
     assert census.count("fp4_compile::quantize") == num_linears + num_grouped
+
+
+def test_a_weight_in_two_shared_scale_groups_is_refused():
+    """One parameter used as the q_proj of two layers belongs to two q/k/v groups: one global
+    scale per group cannot hold, so the lowering refuses it by name (no silent choice); with
+    shared_weight_scale off it lowers."""
+    model = tiny_qwen3(layers=2)
+    model.model.layers[1].self_attn.q_proj.weight = model.model.layers[0].self_attn.q_proj.weight
+    with pytest.raises(ValueError, match="another fused group.*shared_weight_scale=False"):
+        _explain(model)
+    rep = _explain(model, NVFP4Recipe.strict(shared_weight_scale=False))
+    assert "fp4_compile::weight_group_amax" not in rep.census
