@@ -5,7 +5,7 @@ weight_group_amax(weights: Tensor[]) -> FP32 []: the max over the members of max
 its own dtype, then FP32), bitwise `reference.group_amax`: |w| is exact and max is exact in any
 order, so the kernel's tiling cannot change a bit. Each member is then quantized by
 `fp4_compile::quantize(w, "16x16", "shared", amax, "rne", 0)`. CPU: the reference; CUDA: one
-read of each member (`abs_max_kernel.tensor_abs_max`). While a rollout `WeightCache` is active
+read of each member (`abs_max_kernel.group_abs_max`). While a rollout `WeightCache` is active
 the value is computed once per weight version of the group (`WeightCache.group_amax`).
 """
 
@@ -30,9 +30,9 @@ def _check_weights(weights) -> None:
 
 def _compute(weights: list[torch.Tensor]) -> torch.Tensor:
     if weights[0].device.type == "cuda":
-        from .abs_max_kernel import tensor_abs_max
+        from .abs_max_kernel import group_abs_max
 
-        return torch.stack([tensor_abs_max(w) for w in weights]).amax()
+        return group_abs_max(weights)
     return ref.group_amax(weights)
 
 

@@ -113,3 +113,21 @@ def test_quantize_weight_api_with_a_group():
     assert_bitwise_equal(off.global_decode, ref.quantize(ws[1], block="16x16").global_decode, "off")
     with pytest.raises(ValueError, match="group must hold"):
         quantize_weight(ws[1], NVFP4Recipe.strict(), group=[ws[0], ws[2]])
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_group_abs_max_kernel_equals_reference(dtype):
+    """The CUDA implementation of weight_group_amax (`abs_max_kernel.group_abs_max`, run here in
+    the interpreter off a GPU) == reference.group_amax bitwise, a NaN in any member making it NaN
+    as torch's amax does."""
+    from fp4_compile.codegen.nvfp4.abs_max_kernel import group_abs_max
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    ws = [w.to(dev) for w in _members(dtype)]
+    assert_bitwise_equal(group_abs_max(ws), ref.group_amax(ws), "group abs max")
+    ws[2][3, 5] = float("nan")
+    assert torch.isnan(group_abs_max(ws)) and torch.isnan(ref.group_amax(ws))
