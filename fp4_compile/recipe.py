@@ -194,7 +194,7 @@ class NVFP4Recipe:
             raise ValueError(
                 f"format_version {version} is not supported (this is {FORMAT_VERSION})"
             )
-        if version == 1:  # version 1 had no shared weight scales: every weight its own
+        if version == 1:
             data.setdefault("shared_weight_scale", False)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
