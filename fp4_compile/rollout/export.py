@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..recipe import NVFP4Recipe, as_recipe
+from ..recipe import FORMAT_VERSION, NVFP4Recipe, as_recipe
 
 MANIFEST = "manifest.json"
 PROGRAM = "rollout.pt2"
@@ -261,6 +261,12 @@ def load_rollout(
             raise RolloutArtifactError(f"{file} is missing")
         if _sha256(file) != digest:
             raise RolloutArtifactError(f"{file} is corrupt: sha256 differs from the manifest")
+    version = manifest["recipe"].get("format_version")
+    if version != FORMAT_VERSION:
+        raise RolloutArtifactError(
+            f"the artifact's recipe has format_version {version}, this minite writes "
+            f"{FORMAT_VERSION} (its numerics changed): re-export the rollout"
+        )
     recipe = NVFP4Recipe.from_dict(manifest["recipe"])
     if recipe.fingerprint() != manifest["fingerprint"]:
         raise RolloutArtifactError(
