@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +21,25 @@ from .recipe import NVFP4Recipe, as_recipe
 _KNOWN_OPTIONS = ("recipe", "report_sink", "cuda_graphs", "save_ongrid_weights", "rollout")
 
 
+def options_error(error: TypeError | ValueError, frame=None) -> Exception:
+    """`error` (a bad `options` value, from `parse_options`) as the exception the backend raises:
+    an instance of its own type (ValueError / TypeError, same message) that is also Dynamo's
+    `ShortenTraceback`, the one kind of backend error Dynamo re-raises as is instead of wrapping
+    it in `BackendCompilerFailed` (torch._dynamo.output_graph `call_user_compiler`). So
+    `torch.compile(model, backend="minite", options={"recipe": "bogus"})(x)` raises a ValueError
+    naming options['recipe'], its traceback cut to start at `frame` (the backend's: no Dynamo
+    frames). torch.compile calls no backend code before the first call, so that call is the
+    earliest point a bad option can be refused."""
+    from torch._dynamo.exc import ShortenTraceback
+
+    kind = type(error)
+    bad_options = type(f"Minite{kind.__name__}", (ShortenTraceback, kind), {})
+    return bad_options(str(error), first_useful_frame=frame)
+
+
 def parse_options(options) -> tuple[NVFP4Recipe, dict]:
+    """(recipe, options) of the backend's `options` dict; a TypeError / ValueError naming the
+    option for a bad one."""
     if options is None:
         options = {}
     if not isinstance(options, dict):
@@ -33,7 +52,11 @@ def parse_options(options) -> tuple[NVFP4Recipe, dict]:
     for name in ("cuda_graphs", "save_ongrid_weights", "rollout"):
         if not isinstance(options.get(name, False), bool):
             raise TypeError(f"options[{name!r}] must be a bool, got {options[name]!r}")
-    return as_recipe(options.get("recipe")), options
+    try:
+        recipe = as_recipe(options.get("recipe"))
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"options['recipe']: {e}") from None
+    return recipe, options
 
 
 def _cuda_device(example_inputs) -> torch.device:
@@ -245,8 +268,11 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
 
     from .passes import run_pipeline
 
-    recipe, opts = parse_options(options)
-    device = _cuda_device(example_inputs) if opts.get("cuda_graphs") else None
+    try:
+        recipe, opts = parse_options(options)
+        device = _cuda_device(example_inputs) if opts.get("cuda_graphs") else None
+    except (TypeError, ValueError) as e:
+        raise options_error(e, inspect.currentframe()) from None
     report = run_pipeline(gm, recipe, save_ongrid_weights=opts.get("save_ongrid_weights", True))
     sink = opts.get("report_sink")
     if sink is not None:

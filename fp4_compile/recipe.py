@@ -14,7 +14,7 @@ from typing import Any
 
 from .format import BLOCK_SHAPES, GLOBAL_SCALE_MODES, ROUNDING_MODES
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 GEMM_PRECISIONS = ("nvfp4", "bf16")
 
 
@@ -80,6 +80,14 @@ class NVFP4Recipe:
     )
     """Weights W: 16x16 tiles so fprop and dgrad use the same quantized bytes."""
 
+    shared_weight_scale: bool = True
+    """One weight global scale per group of linears that inference engines fuse into one layer
+    (q/k/v of one attention, gate/up of one MLP; `passes/weight_groups.py`): each member is
+    quantized with the global scale of the group's amax (the max of the members' amaxes), so an
+    exported checkpoint's shards carry equal global scales and an engine that keeps ONE scale per
+    fused layer (vLLM) decodes the learner's bytes exactly. Weights only: still batch-invariant.
+    Fused MoE experts share one scale per expert over gate and up either way (one tensor)."""
+
     grad: QuantSpec = field(
         default_factory=lambda: QuantSpec(
             block="1x16", global_scale="per_tensor", rounding="stochastic"
@@ -106,8 +114,9 @@ class NVFP4Recipe:
     """Keep the last N decoder layers in BF16 (the NVFP4 pretraining paper keeps ~15%)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.quantize, bool):
-            raise ValueError(f"quantize must be a bool, got {self.quantize!r}")
+        for name in ("quantize", "shared_weight_scale"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for role in ("activation", "weight", "grad"):
             spec = getattr(self, role)
             if not isinstance(spec, QuantSpec):
@@ -175,14 +184,18 @@ class NVFP4Recipe:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NVFP4Recipe:
+        """The recipe of `to_dict`'s output; a format_version 1 dict (written before
+        `shared_weight_scale` existed) gives the numerics it described: shared_weight_scale=False."""
         if not isinstance(data, dict):
             raise TypeError(f"from_dict expects a dict, got {type(data).__name__}")
         data = dict(data)
         version = data.pop("format_version", FORMAT_VERSION)
-        if version != FORMAT_VERSION:
+        if version not in (1, FORMAT_VERSION):
             raise ValueError(
                 f"format_version {version} is not supported (this is {FORMAT_VERSION})"
             )
+        if version == 1:
+            data.setdefault("shared_weight_scale", False)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -122,6 +122,17 @@ def global_amax(x: torch.Tensor, mode: str) -> torch.Tensor:
     raise ValueError(f"global_scale mode {mode!r} has no data-derived amax")
 
 
+def group_amax(weights: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Step 1 for a group of weights sharing one global scale (`NVFP4Recipe.shared_weight_scale`):
+    FP32 [] = the max of the members' per-tensor amaxes. Max is exact, so this equals the
+    per-tensor amax of the members stacked along N: quantizing each member with it as a static
+    amax gives the bytes `quantize(stacked, block="16x16", global_scale="per_tensor")` gives."""
+    if not isinstance(weights, (list, tuple)) or not weights:
+        raise ValueError(f"weights must be a non-empty list of tensors, got {weights!r:.80}")
+    amaxes = [global_amax(w, "per_tensor") for w in weights]
+    return torch.stack(amaxes).amax()
+
+
 def _block_amax(x: torch.Tensor, block: str) -> torch.Tensor:
     """Step 5: [..., K/16] FP32 block maxima (16x16 tiles repeated over their 16 rows)."""
     k = x.shape[-1]

@@ -74,3 +74,37 @@ def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
     if float(noise) == 0.0:
         return math.inf
     return float(10.0 * torch.log10(signal / noise))
+
+
+def learner_weight_bytes(model, recipe, *inputs, **kwargs) -> dict[str, tuple[torch.Tensor, ...]]:
+    """{parameter name: (codes, E4M3 block scales, global decode)} exactly as the learner's
+    lowered graph quantizes each weight, from one forward of `model` on these inputs (Dynamo and
+    the pass pipeline, the lowered graph run eagerly, every weight-quantize node's output kept)."""
+    from .passes import run_pipeline
+
+    ops = torch.ops.fp4_compile
+    quantizes = (ops.quantize.default, ops.quantize_with_ongrid.default)
+    seen: dict[int, tuple[torch.Tensor, ...]] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if n.op == "call_function" and n.target in quantizes and n.args[1] == "16x16":
+                x = self.env[n.args[0]]
+                codes, scales, gd = out[:3]
+                seen[x.data_ptr()] = (codes.clone(), scales.view(torch.float8_e4m3fn).clone(),
+                                      gd.clone())  # fmt: skip
+            return out
+
+    def backend(gm, example_inputs, **unused):
+        run_pipeline(gm, recipe)
+        return lambda *args: Recorder(gm).run(*args)
+
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            torch.compile(model, backend=backend, fullgraph=True)(*inputs, **kwargs)
+    finally:
+        torch._dynamo.reset()
+    names = {p.data_ptr(): name for name, p in model.named_parameters()}
+    return {names[ptr]: q for ptr, q in seen.items() if ptr in names}

@@ -30,15 +30,42 @@ def weight_quantize_mode(recipe: NVFP4Recipe, weight_dim: int) -> str:
 def emit_quantize_weight(graph, weight, recipe: NVFP4Recipe):
     """Nodes quantizing `weight` (16x16 tiles) right after its definition:
     detach -> fp4_compile.quantize -> (codes, block-scale bytes, global decode)."""
-    dim = fake(weight).dim()
     det = insert_call(graph, torch.ops.aten.detach.default, (weight,), after=weight, like=weight)
-    q = insert_call(
-        graph,
-        _ops().quantize.default,
-        (det, "16x16", weight_quantize_mode(recipe, dim), None, "rne", 0),
-        after=det,
-        like=weight,
+    mode = weight_quantize_mode(recipe, fake(weight).dim())
+    return _emit_quantize(graph, det, mode, None, after=det, weight=weight)
+
+
+def emit_quantize_weight_group(graph, weights: list, recipe: NVFP4Recipe) -> list[tuple]:
+    """Nodes quantizing a group of weights with ONE shared global scale
+    (`NVFP4Recipe.shared_weight_scale`), right after the last of them is defined:
+    detach each -> fp4_compile.weight_group_amax -> fp4_compile.quantize(w, "16x16", "shared",
+    amax) each -> [(codes, block-scale bytes, global decode)] in the order of `weights`."""
+    for w in weights:
+        if weight_quantize_mode(recipe, fake(w).dim()) != "per_tensor":
+            raise ValueError(f"a shared-scale weight group holds {w} of shape {fake(w).shape}")
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    anchor = max(weights, key=order.__getitem__)
+    dets = []
+    for w in weights:
+        anchor = insert_call(graph, torch.ops.aten.detach.default, (w,), after=anchor, like=w)
+        dets.append(anchor)
+    amax = insert_call(
+        graph, _ops().weight_group_amax.default, (dets,), after=anchor, like=weights[0]
     )
+    out, anchor = [], amax
+    for det, w in zip(dets, weights):
+        wq = _emit_quantize(graph, det, "shared", amax, after=anchor, weight=w)
+        out.append(wq)
+        anchor = wq[-1]
+    return out
+
+
+def _emit_quantize(graph, det, mode: str, amax, *, after, weight):
+    """quantize(det, "16x16", mode, amax) after `after` and its outputs, `weight`'s metadata."""
+    q = insert_call(
+        graph, _ops().quantize.default, (det, "16x16", mode, amax, "rne", 0), after=after,
+        like=weight,
+    )  # fmt: skip
     codes = insert_call(graph, operator.getitem, (q, QuantizeOut.CODES), after=q, like=weight)
     scales = insert_call(
         graph, operator.getitem, (q, QuantizeOut.BLOCK_SCALES), after=codes, like=weight
@@ -218,23 +245,45 @@ def emit_routing(graph, node, logits, k: int, *, norm_topk_prob: bool = False):
     return insert_call(graph, _ops().invariant_routing.default, args, before=node, like=node)
 
 
-def quantized_weight_inputs(program) -> list[tuple[str, bool]]:
-    """(state_dict name, is_experts) of every weight an exported, lowered program quantizes."""
+def _parameter_name(node, to_param: dict) -> str | None:
+    """The state_dict name of a (detached) parameter input of an exported program, or None."""
+    if node.op == "call_function" and node.target is torch.ops.aten.detach.default:
+        node = node.args[0]
+    return to_param.get(node.name) if node.op == "placeholder" else None
+
+
+def quantized_weight_inputs(program) -> list[tuple[str, bool, list[str]]]:
+    """(state_dict name, is_experts, its shared-scale group's names, [] if none) of every weight
+    an exported, lowered program quantizes."""
     to_param = dict(program.graph_signature.inputs_to_parameters)
     quantize = (_ops().quantize.default, _ops().quantize_with_ongrid.default)
     out = []
     for node in program.graph.nodes:
         if node.op == "call_function" and node.target in quantize:
-            src = node.args[0]
-            if src.op == "call_function" and src.target is torch.ops.aten.detach.default:
-                src = src.args[0]
-            if src.op == "placeholder" and src.name in to_param:
-                out.append((to_param[src.name], fake(src).dim() == 3))
+            name = _parameter_name(node.args[0], to_param)
+            if name is None:
+                continue
+            group = []
+            amax = node.args[3]
+            if node.args[2] == "shared" and isinstance(amax, torch.fx.Node):
+                group = [_parameter_name(m, to_param) for m in amax.args[0]]
+                if None in group:
+                    raise ValueError(
+                        f"the shared-scale group of {name!r} holds a weight that is not a "
+                        f"parameter of the program: {amax.args[0]}"
+                    )
+            out.append((name, fake(node.args[0]).dim() == 3, group))
     return out
 
 
-def quantize_weight_bytes(weight: torch.Tensor, recipe: NVFP4Recipe, *, experts: bool):
-    """The exact bytes the graph's quantize-weight nodes produce for this weight."""
+def quantize_weight_bytes(
+    weight: torch.Tensor, recipe: NVFP4Recipe, *, experts: bool, group: list | None = None
+):
+    """The exact bytes the graph's quantize-weight nodes produce for this weight; `group`: the
+    tensors of its shared-scale group (weight among them), when it has one."""
+    if group:
+        amax = _ops().weight_group_amax.default([w.detach() for w in group])
+        return _ops().quantize.default(weight.detach(), "16x16", "shared", amax, "rne", 0)
     mode = weight_quantize_mode(recipe, 3 if experts else 2)
     codes, scales, gd = _ops().quantize.default(weight.detach(), "16x16", mode, None, "rne", 0)
     return codes, scales, gd

@@ -76,6 +76,39 @@ def test_compile_leaves_inductor_config_as_it_was():
     assert (config.split_reductions, config.emulate_precision_casts) == before
 
 
+@pytest.mark.parametrize(
+    "options, error, match",
+    [
+        ({"recipe": "bogus"}, ValueError, r"options\['recipe'\]: recipe must be one of"),
+        ({"recipe": 3}, TypeError, r"options\['recipe'\]: recipe must be an NVFP4Recipe"),
+        ({"recpie": "strict"}, ValueError, "unknown minite backend options"),
+    ],
+)
+def test_bad_options_raise_their_own_error_through_torch_compile(options, error, match):
+    """torch.compile(backend="minite", options=...) with a bad option: the first call raises the
+    backend's own ValueError / TypeError naming the option, not Dynamo's BackendCompilerFailed
+    wrapper, and its traceback holds no Dynamo compiler frames."""
+    import traceback
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 16))
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(model, backend="minite", options=options)
+        with pytest.raises(error, match=match) as info:
+            compiled(torch.randn(4, 32))
+    finally:
+        torch._dynamo.reset()
+    assert not isinstance(info.value, torch._dynamo.exc.BackendCompilerFailed)
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert not any("output_graph.py" in f.filename for f in frames), frames
+    assert frames[-1].name == "minite_backend", frames[-1]
+
+
+def test_recipe_names_are_accepted_as_options():
+    """options={"recipe": "te"} is the te preset (names work wherever a recipe does)."""
+    assert parse_options({"recipe": "te"})[0] == NVFP4Recipe.te()
+
+
 def test_cuda_graphs_option_is_validated_and_cuda_only():
     """options['cuda_graphs'] must be a bool; on a CPU model it is refused, naming the option
     (no silent run without graphs)."""

@@ -1,8 +1,9 @@
 """NVFP4 checkpoint export (`fp4_compile.export_checkpoint`), checked against the formats' owners.
 
 Contracts (bitwise tier):
-- the exported codes / block scales are the learner's bytes (`quantize_weight_bytes`), byte for
-  byte, and the global scales decode to the learner's global decode scale bit for bit;
+- the exported codes / block scales are the learner graph's bytes (`learner_weight_bytes`), byte
+  for byte, and the global scales decode to the learner's global decode scale bit for bit; the
+  shards of a fused group (q/k/v, gate/up) carry one global scale (shared_weight_scale);
 - compressed-tensors' own `NVFP4PackedCompressor.decompress` (BF16 output) equals minite's
   dequantized weight cast to BF16, bitwise; the FP32 values through our reader equal
   `fp4_compile.dequantize` bitwise;
@@ -24,33 +25,36 @@ pytest.importorskip("transformers", reason="checkpoint export needs the `hf` ext
 import fp4_compile  # noqa: E402
 from fp4_compile.checkpoints.load import decode_weight  # noqa: E402
 from fp4_compile.models import tiny_qwen3, tiny_qwen3_moe  # noqa: E402
-from fp4_compile.passes.targets import quantize_weight_bytes  # noqa: E402
-from fp4_compile.testing import assert_bitwise_equal  # noqa: E402
+from fp4_compile.testing import assert_bitwise_equal, learner_weight_bytes  # noqa: E402
 
 RECIPE = fp4_compile.NVFP4Recipe.strict()
 MODELS = {"dense": tiny_qwen3, "moe": tiny_qwen3_moe}
 
 
-def _export(model, path, fmt):
+def _export(model, path, fmt, recipe=RECIPE):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fp4_compile.export_checkpoint(model, path, format=fmt, recipe=RECIPE)
+        fp4_compile.export_checkpoint(model, path, format=fmt, recipe=recipe)
     return [str(w.message) for w in caught]
 
 
-def _learner_linears(model) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """module name -> (codes, E4M3 scales, global decode []) as the learner quantizes it, fused
-    experts split per expert like the export."""
+def _learner_linears(model, recipe=RECIPE) -> dict[str, tuple[torch.Tensor, ...]]:
+    """module name -> (codes, E4M3 scales, global decode []) as the learner's lowered graph
+    quantizes it in a forward (`learner_weight_bytes`), fused experts split per expert like the
+    export."""
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0)
+    )
+    learner = learner_weight_bytes(model, recipe, ids, use_cache=False)
     out = {}
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and "lm_head" not in name:
-            c, s, g = quantize_weight_bytes(module.weight, RECIPE, experts=False)
-            out[name] = (c, s.view(torch.float8_e4m3fn), g.reshape(()))
+            c, s, g = learner[f"{name}.weight"]
+            out[name] = (c, s, g.reshape(()))
         elif hasattr(module, "gate_up_proj"):
             inter = module.gate_up_proj.shape[1] // 2
-            cg, sg, gg = quantize_weight_bytes(module.gate_up_proj, RECIPE, experts=True)
-            cd, sd, gdn = quantize_weight_bytes(module.down_proj, RECIPE, experts=True)
-            sg, sd = sg.view(torch.float8_e4m3fn), sd.view(torch.float8_e4m3fn)
+            cg, sg, gg = learner[f"{name}.gate_up_proj"]
+            cd, sd, gdn = learner[f"{name}.down_proj"]
             for e in range(cg.shape[0]):
                 g = gg.reshape(-1)[e]
                 out[f"{name}.{e}.gate_proj"] = (cg[e, :inter], sg[e, :inter], g)
@@ -78,9 +82,11 @@ def _tensors(path):
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_compressed_tensors_bytes_are_the_learners(tmp_path, kind):
-    """Bitwise: weight_packed / weight_scale are quantize_weight_bytes' output byte for byte;
-    fp32(1 / weight_global_scale) is the learner's global decode bit for bit; the config names
-    the scheme the format defines, and the two warnings (activations, fused groups) fire."""
+    """Bitwise: weight_packed / weight_scale are the learner graph's bytes byte for byte;
+    fp32(1 / weight_global_scale) is the learner's global decode bit for bit; the shards of each
+    fused group (q/k/v, gate/up) carry one global scale (the recipe's shared_weight_scale), so no
+    fused-group warning fires; the config names the scheme the format defines; the activation
+    warning fires."""
     model = MODELS[kind]()
     messages = _export(model, tmp_path / "ct", "compressed-tensors")
     tensors = _tensors(tmp_path / "ct")
@@ -107,6 +113,34 @@ def test_compressed_tensors_bytes_are_the_learners(tmp_path, kind):
     assert qc["minite"]["fingerprint"] == RECIPE.fingerprint()
     assert qc["minite"]["activation_global_scale"] == "per_row"
     assert any("per_row" in m and "W4A16" in m for m in messages), messages
+    assert qc["minite"]["fused_groups_with_different_global_scales"] == []
+    assert not any("ONE global scale" in m for m in messages), messages
+    groups = [("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")]
+    checked = 0
+    for name in learner:
+        parent, _, leaf = name.rpartition(".")
+        for group in groups:
+            if leaf == group[0] and all(f"{parent}.{g}" in learner for g in group):
+                scales = [tensors[f"{parent}.{g}.weight_global_scale"] for g in group]
+                for g, ge in zip(group, scales):
+                    assert_bitwise_equal(ge, scales[0], f"{parent}.{g} global scale")
+                checked += 1
+    assert checked >= 2, checked  # every layer's q/k/v (and, dense, gate/up)
+
+
+def test_without_shared_scale_export_warns_about_fused_groups(tmp_path):
+    """With shared_weight_scale=False each of q/k/v and gate/up has its own global scale (the
+    learner's bytes still, bitwise): export names the groups in the config and warns once."""
+    recipe = RECIPE.with_(shared_weight_scale=False)
+    model = tiny_qwen3(layers=1)
+    messages = _export(model, tmp_path / "ct", "compressed-tensors", recipe)
+    tensors = _tensors(tmp_path / "ct")
+    for name, (codes, scales, gd) in _learner_linears(model, recipe).items():
+        assert_bitwise_equal(tensors[f"{name}.weight_packed"], codes, f"{name} codes")
+        assert_bitwise_equal(tensors[f"{name}.weight_scale"], scales, f"{name} scales")
+        ge = tensors[f"{name}.weight_global_scale"].reshape(())
+        assert_bitwise_equal(torch.ones(()) / ge, gd, f"{name} 1/global_scale")
+    qc = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
     mismatched = qc["minite"]["fused_groups_with_different_global_scales"]
     assert any("q_proj" in g for g in mismatched)  # random q/k/v get different amaxes
     assert any("ONE global scale" in m for m in messages), messages

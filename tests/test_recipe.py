@@ -49,6 +49,7 @@ def test_fingerprint_is_stable_and_sensitive():
         base.with_(bf16_modules=("*lm_head*",)),
         base.with_(wgrad="bf16"),
         base.with_(grad=QuantSpec(block="1x16", global_scale="per_tensor", rounding="rne")),
+        base.with_(shared_weight_scale=False),
     ]
     assert len({r.fingerprint() for r in changed} | {base.fingerprint()}) == len(changed) + 1
 
@@ -73,6 +74,7 @@ def test_fingerprint_is_stable_and_sensitive():
         (dict(bf16_modules=["lm_head"]), "bf16_modules"),
         (dict(quantize=False), "quantize=False needs dgrad"),
         (dict(quantize="yes"), "quantize"),
+        (dict(shared_weight_scale=1), "shared_weight_scale"),
     ],
 )
 def test_invalid_combinations_name_the_field(kwargs, field):
@@ -86,6 +88,18 @@ def test_from_dict_rejects_unknown_fields_and_versions():
         NVFP4Recipe.from_dict({**d, "colour": "red"})
     with pytest.raises(ValueError, match="format_version 99"):
         NVFP4Recipe.from_dict({**d, "format_version": 99})
+
+
+def test_shared_weight_scale_default_and_version_1_dicts():
+    """Every named recipe shares weight global scales over fused groups; a format_version 1 dict
+    (written before the field existed, every weight its own scale) reads back as the numerics it
+    described: shared_weight_scale=False."""
+    assert all(r.shared_weight_scale for r in (NVFP4Recipe.strict(), NVFP4Recipe.te(),
+                                               NVFP4Recipe.bf16()))  # fmt: skip
+    v1 = {**NVFP4Recipe.strict().to_dict(), "format_version": 1}
+    del v1["shared_weight_scale"]
+    assert NVFP4Recipe.from_dict(v1) == NVFP4Recipe.strict(shared_weight_scale=False)
+    assert NVFP4Recipe.strict().to_dict()["format_version"] == 2
 
 
 def test_as_recipe():

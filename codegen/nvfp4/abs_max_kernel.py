@@ -1,8 +1,9 @@
-"""max |x| in ONE read of x: per row (`row_abs_max`), per tensor (`tensor_abs_max`), per expert
-segment of tokens sorted by expert (`segment_abs_max`), and per (expert segment, column)
-(`segment_column_abs_max`): the global stage of a per-tensor NVFP4 quantize (the gradient's,
-in every wgrad and dgrad) and the per-expert amaxes of the grouped wgrad, without the full-size
-write and read of an `x.abs()` (benchmarks/results/2026-12-03_learner.md).
+"""max |x| in ONE read of x: per row (`row_abs_max`), per tensor (`tensor_abs_max`), over a
+group of tensors (`group_abs_max`), per expert segment of tokens sorted by expert
+(`segment_abs_max`), and per (expert segment, column) (`segment_column_abs_max`): the global
+stage of a per-tensor NVFP4 quantize (the gradient's, in every wgrad and dgrad), the amax a
+shared-scale weight group shares, and the per-expert amaxes of the grouped wgrad, without the
+full-size write and read of an `x.abs()` (benchmarks/results/2026-12-03_learner.md).
 
 Bitwise equal to `x.abs().amax(...).to(torch.float32)`: |x| of a BF16/FP16/FP32 value is exact
 in FP32 and max is exact in any order, so the tiling cannot change a bit; a NaN anywhere in a
@@ -95,6 +96,19 @@ def tensor_abs_max(x: torch.Tensor) -> torch.Tensor:
         return torch.zeros((), dtype=torch.float32, device=x.device)
     rows = row_abs_max(x.reshape(-1, x.shape[-1]) if x.dim() > 1 else x.reshape(1, -1))
     return vector_abs_max(rows)
+
+
+def group_abs_max(weights: list[torch.Tensor]) -> torch.Tensor:
+    """max |w| over every tensor of `weights` (a shared-scale weight group), FP32 []: one read of
+    each (its row maxima), then one program over all the row maxima; 0 when all are empty."""
+    rows = [
+        row_abs_max(w.reshape(-1, w.shape[-1]) if w.dim() > 1 else w.reshape(1, -1))
+        for w in weights
+        if w.numel()
+    ]
+    if not rows:
+        return torch.zeros((), dtype=torch.float32, device=weights[0].device)
+    return vector_abs_max(torch.cat(rows))
 
 
 def segment_abs_max(x_TD: torch.Tensor, ends: torch.Tensor, rows: torch.Tensor | None = None):

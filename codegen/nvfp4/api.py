@@ -52,17 +52,30 @@ def quantize_op(
 
 
 def quantize_weight(
-    weight: torch.Tensor, recipe: NVFP4Recipe | dict | None = None, *, static_amax=None
+    weight: torch.Tensor,
+    recipe: NVFP4Recipe | dict | None = None,
+    *,
+    static_amax=None,
+    group: list[torch.Tensor] | None = None,
 ) -> NVFP4Tensor:
     """Quantize a weight once per weight version: 16x16 tiles, recipe.weight's global scale.
     [N, K] -> one global scale; [E, N, K] (experts) -> one per expert (global_decode [E, 1, 1]).
-    A static recipe needs `static_amax` (float32 [] or [E])."""
+    A static recipe needs `static_amax` (float32 [] or [E]). `group`: the [N, K] weights of the
+    fused group `weight` belongs to (q/k/v, gate/up; `weight` among them), quantized as the
+    lowering does when `recipe.shared_weight_scale`: under the group's one global scale."""
     rec = as_recipe(recipe)
     if not isinstance(weight, torch.Tensor) or weight.dim() not in (2, 3):
         raise ValueError(
             f"weight must be [N, K] or [E, N, K], got {getattr(weight, 'shape', weight)}"
         )
     w = weight.detach()
+    if group is not None and rec.shared_weight_scale and rec.weight.global_scale == "per_tensor":
+        if not any(m is weight for m in group) or any(m.dim() != 2 for m in group):
+            raise ValueError("group must hold [N, K] weights, `weight` among them")
+        amax = torch.ops.fp4_compile.weight_group_amax([m.detach() for m in group])
+        codes, scales, gd = torch.ops.fp4_compile.quantize(w, "16x16", "shared", amax, "rne", 0)
+        return NVFP4Tensor(codes=codes, block_scales=scales, global_decode=gd,
+                           shape=tuple(w.shape), block="16x16")  # fmt: skip
     if rec.weight.global_scale == "static":
         if static_amax is None:
             raise ValueError("recipe.weight.global_scale='static' needs static_amax")

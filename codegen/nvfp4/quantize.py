@@ -5,6 +5,9 @@ Shape legend: N rows (out-features of a weight), K in-features, E experts.
 Ops (each a `torch.library.custom_op`: opaque to Dynamo and Inductor, which keeps one registered
 boundary per GEMM and compiles on CPU, where `triton_op`/`wrap_triton` cannot):
 - quantize(x, block, global_scale, static_amax, rounding, seed) -> (codes, block_scales, global_decode)
+  global_scale: "per_tensor", "per_row", "per_expert", "static" (static_amax: a calibrated amax)
+  or "shared" (static_amax: the amax x's weight group shares, `weight_group_amax`; the same
+  numerics as "static", but a function of the weights, so the rollout weight cache holds it).
 - quantize_with_ongrid(same as quantize) -> (codes, block_scales, global_decode, on-grid BF16 copy):
   the lowering's weight quantize where the forward runs the on-grid GEMM (one kernel on CUDA).
 - ongrid_weight(w_codes, w_scales) -> the on-grid BF16 copy of a quantized weight (E2M1 x E4M3,
@@ -29,13 +32,19 @@ _LIB = "fp4_compile"
 
 
 def _quantize_global(x, global_scale, static_amax):
-    if global_scale == "static":
+    if global_scale in ("static", "shared"):
         if static_amax is None:
-            raise ValueError("global_scale='static' needs static_amax (float32)")
+            raise ValueError(f"global_scale={global_scale!r} needs static_amax (float32)")
+        if global_scale == "shared" and static_amax.numel() != 1:
+            raise ValueError(
+                "global_scale='shared' needs static_amax = one group amax (float32 []), got "
+                f"shape {tuple(static_amax.shape)}"
+            )
         return static_amax
     if global_scale not in ("per_tensor", "per_row", "per_expert"):
         raise ValueError(
-            f"global_scale must be 'per_tensor', 'per_row', 'per_expert' or 'static', got {global_scale!r}"
+            "global_scale must be 'per_tensor', 'per_row', 'per_expert', 'static' or 'shared', "
+            f"got {global_scale!r}"
         )
     return global_scale
 
@@ -50,17 +59,18 @@ def quantize(
     seed: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gs = _quantize_global(x, global_scale, static_amax)
-    cached = _cached_weight(x, block, gs, rounding, seed)
+    cached = _cached_weight(x, block, global_scale, gs, rounding, seed)
     return cached if cached is not None else _quantize_impl(x, block, gs, rounding, seed)
 
 
-def _cached_weight(x, block, gs, rounding, seed):
+def _cached_weight(x, block, global_scale, gs, rounding, seed):
     """The rollout weight cache's (codes, scales, global decode) of x when a cache is active
-    and x is a weight it holds (16x16, RNE, a data amax), computed on a miss; else None."""
+    and x is a weight it holds (16x16, RNE, a data amax or its group's shared amax), computed on
+    a miss; else None."""
     cache = active_cache()
-    if cache is None or block != "16x16" or rounding != "rne" or not isinstance(gs, str):
+    if cache is None or block != "16x16" or rounding != "rne" or global_scale == "static":
         return None
-    return cache.get(x, gs, lambda: _quantize_impl(x, block, gs, rounding, seed))
+    return cache.get(x, global_scale, lambda: _quantize_impl(x, block, gs, rounding, seed))
 
 
 def _no_packed_bytes(x):
@@ -176,7 +186,7 @@ def quantize_with_ongrid(
     (codes and scales [..., N, 0]), for a graph whose GEMMs all read the on-grid copy (the
     learner's: `passes/skip_unread_packed_weights.py`); the copy and global decode unchanged."""
     gs = _quantize_global(x, global_scale, static_amax)
-    cached = _cached_weight(x, block, gs, rounding, seed)
+    cached = _cached_weight(x, block, global_scale, gs, rounding, seed)
     if cached is not None:
         codes, scales, gd = cached
         ongrid = ongrid_weight(codes, scales.view(torch.uint8))

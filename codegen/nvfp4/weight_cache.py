@@ -16,10 +16,16 @@ package likewise); an eagerly run graph reuses nothing.
 
 An entry is served only for the same live tensor at its same version: the entry holds a weak
 reference to the weight, so a freed weight's address reused by another tensor is a miss, and the
-version counter catches in-place writes that bump it. Fused optimizers update parameters in place
-WITHOUT bumping the version counter, so the owner must call `clear()` whenever the weights may
-have changed (`RolloutEngine.update_weights` does, also when the engine shares the learner's
-module).
+version counter catches in-place writes that bump it.
+
+Weights quantized with a group's shared global scale (mode "shared", `NVFP4Recipe.
+shared_weight_scale`) depend on the other members too: `fp4_compile::weight_group_amax`, which
+runs before the members' quantizes, is cached per group (every member alive at its version), and
+a miss there drops the members' quantized entries, so they are recomputed with the new amax.
+
+Fused optimizers update parameters in place WITHOUT bumping the version counter, so the owner
+must call `clear()` whenever the weights may have changed (`RolloutEngine.update_weights` does,
+also when the engine shares the learner's module).
 """
 
 from __future__ import annotations
@@ -36,12 +42,16 @@ _active = threading.local()
 class WeightCache:
     def __init__(self) -> None:
         self._entries: dict[tuple, tuple[weakref.ref, int, tuple[torch.Tensor, ...]]] = {}
+        self._groups: dict[
+            tuple, tuple[tuple[weakref.ref, ...], tuple[int, ...], torch.Tensor]
+        ] = {}
         self.hits = 0
         self.misses = 0
         self._hits_only = False
 
     def clear(self) -> None:
         self._entries.clear()
+        self._groups.clear()
 
     @contextlib.contextmanager
     def hits_only(self):
@@ -61,23 +71,48 @@ class WeightCache:
     def __exit__(self, *exc) -> None:
         _active.cache = self._outer
 
-    def get(self, x: torch.Tensor, mode: str, compute) -> tuple[torch.Tensor, ...]:
-        """x's quantized tensors for `mode`, computed by `compute()` on a miss. The returned
-        tensors ARE the cache's (no copy): callers must not write into them."""
-        key = (x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, x.device, mode)
-        entry = self._entries.get(key)
-        if entry is not None and entry[0]() is not None and entry[1] == x._version:
-            self.hits += 1
-            return entry[2]
+    @staticmethod
+    def _key(x: torch.Tensor, mode: str) -> tuple:
+        return (x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, x.device, mode)
+
+    def _miss(self, x: torch.Tensor) -> None:
         if self._hits_only:
             raise RuntimeError(
                 f"weight cache miss for a {tuple(x.shape)} {x.dtype} weight while only hits "
                 "are allowed (inside a CUDA-graph capture): run one step without capture first"
             )
         self.misses += 1
+
+    def get(self, x: torch.Tensor, mode: str, compute) -> tuple[torch.Tensor, ...]:
+        """x's quantized tensors for `mode`, computed by `compute()` on a miss. The returned
+        tensors ARE the cache's (no copy): callers must not write into them."""
+        key = self._key(x, mode)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0]() is not None and entry[1] == x._version:
+            self.hits += 1
+            return entry[2]
+        self._miss(x)
         tensors = tuple(compute())
         self._entries[key] = (weakref.ref(x), x._version, tensors)
         return tensors
+
+    def group_amax(self, weights: list[torch.Tensor], compute) -> torch.Tensor:
+        """The shared amax of a weight group (computed on a miss: a member died or its version
+        changed, or a new group), the cache's own tensor; a miss also drops the members'
+        "shared" entries."""
+        key = tuple(self._key(w, "group_amax") for w in weights)
+        versions = tuple(w._version for w in weights)
+        entry = self._groups.get(key)
+        if (entry is not None and entry[1] == versions
+                and all(ref() is not None for ref in entry[0])):  # fmt: skip
+            self.hits += 1
+            return entry[2]
+        self._miss(weights[0])
+        for w in weights:
+            self._entries.pop(self._key(w, "shared"), None)
+        amax = compute()
+        self._groups[key] = (tuple(weakref.ref(w) for w in weights), versions, amax)
+        return amax
 
 
 def active_cache() -> WeightCache | None:

@@ -8,8 +8,9 @@ the tile's scale repeated over its 16 rows, so the [N, K/16] block scales ARE th
 both formats store). Fused experts (transformers 5: `experts.gate_up_proj` [E, 2I, H],
 `experts.down_proj` [E, H, I]) are quantized as the learner does (one global scale per expert
 over gate and up together) and split into per-expert linears `experts.{e}.gate_proj` /
-`up_proj` / `down_proj`, the names vLLM and the hub checkpoints use. Everything else stays in
-the master dtype.
+`up_proj` / `down_proj`, the names vLLM and the hub checkpoints use. With the recipe's
+`shared_weight_scale`, q/k/v and gate/up are quantized as the learner does, under their group's
+one global scale. Everything else stays in the master dtype.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ import torch
 
 from ..recipe import NVFP4Recipe
 
-# fused groups an engine loads as one layer (vLLM QKVParallelLinear, MergedColumnParallelLinear)
-FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 EXPERT_PARAMS = ("gate_up_proj", "down_proj")
 
 
@@ -50,10 +49,12 @@ def _layers(model) -> int:
     return int(cfg.num_hidden_layers)
 
 
-def _linear(name: str, weight: torch.Tensor, recipe: NVFP4Recipe) -> QuantizedLinear:
+def _linear(
+    name: str, weight: torch.Tensor, recipe: NVFP4Recipe, group: list[torch.Tensor]
+) -> QuantizedLinear:
     from ..passes.targets import quantize_weight_bytes
 
-    codes, scales, gd = quantize_weight_bytes(weight, recipe, experts=False)
+    codes, scales, gd = quantize_weight_bytes(weight, recipe, experts=False, group=group)
     return QuantizedLinear(
         name, codes.cpu(), scales.cpu().view(torch.float8_e4m3fn), gd.cpu().reshape(())
     )
@@ -101,13 +102,27 @@ def _experts(path: str, module, recipe: NVFP4Recipe, num_layers: int, plan: Expo
 
 
 def plan_export(model, recipe: NVFP4Recipe) -> ExportPlan:
-    """Quantize every linear the recipe quantizes, with the learner's quantizer."""
+    """Quantize every linear the recipe quantizes, with the learner's quantizer (and its
+    shared-scale groups: `passes/weight_groups.py`)."""
     from ..passes.select_gemms import gemm_precision
+    from ..passes.weight_groups import shared_scale_groups
 
     model = getattr(model, "_orig_mod", model)
     num_layers = _layers(model)
     plan = ExportPlan(quantized=[], dense={}, kept_bf16=[])
     handled: set[str] = set()
+    nvfp4 = {
+        path: module.weight.detach()
+        for path, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear)
+        and gemm_precision(recipe, path, n=module.weight.shape[0], k=module.weight.shape[1],
+                           num_layers=num_layers)[0] == "nvfp4"
+    }  # fmt: skip
+    group_of = {
+        path: [nvfp4[p] for p in paths]
+        for paths in shared_scale_groups(nvfp4, recipe).values()
+        for path in paths
+    }
     for path, module in model.named_modules():
         if all(isinstance(getattr(module, p, None), torch.nn.Parameter) for p in EXPERT_PARAMS):
             if module.gate_up_proj.dim() == 3:
@@ -120,7 +135,8 @@ def plan_export(model, recipe: NVFP4Recipe) -> ExportPlan:
             n, k = module.weight.shape
             precision, reason = gemm_precision(recipe, path, n=n, k=k, num_layers=num_layers)
             if precision == "nvfp4":
-                plan.quantized.append(_linear(path, module.weight.detach(), recipe))
+                weight = module.weight.detach()
+                plan.quantized.append(_linear(path, weight, recipe, group_of.get(path, [])))
                 handled.add(f"{path}.weight")
             else:
                 plan.kept_bf16.append(path)
@@ -143,6 +159,8 @@ def fused_mismatches(quantized: list[QuantizedLinear], kept: list[str]) -> list[
     """Fused groups (q/k/v, gate/up) whose shards an engine cannot load as one NVFP4 layer
     exactly: different global scales (vLLM keeps the max of the shards'), or shards in
     different precisions."""
+    from ..passes.weight_groups import FUSED_GROUPS
+
     by_name = {q.name: q for q in quantized}
     kept_set = set(kept)
     out = []

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..recipe import NVFP4Recipe, as_recipe
+from ..recipe import FORMAT_VERSION, NVFP4Recipe, as_recipe
 
 MANIFEST = "manifest.json"
 PROGRAM = "rollout.pt2"
@@ -116,8 +116,11 @@ def _quantized_weights(program, recipe: NVFP4Recipe) -> dict[str, torch.Tensor]:
 
     state = program.state_dict
     out = {}
-    for name, experts in quantized_weight_inputs(program):
-        codes, scales, gd = quantize_weight_bytes(state[name], recipe, experts=experts)
+    for name, experts, group in quantized_weight_inputs(program):
+        members = [state[m] for m in group]
+        codes, scales, gd = quantize_weight_bytes(
+            state[name], recipe, experts=experts, group=members
+        )
         out[f"{name}.nvfp4.codes"] = codes.cpu().contiguous()
         out[f"{name}.nvfp4.block_scales"] = scales.cpu().contiguous().view(torch.uint8)
         out[f"{name}.nvfp4.global_decode"] = gd.cpu().contiguous()
@@ -258,6 +261,12 @@ def load_rollout(
             raise RolloutArtifactError(f"{file} is missing")
         if _sha256(file) != digest:
             raise RolloutArtifactError(f"{file} is corrupt: sha256 differs from the manifest")
+    version = manifest["recipe"].get("format_version")
+    if version != FORMAT_VERSION:
+        raise RolloutArtifactError(
+            f"the artifact's recipe has format_version {version}, this minite writes "
+            f"{FORMAT_VERSION} (its numerics changed): re-export the rollout"
+        )
     recipe = NVFP4Recipe.from_dict(manifest["recipe"])
     if recipe.fingerprint() != manifest["fingerprint"]:
         raise RolloutArtifactError(

@@ -97,6 +97,29 @@ def test_quantize_per_expert_equals_reference():
     assert_nvfp4_equal(got.to("cpu"), quantize_experts(w.cpu()), "per-expert quantize")
 
 
+@pytest.mark.parametrize("op", ["quantize", "quantize_with_ongrid"])
+def test_shared_weight_scale_group_equals_reference(op):
+    """Bitwise: a q/k/v group's shared amax (`fp4_compile::weight_group_amax`) and each member's
+    16x16 quantize with mode "shared" (packed bytes and on-grid copy) on the GPU == the CPU
+    reference == the rows of the per-tensor quantize of the members stacked along N."""
+    ops = torch.ops.fp4_compile
+    ws = [_x(n, 2048, seed=i) * s for i, (n, s) in enumerate([(2048, 1.0), (512, 4.0), (512, 0.5)])]
+    amax = ops.weight_group_amax(ws)
+    assert_bitwise_equal(amax.cpu(), ops.weight_group_amax([w.cpu() for w in ws]), "group amax")
+    whole = quantize(torch.cat(ws).cpu(), block="16x16", global_scale="per_tensor")
+    row = 0
+    for i, w in enumerate(ws):
+        got = getattr(ops, op)(w, "16x16", "shared", amax, "rne", 0)
+        rows = slice(row, row + w.shape[0])
+        assert_bitwise_equal(got[0].cpu(), whole.codes[rows], f"member {i} codes")
+        assert_bitwise_equal(got[1].cpu(), whole.block_scales[rows], f"member {i} block scales")
+        assert_bitwise_equal(got[2].cpu(), whole.global_decode, f"member {i} global decode")
+        if op == "quantize_with_ongrid":
+            ongrid = whole.on_grid(torch.bfloat16)[rows]
+            assert_bitwise_equal(got[3].cpu(), ongrid, f"member {i} on-grid")
+        row += w.shape[0]
+
+
 def test_gemm_within_fp32_budget():
     """Error budget (FP32 accumulation order is not the contract): the W4A4 GEMM with FP32
     output vs the exact reference product of the same NVFP4 operands, plus bias."""

@@ -26,6 +26,7 @@ def test_qwen3_counts():
         "repeat_kv": 4,  # GQA: keys and values per layer
         "embedding": 1,
         "silu_mul": 2,  # the MLP's SwiGLU per layer
+        "shared weight scale groups": 4,  # q/k/v and gate/up per layer
     }
     lm = [g for g in rep.gemms if g.module == "lm_head"]
     assert lm and lm[0].precision == "bf16" and "lm_head" in lm[0].reason
@@ -76,6 +77,7 @@ def test_llama_counts():
         "repeat_kv": 2,
         "embedding": 1,
         "silu_mul": 1,
+        "shared weight scale groups": 2,
     }
 
 
@@ -162,3 +164,37 @@ def test_eager_attention_is_refused_with_its_name_and_fix():
         fp4_compile.explain(
             model, torch.randint(0, 100, (1, 8)), use_cache=False, print_report=False
         )
+
+
+@pytest.mark.parametrize(
+    "make, recipe, groups",
+    [
+        (tiny_qwen3, NVFP4Recipe.strict(), 4),  # q/k/v and gate/up per layer
+        (tiny_qwen3_moe, NVFP4Recipe.strict(), 2),  # q/k/v per layer (experts: one tensor)
+        (tiny_qwen3, NVFP4Recipe.strict(bf16_modules=("*lm_head*", "*v_proj")), 4),  # q/k left
+        (tiny_qwen3, NVFP4Recipe.strict(shared_weight_scale=False), 0),
+    ],
+    ids=["dense", "moe", "v_bf16", "off"],
+)
+def test_shared_weight_scale_groups(make, recipe, groups):
+    """shared_weight_scale: one weight_group_amax per fused group with two or more NVFP4
+    members, each member quantized once with mode "shared"; off: none, every weight per tensor."""
+    rep = _explain(make(layers=2), recipe)
+    census = rep.census
+    assert census.count("fp4_compile::weight_group_amax") == groups, census
+    assert rep.counts.get("shared weight scale groups", 0) == groups
+    num_linears = rep.counts["fp4_compile.nvfp4_linear"]
+    num_grouped = rep.counts.get("fp4_compile.nvfp4_grouped_mm", 0)
+    assert census.count("fp4_compile::quantize") == num_linears + num_grouped
+
+
+def test_a_weight_in_two_shared_scale_groups_is_refused():
+    """One parameter used as the q_proj of two layers belongs to two q/k/v groups: one global
+    scale per group cannot hold, so the lowering refuses it by name (no silent choice); with
+    shared_weight_scale off it lowers."""
+    model = tiny_qwen3(layers=2)
+    model.model.layers[1].self_attn.q_proj.weight = model.model.layers[0].self_attn.q_proj.weight
+    with pytest.raises(ValueError, match="another fused group.*shared_weight_scale=False"):
+        _explain(model)
+    rep = _explain(model, NVFP4Recipe.strict(shared_weight_scale=False))
+    assert "fp4_compile::weight_group_amax" not in rep.census

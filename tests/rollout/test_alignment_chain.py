@@ -54,3 +54,20 @@ def test_alone_equals_in_batch(setup):
         )
         assert alone.tokens[0] == batch.tokens[i]
         assert_bitwise_equal(alone.logprobs[0], batch.logprobs[i], f"request {i} alone vs in batch")
+
+
+def test_shared_weight_scale_off_still_aligns():
+    """The recipe with shared_weight_scale=False (every weight its own global scale): rollout
+    engine log-probs == the learner's, bitwise, like the default."""
+    model = tiny_qwen3(layers=1).eval()
+    recipe = NVFP4Recipe.strict(shared_weight_scale=False)
+    engine = RolloutEngine(model, recipe=recipe, max_batch=4, max_seq_len=32)
+    torch._dynamo.reset()
+    learner = torch.compile(model, backend="minite", options={"recipe": recipe})
+    prompts = _prompts(3, model.config.vocab_size, seed=9)
+    out = engine.generate(prompts, max_new_tokens=8, temperature=1.0, seed=100)
+    seqs = [p + t for p, t in zip(prompts, out.tokens)]
+    with torch.no_grad():
+        ref = sequence_logprobs(learner, seqs, [len(p) for p in prompts], temperature=1.0)
+    for i, (a, b) in enumerate(zip(out.logprobs, ref)):
+        assert_bitwise_equal(a, b.cpu(), f"request {i} (shared_weight_scale=False)")

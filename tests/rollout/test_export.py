@@ -93,6 +93,21 @@ def test_refuses_other_architecture(exported, tmp_path):
         load_rollout(copy)
 
 
+def test_refuses_an_older_recipe_format(exported, tmp_path):
+    """An artifact whose recipe has another format_version (numerics minite no longer writes
+    under that fingerprint) is refused by name, not taken for an edited manifest."""
+    _, _, path = exported
+    import shutil
+
+    copy = tmp_path / "old"
+    shutil.copytree(path, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["recipe"]["format_version"] = 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RolloutArtifactError, match="format_version 1.*re-export"):
+        load_rollout(copy)
+
+
 def test_refuses_non_artifact(tmp_path):
     with pytest.raises(RolloutArtifactError, match="not a minite rollout artifact"):
         load_rollout(tmp_path)

@@ -1,6 +1,7 @@
 """The rollout engine quantizes each weight once per weight version (codegen/nvfp4/weight_cache.py):
 cached rollouts are bitwise the uncached ones, and update_weights drops the cache, also when the
-engine shares the learner's module and a fused optimizer changed it without a version bump."""
+engine shares the learner's module and a fused optimizer changed it without a version bump; a
+shared-scale group is requantized as a whole when one member changes."""
 
 import torch
 
@@ -84,6 +85,35 @@ def test_hits_only_refuses_a_miss_and_allows_hits():
     with cache.hits_only():
         (again,) = cache.get(w, "per_tensor", compute)
     assert torch.equal(first, again) and len(calls) == 1
+
+
+def test_a_changed_group_member_requantizes_the_whole_group():
+    """Shared-scale groups (q/k/v): while unchanged, the group amax and every member's bytes are
+    cache hits; an in-place change of ONE member (a version bump) that moves the group amax
+    makes the other members' bytes follow, bitwise the uncached result."""
+    ops = torch.ops.fp4_compile
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(n, 32, generator=g).to(torch.bfloat16) for n in (64, 32, 32)]
+
+    def quantized():
+        amax = ops.weight_group_amax(ws)
+        return [ops.quantize(w, "16x16", "shared", amax, "rne", 0) for w in ws]
+
+    cache = WeightCache()
+    with cache:
+        first = quantized()
+        misses = cache.misses
+        again = quantized()
+        assert cache.misses == misses and cache.hits == 4, (cache.hits, cache.misses)
+        ws[1].mul_(4.0)  # k alone changes; the group's amax is now k's
+        changed = quantized()
+    fresh = quantized()  # no cache
+    for i, (a, b) in enumerate(zip(changed, fresh)):
+        for part, x, y in zip(("codes", "scales", "gd"), a, b):
+            assert_bitwise_equal(x, y, f"member {i} {part} after the change")
+    for part, x, y in zip(("codes", "scales", "gd"), first[0], again[0]):
+        assert_bitwise_equal(x, y, f"q {part} cached")
+    assert not torch.equal(changed[0][2], first[0][2]), "q's global scale must follow k's amax"
 
 
 def test_cuda_graphs_need_a_cuda_device():
