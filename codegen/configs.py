@@ -122,11 +122,13 @@ class DecodeConfig:
 
 # (max rows per weight inclusive, config). The packed forward GEMM of a weight seeing at most the
 # last bucket's rows (per expert for MoE) runs the decode kernel on these architectures; beyond,
-# the tables above. Bits: the same as the learner's GEMM (the kernel's docstring proves it; the
-# H200 re-check is tests/gpu/test_gpu_decode_gemm.py).
+# the tables above. Bits: the same as the learner's GEMM (the kernel's docstring proves it; on
+# the H200 every config of the sweep gave the learner's bits, tests/gpu/test_gpu_decode_gemm.py
+# re-checks the pinned ones). The <= 16 bucket is the sweep's fastest on the grouped (MoE) decode
+# shapes (benchmarks/results/2026-12-05_decode_gemm_43f05e0.md).
 DECODE = {
     "sm_90": (
-        (16, DecodeConfig(16, 64, 256, num_warps=4, num_stages=4)),
+        (16, DecodeConfig(16, 64, 128, num_warps=4, num_stages=4)),
         (64, DecodeConfig(64, 64, 128, num_warps=4, num_stages=4)),
     ),
     "interpreter": ((64, DecodeConfig(16, 32, 32, num_warps=1, num_stages=1)),),

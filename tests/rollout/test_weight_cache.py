@@ -175,6 +175,7 @@ def test_rollout_graphs_compile_without_buffer_reuse(monkeypatch):
     model = tiny_qwen3_moe(layers=1).eval()
     engine = RolloutEngine(model, recipe=NVFP4Recipe.strict(), max_batch=2, max_seq_len=16)
     engine.generate([[3, 5]], max_new_tokens=2, seed=0)
-    assert seen, "the engine's step went through the minite backend"
-    for patches in seen:
+    outer = [p for p in seen if p]  # compile_fx re-enters itself with the patches applied
+    assert outer, "the engine's step went through the minite backend"
+    for patches in outer:
         assert all(patches.get(k) == v for k, v in ROLLOUT_INDUCTOR_CONFIG.items()), patches
