@@ -31,6 +31,7 @@ from .lower_small_reductions import lower_small_reductions
 from .narrow_expert_sort_keys import narrow_expert_sort_keys
 from .report import GemmDecision, LoweringReport
 from .select_gemms import select_gemms
+from .share_activation_quantize import share_activation_quantize
 from .skip_unread_packed_weights import skip_unread_packed_weights
 from .stable_sorts import stable_sorts
 from .verify import LoweringError, op_census, verify
@@ -56,6 +57,7 @@ PIPELINE = (
     fold_swiglu_halves,  # silu_mul of x's two last-dim halves -> silu_mul_halves(x): one gradient
     lower_outer_products,  # K = 1 matmuls (rotary embedding) -> broadcast multiply, same bits
     lower_embeddings,  # token embedding -> embedding op with one opaque (same-kernel) backward
+    share_activation_quantize,  # linears reading one X: X (and wgrad's X^T) quantized once
     verify,  # nothing eligible left, no stock reduction left (strict), op census
 )
 # By option, after PIPELINE (`run_pipeline(..., save_ongrid_weights=False)`, the backend's option):

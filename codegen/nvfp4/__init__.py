@@ -3,4 +3,4 @@ Layout: api.py, <op>.py (quantize, linear, grouped_linear), *_kernel.py, gemm.py
 May import the core, ..runtime, ..configs, ..triton_helpers and ..invariant; never ..moe.
 """
 
-from . import grouped_linear, linear, quantize  # noqa: F401  (register the ops)
+from . import grouped_linear, linear, quantize, quantized_linear  # noqa: F401  (register the ops)
