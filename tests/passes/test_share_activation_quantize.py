@@ -116,3 +116,13 @@ def test_explain_names_the_linears_sharing_one_quantize():
     assert all(p in notes[0] for p in ("q_proj", "k_proj", "v_proj"))
     assert all(p in notes[1] for p in ("gate_proj", "up_proj"))
     assert "activation_quantize_shared: 2" in rep.table()
+
+
+def test_exported_rollout_shares_the_quantize_without_the_transposed_operand():
+    """The exported rollout graph (inference) runs the same pass, so its op census stays the
+    learner forward's, and never quantizes X^T."""
+    from fp4_compile.rollout.export import export_rollout
+
+    art = export_rollout(tiny_qwen3(layers=1), recipe=NVFP4Recipe.strict(), max_batch=2,
+                         max_seq_len=16)  # fmt: skip
+    assert _transposed_flags(art.program.graph_module) == [False, False]
