@@ -337,7 +337,7 @@ def cpu_activation_operands(x2, recipe, x_amax, *, transposed: bool):
     reference quantizer. Without `transposed` the last two are empty ([0] each)."""
     xq = ref.quantize(x2, block="1x16", global_scale=act_global(recipe, x_amax), check_finite=False)
     if not transposed:
-        return xq.on_grid(torch.bfloat16), xq.global_decode, *_no_transposed(x2)
+        return xq.on_grid(torch.bfloat16), xq.global_decode, *no_transposed_operand(x2)
     xtq = ref.quantize(pad_tokens(x2.t().contiguous()), block="1x16", global_scale="per_tensor",
                        check_finite=False)  # fmt: skip
     return (
@@ -356,11 +356,12 @@ def cuda_activation_operands(x2, recipe, x_amax, *, transposed: bool):
     gs = act_global(recipe, x_amax)
     a, gd_a = quantize_triton(x2, block="1x16", global_scale=gs, out="ongrid")
     if not transposed:
-        return a, gd_a, *_no_transposed(x2)
+        return a, gd_a, *no_transposed_operand(x2)
     return a, gd_a, *quantize_transposed_ongrid(x2, global_scale="per_tensor")
 
 
-def _no_transposed(x2):
+def no_transposed_operand(x2):
+    """The (X^T on-grid, global decode) pair of a graph that quantizes no X^T: [0] each."""
     return x2.new_empty((0,), dtype=torch.bfloat16), x2.new_empty((0,), dtype=torch.float32)
 
 
