@@ -28,6 +28,7 @@ def test_qwen3_counts():
         "silu_mul": 2,  # the MLP's SwiGLU per layer
         "activation_quantize_shared": 4,  # per layer: q/k/v's X, gate/up's X
         "activation_quantize_saved": 6,  # per layer: 2 of q/k/v, 1 of gate/up
+        "rms_norm_quantize_fused": 4,  # per layer: the norms before q/k/v and gate/up
     }
     lm = [g for g in rep.gemms if g.module == "lm_head"]
     assert lm and lm[0].precision == "bf16" and "lm_head" in lm[0].reason
@@ -45,6 +46,7 @@ def test_qwen3_moe_counts():
     assert rep.counts["narrow_expert_sort_keys"] == 2  # ... on uint8 expert ids
     assert rep.counts["silu_mul"] == 2  # the experts' SwiGLU per layer
     assert rep.counts["activation_quantize_shared"] == 2  # q/k/v's X per layer
+    assert rep.counts["rms_norm_quantize_fused"] == 2  # ... emitted by its norm
     assert rep.counts["gather_rows"] == 4  # per layer: tokens to experts, outputs back to slots
     assert rep.counts["expert_gather_folded"] == 2  # ... the first read by gate_up's GEMM itself
     assert rep.counts["moe_combine_folded"] == 2  # row_scale + gather + ordered_sum: one op
@@ -81,6 +83,7 @@ def test_llama_counts():
         "silu_mul": 1,
         "activation_quantize_shared": 2,
         "activation_quantize_saved": 3,
+        "rms_norm_quantize_fused": 2,
     }
 
 
