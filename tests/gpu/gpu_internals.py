@@ -36,3 +36,32 @@ def invariant_linear_kernel(*args, **kwargs):
     from fp4_compile.codegen.invariant.forward_kernels import linear
 
     return linear(*args, **kwargs)
+
+
+def rms_norm_quantize_kernel(*args, **kwargs):
+    """The RMSNorm + NVFP4 operand kernel's launcher (codegen/nvfp4/rms_norm_quantize_kernel.py)."""
+    from fp4_compile.codegen.nvfp4.rms_norm_quantize_kernel import rms_norm_quantize
+
+    return rms_norm_quantize(*args, **kwargs)
+
+
+def rms_norm_kernel(*args, **kwargs):
+    """The batch-invariant RMSNorm kernel's launcher (codegen/invariant/forward_kernels.py)."""
+    from fp4_compile.codegen.invariant.forward_kernels import rms_norm
+
+    return rms_norm(*args, **kwargs)
+
+
+def quantize_transposed_ongrid(*args, **kwargs):
+    """The wgrad's X^T quantize (codegen/nvfp4/gemm.py)."""
+    from fp4_compile.codegen.nvfp4.gemm import quantize_transposed_ongrid as launch
+
+    return launch(*args, **kwargs)
+
+
+def fusion_passes():
+    """The passes that share and fuse activation quantization (passes/), by name."""
+    from fp4_compile.passes.fuse_norm_quantize import fuse_norm_quantize
+    from fp4_compile.passes.share_activation_quantize import share_activation_quantize
+
+    return {"share": share_activation_quantize, "fuse_norm": fuse_norm_quantize}
