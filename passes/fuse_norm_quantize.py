@@ -2,8 +2,12 @@
 is an `invariant_rms_norm`'s output becomes part of the norm, `fp4_compile::rms_norm_quantize`,
 which writes the GEMMs' operand in its epilogue (the norm owns the whole row, so the row's amax
 is known before its blocks are encoded): the separate quantize launch and its read of the
-normed X disappear. The norm's output keeps every other reader. The same bits
-(tests/passes/test_fuse_norm_quantize.py); `explain` counts `rms_norm_quantize_fused`."""
+normed X disappear. Likewise an experts' GEMM (`nvfp4_grouped_mm`, per-row scales) reading a
+norm's output (the MoE block's normed X, its token gather folded into x_index) becomes
+`nvfp4_grouped_mm_quantized` on the norm's operand (no transposed operand: the experts' wgrad
+quantizes each expert's gathered X^T itself). The norm's output keeps every other reader. The
+same bits (tests/passes/test_fuse_norm_quantize.py); `explain` counts `rms_norm_quantize_fused`
+and `expert_input_from_norm`."""
 
 from __future__ import annotations
 
@@ -12,8 +16,9 @@ import operator
 import torch
 import torch.fx as fx
 
+from ..codegen.nvfp4.op_args import GemmArg
 from ..recipe import NVFP4Recipe
-from .graph_utils import insert_call
+from .graph_utils import fake, insert_call
 from .report import LoweringReport
 
 
@@ -39,27 +44,102 @@ def fusable_norm(q: fx.Node) -> fx.Node | None:
     return norm if _is(norm, _ops().invariant_rms_norm.default) else None
 
 
-def fuse_norm_quantize(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
-    graph = gm.graph
+def _fuse(graph: fx.Graph, norm: fx.Node, numerics: str, transposed: bool) -> fx.Node:
+    """Replace invariant_rms_norm node `norm` by rms_norm_quantize; its readers read output 0."""
+    x, weight, eps = norm.args
+    fused = insert_call(graph, _ops().rms_norm_quantize.default,
+                        (x, weight, eps, numerics, bool(transposed)), before=norm, like=norm)  # fmt: skip
+    y = insert_call(graph, operator.getitem, (fused, 0), before=norm, like=norm)
+    norm.replace_all_uses_with(y)
+    graph.erase_node(norm)
+    return fused
+
+
+def _output(graph: fx.Graph, fused: fx.Node, index: int) -> fx.Node:
+    """getitem(fused, index): the existing node, or a new one right after `fused`."""
+    for user in fused.users:
+        if _is(user, operator.getitem) and user.args[1] == index:
+            return user
+    return insert_call(graph, operator.getitem, (fused, index), after=fused, like=fused)
+
+
+def _fuse_shared_quantizes(graph: fx.Graph, report: LoweringReport) -> None:
+    """quantize_activation(detach(rms_norm)) -> the outputs 1..4 of rms_norm_quantize."""
     quantizes = [n for n in graph.nodes if _is(n, _ops().quantize_activation.default)]
     for q in quantizes:
         norm = fusable_norm(q)
         if norm is None or not all(_is(u, operator.getitem) for u in q.users):
             continue
         det, numerics, _, transposed = q.args
-        x, weight, eps = norm.args
-        fused = insert_call(graph, _ops().rms_norm_quantize.default,
-                            (x, weight, eps, numerics, transposed), before=norm, like=norm)  # fmt: skip
-        y = insert_call(graph, operator.getitem, (fused, 0), before=norm, like=norm)
+        fused = _fuse(graph, norm, numerics, transposed)
         for item in list(q.users):
-            out = insert_call(graph, operator.getitem, (fused, item.args[1] + 1), before=norm,
-                              like=norm)  # fmt: skip
-            item.replace_all_uses_with(out)
+            item.replace_all_uses_with(_output(graph, fused, item.args[1] + 1))
             graph.erase_node(item)
         graph.erase_node(q)
         if not det.users:
             graph.erase_node(det)
-        norm.replace_all_uses_with(y)
-        graph.erase_node(norm)
         report.count("rms_norm_quantize_fused")
+
+
+def _rows_view_of(x):
+    """x's source when x is a view of it as its rows [M, H] (leading dims flattened: the same
+    rows in the same order, so the norm's [M, H] operand serves), else x."""
+    is_view = (x.op == "call_method" and x.target in ("view", "reshape")) or (
+        x.op == "call_function"
+        and x.target
+        in (
+            torch.ops.aten.view.default,
+            torch.ops.aten.reshape.default,
+            torch.ops.aten._unsafe_view.default,
+        )  # fmt: skip
+    )
+    if not is_view or not isinstance(x.args[0], fx.Node):
+        return x
+    src, val = fake(x.args[0]), fake(x)
+    if src is None or val is None or val.dim() != 2 or not src.is_contiguous():
+        return x
+    return x.args[0] if val.shape[-1] == src.shape[-1] else x
+
+
+def _norm_source(graph: fx.Graph, x, numerics: str, report: LoweringReport):
+    """The rms_norm_quantize node producing x, or its rows view (fusing x's invariant_rms_norm
+    with no transposed operand if not fused yet), or None when x comes from elsewhere."""
+    x = _rows_view_of(x)
+    if (
+        _is(x, operator.getitem)
+        and x.args[1] == 0
+        and _is(x.args[0], _ops().rms_norm_quantize.default)
+    ):
+        return x.args[0]
+    if _is(x, _ops().invariant_rms_norm.default):
+        report.count("rms_norm_quantize_fused")
+        return _fuse(graph, x, numerics, False)
+    return None
+
+
+def _fuse_expert_inputs(graph: fx.Graph, report: LoweringReport) -> None:
+    """nvfp4_grouped_mm reading a norm's output (the MoE block's normed X, gathered through
+    x_index) -> nvfp4_grouped_mm_quantized on the norm's operand."""
+    grouped = [n for n in graph.nodes if _is(n, _ops().nvfp4_grouped_mm.default)]
+    for node in grouped:
+        numerics = node.args[GemmArg.NUMERICS]
+        if node.args[GemmArg.X_AMAX] is not None or node.kwargs:
+            continue
+        if NVFP4Recipe.from_numerics_key(numerics).activation.global_scale != "per_row":
+            continue
+        fused = _norm_source(graph, node.args[GemmArg.X], numerics, report)
+        if fused is None:
+            continue
+        args = (*node.args, *([None] * (GemmArg.X_PERM + 1 - len(node.args))))
+        operands = (_output(graph, fused, 1), _output(graph, fused, 2))
+        new = insert_call(graph, _ops().nvfp4_grouped_mm_quantized.default, (*args, *operands),
+                          before=node, like=node)  # fmt: skip
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        report.count("expert_input_from_norm")
+
+
+def fuse_norm_quantize(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
+    _fuse_shared_quantizes(gm.graph, report)
+    _fuse_expert_inputs(gm.graph, report)
     gm.recompile()

@@ -401,3 +401,41 @@ def cuda_wgrad_quantized(dy2, xt_ongrid, xt_gd, recipe, seed, *, out_dtype, dy_a
     a, gd_a = quantize_transposed_ongrid(dy2, global_scale=scale,
                                          rounding=recipe.grad.rounding, seed=seed)  # fmt: skip
     return launch_gemm(a, gd_a, xt_ongrid, xt_gd, out_dtype=out_dtype, config_op="nvfp4_wgrad")
+
+
+def cpu_grouped_quantized(x_ongrid, x_gd, w: NVFP4Tensor, offsets, x_index=None):
+    """The experts' forward (`reference.nvfp4_grouped_mm` of quantize(x) per row) with x's
+    per-row quantization given: on-grid rows [M, K] and their global decodes [M, 1]; with
+    `x_index` the product's rows are those rows gathered (a zero row where x_index < 0, whose
+    global decode is a zero row's). FP32 [T, N]."""
+    if x_index is not None:
+        zero_gd = ref.global_scales(torch.zeros((), dtype=torch.float32))[1]
+        keep = (x_index >= 0).unsqueeze(-1)
+        x_ongrid = torch.where(keep, x_ongrid[x_index.clamp(min=0)], 0.0).to(torch.bfloat16)
+        x_gd = torch.where(keep, x_gd[x_index.clamp(min=0)], zero_gd)
+    ref.check_offsets(offsets, x_ongrid.shape[0], w.shape[0])
+    out = torch.empty((x_ongrid.shape[0], w.shape[1]), dtype=torch.float32, device=x_ongrid.device)
+    start = 0
+    for e, end in enumerate(offsets.cpu().tolist()):
+        if end > start:
+            w_e = w[e]
+            acc = ref.exact_dot_ongrid(x_ongrid[start:end], w_e.on_grid(torch.bfloat16))
+            out[start:end] = ref.apply_global_scales(acc, x_gd[start:end],
+                                                     w_e.global_decode.reshape(()))  # fmt: skip
+        start = end
+    return out
+
+
+def cuda_grouped_quantized(x_ongrid, x_gd, w_codes, w_scales, w_gd, w_ongrid, offsets, out_dtype,
+                           x_index=None):  # fmt: skip
+    """`cuda_linear` with offsets (and x_index) given x's per-row quantization: the same GEMM
+    launch."""
+    from .gemm_kernel import launch_gemm, ongrid_weight
+
+    m = x_ongrid.shape[0] if x_index is None else x_index.shape[0]
+    rows = max(1, -(-m // w_codes.shape[0]))
+    if w_ongrid is None and forward_uses_ongrid(x_ongrid.device.type, rows):
+        w_ongrid = ongrid_weight(w_codes, w_scales)
+    b = w_ongrid if w_ongrid is not None else (w_codes, w_scales)
+    return launch_gemm(x_ongrid, x_gd, b, w_gd, out_dtype=out_dtype, offsets=offsets,
+                       rows_per_group=rows, a_rows=x_index)  # fmt: skip

@@ -2,7 +2,7 @@
 fusion equal the same models lowered without it (and without the shared quantize as well), in
 the logits and in every parameter gradient, bit for bit (the lowered graphs run eagerly through
 the ops' CPU references). The fusion happens where a norm feeds NVFP4 linears under per-row
-activation scales, and nowhere else."""
+activation scales, and where a norm feeds the experts' grouped GEMM, and nowhere else."""
 
 import pytest
 import torch
@@ -40,8 +40,10 @@ def test_fused_norm_quantize_is_bitwise_the_unfused_graph(arch, dtype, monkeypat
     ids = torch.randint(0, model.config.vocab_size, (2, 12),
                         generator=torch.Generator().manual_seed(2))  # fmt: skip
     y, g, report = _run(model, ids, recipe)
-    # q/k/v's input norm per layer; the dense MLP's post-attention norm feeds gate/up too
-    assert report.counts["rms_norm_quantize_fused"] == (4 if arch == "qwen3" else 2)
+    # per layer: the input norm (q/k/v) and the post-attention norm (dense gate/up, or the
+    # experts' gate_up through the token gather)
+    assert report.counts["rms_norm_quantize_fused"] == 4
+    assert report.counts.get("expert_input_from_norm", 0) == (0 if arch == "qwen3" else 2)
     full = passes.PIPELINE
     for dropped in ((fuse_norm_quantize,), (fuse_norm_quantize, share_activation_quantize)):
         monkeypatch.setattr(passes, "PIPELINE", tuple(p for p in full if p not in dropped))
