@@ -17,7 +17,7 @@ from .fold_expert_gathers import fold_expert_gathers
 from .fold_moe_combine import fold_moe_combine
 from .fold_row_masks import fold_row_masks
 from .fold_swiglu_halves import fold_swiglu_halves
-from .fuse_norm_quantize import fuse_norm_quantize
+from .fuse_quantize_into_producers import fuse_quantize_into_producers
 from .lower_attention import lower_attention
 from .lower_embeddings import lower_embeddings
 from .lower_gathers import lower_gathers
@@ -59,7 +59,7 @@ PIPELINE = (
     lower_outer_products,  # K = 1 matmuls (rotary embedding) -> broadcast multiply, same bits
     lower_embeddings,  # token embedding -> embedding op with one opaque (same-kernel) backward
     share_activation_quantize,  # linears reading one X: X (and wgrad's X^T) quantized once
-    fuse_norm_quantize,  # rms_norm -> quantize_activation (per row): the norm emits the operand
+    fuse_quantize_into_producers,  # per-row operands emitted by their producers (norm, SwiGLU)
     verify,  # nothing eligible left, no stock reduction left (strict), op census
 )
 # By option, after PIPELINE (`run_pipeline(..., save_ongrid_weights=False)`, the backend's option):

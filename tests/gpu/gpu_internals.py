@@ -61,7 +61,7 @@ def quantize_transposed_ongrid(*args, **kwargs):
 
 def fusion_passes():
     """The passes that share and fuse activation quantization (passes/), by name."""
-    from fp4_compile.passes.fuse_norm_quantize import fuse_norm_quantize
+    from fp4_compile.passes.fuse_quantize_into_producers import fuse_quantize_into_producers
     from fp4_compile.passes.share_activation_quantize import share_activation_quantize
 
-    return {"share": share_activation_quantize, "fuse_norm": fuse_norm_quantize}
+    return {"share": share_activation_quantize, "fuse_norm": fuse_quantize_into_producers}

@@ -48,6 +48,8 @@ def test_qwen3_moe_counts():
     assert rep.counts["activation_quantize_shared"] == 2  # q/k/v's X per layer
     assert rep.counts["rms_norm_quantize_fused"] == 4  # per layer: input and post-attn norms
     assert rep.counts["expert_input_from_norm"] == 2  # the experts' gate_up reads the operand
+    assert rep.counts["silu_mul_quantize_fused"] == 2  # the SwiGLU emits the down GEMM's operand
+    assert rep.counts["expert_input_from_silu_mul"] == 2
     assert rep.counts["gather_rows"] == 4  # per layer: tokens to experts, outputs back to slots
     assert rep.counts["expert_gather_folded"] == 2  # ... the first read by gate_up's GEMM itself
     assert rep.counts["moe_combine_folded"] == 2  # row_scale + gather + ordered_sum: one op

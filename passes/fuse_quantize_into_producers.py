@@ -1,13 +1,18 @@
-"""Pass, fuse norm quantize: a `quantize_activation` (per-row scales, no static amax) whose input
-is an `invariant_rms_norm`'s output becomes part of the norm, `fp4_compile::rms_norm_quantize`,
-which writes the GEMMs' operand in its epilogue (the norm owns the whole row, so the row's amax
-is known before its blocks are encoded): the separate quantize launch and its read of the
-normed X disappear. Likewise an experts' GEMM (`nvfp4_grouped_mm`, per-row scales) reading a
-norm's output (the MoE block's normed X, its token gather folded into x_index) becomes
-`nvfp4_grouped_mm_quantized` on the norm's operand (no transposed operand: the experts' wgrad
-quantizes each expert's gathered X^T itself). The norm's output keeps every other reader. The
-same bits (tests/passes/test_fuse_norm_quantize.py); `explain` counts `rms_norm_quantize_fused`
-and `expert_input_from_norm`."""
+"""Pass, fuse quantize into producers: where an NVFP4 GEMM's per-row activation quantize reads
+the output of an op minite owns that holds whole rows, that op writes the GEMM's operand in its
+epilogue (the row's amax is known before its blocks are encoded), and the separate quantize
+launch and its read of the tensor disappear:
+- RMSNorm: `quantize_activation(detach(invariant_rms_norm))` (the shared quantize of q/k/v, of
+  a dense MLP's gate/up) -> the outputs of `fp4_compile::rms_norm_quantize`; an experts' GEMM
+  (`nvfp4_grouped_mm`) reading a norm's output (the MoE block's normed X, its token gather
+  folded into x_index) -> `nvfp4_grouped_mm_quantized` on the norm's operand (no transposed
+  operand: the experts' wgrad quantizes each expert's gathered X^T itself);
+- SwiGLU: an experts' down GEMM reading `silu_mul_halves` -> `nvfp4_grouped_mm_quantized` on
+  the operand of `fp4_compile::silu_mul_halves_quantize`.
+Per-row activation scales only (per tensor needs the whole tensor's amax first). The producer's
+output keeps every other reader. The same bits (tests/passes/test_fuse_quantize_into_producers.py);
+`explain` counts `rms_norm_quantize_fused`, `expert_input_from_norm` and
+`expert_input_from_silu_mul`."""
 
 from __future__ import annotations
 
@@ -117,9 +122,49 @@ def _norm_source(graph: fx.Graph, x, numerics: str, report: LoweringReport):
     return None
 
 
+def _same_tensor(x):
+    """x's source when x is `x.to(its own dtype)` (Dynamo's `.to`, ATen's _to_copy / to): the
+    same values, else x."""
+    if not isinstance(x, fx.Node) or not isinstance(x.args[0] if x.args else None, fx.Node):
+        return x
+    is_to = (x.op == "call_method" and x.target == "to") or (
+        x.op == "call_function"
+        and x.target in (torch.ops.aten._to_copy.default, torch.ops.aten.to.dtype)
+    )
+    if not is_to:
+        return x
+    src, val = fake(x.args[0]), fake(x)
+    if not isinstance(src, torch.Tensor) or not isinstance(val, torch.Tensor):
+        return x
+    same = val.dtype == src.dtype and val.shape == src.shape and val.device == src.device
+    return x.args[0] if same else x
+
+
+def _silu_source(graph: fx.Graph, x, numerics: str, report: LoweringReport):
+    """The silu_mul_halves_quantize node producing x (fusing x's silu_mul_halves), or None."""
+    x = _same_tensor(x)
+    if _is(x, operator.getitem) and x.args[1] == 0:
+        q = x.args[0]
+        return q if _is(q, _ops().silu_mul_halves_quantize.default) else None
+    val = fake(x)
+    if not _is(x, _ops().silu_mul_halves.default) or val is None:
+        return None
+    if val.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    h, row_mask = x.args[0], (x.args[1] if len(x.args) > 1 else x.kwargs.get("row_mask"))
+    fused = insert_call(graph, _ops().silu_mul_halves_quantize.default, (h, row_mask, numerics),
+                        before=x, like=x)  # fmt: skip
+    y = insert_call(graph, operator.getitem, (fused, 0), before=x, like=x)
+    x.replace_all_uses_with(y)
+    graph.erase_node(x)
+    report.count("silu_mul_quantize_fused")
+    return fused
+
+
 def _fuse_expert_inputs(graph: fx.Graph, report: LoweringReport) -> None:
     """nvfp4_grouped_mm reading a norm's output (the MoE block's normed X, gathered through
-    x_index) -> nvfp4_grouped_mm_quantized on the norm's operand."""
+    x_index) or the SwiGLU's (the down GEMM) -> nvfp4_grouped_mm_quantized on that producer's
+    operand."""
     grouped = [n for n in graph.nodes if _is(n, _ops().nvfp4_grouped_mm.default)]
     for node in grouped:
         numerics = node.args[GemmArg.NUMERICS]
@@ -127,19 +172,24 @@ def _fuse_expert_inputs(graph: fx.Graph, report: LoweringReport) -> None:
             continue
         if NVFP4Recipe.from_numerics_key(numerics).activation.global_scale != "per_row":
             continue
-        fused = _norm_source(graph, node.args[GemmArg.X], numerics, report)
+        x = node.args[GemmArg.X]
+        fused, source = _norm_source(graph, x, numerics, report), "norm"
+        if fused is None:
+            fused, source = _silu_source(graph, x, numerics, report), "silu_mul"
         if fused is None:
             continue
-        args = (*node.args, *([None] * (GemmArg.X_PERM + 1 - len(node.args))))
         operands = (_output(graph, fused, 1), _output(graph, fused, 2))
+        args = (*node.args, *([None] * (GemmArg.X_PERM + 1 - len(node.args))))
         new = insert_call(graph, _ops().nvfp4_grouped_mm_quantized.default, (*args, *operands),
                           before=node, like=node)  # fmt: skip
         node.replace_all_uses_with(new)
         graph.erase_node(node)
-        report.count("expert_input_from_norm")
+        report.count(f"expert_input_from_{source}")
 
 
-def fuse_norm_quantize(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
+def fuse_quantize_into_producers(
+    gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport
+) -> None:
     _fuse_shared_quantizes(gm.graph, report)
     _fuse_expert_inputs(gm.graph, report)
     gm.recompile()
