@@ -23,8 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..configs import SILU_MUL_QUANTIZE
 from ..invariant.silu_mul_kernel import silu_mul_values
-from ..runtime import check_kernel_device, compile_options, interpreting, row_mask_bytes
+from ..runtime import arch_of, check_kernel_device, compile_options, interpreting, row_mask_bytes
 from ..triton_helpers import (
     ONE_SIXTH_F32,
     block_encode,
@@ -32,8 +33,6 @@ from ..triton_helpers import (
     scales_from_amax,
     signed_value,
 )
-
-BLOCK_R, BLOCK_C, BLOCK_K = 8, 256, 256
 
 
 @triton.jit
@@ -93,11 +92,13 @@ def silu_mul_quantize(a: torch.Tensor, b: torch.Tensor, row_mask: torch.Tensor |
     out = torch.empty((r, c), dtype=a.dtype, device=a.device)
     ongrid = torch.empty((r, c), dtype=torch.bfloat16, device=a.device)
     gd = torch.empty((r,), dtype=torch.float32, device=a.device)
+    arch = arch_of(a.device)
+    block_r, block_c, block_k, warps = SILU_MUL_QUANTIZE.get(arch, SILU_MUL_QUANTIZE["sm_90"])
     if r and c:
-        _silu_mul_quantize_kernel[(triton.cdiv(r, BLOCK_R),)](
+        _silu_mul_quantize_kernel[(triton.cdiv(r, block_r),)](
             a, b, out, ongrid, gd, m if m is not None else gd, r, c, a.stride(0), b.stride(0),
             ONE_SIXTH_F32, BF16=a.dtype == torch.bfloat16, INTERP=interpreting(),
-            ROW_MASK=m is not None, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, BLOCK_K=BLOCK_K,
-            num_warps=4, **compile_options(a.device),
+            ROW_MASK=m is not None, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_K=block_k,
+            num_warps=warps, **compile_options(a.device),
         )  # fmt: skip
     return out, ongrid, gd.reshape(r, 1)
