@@ -64,4 +64,18 @@ def fusion_passes():
     from fp4_compile.passes.fuse_quantize_into_producers import fuse_quantize_into_producers
     from fp4_compile.passes.share_activation_quantize import share_activation_quantize
 
-    return {"share": share_activation_quantize, "fuse_norm": fuse_quantize_into_producers}
+    return {"share": share_activation_quantize, "fuse": fuse_quantize_into_producers}
+
+
+def silu_mul_quantize_kernel(*args, **kwargs):
+    """The SwiGLU + NVFP4 operand kernel's launcher (codegen/nvfp4/silu_mul_quantize_kernel.py)."""
+    from fp4_compile.codegen.nvfp4.silu_mul_quantize_kernel import silu_mul_quantize
+
+    return silu_mul_quantize(*args, **kwargs)
+
+
+def silu_mul_kernel(*args, **kwargs):
+    """The SwiGLU kernel's launcher (codegen/invariant/silu_mul_kernel.py)."""
+    from fp4_compile.codegen.invariant.silu_mul_kernel import silu_mul_triton
+
+    return silu_mul_triton(*args, **kwargs)

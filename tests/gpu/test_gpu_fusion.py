@@ -7,6 +7,8 @@ Bitwise, each against the unfused path:
 - the rms_norm_quantize kernel == the rms_norm kernel, then quantize_triton (per row) and the
   per-tensor X^T quantize: y, on-grid operands, global decodes; rows of a 16-row call == the
   same rows of the 4096-row call (batch invariance);
+- the silu_mul_quantize kernel == silu_mul_triton, then quantize_triton (per row);
+- nvfp4_grouped_mm_quantized == nvfp4_grouped_mm (128 experts, gathered tokens): y, dX, dW;
 - the whole pipeline with the share / fuse passes == without them (logits and every gradient,
   Inductor-compiled `minite`), on two Qwen3-30B-A3B-shaped layers, MoE and dense.
 """
@@ -87,6 +89,51 @@ def test_rms_norm_quantize_kernel_equals_unfused_kernels(hidden):
         part = gi.rms_norm_quantize_kernel(x[:m], w, 1e-6)
         for got, full, what in zip(part, (y, ongrid, gd, row_amax), ("y", "on-grid", "gd", "amax")):
             assert_bitwise_equal(got, full[:m], f"{what}: {m} rows alone vs in {TOKENS}")
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_silu_mul_quantize_kernel_equals_unfused_kernels(masked):
+    """The experts' SwiGLU at the learner's shape (4096 tokens x top-8, moe_intermediate 768):
+    y == silu_mul_triton on the halves, the operand == quantize_triton(y, per row)."""
+    x = _randn(TOKENS * 8, 2 * 768, seed=5, scale=2.0).to(torch.bfloat16)
+    mask = (torch.arange(TOKENS * 8, device=DEVICE) % 7 == 3) if masked else None
+    y, ongrid, gd = gi.silu_mul_quantize_kernel(x[:, :768], x[:, 768:], mask)
+    y_ref = gi.silu_mul_kernel(x[:, :768], x[:, 768:], mask)
+    assert_bitwise_equal(y, y_ref, "y")
+    a, gd_a = gi.quantize_triton(y_ref, block="1x16", global_scale="per_row", out="ongrid")
+    assert_bitwise_equal(ongrid, a, "on-grid operand")
+    assert_bitwise_equal(gd, gd_a, "per-row global decode")
+
+
+def test_grouped_mm_quantized_equals_nvfp4_grouped_mm():
+    """The experts' gate_up at the learner's shape (128 experts, top-8 of 4096 tokens, the
+    token gather folded into x_index): forward, dX and dW with stochastic-rounding gradients."""
+    recipe = NVFP4Recipe.strict()
+    e, n, k = 128, 1536, HIDDEN
+    x = _randn(TOKENS, k, seed=6).to(torch.bfloat16).requires_grad_()
+    w = _randn(e, n, k, seed=7, scale=0.02).to(torch.bfloat16).requires_grad_()
+    codes, scales, gd = ops.quantize(w.detach(), "16x16", "per_expert", None, "rne", 0)
+    g = torch.Generator(device=DEVICE).manual_seed(8)
+    perm = torch.randperm(TOKENS * 8, generator=g, device=DEVICE)
+    x_index = perm // 8
+    counts = torch.bincount(
+        torch.randint(0, e, (TOKENS * 8,), generator=g, device=DEVICE), minlength=e
+    )
+    offsets = counts.cumsum(0).to(torch.int32)
+    args = (x, w, codes, scales.view(torch.uint8), gd, offsets, None, recipe.numerics_key, None,
+            3, x_index, None)  # fmt: skip
+    dy = _randn(TOKENS * 8, n, seed=9).to(torch.bfloat16)
+
+    def run(op, *extra):
+        gi.set_sr_state(None)
+        y = op(*args, *extra)
+        return (y, *torch.autograd.grad(y, (x, w), dy))
+
+    a, gd_a = gi.quantize_triton(x.detach(), block="1x16", global_scale="per_row", out="ongrid")
+    got = run(ops.nvfp4_grouped_mm_quantized, a, gd_a)
+    want = run(ops.nvfp4_grouped_mm)
+    for u, v, what in zip(got, want, ("y", "dX", "dW")):
+        assert_bitwise_equal(u, v, what)
 
 
 def _fwd_bwd(model, ids, recipe):
