@@ -8,11 +8,13 @@ launch and its read of the tensor disappear:
   folded into x_index) -> `nvfp4_grouped_mm_quantized` on the norm's operand (no transposed
   operand: the experts' wgrad quantizes each expert's gathered X^T itself);
 - SwiGLU: an experts' down GEMM reading `silu_mul_halves` -> `nvfp4_grouped_mm_quantized` on
-  the operand of `fp4_compile::silu_mul_halves_quantize`.
+  the operand of `fp4_compile::silu_mul_halves_quantize`; a dense down projection reading
+  `silu_mul` -> `nvfp4_linear_quantized` on the operands of `fp4_compile::silu_mul_quantize`
+  (X^T's too where an NVFP4 wgrad reads it).
 Per-row activation scales only (per tensor needs the whole tensor's amax first). The producer's
 output keeps every other reader. The same bits (tests/passes/test_fuse_quantize_into_producers.py);
-`explain` counts `rms_norm_quantize_fused`, `expert_input_from_norm` and
-`expert_input_from_silu_mul`."""
+`explain` counts `rms_norm_quantize_fused`, `silu_mul_quantize_fused`, `expert_input_from_norm`
+and `expert_input_from_silu_mul`."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from ..codegen.nvfp4.op_args import GemmArg
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, insert_call
 from .report import LoweringReport
+from .share_activation_quantize import needs_transposed
 
 
 def _ops():
@@ -187,9 +190,39 @@ def _fuse_expert_inputs(graph: fx.Graph, report: LoweringReport) -> None:
         report.count(f"expert_input_from_{source}")
 
 
+def _fuse_dense_swiglu(graph: fx.Graph, report: LoweringReport) -> None:
+    """nvfp4_linear reading `silu_mul` (a dense MLP's down projection) -> nvfp4_linear_quantized
+    on the operands of `silu_mul_quantize` (X^T's too where an NVFP4 wgrad reads it)."""
+    linears = [n for n in graph.nodes if _is(n, _ops().nvfp4_linear.default)]
+    for node in linears:
+        numerics = node.args[GemmArg.NUMERICS]
+        if node.args[GemmArg.X_AMAX] is not None or node.kwargs:
+            continue
+        if NVFP4Recipe.from_numerics_key(numerics).activation.global_scale != "per_row":
+            continue
+        silu = _same_tensor(node.args[GemmArg.X])
+        val = fake(silu) if _is(silu, _ops().silu_mul.default) else None
+        if val is None or val.dtype not in (torch.bfloat16, torch.float32) or silu.kwargs:
+            continue
+        a, b, row_mask = (*silu.args, None)[:3]
+        transposed = needs_transposed([node])
+        fused = insert_call(graph, _ops().silu_mul_quantize.default,
+                            (a, b, row_mask, numerics, transposed), before=silu, like=silu)  # fmt: skip
+        y = insert_call(graph, operator.getitem, (fused, 0), before=silu, like=silu)
+        silu.replace_all_uses_with(y)
+        graph.erase_node(silu)
+        operands = tuple(_output(graph, fused, i) for i in range(1, 5))
+        new = insert_call(graph, _ops().nvfp4_linear_quantized.default,
+                          (*node.args[: GemmArg.SITE + 1], *operands), before=node, like=node)  # fmt: skip
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        report.count("silu_mul_quantize_fused")
+
+
 def fuse_quantize_into_producers(
     gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport
 ) -> None:
     _fuse_shared_quantizes(gm.graph, report)
     _fuse_expert_inputs(gm.graph, report)
+    _fuse_dense_swiglu(gm.graph, report)
     gm.recompile()

@@ -8,7 +8,8 @@ Each program owns BLOCK_R whole rows, so a row's amax, hence its per-row global 
 before any block is encoded:
 1. out = silu(a) * b over the row in BLOCK_C chunks: `invariant.silu_mul_kernel.silu_mul_values`,
    the forward kernel's own values (elementwise: the tiling changes no bit), stored (the graph's
-   silu_mul output: the down GEMM's backward reads it); max |out| and a NaN flag kept per row.
+   silu_mul output: the down GEMM's backward reads it); max |out| and a NaN flag kept per row
+   (stored too: a wgrad's per-tensor X^T amax is their max, no further read of out).
 2. (global decode, multiplier) per row by `scales_from_amax`; after a barrier the program reads
    its rows of out back (from cache) as [BLOCK_R, NB, 16] blocks and quantizes them as
    `quantize_kernel._quantize_kernel` does (per-row scales, RNE, on-grid output): the same
@@ -36,7 +37,7 @@ from ..triton_helpers import (
 
 
 @triton.jit
-def _silu_mul_quantize_kernel(a_ptr, b_ptr, o_ptr, ongrid_ptr, gd_ptr, m_ptr, R, C, sa, sb,
+def _silu_mul_quantize_kernel(a_ptr, b_ptr, o_ptr, ongrid_ptr, gd_ptr, amax_ptr, m_ptr, R, C, sa, sb,
                               one_sixth, BF16: tl.constexpr, INTERP: tl.constexpr,
                               ROW_MASK: tl.constexpr, BLOCK_R: tl.constexpr,
                               BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
@@ -60,6 +61,7 @@ def _silu_mul_quantize_kernel(a_ptr, b_ptr, o_ptr, ongrid_ptr, gd_ptr, m_ptr, R,
         nan = tl.maximum(nan, tl.max((mask & (out != out)).to(tl.int32), axis=1))
     gd, mult = scales_from_amax(amax, nan > 0, one_sixth, BLOCK_R)
     tl.store(gd_ptr + rows, gd, mask=rmask)
+    tl.store(amax_ptr + rows, tl.where(nan > 0, float("nan"), amax), mask=rmask)
     tl.debug_barrier()  # this program's rows of out, stored by all its threads, are read back
     NB: tl.constexpr = BLOCK_K // 16
     rows3 = rows[:, None, None]
@@ -76,8 +78,9 @@ def _silu_mul_quantize_kernel(a_ptr, b_ptr, o_ptr, ongrid_ptr, gd_ptr, m_ptr, R,
 
 def silu_mul_quantize(a: torch.Tensor, b: torch.Tensor, row_mask: torch.Tensor | None = None):
     """a, b [R, C] (unit inner stride, any row stride; bf16 or FP32) -> (silu(a) * b [R, C] in
-    a's dtype, its on-grid BF16 operand [R, C], per-row global decode FP32 [R, 1]) in one
-    launch (module docstring)."""
+    a's dtype, its on-grid BF16 operand [R, C], per-row global decode FP32 [R, 1], row maxima
+    FP32 [R] (NaN where the row holds one, as `abs_max_kernel.row_abs_max`)) in one launch
+    (module docstring)."""
     check_kernel_device(a, "a")
     if a.dim() != 2 or a.shape != b.shape or a.dtype != b.dtype:
         raise ValueError(f"a and b must be [R, C] of one dtype, got {a.shape} and {b.shape}")
@@ -92,13 +95,14 @@ def silu_mul_quantize(a: torch.Tensor, b: torch.Tensor, row_mask: torch.Tensor |
     out = torch.empty((r, c), dtype=a.dtype, device=a.device)
     ongrid = torch.empty((r, c), dtype=torch.bfloat16, device=a.device)
     gd = torch.empty((r,), dtype=torch.float32, device=a.device)
+    amax = torch.empty((r,), dtype=torch.float32, device=a.device)
     arch = arch_of(a.device)
     block_r, block_c, block_k, warps = SILU_MUL_QUANTIZE.get(arch, SILU_MUL_QUANTIZE["sm_90"])
     if r and c:
         _silu_mul_quantize_kernel[(triton.cdiv(r, block_r),)](
-            a, b, out, ongrid, gd, m if m is not None else gd, r, c, a.stride(0), b.stride(0),
+            a, b, out, ongrid, gd, amax, m if m is not None else gd, r, c, a.stride(0), b.stride(0),
             ONE_SIXTH_F32, BF16=a.dtype == torch.bfloat16, INTERP=interpreting(),
             ROW_MASK=m is not None, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_K=block_k,
             num_warps=warps, **compile_options(a.device),
         )  # fmt: skip
-    return out, ongrid, gd.reshape(r, 1)
+    return out, ongrid, gd.reshape(r, 1), amax

@@ -97,7 +97,7 @@ def test_silu_mul_quantize_kernel_equals_unfused_kernels(masked):
     y == silu_mul_triton on the halves, the operand == quantize_triton(y, per row)."""
     x = _randn(TOKENS * 8, 2 * 768, seed=5, scale=2.0).to(torch.bfloat16)
     mask = (torch.arange(TOKENS * 8, device=DEVICE) % 7 == 3) if masked else None
-    y, ongrid, gd = gi.silu_mul_quantize_kernel(x[:, :768], x[:, 768:], mask)
+    y, ongrid, gd, _ = gi.silu_mul_quantize_kernel(x[:, :768], x[:, 768:], mask)
     y_ref = gi.silu_mul_kernel(x[:, :768], x[:, 768:], mask)
     assert_bitwise_equal(y, y_ref, "y")
     a, gd_a = gi.quantize_triton(y_ref, block="1x16", global_scale="per_row", out="ongrid")

@@ -29,6 +29,7 @@ def test_qwen3_counts():
         "activation_quantize_shared": 4,  # per layer: q/k/v's X, gate/up's X
         "activation_quantize_saved": 6,  # per layer: 2 of q/k/v, 1 of gate/up
         "rms_norm_quantize_fused": 4,  # per layer: the norms before q/k/v and gate/up
+        "silu_mul_quantize_fused": 2,  # per layer: the SwiGLU emits down_proj's operand
     }
     lm = [g for g in rep.gemms if g.module == "lm_head"]
     assert lm and lm[0].precision == "bf16" and "lm_head" in lm[0].reason
@@ -87,6 +88,7 @@ def test_llama_counts():
         "activation_quantize_shared": 2,
         "activation_quantize_saved": 3,
         "rms_norm_quantize_fused": 2,
+        "silu_mul_quantize_fused": 1,
     }
 
 
