@@ -80,8 +80,13 @@ def _lowered_graph(model, ids, recipe, *, grad: bool):
 
 
 def _transposed_flags(gm):
-    target = torch.ops.fp4_compile.quantize_activation.default
-    return [n.args[3] for n in gm.graph.nodes if n.op == "call_function" and n.target is target]
+    """The `transposed` argument of every node that quantizes an X for NVFP4 linears: the
+    shared quantize, or the producer that emits it (`fuse_quantize_into_producers`)."""
+    ops = torch.ops.fp4_compile
+    position = {ops.quantize_activation.default: 3, ops.rms_norm_quantize.default: 4,
+                ops.silu_mul_quantize.default: 4}  # fmt: skip
+    return [n.args[position[n.target]] for n in gm.graph.nodes
+            if n.op == "call_function" and n.target in position]  # fmt: skip
 
 
 def test_transposed_operand_only_where_an_nvfp4_wgrad_reads_it():
@@ -90,21 +95,14 @@ def test_transposed_operand_only_where_an_nvfp4_wgrad_reads_it():
     not pay for it."""
     model = tiny_qwen3(layers=1)
     ids = torch.randint(0, model.config.vocab_size, (1, 8))
-    assert _transposed_flags(_lowered_graph(model, ids, NVFP4Recipe.strict(), grad=True)) == [
-        True,
-        True,
-    ]
-    assert _transposed_flags(_lowered_graph(model, ids, NVFP4Recipe.strict(), grad=False)) == [
-        False,
-        False,
-    ]
+    # q/k/v's X and gate/up's X (emitted by their norms), down_proj's X (by the SwiGLU)
+    strict = NVFP4Recipe.strict()
+    assert _transposed_flags(_lowered_graph(model, ids, strict, grad=True)) == [True] * 3
+    assert _transposed_flags(_lowered_graph(model, ids, strict, grad=False)) == [False] * 3
     bf16_wgrad = NVFP4Recipe.strict(wgrad="bf16")
-    assert _transposed_flags(_lowered_graph(model, ids, bf16_wgrad, grad=True)) == [False, False]
+    assert _transposed_flags(_lowered_graph(model, ids, bf16_wgrad, grad=True)) == [False] * 3
     model.requires_grad_(False)
-    assert _transposed_flags(_lowered_graph(model, ids, NVFP4Recipe.strict(), grad=True)) == [
-        False,
-        False,
-    ]
+    assert _transposed_flags(_lowered_graph(model, ids, strict, grad=True)) == [False] * 3
 
 
 def test_explain_names_the_linears_sharing_one_quantize():
@@ -125,4 +123,4 @@ def test_exported_rollout_shares_the_quantize_without_the_transposed_operand():
 
     art = export_rollout(tiny_qwen3(layers=1), recipe=NVFP4Recipe.strict(), max_batch=2,
                          max_seq_len=16)  # fmt: skip
-    assert _transposed_flags(art.program.graph_module) == [False, False]
+    assert _transposed_flags(art.program.graph_module) == [False] * 3
