@@ -210,7 +210,10 @@ def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, w_ongrid, xt_ongr
 def _setup_context(ctx, inputs, output):
     (x, weight, w_codes, w_scales, w_gd, bias, x_amax, recipe, w_ongrid, site,
      x_ongrid, x_gd, xt_ongrid, xt_gd) = inputs  # fmt: skip
-    ctx.save_for_backward(x, weight, w_codes, w_scales, w_gd, w_ongrid, xt_ongrid, xt_gd)
+    # with X^T's operand given the backward reads only x's shape, dtype and device: a
+    # zero-stride stand-in, so that autograd keeps the operand alive instead of x as well
+    x_kept = x.new_zeros(()).expand(x.shape) if xt_ongrid.numel() else x
+    ctx.save_for_backward(x_kept, weight, w_codes, w_scales, w_gd, w_ongrid, xt_ongrid, xt_gd)
     ctx.recipe = recipe
     ctx.site = site
     ctx.weight_dtype = weight.dtype
