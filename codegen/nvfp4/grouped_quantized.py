@@ -25,7 +25,19 @@ from .op_args import GemmArg as Arg
 _LIB = "fp4_compile"
 
 
-def _check(x, recipe, x_ongrid, x_gd):
+def _check(x, recipe, x_ongrid, x_gd, offsets, num_experts, x_index):
+    if x.dim() != 2:
+        raise ValueError(f"x must be [M, K], got {tuple(x.shape)}")
+    if not isinstance(offsets, torch.Tensor) or offsets.dtype != torch.int32:
+        raise TypeError(f"offsets must be int32, got {getattr(offsets, 'dtype', offsets)}")
+    if offsets.dim() != 1 or offsets.numel() != num_experts:
+        raise ValueError(f"offsets must have shape [{num_experts}], got {tuple(offsets.shape)}")
+    if x_index is not None and (
+        x_index.dim() != 1 or x_index.dtype not in (torch.int32, torch.int64)
+    ):
+        raise ValueError(
+            f"x_index must be int32/int64 [T], got {x_index.dtype}{list(x_index.shape)}"
+        )
     rec = impl.op_recipe(recipe)
     if rec.activation.global_scale != "per_row":
         raise ValueError(
@@ -64,7 +76,7 @@ def nvfp4_grouped_mm_quantized(
 ) -> torch.Tensor:
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
                              w_ongrid=w_ongrid)  # fmt: skip
-    _check(x, recipe, x_ongrid, x_gd)
+    _check(x, recipe, x_ongrid, x_gd, offsets, w_codes.shape[0], x_index)
     if x.device.type == "cuda":
         return impl.cuda_grouped_quantized(x_ongrid, x_gd, w_codes, w_scales, w_global_decode,
                                            w_ongrid, offsets, x.dtype, x_index)  # fmt: skip
@@ -77,7 +89,7 @@ def _(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax, recipe, w_
       x_index, x_perm, x_ongrid, x_gd):  # fmt: skip
     n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
                              w_ongrid=w_ongrid)  # fmt: skip
-    _check(x, recipe, x_ongrid, x_gd)
+    _check(x, recipe, x_ongrid, x_gd, offsets, w_codes.shape[0], x_index)
     return x.new_empty((x.shape[0] if x_index is None else x_index.shape[0], n))
 
 

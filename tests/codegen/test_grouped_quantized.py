@@ -95,6 +95,9 @@ def test_bad_input_names_the_argument():
         ops.nvfp4_grouped_mm_quantized(*base, a[:4], gd)
     with pytest.raises(ValueError, match="x_gd"):
         ops.nvfp4_grouped_mm_quantized(*base, a, gd.reshape(-1))
+    bad_off = (x, w, *wq, off.long(), None, STRICT.numerics_key, None, 0, None, None)
+    with pytest.raises(TypeError, match="offsets"):
+        ops.nvfp4_grouped_mm_quantized(*bad_off, a, gd)
     te = (x, w, *wq, off, None, NVFP4Recipe.te().numerics_key, None, 0, None, None)
     with pytest.raises(ValueError, match="per_row"):
         ops.nvfp4_grouped_mm_quantized(*te, a, gd)
