@@ -79,3 +79,10 @@ def silu_mul_kernel(*args, **kwargs):
     from fp4_compile.codegen.invariant.silu_mul_kernel import silu_mul_triton
 
     return silu_mul_triton(*args, **kwargs)
+
+
+def quantize_weight_tiles(*args, **kwargs):
+    """The weights' one-read quantize (codegen/nvfp4/weight_quantize_kernel.py)."""
+    from fp4_compile.codegen.nvfp4.weight_quantize_kernel import quantize_weight_tiles as launch
+
+    return launch(*args, **kwargs)

@@ -9,6 +9,7 @@ Bitwise, each against the unfused path:
   same rows of the 4096-row call (batch invariance);
 - the silu_mul_quantize kernel == silu_mul_triton, then quantize_triton (per row);
 - nvfp4_grouped_mm_quantized == nvfp4_grouped_mm (128 experts, gathered tokens): y, dX, dW;
+- the expert weights' one-read quantize in 1, 4, 8 expert groups == the two-step form;
 - the whole pipeline with the share / fuse passes == without them (logits and every gradient,
   Inductor-compiled `minite`), on two Qwen3-30B-A3B-shaped layers, MoE and dense.
 """
@@ -134,6 +135,19 @@ def test_grouped_mm_quantized_equals_nvfp4_grouped_mm():
     want = run(ops.nvfp4_grouped_mm)
     for u, v, what in zip(got, want, ("y", "dX", "dW")):
         assert_bitwise_equal(u, v, what)
+
+
+@pytest.mark.parametrize("groups", [1, 4, 8])
+def test_expert_groups_one_read_quantize_equals_two_step(groups):
+    """The expert weights' one-read quantize in expert groups (each group waits on its own
+    programs: the waits run here, not in the interpreter) == the two-step form, gate_up
+    [128, 1536, 2048]: on-grid values and per-expert global decodes."""
+    w = _randn(128, 1536, HIDDEN, seed=10, scale=0.02).to(torch.bfloat16)
+    got = gi.quantize_weight_tiles(w, "per_expert", out="ongrid", expert_groups=groups)
+    want = gi.quantize_triton(w, block="16x16", global_scale="per_expert", out="ongrid",
+                              one_read_weights=False)  # fmt: skip
+    assert_bitwise_equal(got[0], want[0], f"on-grid ({groups} groups)")
+    assert_bitwise_equal(got[1], want[1], f"global decode ({groups} groups)")
 
 
 def _fwd_bwd(model, ids, recipe):
