@@ -193,7 +193,39 @@ def learner_cases() -> list[KernelCase]:
         )
     )  # fmt: skip
     cases += _attention_cases() + _quantize_cases() + _layout_cases() + _row_scale_cases()
-    return cases
+    return cases + _fused_producer_cases()
+
+
+def _fused_producer_cases() -> list[KernelCase]:
+    """The producers that emit their GEMM's operand (`passes/fuse_quantize_into_producers.py`):
+    RMSNorm over [4096, 2048] (compiled with the norm's options: FP contraction on) and the
+    experts' SwiGLU over the halves of [32768, 1536], each with its per-row on-grid quantize."""
+    from fp4_compile.codegen import configs
+    from fp4_compile.codegen.invariant.forward_kernels import rms_norm_launch
+    from fp4_compile.codegen.nvfp4 import rms_norm_quantize_kernel as rq
+    from fp4_compile.codegen.nvfp4 import silu_mul_quantize_kernel as sq
+
+    block, rows, warps = rms_norm_launch(2048)
+    block_r, block_c, block_k, silu_warps = configs.SILU_MUL_QUANTIZE["sm_90"]
+    return [
+        KernelCase(
+            "rms_norm_quantize [4096, 2048]", rq._rms_norm_quantize_kernel,
+            {"x_ptr": ("*bf16", 0), "w_ptr": ("*bf16", 0), "y_ptr": ("*bf16", 0),
+             "ongrid_ptr": ("*bf16", 0), "gd_ptr": ("*fp32", 0), "amax_ptr": ("*fp32", 0),
+             "R": ("i32", 4096), "H": ("i32", 2048), "eps": ("fp32", 1e-6),
+             "one_sixth": ("fp32", 1.0 / 6.0)},
+            {"HAS_W": True, "BLOCK_H": block, "ROWS": rows}, warps, 1, options={},
+        ),
+        KernelCase(
+            "silu_mul_quantize halves of [32768, 1536]", sq._silu_mul_quantize_kernel,
+            {"a_ptr": ("*bf16", 0), "b_ptr": ("*bf16", 0), "o_ptr": ("*bf16", 0),
+             "ongrid_ptr": ("*bf16", 0), "gd_ptr": ("*fp32", 0), "amax_ptr": ("*fp32", 0),
+             "m_ptr": ("*u8", 0), "R": ("i32", 32768), "C": ("i32", 768),
+             "sa": ("i32", 1536), "sb": ("i32", 1536), "one_sixth": ("fp32", 1.0 / 6.0)},
+            {"BF16": True, "INTERP": False, "ROW_MASK": False, "BLOCK_R": block_r,
+             "BLOCK_C": block_c, "BLOCK_K": block_k}, silu_warps, 1,
+        ),
+    ]  # fmt: skip
 
 
 def _row_scale_cases() -> list[KernelCase]:

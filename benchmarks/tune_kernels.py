@@ -191,8 +191,9 @@ def quantize_section(rows):
 
 
 def weights_section(rows):
-    """The weights' one-read quantize (`weight_quantize_kernel.py`): tiles and programs per SM, each
-    against the two-step form's bytes (baseline = the two-step form's time, same run)."""
+    """The weights' one-read quantize (`weight_quantize_kernel.py`): tiles, programs per SM and
+    (experts) expert groups, each against the two-step form's bytes (baseline = the two-step
+    form's time, same run)."""
     from fp4_compile.codegen.nvfp4 import weight_quantize_kernel as wq
     from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
@@ -212,6 +213,18 @@ def weights_section(rows):
             label = f"{case}, <= {per_sm} programs per SM"
             run = lambda per_sm=per_sm: wq.quantize_weight_tiles(  # noqa: E731
                 w, mode, out="ongrid", programs_per_sm=per_sm
+            )
+            out = run()
+            for got, want, what in ((out[0], two_step[0], "on-grid"), (out[1], two_step[1], "gd")):
+                if count_bytes_differ(got, want):
+                    raise AssertionError(f"{label}: {what} differs from the two-step form")
+            sweep("weights", label, key, WEIGHT_QUANT_CANDIDATES, run, rows, baseline_ms=base_ms)
+        if mode != "per_expert":
+            continue
+        for groups in (2, 4, 8, 16):  # expert groups (`configs.WEIGHT_QUANTIZE_EXPERT_GROUPS`)
+            label = f"{case}, <= 8 programs per SM, {groups} expert groups"
+            run = lambda groups=groups: wq.quantize_weight_tiles(  # noqa: E731
+                w, mode, out="ongrid", expert_groups=groups
             )
             out = run()
             for got, want, what in ((out[0], two_step[0], "on-grid"), (out[1], two_step[1], "gd")):

@@ -302,6 +302,21 @@ def logprobs_block_v(arch: str) -> int:
 # in any order: no bit can change).
 ABS_MAX = {"sm_90": (4, 1024, 4), "interpreter": (4, 64, 1)}
 
+# The expert weights' quantize: 0 = the two-step form (the per-expert amax pass, then the
+# quantize kernel: two reads of every expert weight), G > 0 = the one-read launch of
+# `weight_quantize_kernel.py` with its programs in G expert groups. The same bits either way.
+# sm_90 stays 0 until a measurement names a faster G (`python -m benchmarks.tune_kernels --only
+# weights`: the one-read launch with one group was 1.8x slower than the two-step form,
+# benchmarks/results/2026-12-04_tune_kernels_weights_20b0dc2.md).
+WEIGHT_QUANTIZE_EXPERT_GROUPS = {"sm_90": 0, "interpreter": 0}
+
+# silu_mul_halves_quantize (the experts' SwiGLU emitting the down GEMM's operand): (rows per
+# program, SwiGLU column chunk, quantize column chunk, warps) per architecture; an architecture
+# without an entry uses the sm_90 tiling. Elementwise and per-row math: no tiling changes a bit
+# (tests/codegen/test_silu_mul_quantize.py compares with the unfused kernels). Untuned: the
+# unfused silu_mul kernel's (8, 256) tile and warps.
+SILU_MUL_QUANTIZE = {"sm_90": (8, 256, 256, 4), "interpreter": (8, 256, 256, 4)}
+
 # row_scale's backward: (rows per program, warps, most 64-column blocks per loop step): speed
 # only, every row's bits are its own (the fastest tiling, 0 bytes differing, in
 # benchmarks/results/2026-12-04_tune_kernels_rowscale_b168d97.md). Blocks per step: at most

@@ -77,7 +77,8 @@ def prepare_graph_seeds(gm: torch.fx.GraphModule, device: torch.device) -> int:
     from .sr_stream import prepare_device_counters, site_seed
 
     ops = torch.ops.fp4_compile
-    targets = (ops.nvfp4_linear.default, ops.nvfp4_grouped_mm.default)
+    targets = (ops.nvfp4_linear.default, ops.nvfp4_linear_quantized.default,
+               ops.nvfp4_grouped_mm.default, ops.nvfp4_grouped_mm_quantized.default)  # fmt: skip
     keys = {
         site_seed(
             NVFP4Recipe.from_numerics_key(n.args[GemmArg.NUMERICS]).seed, n.args[GemmArg.SITE]

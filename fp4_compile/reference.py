@@ -302,6 +302,15 @@ def exact_dot_fp32(a: NVFP4Tensor, b: NVFP4Tensor) -> torch.Tensor:
     return acc_int.to(torch.float32) * float(2 ** (-2 * _GRID_INT_SHIFT))
 
 
+def exact_dot_ongrid(a_ongrid: torch.Tensor, b_ongrid: torch.Tensor) -> torch.Tensor:
+    """`exact_dot_fp32` of operands given as their on-grid values (E2M1 x E4M3, no global
+    scale, e.g. BF16 from `NVFP4Tensor.on_grid`): a [.., M, K], b [.., N, K] -> FP32 [.., M, N],
+    the same bits as `exact_dot_fp32` of the NVFP4 tensors those values come from."""
+    shift = float(2**_GRID_INT_SHIFT)
+    acc_int = _exact_int_mm(a_ongrid.to(torch.float64) * shift, b_ongrid.to(torch.float64) * shift)
+    return acc_int.to(torch.float32) * float(2 ** (-2 * _GRID_INT_SHIFT))
+
+
 def apply_global_scales(acc: torch.Tensor, gd_a: torch.Tensor, gd_b: torch.Tensor) -> torch.Tensor:
     """The FP32 epilogue every kernel implements: (acc * gd_a) * gd_b, gd_a [M,1] or [],
     gd_b [N,1] or [] (transposed to a row vector here)."""

@@ -17,6 +17,7 @@ from .fold_expert_gathers import fold_expert_gathers
 from .fold_moe_combine import fold_moe_combine
 from .fold_row_masks import fold_row_masks
 from .fold_swiglu_halves import fold_swiglu_halves
+from .fuse_quantize_into_producers import fuse_quantize_into_producers
 from .lower_attention import lower_attention
 from .lower_embeddings import lower_embeddings
 from .lower_gathers import lower_gathers
@@ -31,6 +32,7 @@ from .lower_small_reductions import lower_small_reductions
 from .narrow_expert_sort_keys import narrow_expert_sort_keys
 from .report import GemmDecision, LoweringReport
 from .select_gemms import select_gemms
+from .share_activation_quantize import share_activation_quantize
 from .skip_unread_packed_weights import skip_unread_packed_weights
 from .stable_sorts import stable_sorts
 from .verify import LoweringError, op_census, verify
@@ -56,6 +58,8 @@ PIPELINE = (
     fold_swiglu_halves,  # silu_mul of x's two last-dim halves -> silu_mul_halves(x): one gradient
     lower_outer_products,  # K = 1 matmuls (rotary embedding) -> broadcast multiply, same bits
     lower_embeddings,  # token embedding -> embedding op with one opaque (same-kernel) backward
+    share_activation_quantize,  # linears reading one X: X (and wgrad's X^T) quantized once
+    fuse_quantize_into_producers,  # per-row operands emitted by their producers (norm, SwiGLU)
     verify,  # nothing eligible left, no stock reduction left (strict), op census
 )
 # By option, after PIPELINE (`run_pipeline(..., save_ongrid_weights=False)`, the backend's option):

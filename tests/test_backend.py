@@ -140,14 +140,16 @@ def test_graph_seed_counters_cover_every_nvfp4_site(monkeypatch):
         run_pipeline(gm, recipe)
         seen["n"] = prepare_graph_seeds(gm, torch.device("cpu"))
         ops = torch.ops.fp4_compile
+        grouped = (ops.nvfp4_grouped_mm.default, ops.nvfp4_grouped_mm_quantized.default)
+        gemms = (ops.nvfp4_linear.default, ops.nvfp4_linear_quantized.default, *grouped)
         seen["sites"] = {
             sr_stream.site_seed(
                 NVFP4Recipe.from_numerics_key(n.args[GemmArg.NUMERICS]).seed, n.args[GemmArg.SITE]
             )
             for n in gm.graph.nodes
-            if n.target in (ops.nvfp4_linear.default, ops.nvfp4_grouped_mm.default)
+            if n.target in gemms
         }
-        seen["grouped"] = sum(n.target is ops.nvfp4_grouped_mm.default for n in gm.graph.nodes)
+        seen["grouped"] = sum(n.target in grouped for n in gm.graph.nodes)
         return gm.forward
 
     model = tiny_qwen3_moe(layers=1)

@@ -71,8 +71,8 @@ def linear(x_MK, w_NK, bias_N, out_dtype):
 
 # ------------------------------------------------------------------------------------ rms_norm
 @triton.jit
-def _rms_norm_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES: tl.constexpr,
-                  HAS_W: tl.constexpr, FINISH: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+def rms_norm_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES: tl.constexpr,
+                 HAS_W: tl.constexpr, FINISH: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
     cols = tl.arange(0, BLOCK_H)
     live = (cols < H) & ((cols * 0 + row) < R)  # (row < R as a vector: the interpreter's masks)
     h = tl.load(x_ptr + row * H + cols, mask=live, other=0.0)
@@ -101,14 +101,22 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, eps, HAS_RES: tl.c
     # make one tiny program per row: [131072, 128] took 80 us on the H200)
     for r in tl.static_range(ROWS):
         row = tl.program_id(0).to(tl.int64) * ROWS + r
-        _rms_norm_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES, HAS_W,
-                      FINISH, BLOCK_H)  # fmt: skip
+        rms_norm_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES, HAS_W,
+                     FINISH, BLOCK_H)  # fmt: skip
 
 
 def rms_norm_rows_per_program(block: int) -> int:
     """Rows per RMSNorm program: 1 for rows of >= 2048 columns, more for short rows (up to 16,
     so that a program holds ~2048 elements)."""
     return max(1, min(16, 2048 // block))
+
+
+def rms_norm_launch(hdim: int) -> tuple[int, int, int]:
+    """(BLOCK_H, rows per program, warps) of the RMSNorm kernels for rows of `hdim` columns:
+    one value per row length, so every kernel that runs `rms_norm_row` with it (the norm, and
+    the norm fused with its GEMM operand's quantize) reduces a row in the same order."""
+    block = triton.next_power_of_2(hdim)
+    return block, rms_norm_rows_per_program(block), min(max(block // 256, 1), 8)
 
 
 def rms_norm(x, weight, residual, eps: float):
@@ -121,12 +129,11 @@ def rms_norm(x, weight, residual, eps: float):
     h = torch.empty_like(x2) if residual is not None else x2
     r2 = residual.reshape(-1, hdim).contiguous() if residual is not None else x2
     y = torch.empty(x2.shape, dtype=torch.float32 if interp else x.dtype, device=x.device)
-    block = triton.next_power_of_2(hdim)
-    rows = rms_norm_rows_per_program(block)
+    block, rows, warps = rms_norm_launch(hdim)
     _rms_norm_kernel[(triton.cdiv(x2.shape[0], rows),)](
         x2, r2, weight if weight is not None else x2, y, h, x2.shape[0], hdim, eps,
         HAS_RES=residual is not None, HAS_W=weight is not None, FINISH=not interp, BLOCK_H=block,
-        ROWS=rows, num_warps=min(max(block // 256, 1), 8),
+        ROWS=rows, num_warps=warps,
     )  # fmt: skip
     if interp:
         y = y.to(x.dtype)

@@ -53,6 +53,14 @@ def _sigmoid(a, INTERP: tl.constexpr):
 
 
 @triton.jit
+def silu_mul_values(a, b, BF16: tl.constexpr, INTERP: tl.constexpr):
+    """The forward's values, FP32 holding the output dtype's (module docstring): the one
+    implementation of every kernel that computes silu(a) * b."""
+    s = _rnd(tl.math.div_rn(a, 1.0 + _exp(-a, INTERP)), BF16)
+    return _rnd(s * b, BF16)
+
+
+@triton.jit
 def _silu_mul_kernel(a_ptr, b_ptr, o_ptr, m_ptr, R, C, sa, sb,
                      BF16: tl.constexpr, INTERP: tl.constexpr, BLOCK_R: tl.constexpr,
                      BLOCK_C: tl.constexpr, ROW_MASK: tl.constexpr = False):  # fmt: skip
@@ -66,8 +74,7 @@ def _silu_mul_kernel(a_ptr, b_ptr, o_ptr, m_ptr, R, C, sa, sb,
         lmask = mask & (tl.load(m_ptr + rows, mask=rows < R, other=1) == 0)[:, None]
     a = tl.load(a_ptr + rows[:, None] * sa + cols[None, :], mask=lmask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + rows[:, None] * sb + cols[None, :], mask=lmask, other=0.0).to(tl.float32)
-    s = _rnd(tl.math.div_rn(a, 1.0 + _exp(-a, INTERP)), BF16)
-    out = _rnd(s * b, BF16)
+    out = silu_mul_values(a, b, BF16, INTERP)
     tl.store(o_ptr + rows[:, None] * C + cols[None, :], out.to(o_ptr.dtype.element_ty), mask=mask)
 
 

@@ -1,6 +1,17 @@
 """NVFP4: quantize (activations, weights, gradients) and the W4A4 GEMMs (dense, grouped, wgrad).
-Layout: api.py, <op>.py (quantize, group_amax, linear, grouped_linear), *_kernel.py, gemm.py (shared math).
+Layout: api.py, <op>.py (quantize, group_amax, linear, grouped_linear, quantized_linear: a linear
+on a shared pre-quantized X, grouped_quantized: the experts' GEMM on one, rms_norm_quantize and
+silu_mul_quantize: producers emitting that operand), *_kernel.py, gemm.py (shared math).
 May import the core, ..runtime, ..configs, ..triton_helpers and ..invariant; never ..moe.
 """
 
-from . import group_amax, grouped_linear, linear, quantize  # noqa: F401  (register the ops)
+from . import (  # noqa: F401  (register the ops)
+    group_amax,
+    grouped_linear,
+    grouped_quantized,
+    linear,
+    quantize,
+    quantized_linear,
+    rms_norm_quantize,
+    silu_mul_quantize,
+)

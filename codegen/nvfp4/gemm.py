@@ -322,3 +322,120 @@ def cuda_wgrad(dy2, x2, recipe, seed, *, out_dtype=torch.float32, dy_amax=None):
                                          rounding=recipe.grad.rounding, seed=seed)  # fmt: skip
     b, gd_b = quantize_transposed_ongrid(x2, global_scale="per_tensor")
     return launch_gemm(a, gd_a, b, gd_b, out_dtype=out_dtype, config_op="nvfp4_wgrad")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pre-quantized activations (`fp4_compile::quantize_activation`, one quantize shared by every GEMM
+# reading the same X): the forward and wgrad above, with X's operands given instead of quantized
+# here. The same quantizer and the same GEMM calls, so the same bits.
+
+
+def cpu_activation_operands(x2, recipe, x_amax, *, transposed: bool):
+    """(x on-grid BF16 [M, K], its global decode ([M, 1] per row, [] per tensor or static),
+    X^T on-grid BF16 [K, M16] zero-padded to a multiple of 16 tokens, its per-tensor global
+    decode []): the X operands `cpu_linear` and `cpu_wgrad` quantize for themselves, from the
+    reference quantizer. Without `transposed` the last two are empty ([0] each)."""
+    xq = ref.quantize(x2, block="1x16", global_scale=act_global(recipe, x_amax), check_finite=False)
+    if not transposed:
+        return xq.on_grid(torch.bfloat16), xq.global_decode, *no_transposed_operand(x2)
+    xtq = ref.quantize(pad_tokens(x2.t().contiguous()), block="1x16", global_scale="per_tensor",
+                       check_finite=False)  # fmt: skip
+    return (
+        xq.on_grid(torch.bfloat16),
+        xq.global_decode,
+        xtq.on_grid(torch.bfloat16),
+        xtq.global_decode,
+    )
+
+
+def cuda_activation_operands(x2, recipe, x_amax, *, transposed: bool):
+    """`cpu_activation_operands` from the Triton kernels: the operands `cuda_linear` and
+    `cuda_wgrad` quantize for themselves, by the same calls."""
+    from .quantize_kernel import quantize_triton
+
+    gs = act_global(recipe, x_amax)
+    a, gd_a = quantize_triton(x2, block="1x16", global_scale=gs, out="ongrid")
+    if not transposed:
+        return a, gd_a, *no_transposed_operand(x2)
+    return a, gd_a, *quantize_transposed_ongrid(x2, global_scale="per_tensor")
+
+
+def no_transposed_operand(x2):
+    """The (X^T on-grid, global decode) pair of a graph that quantizes no X^T: [0] each."""
+    return x2.new_empty((0,), dtype=torch.bfloat16), x2.new_empty((0,), dtype=torch.float32)
+
+
+def cpu_linear_quantized(x_ongrid, x_gd, w: NVFP4Tensor, bias, out_dtype):
+    """`cpu_linear` with x's quantization given (its on-grid values and global decode)."""
+    acc = ref.exact_dot_ongrid(x_ongrid, w.on_grid(torch.bfloat16))
+    y = ref.apply_global_scales(acc, x_gd, w.global_decode)
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(out_dtype)
+
+
+def cuda_linear_quantized(x_ongrid, x_gd, w_codes, w_scales, w_gd, w_ongrid, bias, out_dtype):
+    """`cuda_linear` (x_index None) with x's quantization given: the same GEMM launch."""
+    from .gemm_kernel import launch_gemm, ongrid_weight
+
+    rows = x_ongrid.shape[0]
+    if w_ongrid is None and forward_uses_ongrid(x_ongrid.device.type, rows):
+        w_ongrid = ongrid_weight(w_codes, w_scales)
+    b = w_ongrid if w_ongrid is not None else (w_codes, w_scales)
+    return launch_gemm(x_ongrid, x_gd, b, w_gd, bias=bias, out_dtype=out_dtype,
+                       rows_per_group=rows)  # fmt: skip
+
+
+def cpu_wgrad_quantized(dy2, xt_ongrid, xt_gd, recipe, seed):
+    """`cpu_wgrad` (NVFP4) with X^T's quantization given."""
+    dyt = q_grad(pad_tokens(dy2.t().contiguous()), recipe, seed)
+    acc = ref.exact_dot_ongrid(dyt.on_grid(torch.bfloat16), xt_ongrid)
+    return ref.apply_global_scales(acc, dyt.global_decode, xt_gd)
+
+
+def cuda_wgrad_quantized(dy2, xt_ongrid, xt_gd, recipe, seed, *, out_dtype, dy_amax=None):
+    """`cuda_wgrad` (NVFP4) with X^T's quantization given: the same GEMM launch."""
+    from .gemm_kernel import launch_gemm
+
+    scale = recipe.grad.global_scale if dy_amax is None else dy_amax
+    a, gd_a = quantize_transposed_ongrid(dy2, global_scale=scale,
+                                         rounding=recipe.grad.rounding, seed=seed)  # fmt: skip
+    return launch_gemm(a, gd_a, xt_ongrid, xt_gd, out_dtype=out_dtype, config_op="nvfp4_wgrad")
+
+
+def cpu_grouped_quantized(x_ongrid, x_gd, w: NVFP4Tensor, offsets, x_index=None):
+    """The experts' forward (`reference.nvfp4_grouped_mm` of quantize(x) per row) with x's
+    per-row quantization given: on-grid rows [M, K] and their global decodes [M, 1]; with
+    `x_index` the product's rows are those rows gathered (a zero row where x_index < 0, whose
+    global decode is a zero row's). FP32 [T, N]."""
+    if x_index is not None:
+        zero_gd = ref.global_scales(torch.zeros((), dtype=torch.float32))[1]
+        keep = (x_index >= 0).unsqueeze(-1)
+        x_ongrid = torch.where(keep, x_ongrid[x_index.clamp(min=0)], 0.0).to(torch.bfloat16)
+        x_gd = torch.where(keep, x_gd[x_index.clamp(min=0)], zero_gd)
+    ref.check_offsets(offsets, x_ongrid.shape[0], w.shape[0])
+    out = torch.empty((x_ongrid.shape[0], w.shape[1]), dtype=torch.float32, device=x_ongrid.device)
+    start = 0
+    for e, end in enumerate(offsets.cpu().tolist()):
+        if end > start:
+            w_e = w[e]
+            acc = ref.exact_dot_ongrid(x_ongrid[start:end], w_e.on_grid(torch.bfloat16))
+            out[start:end] = ref.apply_global_scales(acc, x_gd[start:end],
+                                                     w_e.global_decode.reshape(()))  # fmt: skip
+        start = end
+    return out
+
+
+def cuda_grouped_quantized(x_ongrid, x_gd, w_codes, w_scales, w_gd, w_ongrid, offsets, out_dtype,
+                           x_index=None):  # fmt: skip
+    """`cuda_linear` with offsets (and x_index) given x's per-row quantization: the same GEMM
+    launch."""
+    from .gemm_kernel import launch_gemm, ongrid_weight
+
+    m = x_ongrid.shape[0] if x_index is None else x_index.shape[0]
+    rows = max(1, -(-m // w_codes.shape[0]))
+    if w_ongrid is None and forward_uses_ongrid(x_ongrid.device.type, rows):
+        w_ongrid = ongrid_weight(w_codes, w_scales)
+    b = w_ongrid if w_ongrid is not None else (w_codes, w_scales)
+    return launch_gemm(x_ongrid, x_gd, b, w_gd, out_dtype=out_dtype, offsets=offsets,
+                       rows_per_group=rows, a_rows=x_index)  # fmt: skip

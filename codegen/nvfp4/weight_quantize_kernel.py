@@ -20,9 +20,12 @@ and its second read of expert e finds the tiles in L2 (one expert of the 30B-A3B
 
 Faster than the two-step form for a dense weight, slower for many experts, where a grid-wide
 wait per expert (every program announces on one counter, then every program polls it) costs
-more than one expert's traffic; so `quantize_triton` routes only per-tensor weights here and
-per-expert weights keep the two-step form (H200, the same bits in every row:
-benchmarks/results/2026-12-04_tune_kernels_weights_20b0dc2.md).
+more than one expert's traffic (H200, the same bits in every row:
+benchmarks/results/2026-12-04_tune_kernels_weights_20b0dc2.md). `expert_groups` G splits the
+programs into G groups that walk the experts G apart, each waiting on its own programs only: E/G
+waits per program among P/G programs, G experts in L2 at once. `quantize_triton` routes
+per-expert weights here only where `configs.WEIGHT_QUANTIZE_EXPERT_GROUPS` names a G for the
+architecture (0: the two-step form).
 
 Bitwise `_quantize_kernel` after `global_stage` (tests/codegen/test_weight_quantize.py). The
 wait needs every program resident at once: P = SMs x min(`PROGRAMS_PER_SM`, what fits on one
@@ -134,17 +137,22 @@ def _weight_quantize_kernel(
     E, N, K, one_sixth,
     ABS_MASK: tl.constexpr, BITS16: tl.constexpr, PHASE: tl.constexpr, ONGRID: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUPS: tl.constexpr = 1,
 ):  # fmt: skip
     # state_ptr: int32 [2E], zeros: the amax bits of each expert, then its announcement count.
     # PHASE 0: the amaxes only; 1: the quantizes only (a later launch); 2: both, in one launch.
-    pid = tl.program_id(0)
-    P = tl.num_programs(0)
-    if PHASE != 1:
-        _announce_amax(bits_ptr, state_ptr, 0, E, pid, P, N, K, ABS_MASK, BLOCK_M, BLOCK_K)
-    for e in range(E):
+    # GROUPS: the programs split into GROUPS groups (program p in group p % GROUPS); group g
+    # walks the experts g, g + GROUPS, ... and waits only on its own programs (GROUPS experts
+    # in flight at once, in L2 together: waits per program E / GROUPS instead of E).
+    group = tl.program_id(0) % GROUPS
+    pid = tl.program_id(0) // GROUPS  # the program's index in its group
+    P = (tl.num_programs(0) - group + GROUPS - 1) // GROUPS  # the group's programs
+    if PHASE != 1 and group < E:
+        _announce_amax(bits_ptr, state_ptr, group, E, pid, P, N, K, ABS_MASK, BLOCK_M, BLOCK_K)
+    for e in range(group, E, GROUPS):
         if PHASE != 1:
-            if e + 1 < E:  # the next expert's amax before this one's wait
-                _announce_amax(bits_ptr, state_ptr, e + 1, E, pid, P, N, K, ABS_MASK,
+            if e + GROUPS < E:  # the group's next expert's amax before this one's wait
+                _announce_amax(bits_ptr, state_ptr, e + GROUPS, E, pid, P, N, K, ABS_MASK,
                                BLOCK_M, BLOCK_K)  # fmt: skip
         if PHASE != 0:
             if PHASE == 2:
@@ -185,12 +193,17 @@ def quantize_weight_tiles(
     out: str = "packed",
     ongrid_dtype: torch.dtype = torch.bfloat16,
     programs_per_sm: int = PROGRAMS_PER_SM,
+    expert_groups: int = 1,
 ):
     """16x16 RNE quantize of x with a data amax per expert (x [E, N, K], global_scale
     "per_expert") or per tensor (x [..., N, K], "per_tensor"), in one read of x. Returns what
     `quantize_kernel.quantize_triton` returns for the same arguments, bitwise: an NVFP4Tensor
     (out="packed"), (on-grid values, global decode) ("ongrid") or (NVFP4Tensor, on-grid)
-    ("both"). x must be contiguous and non-empty."""
+    ("both"). x must be contiguous and non-empty. expert_groups (per expert): the programs walk
+    the experts in that many groups, each waiting on its own programs only (the same bits for
+    any value; speed only)."""
+    if not isinstance(expert_groups, int) or expert_groups < 1:
+        raise ValueError(f"expert_groups must be an int >= 1, got {expert_groups!r}")
     check_kernel_device(x, "x")
     if global_scale not in ("per_expert", "per_tensor"):
         raise ValueError(f"global_scale must be 'per_expert' or 'per_tensor', got {global_scale!r}")
@@ -231,17 +244,19 @@ def quantize_weight_tiles(
             ONE_SIXTH_F32)  # fmt: skip
     flags = dict(ABS_MASK=0x7FFF if bits16 else 0x7FFFFFFF, BITS16=bits16, ONGRID=ongrid_wanted,
                  PACKED=packed, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
+                 GROUPS=expert_groups if global_scale == "per_expert" else 1,
                  **cfg.launch_kwargs(), **compile_options(dev))  # fmt: skip
     if interpreting() or dev.type != "cuda":
-        grid = (_INTERPRETER_PROGRAMS,)
+        grid = (max(_INTERPRETER_PROGRAMS, flags["GROUPS"]),)
         _weight_quantize_kernel[grid](*args, PHASE=_PHASE_AMAX, **flags)
         _weight_quantize_kernel[grid](*args, PHASE=_PHASE_QUANTIZE, **flags)
     else:
         props = torch.cuda.get_device_properties(dev)
         per_sm = min(programs_per_sm, _resident_per_sm(args, flags, props))
-        _weight_quantize_kernel[(props.multi_processor_count * per_sm,)](
-            *args, PHASE=_PHASE_BOTH, **flags
-        )
+        programs = props.multi_processor_count * per_sm
+        if programs < flags["GROUPS"]:
+            raise ValueError(f"expert_groups={expert_groups} exceeds the {programs} programs")
+        _weight_quantize_kernel[(programs,)](*args, PHASE=_PHASE_BOTH, **flags)
     gd = gd.reshape(e, 1, 1) if global_scale == "per_expert" else gd.reshape(())
     ongrid = ongrid.reshape(shape) if ongrid_wanted else None
     if out == "ongrid":

@@ -162,7 +162,8 @@ def export_rollout(
     dynamic = ({0: batch, 1: tokens}, {0: batch, 1: tokens}, {0: batch}, caches)
     with torch.no_grad():
         program = torch.export.export(step, example, dynamic_shapes=dynamic, strict=False)
-    report = run_pipeline(program.graph_module, recipe)
+    with torch.no_grad():  # an inference graph: no pass prepares operands for a backward
+        report = run_pipeline(program.graph_module, recipe)
     _resync_output_names(program)
     manifest = {
         "artifact_version": ARTIFACT_VERSION,

@@ -100,6 +100,21 @@ def test_more_experts_than_programs_and_one_row_tile():
     assert_nvfp4_equal(quantize_weight_tiles(w, "per_expert"), ref.quantize_experts(w))
 
 
+@pytest.mark.parametrize("groups", [2, 3, 4, 7])
+def test_expert_groups_change_no_bit(groups):
+    """Bitwise: the programs split into expert groups (group g walks experts g, g + G, ...; more
+    groups than the interpreter's default programs, and groups that do not divide E) == the
+    two-step form, packed and on-grid."""
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.weight_quantize_kernel import quantize_weight_tiles
+
+    w = _specials(_weights(5, 48, 96, dtype=torch.bfloat16, seed=3))
+    got = quantize_weight_tiles(w, "per_expert", out="both", expert_groups=groups)
+    want = quantize_triton(w, block="16x16", global_scale="per_expert", out="both",
+                           one_read_weights=False)  # fmt: skip
+    _same(got, want, f"{groups} groups")
+
+
 def test_bad_arguments_name_themselves():
     from fp4_compile.codegen.nvfp4.weight_quantize_kernel import quantize_weight_tiles
 
@@ -116,3 +131,5 @@ def test_bad_arguments_name_themselves():
         quantize_weight_tiles(w[:, :24], "per_expert")
     with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
         quantize_weight_tiles(w.to(torch.float64), "per_tensor")
+    with pytest.raises(ValueError, match="expert_groups"):
+        quantize_weight_tiles(w, "per_expert", expert_groups=0)

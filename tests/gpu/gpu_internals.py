@@ -45,8 +45,58 @@ def launch_gemm(*args, **kwargs):
     return launch(*args, **kwargs)
 
 
+def rms_norm_quantize_kernel(*args, **kwargs):
+    """The RMSNorm + NVFP4 operand kernel's launcher (codegen/nvfp4/rms_norm_quantize_kernel.py)."""
+    from fp4_compile.codegen.nvfp4.rms_norm_quantize_kernel import rms_norm_quantize
+
+    return rms_norm_quantize(*args, **kwargs)
+
+
+def rms_norm_kernel(*args, **kwargs):
+    """The batch-invariant RMSNorm kernel's launcher (codegen/invariant/forward_kernels.py)."""
+    from fp4_compile.codegen.invariant.forward_kernels import rms_norm
+
+    return rms_norm(*args, **kwargs)
+
+
+def quantize_transposed_ongrid(*args, **kwargs):
+    """The wgrad's X^T quantize (codegen/nvfp4/gemm.py)."""
+    from fp4_compile.codegen.nvfp4.gemm import quantize_transposed_ongrid as launch
+
+    return launch(*args, **kwargs)
+
+
 def launch_decode_gemm(*args, **kwargs):
     """The few-row packed GEMM's launcher (codegen/nvfp4/decode_gemm_kernel.py)."""
     from fp4_compile.codegen.nvfp4.decode_gemm_kernel import launch_decode_gemm as launch
+
+    return launch(*args, **kwargs)
+
+
+def fusion_passes():
+    """The passes that share and fuse activation quantization (passes/), by name."""
+    from fp4_compile.passes.fuse_quantize_into_producers import fuse_quantize_into_producers
+    from fp4_compile.passes.share_activation_quantize import share_activation_quantize
+
+    return {"share": share_activation_quantize, "fuse": fuse_quantize_into_producers}
+
+
+def silu_mul_quantize_kernel(*args, **kwargs):
+    """The SwiGLU + NVFP4 operand kernel's launcher (codegen/nvfp4/silu_mul_quantize_kernel.py)."""
+    from fp4_compile.codegen.nvfp4.silu_mul_quantize_kernel import silu_mul_quantize
+
+    return silu_mul_quantize(*args, **kwargs)
+
+
+def silu_mul_kernel(*args, **kwargs):
+    """The SwiGLU kernel's launcher (codegen/invariant/silu_mul_kernel.py)."""
+    from fp4_compile.codegen.invariant.silu_mul_kernel import silu_mul_triton
+
+    return silu_mul_triton(*args, **kwargs)
+
+
+def quantize_weight_tiles(*args, **kwargs):
+    """The weights' one-read quantize (codegen/nvfp4/weight_quantize_kernel.py)."""
+    from fp4_compile.codegen.nvfp4.weight_quantize_kernel import quantize_weight_tiles as launch
 
     return launch(*args, **kwargs)

@@ -27,6 +27,10 @@ def test_qwen3_counts():
         "embedding": 1,
         "silu_mul": 2,  # the MLP's SwiGLU per layer
         "shared weight scale groups": 4,  # q/k/v and gate/up per layer
+        "activation_quantize_shared": 4,  # per layer: q/k/v's X, gate/up's X
+        "activation_quantize_saved": 6,  # per layer: 2 of q/k/v, 1 of gate/up
+        "rms_norm_quantize_fused": 4,  # per layer: the norms before q/k/v and gate/up
+        "silu_mul_quantize_fused": 2,  # per layer: the SwiGLU emits down_proj's operand
     }
     lm = [g for g in rep.gemms if g.module == "lm_head"]
     assert lm and lm[0].precision == "bf16" and "lm_head" in lm[0].reason
@@ -43,6 +47,11 @@ def test_qwen3_moe_counts():
     assert rep.counts["stable_sort"] == 2  # the experts' sort of (token, expert) pairs, per layer
     assert rep.counts["narrow_expert_sort_keys"] == 2  # ... on uint8 expert ids
     assert rep.counts["silu_mul"] == 2  # the experts' SwiGLU per layer
+    assert rep.counts["activation_quantize_shared"] == 2  # q/k/v's X per layer
+    assert rep.counts["rms_norm_quantize_fused"] == 4  # per layer: input and post-attn norms
+    assert rep.counts["expert_input_from_norm"] == 2  # the experts' gate_up reads the operand
+    assert rep.counts["silu_mul_quantize_fused"] == 2  # the SwiGLU emits the down GEMM's operand
+    assert rep.counts["expert_input_from_silu_mul"] == 2
     assert rep.counts["gather_rows"] == 4  # per layer: tokens to experts, outputs back to slots
     assert rep.counts["expert_gather_folded"] == 2  # ... the first read by gate_up's GEMM itself
     assert rep.counts["moe_combine_folded"] == 2  # row_scale + gather + ordered_sum: one op
@@ -78,6 +87,10 @@ def test_llama_counts():
         "embedding": 1,
         "silu_mul": 1,
         "shared weight scale groups": 2,
+        "activation_quantize_shared": 2,
+        "activation_quantize_saved": 3,
+        "rms_norm_quantize_fused": 2,
+        "silu_mul_quantize_fused": 1,
     }
 
 

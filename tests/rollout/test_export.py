@@ -115,8 +115,8 @@ def test_refuses_non_artifact(tmp_path):
 
 def test_moe_artifact_equals_model_engine(tmp_path):
     """A Qwen3-MoE rollout artifact (its token gathers and SwiGLU are `gather_rows` and
-    `silu_mul_halves` in the exported graph, as in the learner's) decodes like the model
-    engine."""
+    `silu_mul_halves_quantize`, the SwiGLU emitting the down GEMM's operand, in the exported
+    graph, as in the learner's) decodes like the model engine."""
     from fp4_compile.models import tiny_qwen3_moe
 
     model = tiny_qwen3_moe(layers=2).eval()
@@ -124,7 +124,8 @@ def test_moe_artifact_equals_model_engine(tmp_path):
     artifact = fp4_compile.export_rollout(
         model, recipe=recipe, path=tmp_path, max_batch=8, max_seq_len=48
     )
-    assert {"fp4_compile::gather_rows", "fp4_compile::silu_mul_halves"} <= set(artifact.census)
+    swiglu = "fp4_compile::silu_mul_halves_quantize"
+    assert {"fp4_compile::gather_rows", swiglu} <= set(artifact.census)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
     a = RolloutEngine(model, recipe=recipe, max_batch=8, max_seq_len=48).generate(
         prompts, max_new_tokens=8, seed=3

@@ -1,0 +1,103 @@
+"""Triton kernel: RMSNorm with its NVFP4 GEMM operand in the epilogue (imports triton).
+
+Shape legend: M rows (tokens), H hidden (a multiple of 16), NB = BLOCK_H / 16 blocks of a row.
+
+One program owns whole rows, so the row's amax, hence its per-row global scale, is known before
+any block is encoded. Per row:
+1. y = RMSNorm(x) * weight: `invariant.forward_kernels.rms_norm_row` itself, launched with the
+   norm's own (BLOCK_H, rows per program, warps) (`rms_norm_launch`): the same reduction, the
+   same bits as `fp4_compile::invariant_rms_norm`; y is stored (the graph reads it too).
+2. After a barrier the program reads its rows of y back (from cache: it just wrote them) as
+   [1, NB, 16] blocks and quantizes them as `quantize_kernel._quantize_kernel` does with a
+   per-row global scale and RNE: amax = max |y| (NaN flagged), (global decode, multiplier) by
+   `scales_from_amax`, block scales by `block_encode`, on-grid values by `rne_ongrid_magnitude`
+   and `signed_value` (the same helpers, the same FP32 operations).
+Compiled with the norm's options (FP contraction left on, as `rms_norm`'s launch: its row sum
+of squares may contract into FMAs, and must contract alike); the quantize steps hold no multiply
+feeding an add, so `runtime.compile_options`' no-contraction setting of the quantize kernel
+changes nothing there.
+Outputs: y [M, H] in x's dtype, on-grid BF16 [M, H], global decode FP32 [M], and the row maxima
+FP32 [M] (NaN where the row holds one, as `abs_max_kernel.row_abs_max`), from which the wgrad's
+per-tensor X^T scale is one small max instead of another read of y.
+Under the Triton interpreter, x must be float32 (its fp32 -> bf16 casts truncate).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..invariant.forward_kernels import rms_norm_launch, rms_norm_row
+from ..runtime import check_kernel_device, interpreting
+from ..triton_helpers import (
+    ONE_SIXTH_F32,
+    block_encode,
+    rne_ongrid_magnitude,
+    scales_from_amax,
+    signed_value,
+)
+
+
+@triton.jit
+def _quantize_row(y_ptr, ongrid_ptr, gd_ptr, amax_ptr, row, R, H, one_sixth,
+                  BLOCK_H: tl.constexpr):  # fmt: skip
+    NB: tl.constexpr = BLOCK_H // 16
+    cols3 = tl.arange(0, NB)[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]  # [1, NB, 16]
+    live = (cols3 < H) & ((cols3 * 0 + row) < R)
+    y = tl.load(y_ptr + row * H + cols3, mask=live, other=0.0).to(tl.float32)
+    absy = tl.abs(y)
+    vmax = tl.max(absy, axis=2)  # [1, NB]
+    amax = tl.max(vmax, axis=1)  # [1]
+    nan = tl.max(tl.max((y != y).to(tl.int32), axis=2), axis=1)
+    gd, mult = scales_from_amax(amax, nan > 0, one_sixth, 1)
+    s_code, s_val, enc = block_encode(vmax, mult[:, None], gd[:, None])
+    v = tl.minimum(tl.maximum(y * enc[:, :, None], -6.0), 6.0)
+    val = signed_value(rne_ongrid_magnitude(tl.abs(v)), v, s_val)
+    tl.store(ongrid_ptr + row * H + cols3, val.to(ongrid_ptr.dtype.element_ty), mask=live)
+    one = tl.arange(0, 1)
+    first = (one + row) < R
+    tl.store(gd_ptr + row + one, gd, mask=first)
+    tl.store(amax_ptr + row + one, tl.where(nan > 0, float("nan"), amax), mask=first)
+
+
+@triton.jit
+def _rms_norm_quantize_kernel(x_ptr, w_ptr, y_ptr, ongrid_ptr, gd_ptr, amax_ptr, R, H, eps,
+                              one_sixth, HAS_W: tl.constexpr, BLOCK_H: tl.constexpr,
+                              ROWS: tl.constexpr):  # fmt: skip
+    for r in tl.static_range(ROWS):
+        row = tl.program_id(0).to(tl.int64) * ROWS + r
+        rms_norm_row(x_ptr, x_ptr, w_ptr, y_ptr, y_ptr, row, R, H, eps, False, HAS_W, True,
+                     BLOCK_H)  # fmt: skip
+    tl.debug_barrier()  # this program's rows of y, stored by all its threads, are read back
+    for r in tl.static_range(ROWS):
+        row = tl.program_id(0).to(tl.int64) * ROWS + r
+        _quantize_row(y_ptr, ongrid_ptr, gd_ptr, amax_ptr, row, R, H, one_sixth, BLOCK_H)
+
+
+def rms_norm_quantize(x: torch.Tensor, weight: torch.Tensor | None, eps: float):
+    """x [..., H] -> (y [M, H] in x's dtype, on-grid BF16 [M, H], global decode FP32 [M, 1],
+    row maxima FP32 [M]) in one launch (module docstring)."""
+    check_kernel_device(x, "x")
+    hdim = x.shape[-1]
+    if hdim % 16:
+        raise ValueError(f"x last dim must be a multiple of 16, got {hdim}")
+    if interpreting() and x.dtype != torch.float32:
+        raise ValueError(
+            f"x must be float32 under the Triton interpreter (its bf16 casts truncate), "
+            f"got {x.dtype}"
+        )
+    x2 = x.reshape(-1, hdim).contiguous()
+    m = x2.shape[0]
+    dev = x.device
+    y = torch.empty_like(x2)
+    ongrid = torch.empty((m, hdim), dtype=torch.bfloat16, device=dev)
+    gd = torch.empty((m,), dtype=torch.float32, device=dev)
+    amax = torch.empty((m,), dtype=torch.float32, device=dev)
+    block, rows, warps = rms_norm_launch(hdim)
+    if m:
+        _rms_norm_quantize_kernel[(triton.cdiv(m, rows),)](
+            x2, weight if weight is not None else x2, y, ongrid, gd, amax, m, hdim, eps,
+            ONE_SIXTH_F32, HAS_W=weight is not None, BLOCK_H=block, ROWS=rows, num_warps=warps,
+        )  # fmt: skip
+    return y, ongrid, gd.reshape(m, 1), amax
