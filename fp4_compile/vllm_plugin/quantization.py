@@ -33,10 +33,16 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     UnquantizedEmbeddingMethod,
 )
-from vllm.model_executor.parameter import ModelWeightParameter
+from vllm.model_executor.parameter import (
+    GroupQuantScaleParameter,
+    ModelWeightParameter,
+    PerTensorScaleParameter,
+)
 from vllm.model_executor.utils import set_weight_attrs
 
+from ..checkpoints.scales import decode_for_encode
 from ..codegen.invariant.api import linear as invariant_linear
+from ..format import BLOCK_SIZE
 from ..passes.select_gemms import gemm_precision
 from ..passes.targets import quantize_weight_bytes
 from ..recipe import NVFP4Recipe
@@ -72,9 +78,11 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 @register_quantization_config(QUANTIZATION_NAME)
 class MiniteConfig(QuantizationConfig):
     """vLLM's view of an `NVFP4Recipe` (config.json: `{"quant_method": "minite", "recipe": ...}`,
-    or an `export_checkpoint` folder whose quantization config holds it under "minite")."""
+    or an `export_checkpoint` folder whose quantization config holds it under "minite").
+    `prequantized`: the folder holds the learner's NVFP4 bytes (a compressed-tensors export),
+    not master weights."""
 
-    def __init__(self, recipe: NVFP4Recipe):
+    def __init__(self, recipe: NVFP4Recipe, *, prequantized: bool = False):
         super().__init__()
         if not isinstance(recipe, NVFP4Recipe):
             raise TypeError(f"recipe must be an NVFP4Recipe, got {type(recipe).__name__}")
@@ -84,6 +92,7 @@ class MiniteConfig(QuantizationConfig):
                 "batches tokens of unrelated requests into one step"
             )
         self.recipe = recipe
+        self.prequantized = prequantized
         self.num_layers: int | None = None
 
     def get_name(self) -> str:
@@ -102,13 +111,19 @@ class MiniteConfig(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> MiniteConfig:
-        data = config.get(RECIPE_KEY) or (config.get("minite") or {}).get(RECIPE_KEY)
-        if data is None:
+        if "minite" in config:  # an export_checkpoint folder
+            if config.get("quant_method") != "compressed-tensors":
+                raise ValueError(
+                    "quantization='minite' loads export_checkpoint folders of format "
+                    f"'compressed-tensors', this one is {config.get('quant_method')!r}"
+                )
+            return cls(NVFP4Recipe.from_dict(config["minite"][RECIPE_KEY]), prequantized=True)
+        if RECIPE_KEY not in config:
             raise ValueError(
                 "quantization_config holds no minite recipe (expected the key 'recipe', or "
                 "'minite': {'recipe': ...} as export_checkpoint writes)"
             )
-        return cls(NVFP4Recipe.from_dict(data))
+        return cls(NVFP4Recipe.from_dict(config[RECIPE_KEY]))
 
     @classmethod
     def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None):
@@ -150,6 +165,13 @@ class MiniteLinearMethod(LinearMethodBase):
         **extra_weight_attrs,
     ):
         weight_loader = extra_weight_attrs.pop("weight_loader")
+        layer.minite_shards = tuple(int(n) for n in output_partition_sizes)
+        layer.minite_names = learner_names(self.prefix, len(output_partition_sizes))
+        layer.minite_precision = self.precision(layer, input_size_per_partition)
+        if self.config.prequantized and layer.minite_precision == "nvfp4":
+            create_packed_params(layer, output_partition_sizes, input_size_per_partition,
+                                 weight_loader)  # fmt: skip
+            return
         weight = ModelWeightParameter(
             data=torch.empty(
                 sum(output_partition_sizes), input_size_per_partition, dtype=params_dtype
@@ -160,9 +182,6 @@ class MiniteLinearMethod(LinearMethodBase):
         )
         layer.register_parameter("weight", weight)
         set_weight_attrs(weight, extra_weight_attrs)
-        layer.minite_shards = tuple(int(n) for n in output_partition_sizes)
-        layer.minite_names = learner_names(self.prefix, len(output_partition_sizes))
-        layer.minite_precision = self.precision(layer, input_size_per_partition)
 
     def precision(self, layer, k: int) -> str:
         """The learner's decision for this layer; the shards of a fused layer must agree."""
@@ -181,7 +200,11 @@ class MiniteLinearMethod(LinearMethodBase):
         return found.pop()
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        if layer.minite_precision == "nvfp4":
+        if layer.minite_precision != "nvfp4":
+            return
+        if self.config.prequantized:
+            take_packed_params(layer)
+        else:
             quantize_layer(layer, self.config.recipe)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None):
@@ -199,6 +222,35 @@ class MiniteLMHeadMethod(UnquantizedEmbeddingMethod):
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None):
         return bf16_linear(x, layer.weight, bias)
+
+
+def create_packed_params(layer, output_partition_sizes, k: int, weight_loader) -> None:
+    """compressed-tensors' NVFP4 tensors of an `export_checkpoint` folder, loaded per shard
+    (`weight_packed`, `weight_scale`, `weight_global_scale` ENCODE, `input_global_scale`, which
+    minite's per-row activation scales do not use)."""
+    n, num_shards = sum(output_partition_sizes), len(output_partition_sizes)
+    packed = ModelWeightParameter(data=torch.empty(n, k // 2, dtype=torch.uint8), input_dim=1,
+                                  output_dim=0, weight_loader=weight_loader)  # fmt: skip
+    scales = GroupQuantScaleParameter(
+        data=torch.empty(n, k // BLOCK_SIZE, dtype=torch.float8_e4m3fn), input_dim=1,
+        output_dim=0, weight_loader=weight_loader,
+    )  # fmt: skip
+    layer.register_parameter("weight_packed", packed)
+    layer.register_parameter("weight_scale", scales)
+    for name in ("weight_global_scale", "input_global_scale"):
+        param = PerTensorScaleParameter(
+            data=torch.empty(num_shards, dtype=torch.float32), weight_loader=weight_loader
+        )
+        layer.register_parameter(name, param)
+
+
+def take_packed_params(layer) -> None:
+    """The loaded export bytes -> the layer's NVFP4 buffers; each shard's decode scale is
+    fp32(1 / its encode scale), which the export wrote to be minite's decode scale bit for bit."""
+    gd = torch.stack([decode_for_encode(ge) for ge in layer.weight_global_scale.data])
+    set_nvfp4_bytes(layer, layer.weight_packed.data, layer.weight_scale.data.view(torch.uint8), gd)
+    for name in ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale"):
+        delattr(layer, name)
 
 
 def shard_rows(layer) -> list[slice]:

@@ -113,18 +113,19 @@ def test_every_linear_row_equals_minite_op_alone(engine):
                 assert_bitwise_equal(y[r : r + 1], alone, f"{name} row {r} of {x.shape[0]}")
 
 
+def layer_bytes(vllm_model):
+    out = {}
+    for name, m in vllm_model.named_modules():
+        if getattr(m, "minite_precision", None) == "nvfp4":
+            out[name] = (m.minite_names, m.minite_codes.clone(), m.minite_scales.clone(),
+                         m.minite_global_decode.clone())  # fmt: skip
+    return out
+
+
 def test_layer_bytes_are_the_learners(engine):
     """The NVFP4 bytes vLLM holds are the learner's quantizer's, shard by shard."""
     model, llm = engine
     params = dict(model.named_parameters())
-
-    def layer_bytes(vllm_model):
-        out = {}
-        for name, m in vllm_model.named_modules():
-            if getattr(m, "minite_precision", None) == "nvfp4":
-                out[name] = (m.minite_names, m.minite_codes.clone(), m.minite_scales.clone(),
-                             m.minite_global_decode.clone())  # fmt: skip
-        return out
 
     (held,) = llm.apply_model(layer_bytes)
     assert len(held) == 2 * 4  # qkv, o, gate_up, down per layer
@@ -134,3 +135,34 @@ def test_layer_bytes_are_the_learners(engine):
         want = torch.cat([w.block_scales.view(torch.uint8) for w in wqs])
         assert_bitwise_equal(scales, want, f"{name} scales")
         assert_bitwise_equal(gd, torch.stack([w.global_decode.reshape(()) for w in wqs]), name)
+
+
+def test_export_checkpoint_loads_the_same_bytes_and_tokens(engine, tmp_path):
+    """An `export_checkpoint` folder (compressed-tensors) loaded with quantization="minite" holds
+    the same NVFP4 bytes as the master-weights folder and generates the same tokens and
+    log-probs, bitwise."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from fp4_compile import export_checkpoint
+
+    model, llm = engine
+    with pytest.warns(UserWarning, match="dynamic per_row global scale"):
+        folder = export_checkpoint(model, tmp_path / "ct", recipe=RECIPE)
+    exported = small_llm(folder, quantization="minite")
+    (a,) = llm.apply_model(layer_bytes)
+    (b,) = exported.apply_model(layer_bytes)
+    assert sorted(a) == sorted(b)
+    for name in a:
+        for x, y, what in zip(a[name][1:], b[name][1:], ("codes", "scales", "global decode")):
+            assert_bitwise_equal(x, y, f"{name} {what}")
+    prompts = [TokensPrompt(prompt_token_ids=[3, 1, 4, 1, 5][: 2 + i]) for i in range(3)]
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=5, logprobs=0, detokenize=False)
+    with dynamo_disabled(True):
+        outs = [e.generate(prompts, params, use_tqdm=False) for e in (llm, exported)]
+    for ra, rb in zip(*outs):
+        ca, cb = ra.outputs[0], rb.outputs[0]
+        assert list(ca.token_ids) == list(cb.token_ids)
+        la = [d[t].logprob for d, t in zip(ca.logprobs, ca.token_ids)]
+        lb = [d[t].logprob for d, t in zip(cb.logprobs, cb.token_ids)]
+        assert la == lb
