@@ -16,14 +16,15 @@ loaded with `quantization="minite"`, then runs:
 
 Rows never interact in these ops, so a token's output is the same whatever else vLLM put in its
 flattened [num_tokens, K] step. Norms, rotary, attention and the sampler's log-softmax stay
-vLLM's here ("linears only"). This package imports vLLM only inside `register` and in
+vLLM's ("linears only"), unless the folder names minite's model class (`full=True`, Qwen3:
+`qwen3.py`), whose forward is the learner's op for op on vLLM's paged KV cache. This package imports vLLM only inside `register` and in
 `quantization.py`; importing it without vLLM works. CUDA: the same ops dispatch to minite's
 Triton kernels; that path has not run under vLLM (vLLM cannot be installed on the lent H200).
 """
 
 from __future__ import annotations
 
-from .model_folder import QUANTIZATION_NAME, RECIPE_KEY, write_model_folder
+from .model_folder import FULL_ARCHITECTURES, QUANTIZATION_NAME, RECIPE_KEY, write_model_folder
 
 __all__ = ["QUANTIZATION_NAME", "RECIPE_KEY", "register", "vllm_available", "write_model_folder"]
 
@@ -36,6 +37,12 @@ def vllm_available() -> bool:
 
 
 def register() -> None:
-    """The `vllm.general_plugins` entry point: registers the "minite" quantization method. vLLM
-    may call it several times per process; registering again is a no-op."""
+    """The `vllm.general_plugins` entry point: registers the "minite" quantization method and
+    the "full" model classes (`qwen3.py`). vLLM may call it several times per process."""
+    from vllm import ModelRegistry
+
     from . import quantization  # noqa: F401  (registers on import)
+
+    for model_type, arch in FULL_ARCHITECTURES.items():
+        if arch not in ModelRegistry.get_supported_archs():
+            ModelRegistry.register_model(arch, f"fp4_compile.vllm_plugin.{model_type}:{arch}")

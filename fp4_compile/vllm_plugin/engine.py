@@ -49,7 +49,12 @@ class VLLMRolloutEngine:
     `model` is the learner's transformers causal LM (or its compiled wrapper). vLLM runs in this
     process when `VLLM_ENABLE_V1_MULTIPROCESSING=0` (set it before the first engine; then
     `update_weights` hands tensors over without a copy), else in its own processes (then set
-    VLLM_ALLOW_INSECURE_SERIALIZATION=1: weights travel pickled)."""
+    VLLM_ALLOW_INSECURE_SERIALIZATION=1: weights travel pickled).
+
+    full=True (Qwen3): minite's model class (`qwen3.py`): the learner's norms, rotary,
+    invariant attention on vLLM's paged cache and log-probs, computed at `temperature` (the
+    engine's one sampling temperature; generate accepts it or 0 = greedy, whose log-probs are
+    then also at `temperature`)."""
 
     def __init__(
         self,
@@ -60,6 +65,9 @@ class VLLMRolloutEngine:
         max_seq_len: int = 512,
         folder: str | Path | None = None,
         seed: int = 0,
+        full: bool = False,
+        temperature: float = 1.0,
+        max_num_batched_tokens: int | None = None,
     ):
         from vllm import LLM
 
@@ -68,7 +76,10 @@ class VLLMRolloutEngine:
             raise TypeError(f"model must be a causal LM module, got {type(model).__name__}")
         if max_batch < 1 or max_seq_len < 2:
             raise ValueError(f"max_batch >= 1 and max_seq_len >= 2, got {max_batch}, {max_seq_len}")
+        if full and recipe is None:
+            raise ValueError("full=True runs minite's model class: it needs a recipe")
         self.recipe = None if recipe is None else as_recipe(recipe)
+        self.full, self.temperature = full, float(temperature)
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         dtype = next(model.parameters()).dtype
         self._tmp = None if folder is not None else tempfile.mkdtemp(prefix="minite_vllm_")
@@ -76,7 +87,8 @@ class VLLMRolloutEngine:
         if self.recipe is None:
             model.save_pretrained(str(self.folder), safe_serialization=True)
         else:
-            write_model_folder(model, self.folder, recipe=self.recipe)
+            write_model_folder(model, self.folder, recipe=self.recipe, full=full,
+                               temperature=temperature)  # fmt: skip
         cfg = getattr(model.config, "text_config", None) or model.config
         self.vocab_size = int(cfg.vocab_size)
         kv_bytes = kv_cache_bytes(model.config, dtype=dtype, max_batch=max_batch,
@@ -86,7 +98,11 @@ class VLLMRolloutEngine:
                 str(self.folder), skip_tokenizer_init=True,
                 dtype=str(dtype).removeprefix("torch."), enforce_eager=True,
                 max_model_len=max_seq_len, max_num_seqs=max_batch,
-                kv_cache_memory_bytes=kv_bytes, logprobs_mode="processed_logprobs", seed=seed,
+                kv_cache_memory_bytes=kv_bytes, seed=seed,
+                **({} if max_num_batched_tokens is None
+                   else {"max_num_batched_tokens": max_num_batched_tokens}),
+                # full: the model returns minite's log-probs as its "logits"; report them as is
+                logprobs_mode="raw_logits" if full else "processed_logprobs",
             )  # fmt: skip
         (self.layout,) = self.llm.apply_model(layer_layout)
         self.last_sync: dict[str, float] = {}
@@ -164,6 +180,14 @@ class VLLMRolloutEngine:
         seeds = [seed + i for i in range(num)] if isinstance(seed, int) else list(seed)
         if len(seeds) != num:
             raise ValueError(f"seed list has {len(seeds)} entries for {num} prompts")
+        if self.full:
+            if temperature not in (0.0, self.temperature):
+                raise ValueError(
+                    f"temperature={temperature}: this full engine's model computes log-probs at "
+                    f"temperature {self.temperature} (or 0 = greedy); build it with that one"
+                )
+            # vLLM samples from the model's log-probs (already at the engine's temperature)
+            temperature = 1.0 if temperature > 0 else 0.0
         stop = [] if eos_token_id is None else [int(eos_token_id)]
         params = [
             SamplingParams(
