@@ -125,13 +125,17 @@ class GRPOTrainer:
         set_sr_state(state.get("sr_state") if state is not None else None)
         # The engine owns its own copy of the weights (as a separate rollout would) and gets the
         # learner's after every optimizer step (full weights, gathered from the shards).
-        if cfg.rollout_engine == "vllm":
+        if cfg.rollout_engine in ("vllm", "vllm_full"):
             if self.world > 1:
-                raise ValueError("rollout_engine='vllm' runs in one process (no --nproc)")
+                raise ValueError(f"rollout_engine={cfg.rollout_engine!r} runs in one process")
+            full = cfg.rollout_engine == "vllm_full"
+            if full and not cfg.compile:
+                raise ValueError("rollout_engine='vllm_full' runs minite's numerics: compile=True")
             # vLLM loads the weights from a folder it writes; compile=False runs vLLM's own path
             self.engine = VLLMRolloutEngine(
                 self.model, recipe=self.recipe if cfg.compile else None,
-                max_batch=self.num_local, max_seq_len=self.width, seed=cfg.seed,
+                max_batch=self.num_local, max_seq_len=self.width, seed=cfg.seed, full=full,
+                temperature=cfg.temperature,
             )  # fmt: skip
         else:
             self.engine = RolloutEngine(

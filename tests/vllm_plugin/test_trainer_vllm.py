@@ -1,9 +1,9 @@
-"""The GRPO trainer with `rollout_engine=vllm`, nothing else changed.
+"""The GRPO trainer with `rollout_engine=vllm` / `vllm_full`, nothing else changed.
 
 Contracts: the run completes with finite metrics; after the last optimizer step vLLM holds
-exactly (bitwise) the learner's quantizer's NVFP4 bytes of the learner's final weights; the
-learner/rollout gap is measured and reported (vLLM's attention, norms and sampler are its own,
-so it is not 0: docs/vllm.md)."""
+exactly (bitwise) the learner's quantizer's NVFP4 bytes of the learner's final weights. With
+`vllm_full` the learner/rollout gap is 0 at every step (bitwise); with `vllm` (vLLM's own
+attention, norms and sampler) it is measured, not 0 (docs/vllm.md)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ from fp4_compile.rl.trainer import train  # noqa: E402
 from fp4_compile.testing import assert_bitwise_equal  # noqa: E402
 
 
-def test_grpo_with_vllm_rollouts(tmp_path):
+@pytest.mark.parametrize("rollout_engine", ["vllm", "vllm_full"])
+def test_grpo_with_vllm_rollouts(tmp_path, rollout_engine):
     over = dict(steps=2, prompts_per_step=2, group_size=4, warm_start_steps=3,
-                warm_start_batch=8, eval_every=0, rollout_engine="vllm",
+                warm_start_batch=8, eval_every=0, rollout_engine=rollout_engine,
                 out_dir=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"))  # fmt: skip
     cfg = get_preset("tiny").with_overrides([f"{k}={v}" for k, v in over.items()])
     result = train(cfg, progress=False, log=lambda *_: None)
@@ -35,6 +36,9 @@ def test_grpo_with_vllm_rollouts(tmp_path):
     assert len(records) == 2
     for r in records:
         assert math.isfinite(r["mismatch/max_abs_dlogp"]) and math.isfinite(r["loss/policy"]), r
+        if rollout_engine == "vllm_full":
+            assert r["mismatch/max_abs_dlogp"] == 0.0, r
+            assert r["mismatch/frac_bitwise_equal"] == 1.0, r
     trainer = result["trainer"]
     engine = trainer.engine
     assert engine.last_sync["nvfp4_linears"] > 0
