@@ -11,7 +11,8 @@ forward over the whole sequences). Rollout engines, each generating from the sam
 - vLLM's own NVFP4: an `export_checkpoint` compressed-tensors folder run by vLLM's NVFP4
   emulation kernel (registered for CPU here; vLLM lists none for CPU);
 - vLLM unquantized: the master weights (FP32 here) through vLLM's own path.
-(vLLM + plugin "full", with minite's attention on vLLM's paged cache, is not built.)
+- vLLM + plugin, full (dense Qwen3 only): `VLLMRolloutEngine(full=True)`, minite's Qwen3
+  model class (the learner's norms, rotary, attention on vLLM's paged cache, log-probs).
 Metrics over every generated token: max |dlogp|, the share of tokens whose log-probs are equal
 bitwise, and NeMo RL's token_mult_prob_error = mean(exp(|dlogp|)). Batch 1 and a ragged batch of
 32 (prompt lengths 1..32, one sampling seed per request), temperature 1, dense tiny Qwen3 and
@@ -84,9 +85,9 @@ def engines(model, recipe, arch: str):
         out = eng.generate(prompts, max_new_tokens=MAX_NEW, temperature=1.0, seed=seeds)
         return out.tokens, out.logprobs
 
-    def plugin(prompts, seeds, use_recipe=True):
+    def plugin(prompts, seeds, use_recipe=True, full=False):
         eng = VLLMRolloutEngine(model, recipe=recipe if use_recipe else None, max_batch=32,
-                                max_seq_len=64)  # fmt: skip
+                                max_seq_len=64, full=full)  # fmt: skip
         try:
             return vllm_generate(eng.llm, prompts, seeds)
         finally:
@@ -102,9 +103,15 @@ def engines(model, recipe, arch: str):
         llm = small_llm(folder, max_model_len=64, max_num_seqs=32)
         return vllm_generate(llm, prompts, seeds)
 
+    linears_only = "vLLM + plugin, linears only"
+    if arch == "qwen3_moe":  # the plugin's method covers LinearBase layers, not FusedMoE
+        linears_only += " (experts: vLLM's unquantized FusedMoE)"
+    out = {"minite engine": minite}
+    if arch == "qwen3":
+        out["vLLM + plugin, full (minite's Qwen3 class)"] = lambda p, s: plugin(p, s, full=True)
     return {
-        "minite engine": minite,
-        "vLLM + plugin, linears only": plugin,
+        **out,
+        linears_only: plugin,
         "vLLM own NVFP4 (compressed-tensors export, emulation kernel)": vllm_nvfp4,
         "vLLM unquantized (FP32 master)": lambda p, s: plugin(p, s, use_recipe=False),
     }
@@ -173,8 +180,7 @@ def main() -> None:
             f"{r['token_mult_prob_error']:.6f} |"
         )
     lines += [
-        "| both | vLLM + plugin, full (minite attention on the paged cache) | - | - | not built "
-        "| - | - |",
+        "| qwen3_moe | vLLM + plugin, full | - | - | not built (no Qwen3-MoE class) | - | - |",
     ]
     assert all(math.isfinite(r.get("max_abs_dlogp", 0.0)) for r in rows)
     payload = {"env": env, "rows": rows, "max_new_tokens": MAX_NEW}
