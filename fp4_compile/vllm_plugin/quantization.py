@@ -164,6 +164,11 @@ class MiniteLinearMethod(LinearMethodBase):
         params_dtype: torch.dtype,
         **extra_weight_attrs,
     ):
+        if input_size_per_partition != input_size or sum(output_partition_sizes) != output_size:
+            raise ValueError(
+                f"{self.prefix!r}: the minite method runs unsharded layers only (tensor "
+                "parallel size 1): a shard's per-tensor global scale would not be the learner's"
+            )
         weight_loader = extra_weight_attrs.pop("weight_loader")
         layer.minite_shards = tuple(int(n) for n in output_partition_sizes)
         layer.minite_names = learner_names(self.prefix, len(output_partition_sizes))
