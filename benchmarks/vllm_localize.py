@@ -34,26 +34,36 @@ def record(model, calls: list) -> None:
 
     from fp4_compile.vllm_plugin.quantization import MiniteLinearMethod
 
-    def keep(kind, name, module, args, out, meta=None):
-        clone = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
+    clone = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
+    inputs = {}  # vLLM's RMSNorm and rotary write in place: keep the inputs from before forward
+
+    def before(module, args):
+        inputs[id(module)] = tuple(clone(a) for a in args)
+
+    def keep(kind, name, module, out, meta=None):
         out = tuple(clone(o) for o in out) if isinstance(out, tuple) else clone(out)
-        calls.append((kind, name, module, tuple(clone(a) for a in args), out, meta))
+        calls.append((kind, name, module, inputs.pop(id(module)), out, meta))
+
+    def watch(module, kind, name, pick=lambda o: o):
+        module.register_forward_pre_hook(before)
+        module.register_forward_hook(lambda m, a, o: keep(kind, name, m, pick(o)))
 
     for name, m in model.named_modules():
         if isinstance(m, RMSNorm):
-            m.register_forward_hook(lambda m, a, o, n=name: keep("rms_norm", n, m, a, o))
+            watch(m, "rms_norm", name)
         elif isinstance(getattr(m, "quant_method", None), MiniteLinearMethod):
-            m.register_forward_hook(lambda m, a, o, n=name: keep("linear", n, m, a, o[0]))
+            watch(m, "linear", name, pick=lambda o: o[0])
         elif name.endswith("rotary_emb"):
-            m.register_forward_hook(lambda m, a, o, n=name: keep("rotary", n, m, a, o))
+            watch(m, "rotary", name)
         elif name.endswith(".attn") and hasattr(m, "layer_name"):
 
             def attn_hook(m, a, o, n=name):
                 md = get_forward_context().attn_metadata[m.layer_name]
                 meta = {"query_start_loc": md.query_start_loc.clone(),
                         "seq_lens": md.seq_lens.clone()}  # fmt: skip
-                keep("attention", n, m, a, o, meta)
+                keep("attention", n, m, o, meta)
 
+            m.register_forward_pre_hook(before)
             m.register_forward_hook(attn_hook)
     head = model.lm_head
     original = head.quant_method.apply
