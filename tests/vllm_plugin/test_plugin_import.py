@@ -32,6 +32,13 @@ def test_model_folder_records_the_recipe(tmp_path):
     assert (folder / "model.safetensors").exists()
 
 
+def test_engine_refuses_a_recipe_that_is_not_batch_invariant():
+    from fp4_compile.rl import VLLMRolloutEngine
+
+    with pytest.raises(ValueError, match="batch-invariant"):
+        VLLMRolloutEngine(tiny_qwen3(layers=1), recipe="te")
+
+
 @pytest.mark.skipif(vllm_available(), reason="checks the error where vLLM is absent")
 def test_engine_without_vllm_says_how_to_install():
     from fp4_compile.rl import VLLMRolloutEngine
