@@ -104,8 +104,8 @@ def engines(model, recipe, arch: str):
         return vllm_generate(llm, prompts, seeds)
 
     linears_only = "vLLM + plugin, linears only"
-    if arch == "qwen3_moe":  # the plugin's method covers LinearBase layers, not FusedMoE
-        linears_only += " (experts: vLLM's unquantized FusedMoE)"
+    if arch == "qwen3_moe":  # expert GEMMs minite's NVFP4; routing and combine vLLM's
+        linears_only += " (NVFP4 experts; vLLM's routing)"
     out = {"minite engine": minite}
     if arch == "qwen3":
         out["vLLM + plugin, full (minite's Qwen3 class)"] = lambda p, s: plugin(p, s, full=True)

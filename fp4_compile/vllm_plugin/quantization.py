@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from vllm.model_executor.layers.fused_moe import RoutedExperts
 from vllm.model_executor.layers.linear import (
     LinearBase,
     LinearMethodBase,
@@ -44,8 +45,9 @@ from ..checkpoints.scales import decode_for_encode
 from ..codegen.invariant.api import linear as invariant_linear
 from ..format import BLOCK_SIZE
 from ..passes.select_gemms import gemm_precision
-from ..passes.targets import quantize_weight_bytes
 from ..recipe import NVFP4Recipe
+from .buffers import linear_buffers, write_buffers
+from .experts import MiniteExpertsMethod
 from .model_folder import QUANTIZATION_NAME, RECIPE_KEY
 
 # vLLM's fused layers -> the learner's module names of their shards, in vLLM's order
@@ -139,6 +141,13 @@ class MiniteConfig(QuantizationConfig):
             self.num_layers = int(cfg.num_hidden_layers)
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        if isinstance(layer, RoutedExperts):
+            if self.prequantized:
+                raise ValueError(
+                    f"{prefix!r}: MoE experts of an export_checkpoint folder are not supported "
+                    "by the minite method; load the master-weights folder (write_model_folder)"
+                )
+            return MiniteExpertsMethod(self, layer, prefix)
         if isinstance(layer, LinearBase):
             return MiniteLinearMethod(self, prefix)
         if isinstance(layer, ParallelLMHead):
@@ -270,30 +279,13 @@ def shard_rows(layer) -> list[slice]:
 def quantize_layer(layer: torch.nn.Module, recipe: NVFP4Recipe) -> None:
     """Quantize each shard of `layer.weight` with the learner's quantizer into the layer's
     NVFP4 buffers (created on the first call, written in place afterwards)."""
-    codes, scales, gds = [], [], []
-    for rows in shard_rows(layer):
-        c, s, gd = quantize_weight_bytes(layer.weight[rows], recipe, experts=False)
-        codes.append(c)
-        scales.append(s.view(torch.uint8))
-        gds.append(gd.reshape(1))
-    set_nvfp4_bytes(layer, torch.cat(codes), torch.cat(scales), torch.cat(gds))
+    write_buffers(layer, linear_buffers(layer.weight.data, layer.minite_shards, recipe))
 
 
 def set_nvfp4_bytes(layer, codes_NK2, scales_NK16, global_decode_S) -> None:
-    """Write a layer's NVFP4 bytes in place (buffers created on the first call)."""
-    new = {"minite_codes": codes_NK2, "minite_scales": scales_NK16,
-           "minite_global_decode": global_decode_S}  # fmt: skip
-    for name, value in new.items():
-        old = getattr(layer, name, None)
-        if old is None:
-            layer.register_buffer(name, value.contiguous(), persistent=False)
-        else:
-            if old.shape != value.shape or old.dtype != value.dtype:
-                raise ValueError(
-                    f"{name}: got {value.dtype}{list(value.shape)}, the layer holds "
-                    f"{old.dtype}{list(old.shape)}"
-                )
-            old.copy_(value)
+    """Write a linear layer's NVFP4 bytes in place (buffers created on the first call)."""
+    write_buffers(layer, {"minite_codes": codes_NK2, "minite_scales": scales_NK16,
+                          "minite_global_decode": global_decode_S})  # fmt: skip
 
 
 def nvfp4_apply(layer, x_MK: torch.Tensor, bias, recipe: NVFP4Recipe) -> torch.Tensor:

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..passes.targets import quantize_weight_bytes
 from ..recipe import NVFP4Recipe
 from ..rollout.weight_sync import full_tensor
+from .buffers import expert_buffers, linear_buffers, write_buffers
 
 
 @dataclass(frozen=True)
@@ -28,18 +28,19 @@ class LayerLayout:
     """A vLLM linear run by minite: the learner's module paths of its shards, in order."""
 
     learner_names: tuple[str, ...]
-    precision: str  # "nvfp4" or "bf16"
+    precision: str  # "nvfp4", "bf16", or "nvfp4_experts" (names: gate_up_proj, down_proj)
 
 
 @dataclass
 class WeightPayload:
-    nvfp4: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    """vLLM module path -> (codes uint8 [N, K/2], scales uint8 [N, K/16], global decode FP32 [S])."""
+    nvfp4: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    """vLLM module path -> its NVFP4 buffers: codes uint8 [.., N, K/2], scales uint8
+    [.., N, K/16], global decode FP32 (one per shard or per expert)."""
     dense: dict[str, torch.Tensor] = field(default_factory=dict)
     """The learner's parameter name -> tensor, for vLLM's `load_weights`."""
 
     def num_bytes(self) -> dict[str, int]:
-        nv = sum(t.numel() * t.element_size() for ts in self.nvfp4.values() for t in ts)
+        nv = sum(t.numel() * t.element_size() for ts in self.nvfp4.values() for t in ts.values())
         dense = sum(t.numel() * t.element_size() for t in self.dense.values())
         return {"nvfp4_linears": nv, "dense": dense, "total": nv + dense}
 
@@ -63,19 +64,23 @@ def nvfp4_payload(
     out = WeightPayload()
     taken = set()
     for vllm_name, lay in layout.items():
+        if lay.precision == "nvfp4_experts":
+            missing = [n for n in lay.learner_names if n not in params]
+            if missing:
+                raise ValueError(f"update_weights: the learner has no parameters {missing}")
+            w13, w2 = (full_tensor(params[n]) for n in lay.learner_names)
+            out.nvfp4[vllm_name] = expert_buffers(w13, w2, recipe)
+            taken.update(lay.learner_names)
+            continue
         if lay.precision != "nvfp4":
             continue
-        codes, scales, gds = [], [], []
-        for shard in lay.learner_names:
-            key = f"{shard}.weight"
-            if key not in params:
-                raise ValueError(f"update_weights: the learner has no parameter {key!r}")
-            c, s, gd = quantize_weight_bytes(full_tensor(params[key]), recipe, experts=False)
-            codes.append(c)
-            scales.append(s.view(torch.uint8))
-            gds.append(gd.reshape(1))
-            taken.add(key)
-        out.nvfp4[vllm_name] = (torch.cat(codes), torch.cat(scales), torch.cat(gds))
+        missing = [f"{n}.weight" for n in lay.learner_names if f"{n}.weight" not in params]
+        if missing:
+            raise ValueError(f"update_weights: the learner has no parameters {missing}")
+        weights = [full_tensor(params[f"{n}.weight"]) for n in lay.learner_names]
+        shards = tuple(int(w.shape[0]) for w in weights)
+        out.nvfp4[vllm_name] = linear_buffers(torch.cat(weights), shards, recipe)
+        taken.update(f"{n}.weight" for n in lay.learner_names)
     for name, p in params.items():
         if name not in taken:
             out.dense[name] = full_tensor(p.detach())
@@ -92,14 +97,12 @@ def bf16_payload(learner: torch.nn.Module) -> WeightPayload:
 @torch.no_grad()
 def apply_payload(vllm_model: torch.nn.Module, payload: WeightPayload) -> int:
     """(worker) Write the payload in place; returns the number of NVFP4 layers written."""
-    from .quantization import set_nvfp4_bytes
-
     modules = dict(vllm_model.named_modules())
     missing = sorted(set(payload.nvfp4) - set(modules))
     if missing:
         raise ValueError(f"update_weights: vLLM's model has no layers {missing[:4]}")
-    for name, (codes, scales, gd) in payload.nvfp4.items():
-        set_nvfp4_bytes(modules[name], codes, scales, gd)
+    for name, tensors in payload.nvfp4.items():
+        write_buffers(modules[name], tensors)
     if payload.dense:
         vllm_model.load_weights(iter(payload.dense.items()))
     return len(payload.nvfp4)
@@ -108,9 +111,10 @@ def apply_payload(vllm_model: torch.nn.Module, payload: WeightPayload) -> int:
 @torch.no_grad()
 def apply_bf16_refit(vllm_model: torch.nn.Module, payload: WeightPayload, recipe: NVFP4Recipe):
     """(worker) The baseline: load every weight, then re-quantize the NVFP4 layers in vLLM."""
-    from .quantization import quantize_layer
-
     vllm_model.load_weights(iter(payload.dense.items()))
     for m in vllm_model.modules():
-        if getattr(m, "minite_precision", None) == "nvfp4":
-            quantize_layer(m, recipe)
+        precision = getattr(m, "minite_precision", None)
+        if precision == "nvfp4":
+            write_buffers(m, linear_buffers(m.weight.data, m.minite_shards, recipe))
+        elif precision == "nvfp4_experts":
+            write_buffers(m, expert_buffers(m.w13_weight.data, m.w2_weight.data, recipe))
