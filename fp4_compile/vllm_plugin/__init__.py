@@ -16,8 +16,9 @@ loaded with `quantization="minite"`, then runs:
 
 Rows never interact in these ops, so a token's output is the same whatever else vLLM put in its
 flattened [num_tokens, K] step. Norms, rotary, attention and the sampler's log-softmax stay
-vLLM's ("linears only"), unless the folder names minite's model class (`full=True`, Qwen3:
-`qwen3.py`), whose forward is the learner's op for op on vLLM's paged KV cache. This package imports vLLM only inside `register` and in
+vLLM's ("linears only"), unless the folder names minite's model class (`full=True`: Qwen3
+`qwen3.py`, Qwen3-MoE `qwen3_moe.py`), whose forward is the learner's op for op on vLLM's paged
+KV cache. Routed MoE experts run minite's NVFP4 GEMMs (`experts.py`) in both. This package imports vLLM only inside `register` and in
 `quantization.py`; importing it without vLLM works. CUDA: the same ops dispatch to minite's
 Triton kernels; that path has not run under vLLM (vLLM cannot be installed on the lent H200).
 """

@@ -25,7 +25,7 @@ def quantization_config(recipe: NVFP4Recipe) -> dict:
 
 
 # the model class of the "full" variant (fp4_compile/vllm_plugin/qwen3.py), by model type
-FULL_ARCHITECTURES = {"qwen3": "MiniteQwen3ForCausalLM"}
+FULL_ARCHITECTURES = {"qwen3": "MiniteQwen3ForCausalLM", "qwen3_moe": "MiniteQwen3MoeForCausalLM"}
 TEMPERATURE_KEY = "minite_logprob_temperature"
 
 

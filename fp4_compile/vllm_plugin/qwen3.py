@@ -110,7 +110,10 @@ class MiniteQwen3ForCausalLM(Qwen3ForCausalLM):
 
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        config = vllm_config.model_config.hf_config
+        self.read_config(vllm_config.model_config.hf_config)
+
+    def read_config(self, config) -> None:
+        """The log-prob temperature and the rotary base from the model folder's config."""
         self.minite_temperature = float(getattr(config, TEMPERATURE_KEY, 1.0))
         rope = getattr(config, "rope_parameters", None) or {}
         self.minite_rope_theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 1e6)))
@@ -126,12 +129,15 @@ class MiniteQwen3ForCausalLM(Qwen3ForCausalLM):
         for layer in self.model.layers[self.model.start_layer : self.model.end_layer]:
             h = h + self.attention_block(layer.self_attn, norm(layer.input_layernorm, h),
                                          cos, sin, context)  # fmt: skip
-            x = norm(layer.post_attention_layernorm, h)
-            gate_up, _ = layer.mlp.gate_up_proj(x)
-            gate, up = (t.contiguous() for t in gate_up.chunk(2, dim=-1))
-            down, _ = layer.mlp.down_proj(torch.ops.fp4_compile.silu_mul(gate, up))
-            h = h + down
+            h = h + self.mlp_block(layer.mlp, norm(layer.post_attention_layernorm, h))
         return norm(self.model.norm, h)
+
+    def mlp_block(self, mlp, x):
+        """The gated MLP: gate_up GEMM, `fp4_compile::silu_mul`, down GEMM."""
+        gate_up, _ = mlp.gate_up_proj(x)
+        gate, up = (t.contiguous() for t in gate_up.chunk(2, dim=-1))
+        down, _ = mlp.down_proj(torch.ops.fp4_compile.silu_mul(gate, up))
+        return down
 
     def attention_block(self, attn, x, cos, sin, context):
         qkv, _ = attn.qkv_proj(x)

@@ -1,5 +1,6 @@
-"""vLLM + minite plugin, "full" (minite's Qwen3 model class): vLLM's reported log-prob of every
-sampled token == the learner's `sequence_logprobs`, bitwise, under continuous batching.
+"""vLLM + minite plugin, "full" (minite's Qwen3 and Qwen3-MoE model classes): vLLM's reported
+log-prob of every sampled token == the learner's `sequence_logprobs`, bitwise, under continuous
+batching.
 
 Contract (bitwise): requests arrive at different steps, have prompts of different lengths
 (chunked prefills: at most 16 tokens per step, so prompts are split over steps and share steps
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.vllm
 import torch  # noqa: E402
 
 from fp4_compile.codegen import logprobs as shared_logprobs  # noqa: E402
-from fp4_compile.models import tiny_qwen3  # noqa: E402
+from fp4_compile.models import tiny_qwen3, tiny_qwen3_moe  # noqa: E402
 from fp4_compile.recipe import NVFP4Recipe  # noqa: E402
 from fp4_compile.rollout import sequence_logprobs  # noqa: E402
 from fp4_compile.testing import assert_bitwise_equal  # noqa: E402
@@ -70,8 +71,9 @@ def continuous_batching(llm, prompts, max_tokens, arrive_at_step):
     return done
 
 
-def test_vllm_full_equals_learner_under_continuous_batching():
-    model = tiny_qwen3(layers=2, seed=2)
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_vllm_full_equals_learner_under_continuous_batching(arch):
+    model = tiny_qwen3(layers=2, seed=2) if arch == "qwen3" else tiny_qwen3_moe(seed=2)
     engine = VLLMRolloutEngine(model, recipe=RECIPE, max_batch=8, max_seq_len=64, full=True,
                                max_num_batched_tokens=16)  # fmt: skip
     try:
