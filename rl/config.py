@@ -125,7 +125,7 @@ class TrainConfig:
     """"minite": the embedded engine (learner == rollout, bitwise). "vllm": vLLM with minite's
     plugin (`fp4_compile.rl.VLLMRolloutEngine`, needs vLLM, one process): minite's linears and
     weights as NVFP4 bytes, vLLM's attention, norms and sampler (close, not bitwise).
-    "vllm_full" (Qwen3): vLLM running minite's model class too (learner's norms, rotary,
+    "vllm_full" (Qwen3, Qwen3-MoE): vLLM running minite's model class too (learner's norms, rotary,
     attention on vLLM's paged cache, log-probs): bitwise. docs/vllm.md."""
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
