@@ -20,8 +20,10 @@ forward is the learner's computation op for op, on vLLM's flattened step:
   (`full_logprobs`: the shared log-prob op's arithmetic, row by row). vLLM then samples with
   temperature 1 from them (softmax of log-probs = softmax of logits / T) and, with
   logprobs_mode="raw_logits", reports the sampled token's value: minite's log-prob.
-CUDA: the same code calls the same ops; it has not run under vLLM (not installable on the H200),
-and `full_logprobs` is the CPU reference's arithmetic, not the CUDA kernel's.
+CUDA: the ops dispatch to minite's kernels, but this class reads the CPU backend's KV-cache
+layout only (refused otherwise), and `full_logprobs` is the CPU reference's arithmetic, not the
+CUDA log-prob kernel's: the full variant is CPU-only, and nothing here has run under vLLM on a GPU
+(vLLM is not installable on the lent H200).
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ def paged_attention(attn_layer, q_THD, k_THD, v_THD, metadata) -> torch.Tensor:
     if metadata is None:  # vLLM's warm-up and profile runs carry no metadata
         return out
     cache = attn_layer.kv_cache
+    if cache.dim() != 4 or cache.shape[-1] != 2 * head_dim:
+        raise ValueError(
+            f"KV cache of shape {tuple(cache.shape)}: this model reads the CPU backend's layout "
+            f"[blocks, kv_heads, block_size, 2 * head_dim={2 * head_dim}] only"
+        )
     num_blocks, num_kv_heads, block_size, _ = cache.shape
     n = int(metadata.num_actual_tokens)
     slots = metadata.slot_mapping[:n].long()
