@@ -25,10 +25,11 @@ from fp4_compile.rl.trainer import train  # noqa: E402
 from fp4_compile.testing import assert_bitwise_equal  # noqa: E402
 
 
-@pytest.mark.parametrize("rollout_engine", ["vllm", "vllm_full"])
-def test_grpo_with_vllm_rollouts(tmp_path, rollout_engine):
+@pytest.mark.parametrize("rollout_engine, arch",
+                         [("vllm", "qwen3"), ("vllm_full", "qwen3"), ("vllm_full", "qwen3_moe")])  # fmt: skip
+def test_grpo_with_vllm_rollouts(tmp_path, rollout_engine, arch):
     over = dict(steps=2, prompts_per_step=2, group_size=4, warm_start_steps=3,
-                warm_start_batch=8, eval_every=0, rollout_engine=rollout_engine,
+                warm_start_batch=8, eval_every=0, rollout_engine=rollout_engine, arch=arch,
                 out_dir=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"))  # fmt: skip
     cfg = get_preset("tiny").with_overrides([f"{k}={v}" for k, v in over.items()])
     result = train(cfg, progress=False, log=lambda *_: None)
@@ -45,13 +46,21 @@ def test_grpo_with_vllm_rollouts(tmp_path, rollout_engine):
     params = dict(trainer.model.named_parameters())
 
     def held(model):
-        return {n: (m.minite_names, m.minite_codes.clone())
-                for n, m in model.named_modules()
-                if getattr(m, "minite_precision", None) == "nvfp4"}  # fmt: skip
+        out = {}
+        for n, m in model.named_modules():
+            precision = getattr(m, "minite_precision", None)
+            if precision == "nvfp4":
+                out[n] = (precision, m.minite_names, m.minite_codes.clone())
+            elif precision == "nvfp4_experts":
+                out[n] = (precision, m.minite_names, m.minite_w13_codes.clone())
+        return out
 
     (layers,) = engine.llm.apply_model(held)
     assert layers
-    for name, (shards, codes) in layers.items():
-        want = torch.cat([quantize_weight(params[f"{s}.weight"], trainer.recipe).codes
-                          for s in shards])  # fmt: skip
+    for name, (precision, shards, codes) in layers.items():
+        if precision == "nvfp4_experts":  # gate_up of every expert
+            want = quantize_weight(params[shards[0]], trainer.recipe).codes
+        else:
+            want = torch.cat([quantize_weight(params[f"{s}.weight"], trainer.recipe).codes
+                              for s in shards])  # fmt: skip
         assert_bitwise_equal(codes, want, f"{name} codes after the last step")
