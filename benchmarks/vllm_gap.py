@@ -93,10 +93,14 @@ def engines(model, recipe, arch: str):
         finally:
             eng.close()
 
+    keep = []
+
     def vllm_nvfp4(prompts, seeds):
         import warnings
 
-        folder = tempfile.mkdtemp(prefix=f"minite_ct_{arch}_")
+        tmp = tempfile.TemporaryDirectory(prefix=f"minite_ct_{arch}_")
+        keep.append(tmp)  # removed at exit (vLLM reads the folder while it runs)
+        folder = tmp.name
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             export_checkpoint(model, folder, recipe=recipe)

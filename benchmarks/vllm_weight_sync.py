@@ -68,7 +68,8 @@ def main() -> None:
 
     recipe = NVFP4Recipe.strict()
     model = build_model(args.layers)
-    folder = write_model_folder(model, tempfile.mkdtemp(prefix="minite_sync_"), recipe=recipe)
+    tmp = tempfile.TemporaryDirectory(prefix="minite_sync_")  # removed at exit
+    folder = write_model_folder(model, tmp.name, recipe=recipe)
     llm = small_llm(folder, dtype="bfloat16", max_model_len=64, max_num_seqs=1,
                     kv_cache_bytes=64 << 20, max_num_batched_tokens=64)  # fmt: skip
     (layout,) = llm.apply_model(ws.layer_layout)

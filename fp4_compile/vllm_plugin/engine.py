@@ -20,6 +20,7 @@ import functools
 import shutil
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -94,6 +95,8 @@ class VLLMRolloutEngine:
         dtype = next(model.parameters()).dtype
         self._tmp = None if folder is not None else tempfile.mkdtemp(prefix="minite_vllm_")
         self.folder = Path(folder if folder is not None else self._tmp)
+        # the temporary folder goes with the engine (close, garbage collection or exit)
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self._tmp or "", True)
         if self.recipe is None:
             model.save_pretrained(str(self.folder), safe_serialization=True)
         else:
@@ -122,7 +125,7 @@ class VLLMRolloutEngine:
         """Stop vLLM and remove the engine's temporary model folder."""
         self.llm = None
         if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._cleanup()
             self._tmp = None
 
     @torch.no_grad()
