@@ -19,6 +19,7 @@ from .tasks import TASK_NAMES
 
 VARIANTS = ("strict", "te", "bf16")
 ARCHS = ("qwen3", "qwen3_moe")
+ROLLOUT_ENGINES = ("minite", "vllm", "vllm_full")
 # Fields that may change between a run and its resumption (they do not change the numbers of
 # the steps already taken or to come).
 RESUMABLE_FIELDS = (
@@ -120,6 +121,12 @@ class TrainConfig:
     rollout_cuda_graphs: bool = False
     """CUDA only: the rollout engine decodes through one CUDA graph per generate call (same
     kernels, same bits: `RolloutEngine(cuda_graphs=True)`; 2-5x decode tokens/s on the H200)."""
+    rollout_engine: str = "minite"
+    """"minite": the embedded engine (learner == rollout, bitwise). "vllm": vLLM with minite's
+    plugin (`fp4_compile.rl.VLLMRolloutEngine`, needs vLLM, one process): minite's linears and
+    weights as NVFP4 bytes, vLLM's attention, norms and sampler (close, not bitwise).
+    "vllm_full" (Qwen3, Qwen3-MoE): vLLM running minite's model class too (learner's norms, rotary,
+    attention on vLLM's paged cache, log-probs): bitwise. docs/vllm.md."""
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     log_every: int = 1
@@ -169,6 +176,12 @@ class TrainConfig:
                 f"model must be a local transformers checkpoint directory holding config.json, "
                 f"got model={self.model!r}"
             )
+        if self.rollout_engine not in ROLLOUT_ENGINES:
+            raise ValueError(
+                f"rollout_engine must be one of {ROLLOUT_ENGINES}, got {self.rollout_engine!r}"
+            )
+        if self.rollout_engine != "minite" and self.rollout_cuda_graphs:
+            raise ValueError("rollout_cuda_graphs=True is for the embedded engine, not vllm")
         if self.rollout_cuda_graphs and not self.device.startswith("cuda"):
             raise ValueError(
                 f"rollout_cuda_graphs=True needs a CUDA device, got device={self.device!r}"

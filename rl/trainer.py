@@ -26,6 +26,7 @@ import torch
 
 from ..rollout import RolloutEngine, token_logprobs
 from ..sr_stream import set_sr_state, sr_state
+from ..vllm_plugin.engine import VLLMRolloutEngine
 from . import distributed as ddp
 from .checkpoint import (
     CheckpointError,
@@ -124,11 +125,24 @@ class GRPOTrainer:
         set_sr_state(state.get("sr_state") if state is not None else None)
         # The engine owns its own copy of the weights (as a separate rollout would) and gets the
         # learner's after every optimizer step (full weights, gathered from the shards).
-        self.engine = RolloutEngine(
-            copy.deepcopy(self.model), recipe=self.recipe, device=self.device,
-            max_batch=self.num_local, max_seq_len=self.width, compile=cfg.compile,
-            cuda_graphs=cfg.rollout_cuda_graphs,
-        )  # fmt: skip
+        if cfg.rollout_engine in ("vllm", "vllm_full"):
+            if self.world > 1:
+                raise ValueError(f"rollout_engine={cfg.rollout_engine!r} runs in one process")
+            full = cfg.rollout_engine == "vllm_full"
+            if full and not cfg.compile:
+                raise ValueError("rollout_engine='vllm_full' runs minite's numerics: compile=True")
+            # vLLM loads the weights from a folder it writes; compile=False runs vLLM's own path
+            self.engine = VLLMRolloutEngine(
+                self.model, recipe=self.recipe if cfg.compile else None,
+                max_batch=self.num_local, max_seq_len=self.width, seed=cfg.seed, full=full,
+                temperature=cfg.temperature,
+            )  # fmt: skip
+        else:
+            self.engine = RolloutEngine(
+                copy.deepcopy(self.model), recipe=self.recipe, device=self.device,
+                max_batch=self.num_local, max_seq_len=self.width, compile=cfg.compile,
+                cuda_graphs=cfg.rollout_cuda_graphs,
+            )  # fmt: skip
         if self.world > 1:
             ddp.shard_model(self.model)  # FSDP2: parameters, gradients, optimizer state sharded
         self.optimizer = torch.optim.AdamW(

@@ -5,7 +5,8 @@
 - No private name (`_name`) imported from another module of the package.
 - One direction: codegen/ and passes/ never import the rollout runtime or rl/; the rollout
   runtime (fp4_compile/rollout/) and the checkpoint formats (fp4_compile/checkpoints/) never
-  import rl/; the core imports rl/ only from the CLI.
+  import rl/; the vLLM plugin (fp4_compile/vllm_plugin/) never imports rl/; the core imports rl/
+  only from the CLI.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ def test_no_private_names_imported_across_modules():
         ("fp4_compile.passes", ("fp4_compile.rl", "fp4_compile.rollout")),
         ("fp4_compile.rollout", ("fp4_compile.rl",)),
         ("fp4_compile.checkpoints", ("fp4_compile.rl", "fp4_compile.rollout")),
+        ("fp4_compile.vllm_plugin", ("fp4_compile.rl",)),
     ],
 )
 def test_layers_import_one_way(layer, forbidden):

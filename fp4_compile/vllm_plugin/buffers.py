@@ -1,0 +1,56 @@
+"""The NVFP4 buffers minite's vLLM layers hold, built with the learner's quantizer (plain torch:
+used on the learner side of a weight sync and inside vLLM's layers).
+
+Linear layers: `minite_codes` uint8 [N, K/2], `minite_scales` uint8 [N, K/16] (E4M3 bytes),
+`minite_global_decode` float32 [S], each of the S fused shards (q/k/v, gate/up) quantized alone.
+Experts: `minite_w13_*` from gate_up [E, 2I, H] and `minite_w2_*` from down [E, H, I], one
+global scale per expert (gate and up together), as the learner quantizes its fused experts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..passes.targets import quantize_weight_bytes
+from ..recipe import NVFP4Recipe
+
+
+def linear_buffers(weight_NK: torch.Tensor, shards: tuple[int, ...], recipe: NVFP4Recipe) -> dict:
+    """A linear layer's buffers: each row block of `shards` sizes quantized alone."""
+    if sum(shards) != weight_NK.shape[0]:
+        raise ValueError(f"shards {shards} do not add up to the weight's {weight_NK.shape[0]} rows")
+    codes, scales, gds, start = [], [], [], 0
+    for n in shards:
+        c, s, gd = quantize_weight_bytes(weight_NK[start : start + n], recipe, experts=False)
+        codes.append(c)
+        scales.append(s.view(torch.uint8))
+        gds.append(gd.reshape(1))
+        start += n
+    return {"minite_codes": torch.cat(codes), "minite_scales": torch.cat(scales),
+            "minite_global_decode": torch.cat(gds)}  # fmt: skip
+
+
+def expert_buffers(w13_EKH: torch.Tensor, w2_EHI: torch.Tensor, recipe: NVFP4Recipe) -> dict:
+    """A routed-experts layer's buffers from its gate_up and down weights."""
+    out = {}
+    for name, w in (("w13", w13_EKH), ("w2", w2_EHI)):
+        codes, scales, gd = quantize_weight_bytes(w, recipe, experts=True)
+        out[f"minite_{name}_codes"] = codes
+        out[f"minite_{name}_scales"] = scales.view(torch.uint8)
+        out[f"minite_{name}_global_decode"] = gd.reshape(-1)
+    return out
+
+
+def write_buffers(layer: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Write a layer's buffers in place (registered on the first call)."""
+    for name, value in tensors.items():
+        old = getattr(layer, name, None)
+        if old is None:
+            layer.register_buffer(name, value.contiguous(), persistent=False)
+        elif old.shape != value.shape or old.dtype != value.dtype:
+            raise ValueError(
+                f"{name}: got {value.dtype}{list(value.shape)}, the layer holds "
+                f"{old.dtype}{list(old.shape)}"
+            )
+        else:
+            old.copy_(value)
