@@ -2,7 +2,10 @@
 used on the learner side of a weight sync and inside vLLM's layers).
 
 Linear layers: `minite_codes` uint8 [N, K/2], `minite_scales` uint8 [N, K/16] (E4M3 bytes),
-`minite_global_decode` float32 [S], each of the S fused shards (q/k/v, gate/up) quantized alone.
+`minite_global_decode` float32 [S], one per fused shard (q/k/v, gate/up): the shards of a fused
+layer are the learner's shared-scale group (`NVFP4Recipe.shared_weight_scale`), so they share the
+group's global scale exactly as the lowering quantizes them; with the setting off each shard is
+quantized alone.
 Experts: `minite_w13_*` from gate_up [E, 2I, H] and `minite_w2_*` from down [E, H, I], one
 global scale per expert (gate and up together), as the learner quantizes its fused experts.
 """
@@ -16,16 +19,21 @@ from ..recipe import NVFP4Recipe
 
 
 def linear_buffers(weight_NK: torch.Tensor, shards: tuple[int, ...], recipe: NVFP4Recipe) -> dict:
-    """A linear layer's buffers: each row block of `shards` sizes quantized alone."""
+    """A linear layer's buffers: each row block of `shards` sizes quantized as the learner
+    quantizes that weight (under the fused group's shared global scale where the recipe says)."""
     if sum(shards) != weight_NK.shape[0]:
         raise ValueError(f"shards {shards} do not add up to the weight's {weight_NK.shape[0]} rows")
-    codes, scales, gds, start = [], [], [], 0
-    for n in shards:
-        c, s, gd = quantize_weight_bytes(weight_NK[start : start + n], recipe, experts=False)
+    bounds = [sum(shards[:i]) for i in range(len(shards) + 1)]
+    parts = [weight_NK[a:b] for a, b in zip(bounds, bounds[1:])]
+    shared = (len(parts) > 1 and recipe.shared_weight_scale
+              and recipe.weight.global_scale == "per_tensor")  # fmt: skip
+    codes, scales, gds = [], [], []
+    for part in parts:
+        c, s, gd = quantize_weight_bytes(part, recipe, experts=False,
+                                         group=parts if shared else None)  # fmt: skip
         codes.append(c)
         scales.append(s.view(torch.uint8))
         gds.append(gd.reshape(1))
-        start += n
     return {"minite_codes": torch.cat(codes), "minite_scales": torch.cat(scales),
             "minite_global_decode": torch.cat(gds)}  # fmt: skip
 

@@ -38,3 +38,14 @@ def small_llm(folder, *, dtype: str = "float32", max_model_len: int = 256, max_n
             max_model_len=max_model_len, max_num_seqs=max_num_seqs,
             kv_cache_memory_bytes=kv_cache_bytes, seed=0, **kwargs,
         )  # fmt: skip
+
+
+def learner_shards_q(params: dict, shards, recipe) -> list:
+    """The learner's quantized weights of a fused vLLM layer's shards (`NVFP4Tensor` each): under
+    the shards' shared global scale where `recipe.shared_weight_scale` groups them, as the
+    lowering quantizes q/k/v and gate/up."""
+    from ..codegen import quantize_weight
+
+    members = [params[f"{s}.weight"] for s in shards]
+    group = members if len(members) > 1 and recipe.shared_weight_scale else None
+    return [quantize_weight(w, recipe, group=group) for w in members]

