@@ -101,6 +101,10 @@ def main() -> None:
         help="skip the save_ongrid_weights=False row (the A/B of the saved on-grid weights)",
     )  # fmt: skip
     parser.add_argument(
+        "--skip-fusion-ab", action="store_true",
+        help="skip the fuse_quantize=False row (the A/B of the quantize fusions)",
+    )  # fmt: skip
+    parser.add_argument(
         "--rounds", type=int, default=0,
         help="after the single measurements, time all configs again in N interleaved rounds "
         "(A B A B ...); step_ms is then the median of the rounds",
@@ -123,6 +127,8 @@ def main() -> None:
         ("minite strict NVFP4, CUDA graphs (emulated NVFP4, sm_90)", "minite", graphs, "cuda graphs"),
         ("minite strict NVFP4, CUDA graphs, save_ongrid_weights=False", "minite",
          {**graphs, "save_ongrid_weights": False}, "cuda graphs"),
+        ("minite strict NVFP4, CUDA graphs, fuse_quantize=False", "minite",
+         {**graphs, "fuse_quantize": False}, "cuda graphs"),
     ]  # fmt: skip
     if args.no_cuda_graphs and args.only_cuda_graphs:
         parser.error("--no-cuda-graphs and --only-cuda-graphs exclude each other")
@@ -132,6 +138,8 @@ def main() -> None:
         configs = [c for c in configs if c[3] == "cuda graphs"]
     if args.skip_ongrid_ab:
         configs = [c for c in configs if "save_ongrid_weights" not in c[0]]
+    if args.skip_fusion_ab:
+        configs = [c for c in configs if "fuse_quantize" not in c[0]]
     kept: dict = {}  # row index -> (step, model, compiled): alive for the paired rounds
     for label, backend, options, mode in configs:
         if not args.rounds:

@@ -18,7 +18,9 @@ import torch
 
 from .recipe import NVFP4Recipe, as_recipe
 
-_KNOWN_OPTIONS = ("recipe", "report_sink", "cuda_graphs", "save_ongrid_weights", "rollout")
+_KNOWN_OPTIONS = (
+    "recipe", "report_sink", "cuda_graphs", "save_ongrid_weights", "rollout", "fuse_quantize",
+)  # fmt: skip
 
 
 def options_error(error: TypeError | ValueError, frame=None) -> Exception:
@@ -49,7 +51,7 @@ def parse_options(options) -> tuple[NVFP4Recipe, dict]:
     unknown = sorted(set(options) - set(_KNOWN_OPTIONS))
     if unknown:
         raise ValueError(f"unknown minite backend options {unknown}; known: {list(_KNOWN_OPTIONS)}")
-    for name in ("cuda_graphs", "save_ongrid_weights", "rollout"):
+    for name in ("cuda_graphs", "save_ongrid_weights", "rollout", "fuse_quantize"):
         if not isinstance(options.get(name, False), bool):
             raise TypeError(f"options[{name!r}] must be a bool, got {options[name]!r}")
     try:
@@ -264,7 +266,12 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
 
     options["rollout"] (default False): compiled for a rollout engine, whose weight cache hands
     the graph its cached quantized weights without copies: Inductor's buffer reuse is off
-    (`ROLLOUT_INDUCTOR_CONFIG`). The same bits."""
+    (`ROLLOUT_INDUCTOR_CONFIG`). The same bits.
+
+    options["fuse_quantize"] (default True): activations are quantized once per distinct input
+    and, where minite owns the producer (RMSNorm, SwiGLU), by the producer's kernel
+    (`passes.QUANTIZE_FUSIONS`). False: every GEMM quantizes its own operand (the A/B of the
+    fusions). The same bits either way."""
     from torch._inductor.compile_fx import compile_fx
 
     from .passes import run_pipeline
@@ -274,7 +281,12 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         device = _cuda_device(example_inputs) if opts.get("cuda_graphs") else None
     except (TypeError, ValueError) as e:
         raise options_error(e, inspect.currentframe()) from None
-    report = run_pipeline(gm, recipe, save_ongrid_weights=opts.get("save_ongrid_weights", True))
+    report = run_pipeline(
+        gm,
+        recipe,
+        save_ongrid_weights=opts.get("save_ongrid_weights", True),
+        fuse_quantize=opts.get("fuse_quantize", True),
+    )
     sink = opts.get("report_sink")
     if sink is not None:
         sink.append(report)

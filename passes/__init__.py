@@ -62,16 +62,24 @@ PIPELINE = (
     fuse_quantize_into_producers,  # per-row operands emitted by their producers (norm, SwiGLU)
     verify,  # nothing eligible left, no stock reduction left (strict), op census
 )
-# By option, after PIPELINE (`run_pipeline(..., save_ongrid_weights=False)`, the backend's option):
-#   drop_ongrid_weights  # no on-grid weight copies: every GEMM dequantizes for itself, same bits
+# By option (the backend's options of the same names):
+#   fuse_quantize=False skips QUANTIZE_FUSIONS: every GEMM quantizes its own operand, same bits
+#   save_ongrid_weights=False runs drop_ongrid_weights after PIPELINE: no on-grid weight copies,
+#     every GEMM dequantizes for itself, same bits
+QUANTIZE_FUSIONS = (share_activation_quantize, fuse_quantize_into_producers)
 
 
 def run_pipeline(
-    gm: fx.GraphModule, recipe: NVFP4Recipe, *, save_ongrid_weights: bool = True
+    gm: fx.GraphModule,
+    recipe: NVFP4Recipe,
+    *,
+    save_ongrid_weights: bool = True,
+    fuse_quantize: bool = True,
 ) -> LoweringReport:
     report = LoweringReport(recipe_fingerprint=recipe.fingerprint())
     for graph_pass in PIPELINE:
-        graph_pass(gm, recipe, report)
+        if fuse_quantize or graph_pass not in QUANTIZE_FUSIONS:
+            graph_pass(gm, recipe, report)
     if not save_ongrid_weights:
         drop_ongrid_weights(gm)
     gm.graph.lint()
@@ -81,6 +89,7 @@ def run_pipeline(
 
 __all__ = [
     "PIPELINE",
+    "QUANTIZE_FUSIONS",
     "drop_ongrid_weights",
     "GemmDecision",
     "LoweringError",
