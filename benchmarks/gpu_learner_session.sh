@@ -7,6 +7,6 @@ export PYTHONUNBUFFERED=1
 C="${MINITE_COMMIT:-unknown}"
 D="$(date +%F)"
 run() { local t=$1 name=$2; shift 2; local log="$OUT/${D}_${name}_${C:0:7}.log"; echo "== $name"; timeout "$t" "$@" > "$log" 2>&1; echo "rc=$? $name"; tail -4 "$log"; }
-run "${LEARNER_S:-390}" learner python3 -m benchmarks.learner --only-cuda-graphs --skip-ongrid-ab --rounds 10 --round-iters 20
-run "${FUSION_S:-120}" pytest_fusion python3 -m pytest -q -m gpu tests/gpu/test_gpu_fusion.py
-run "${BACKEND_S:-60}" pytest_backend python3 -m pytest -q -m gpu -x tests/gpu/test_gpu_backend.py
+run "${LEARNER_S:-390}" learner python3 -m benchmarks.learner --only-cuda-graphs --skip-ongrid-ab --rounds ${ROUNDS:-10} --round-iters 20 ${LEARNER_ARGS:-}
+run "${FUSION_S:-300}" pytest_fusion python3 -m pytest -q -m gpu tests/gpu/test_gpu_fusion.py
+run "${BACKEND_S:-200}" pytest_backend python3 -m pytest -q -m gpu -x tests/gpu/test_gpu_backend.py
