@@ -216,10 +216,12 @@ def grouped_row(name, e, n, k, per, cfg=None) -> dict:
 def sweep_configs():
     from fp4_compile.codegen.configs import DecodeConfig
 
-    for t, w, k, dq in itertools.product((16, 64), (64, 128), (128, 256), ("asm", "bf16", "word")):
-        yield DecodeConfig(t, w, k, num_warps=4 if w == 64 else 8, num_stages=4, dequant=dq)
-    for t, w, k in itertools.product((16, 64), (64, 128), (128, 256)):
-        yield DecodeConfig(t, w, k, num_warps=4 if w == 64 else 8, num_stages=4, scale_3d=True)
+    # BLOCK_W 64 (one warpgroup's wgmma rows: the most programs), "word" dequant (the fewest
+    # instructions, benchmarks.decode_sass_audit): K step and pipeline depth decide the bytes in
+    # flight per program
+    for t, k, stages in itertools.product((16, 64), (128, 256, 512), (2, 3, 4, 6)):
+        if k * stages <= 1536:
+            yield DecodeConfig(t, 64, k, num_warps=4, num_stages=stages)
 
 
 def main() -> None:

@@ -141,10 +141,15 @@ def _nvfp4_decode_gemm_kernel(
     GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, DEQUANT: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
     A_GATHER: tl.constexpr, GDA_SHARED: tl.constexpr, SCALE_3D: tl.constexpr,
+    SCALE_WORDS: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
     # grid: token tiles x weight tiles, the weight tiles of one token tile adjacent in launch
     # order (the programs in flight share their A rows). A_GATHER / GDA_SHARED / GROUPED have
     # the meaning they have in gemm_kernel._nvfp4_gemm_kernel (tokens = its rows).
+    # Every load of the K loop is one the software pipeline can issue stages ahead (cp.async of
+    # >= 4 contiguous bytes): the scale bytes are read as 32-bit words of 4 (SCALE_WORDS; a byte
+    # load is not pipelined, and its full memory latency then stalls every K step of a program),
+    # and EVEN_K (K a multiple of BLOCK_K) drops the K masks so that the copies are 16 bytes wide.
     w_tiles = tl.cdiv(N, BLOCK_W)
     t = tl.program_id(0) // w_tiles
     pid_w = tl.program_id(0) % w_tiles
@@ -183,18 +188,37 @@ def _nvfp4_decode_gemm_kernel(
     acc = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
-        a_t = tl.load(a_ptr + arows[None, :] * stride_am + kk[:, None] * stride_ak,
-                      mask=amask[None, :] & (kk < K)[:, None], other=0.0)  # fmt: skip
-        ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-        sbyte = tl.load(s_base + ks[None, :], mask=cmask[:, None] & (ks < K // 16)[None, :],
-                        other=0, eviction_policy="evict_first").to(tl.int32)  # fmt: skip
+        a_mask = amask[None, :]
+        if not EVEN_K:
+            a_mask = a_mask & (kk < K)[:, None]
+        a_t = tl.load(a_ptr + arows[None, :] * stride_am + kk[:, None] * stride_ak, mask=a_mask,
+                      other=0.0)  # fmt: skip
+        if SCALE_WORDS:  # [W, BLOCK_K / 64] words; byte j of word q = scale 4 q + j
+            kq = k0 // 64 + tl.arange(0, BLOCK_K // 64)
+            s_mask = cmask[:, None]
+            if not EVEN_K:
+                s_mask = s_mask & (kq < K // 64)[None, :]
+            sword = tl.load(s_base + kq[None, :], mask=s_mask, other=0,
+                            eviction_policy="evict_first")  # fmt: skip
+            sbyte = (sword[:, :, None] >> (tl.arange(0, 4) * 8)[None, None, :]) & 0xFF
+            sbyte = tl.reshape(sbyte, (BLOCK_W, BLOCK_K // 16))
+        else:
+            ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+            s_mask = cmask[:, None]
+            if not EVEN_K:
+                s_mask = s_mask & (ks < K // 16)[None, :]
+            sbyte = tl.load(s_base + ks[None, :], mask=s_mask, other=0,
+                            eviction_policy="evict_first").to(tl.int32)  # fmt: skip
         s = _scale_times_2_118(sbyte)
         if DEQUANT != "fp32":
             s = s.to(tl.bfloat16)  # exact: 4 significant bits
         if DEQUANT == "word":  # 32-bit words of 8 codes, nibble j = code k0 + 8 i + j
             kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-            word = tl.load(b_base + kw[None, :], mask=cmask[:, None] & (kw < K // 8)[None, :],
-                           other=0, eviction_policy="evict_first")  # fmt: skip
+            w_mask = cmask[:, None]
+            if not EVEN_K:
+                w_mask = w_mask & (kw < K // 8)[None, :]
+            word = tl.load(b_base + kw[None, :], mask=w_mask, other=0,
+                           eviction_policy="evict_first")  # fmt: skip
             code = _word_codes_times_2_126(word, BLOCK_W, BLOCK_K)
             s_full = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_W, BLOCK_K // 16, 16)),
                                 (BLOCK_W, BLOCK_K))  # fmt: skip
@@ -294,6 +318,11 @@ def launch_decode_gemm(
                 f"{codes.storage_offset()} must be multiples of 4 bytes"
             )
         codes = codes.view(torch.int32)
+    # the scale bytes as 32-bit words of 4 where whole words tile a K step (one pipelined load)
+    scale_words = (cfg.block_k % 64 == 0 and k % 64 == 0 and scales.stride(1) % 4 == 0
+                   and scales.stride(0) % 4 == 0 and scales.storage_offset() % 4 == 0)  # fmt: skip
+    if scale_words:
+        scales = scales.view(torch.int32)
     _nvfp4_decode_gemm_kernel[grid](
         a_MK, codes, scales, gd_a, gd_b, bias if bias is not None else gd_b, out, ends,
         a_rows if a_rows is not None else ends,
@@ -304,7 +333,7 @@ def launch_decode_gemm(
         GROUPED=grouped, HAS_BIAS=bias is not None, DEQUANT="fp32" if interp else cfg.dequant,
         BLOCK_T=cfg.block_t, BLOCK_W=cfg.block_w, BLOCK_K=cfg.block_k,
         BLOCK_E=max(triton.next_power_of_2(num_experts), 2), A_GATHER=a_rows is not None,
-        GDA_SHARED=gd_a.numel() == 1, SCALE_3D=cfg.scale_3d,
-        **cfg.launch_kwargs(), **compile_options(dev),
+        GDA_SHARED=gd_a.numel() == 1, SCALE_3D=cfg.scale_3d, SCALE_WORDS=scale_words,
+        EVEN_K=k % cfg.block_k == 0, **cfg.launch_kwargs(), **compile_options(dev),
     )  # fmt: skip
     return out.to(out_dtype) if interp else out
