@@ -124,12 +124,14 @@ class DecodeConfig:
 # last bucket's rows (per expert for MoE) runs the decode kernel on these architectures; beyond,
 # the tables above. Bits: the same as the learner's GEMM (the kernel's docstring proves it; on
 # the H200 every config of the sweep gave the learner's bits, tests/gpu/test_gpu_decode_gemm.py
-# re-checks the pinned ones). The <= 16 bucket is the sweep's fastest on the grouped (MoE) decode
-# shapes (benchmarks/results/2026-12-05_decode_gemm_43f05e0.md).
+# re-checks the pinned ones). Each bucket is the sweep's fastest on the grouped (MoE) decode
+# shapes, within 7% of its fastest dense 8192^2 (CUDA-graph timing, H200:
+# benchmarks/results/2026-12-05_decode_gemm_20848a7.md; BLOCK_K 512 is 6% faster on the dense
+# shape at <= 16 rows and 30% slower grouped).
 DECODE = {
     "sm_90": (
         (16, DecodeConfig(16, 64, 128, num_warps=4, num_stages=4)),
-        (64, DecodeConfig(64, 64, 128, num_warps=4, num_stages=4)),
+        (64, DecodeConfig(64, 64, 128, num_warps=4, num_stages=3)),
     ),
     "interpreter": ((64, DecodeConfig(16, 32, 32, num_warps=1, num_stages=1)),),
 }

@@ -40,6 +40,7 @@ import triton.language as tl
 
 from ..configs import pick_decode
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
+from .gemm_kernel import words_tile_k
 
 WEIGHT_SHIFT = 8  # w' = w * 2**-WEIGHT_SHIFT inside the kernel (see 3. above)
 
@@ -319,8 +320,7 @@ def launch_decode_gemm(
             )
         codes = codes.view(torch.int32)
     # the scale bytes as 32-bit words of 4 where whole words tile a K step (one pipelined load)
-    scale_words = (cfg.block_k % 64 == 0 and k % 64 == 0 and scales.stride(1) % 4 == 0
-                   and scales.stride(0) % 4 == 0 and scales.storage_offset() % 4 == 0)  # fmt: skip
+    scale_words = words_tile_k(scales, k, cfg.block_k)
     if scale_words:
         scales = scales.view(torch.int32)
     _nvfp4_decode_gemm_kernel[grid](

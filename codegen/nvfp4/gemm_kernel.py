@@ -50,7 +50,11 @@ def _nvfp4_gemm_kernel(
     GROUPED: tl.constexpr, B_PACKED: tl.constexpr, HAS_BIAS: tl.constexpr,
     DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_E: tl.constexpr, A_GATHER: tl.constexpr = False, GDA_SHARED: tl.constexpr = False,
+    SCALE_WORDS: tl.constexpr = False,
 ):  # fmt: skip
+    # SCALE_WORDS (packed B): the scale bytes read as 32-bit words of 4 (stride_sn in words), a
+    # load the software pipeline issues stages ahead (a byte load is not pipelined, and its
+    # memory latency then stalls every K step).
     # A_GATHER: row r of the product reads row a_rows[r] of A (and of a per-row gd_a), a zero
     # row where a_rows[r] < 0: the MoE experts' token gather (and its masked rows) done by the
     # operand load (A quantized once per token, not per copy). A zero row's product is
@@ -108,9 +112,16 @@ def _nvfp4_gemm_kernel(
             byte = tl.load(b_base + cols[:, None] * stride_bn + kb[None, :],
                            mask=cmask[:, None] & (kb < K // 2)[None, :], other=0).to(tl.int32)  # fmt: skip
             codes = tl.reshape(tl.join(byte & 15, byte >> 4), (BLOCK_N, BLOCK_K))
-            ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-            sbyte = tl.load(s_base + cols[:, None] * stride_sn + ks[None, :],
-                            mask=cmask[:, None] & (ks < K // 16)[None, :], other=0).to(tl.int32)  # fmt: skip
+            if SCALE_WORDS:  # [BN, BLOCK_K / 64] words; byte j of word q = scale 4 q + j
+                kq = k0 // 64 + tl.arange(0, BLOCK_K // 64)
+                sword = tl.load(s_base + cols[:, None] * stride_sn + kq[None, :],
+                                mask=cmask[:, None] & (kq < K // 64)[None, :], other=0)  # fmt: skip
+                sbyte = (sword[:, :, None] >> (tl.arange(0, 4) * 8)[None, None, :]) & 0xFF
+                sbyte = tl.reshape(sbyte, (BLOCK_N, BLOCK_K // 16))
+            else:
+                ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+                sbyte = tl.load(s_base + cols[:, None] * stride_sn + ks[None, :],
+                                mask=cmask[:, None] & (ks < K // 16)[None, :], other=0).to(tl.int32)  # fmt: skip
             sval = _e4m3_value(sbyte)
             s_full = tl.reshape(tl.broadcast_to(sval[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)),
                                 (BLOCK_N, BLOCK_K))  # fmt: skip
@@ -233,9 +244,9 @@ def launch_gemm(
         b_scales = b[1] if b[1].dim() == 3 else b[1].unsqueeze(0)
         b_scales = b_scales.view(torch.uint8)
         stride_bk = 1
-        stride_se, stride_sn = b_scales.stride(0), b_scales.stride(1)
         if b_main.stride(-1) != 1 or b_scales.stride(-1) != 1:
             raise ValueError("packed weight codes and scales must be contiguous along K")
+        stride_se, stride_sn = b_scales.stride(0), b_scales.stride(1)
     else:
         b_scales = b_main
         stride_bk = b_main.stride(2)
@@ -261,6 +272,10 @@ def launch_gemm(
         ends = gd_a  # an unused pointer
         num_m_tiles = triton.cdiv(m, cfg.block_m)
     grid = (num_m_tiles * triton.cdiv(n, cfg.block_n),)
+    scale_words = packed and words_tile_k(b_scales, k, cfg.block_k)
+    if scale_words:
+        b_scales = b_scales.view(torch.int32)
+        stride_se, stride_sn = b_scales.stride(0), b_scales.stride(1)
     _nvfp4_gemm_kernel[grid](
         a_MK, b_main, b_scales, gd_a, gd_b, bias if bias is not None else gd_b, out, ends,
         a_rows if a_rows is not None else ends,
@@ -271,7 +286,14 @@ def launch_gemm(
         GROUPED=grouped, B_PACKED=packed, HAS_BIAS=bias is not None, DOT_F32=dev.type != "cuda",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         BLOCK_E=max(triton.next_power_of_2(num_experts), 2), A_GATHER=a_rows is not None,
-        GDA_SHARED=gd_a.numel() == 1,
+        GDA_SHARED=gd_a.numel() == 1, SCALE_WORDS=scale_words,
         **cfg.launch_kwargs(), **compile_options(dev),
     )  # fmt: skip
     return out.to(out_dtype) if interp else out
+
+
+def words_tile_k(scales: torch.Tensor, k: int, block_k: int) -> bool:
+    """Whether the scale bytes [.., N, K/16] can be read as 32-bit words of 4 with whole words
+    per K step of `block_k`: K and block_k multiples of 64, strides and offset multiples of 4."""
+    return (block_k % 64 == 0 and k % 64 == 0 and scales.storage_offset() % 4 == 0
+            and all(st % 4 == 0 for st in scales.stride()[:-1]))  # fmt: skip

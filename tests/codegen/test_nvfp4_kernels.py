@@ -139,6 +139,31 @@ def test_gemm_error_budget_and_paths():
     assert yb.dtype == torch.bfloat16
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tiles (CUDA: the sm_90 tables)")
+@pytest.mark.parametrize("block_k", [64, 128])
+def test_packed_gemm_scale_words_equal_scale_bytes(block_k, monkeypatch):
+    """The packed kernel reads the scale bytes as 32-bit words of 4 where whole words tile a K
+    step (block_k 64; 128 with a K tail of one word): bitwise the byte loads' product at the same
+    tile, and within the error budget of the exact reference."""
+    from fp4_compile.codegen import configs
+    from fp4_compile.codegen.nvfp4 import gemm_kernel
+
+    m, n, k = 40, 48, 192
+    x, w = _x(m, k, seed=31), _x(n, k, dtype=torch.float32, seed=32)
+    wq = ref.quantize(w, block="16x16")
+    args = (wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, None, None, STRICT, None)
+    tile = ((None, configs.TileConfig(16, 32, block_k, num_warps=1, num_stages=1)),)
+    monkeypatch.setitem(configs.PINNED, ("interpreter", "fp32", "nvfp4_gemm"), tile)
+    assert gemm_kernel.words_tile_k(args[1], k, block_k)
+    by_words = impl.cuda_linear(x.float(), *args)
+    monkeypatch.setattr(gemm_kernel, "words_tile_k", lambda *a: False)
+    by_bytes = impl.cuda_linear(x.float(), *args)
+    assert_bitwise_equal(by_words, by_bytes, f"scale words vs scale bytes, block_k {block_k}")
+    xq = ref.quantize(x.float(), global_scale="per_row")
+    y_ref = ref.nvfp4_mm(xq, wq)
+    assert bool(((by_words.double() - y_ref.double()).abs() <= _budget(xq, wq, y_ref)).all())
+
+
 def test_gemm_batch_invariance():
     """Bitwise: row i of the kernel's op(x[:m]) == row i of op(x), m in {1, 3, 17}, and rows
     taken from another position."""
