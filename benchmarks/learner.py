@@ -113,9 +113,9 @@ def main() -> None:
     args = parser.parse_args()
     env = environment()
     # Every config compiles the same code objects; the row-alone check below calls them at another
-    # shape, and with automatic dynamic shapes each LATER config would then compile with symbolic
-    # shapes (passes that need static row counts, such as fold_expert_gathers, skip those graphs).
-    # Static shapes: every config is measured as it compiles alone.
+    # shape, and with automatic dynamic shapes each LATER config would compile with symbolic
+    # sizes. Static shapes: every config is measured as it compiles alone (as rl/trainer.py
+    # compiles the learner).
     torch._dynamo.config.automatic_dynamic_shapes = False
     device = "cuda"
     ids = torch.randint(0, 8192, (args.batch, args.seq), device=device)

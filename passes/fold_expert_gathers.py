@@ -19,7 +19,15 @@ import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import fake, insert_call, replace_with_call, written_args, written_between
+from .graph_utils import (
+    fake,
+    insert_call,
+    known_equal,
+    replace_with_call,
+    size_arg,
+    written_args,
+    written_between,
+)
 from .patterns import floordiv_of_sort_permutation, is_cast, is_masked_fill, row_zero_mask
 from .report import LoweringReport
 
@@ -80,17 +88,18 @@ def fold_expert_gathers(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Lowerin
         h, idx = gathered.args
         if written_between(graph, gathered, node, (h, idx, mask)):
             continue  # the op would read them after a write the gather did not see
-        rows = fake(h).shape[0] if fake(h) is not None else None
-        if not isinstance(rows, int):
+        if fake(h) is None:
             continue
+        rows = fake(h).shape[0]  # an int, or a symbol under dynamic shapes
         source = floordiv_of_sort_permutation(idx)  # hidden_states[perm // top_k]
         perm = None
-        if source is not None and fake(source[0]).shape[0] == rows * source[1]:
+        if source is not None and known_equal(fake(source[0]).shape[0], rows * source[1]):
             perm = source[0]  # the backward finds each row's positions through its inverse
         # x[idx] wraps a negative index; the op's -1 is a zero row: wrap first (the experts'
         # indices are never negative; one fused elementwise kernel over [S] ints)
         negative = insert_call(graph, aten.lt.Scalar, (idx, 0), before=node, like=node)
-        wrapped = insert_call(graph, aten.add.Scalar, (idx, rows), before=node, like=node)
+        rows_arg = size_arg(graph, h, 0, before=node)
+        wrapped = insert_call(graph, aten.add.Scalar, (idx, rows_arg), before=node, like=node)
         idx = insert_call(graph, aten.where.self, (negative, wrapped, idx), before=node, like=node)
         if mask is not None:  # masked rows: index -1, a zero row in the op
             rows_mask = insert_call(graph, aten.squeeze.dim, (mask, -1), before=node, like=node)

@@ -118,6 +118,23 @@ def _meta_value(a):
     return a
 
 
+def known_equal(a, b) -> bool:
+    """a == b for sizes that may be symbolic (torch.compile's dynamic shapes): True only where it
+    holds for every value of the symbols (`statically_known_true`), so no shape guard is added."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return bool(statically_known_true(a == b))
+
+
+def size_arg(graph: fx.Graph, node: fx.Node, dim: int, *, before: fx.Node):
+    """Size `dim` of `node`'s value as an op argument: the int for a static size, else a
+    `sym_size` node read from the graph."""
+    size = fake(node).shape[dim]
+    if isinstance(size, int):
+        return size
+    return insert_call(graph, torch.ops.aten.sym_size.int, (node, dim), before=before, like=before)
+
+
 def propagate_val(node: fx.Node) -> None:
     """Set node.meta["val"] (and "example_value" where the graph uses it) by running the node's
     target on its inputs' fake values under the graph's FakeTensorMode."""

@@ -120,6 +120,12 @@ def lower_attention(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRep
                 f"attention at {where} has a non-boolean attn_mask ({getattr(mv, 'dtype', mask)}); "
                 "minite's invariant attention takes boolean masks (True = attend) or is_causal"
             )
+        if isinstance(dropout, fx.Node):
+            raise UnsupportedAttention(
+                f"attention at {where} reads dropout_p from the graph ({dropout.name}): "
+                "torch.compile(..., dynamic=True) traces Python floats as graph inputs; compile "
+                "with dynamic=False, or set the model to eval"
+            )
         if dropout not in (0.0, 0):
             raise UnsupportedAttention(
                 f"attention at {where} uses dropout_p={dropout}; set the model to eval / dropout 0"

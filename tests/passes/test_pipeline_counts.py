@@ -1,6 +1,8 @@
 """The pass pipeline on real transformers models: op counts after lowering (so a pass that
 silently stops matching fails here), BF16 decisions with reasons, the verify pass's refusals."""
 
+import copy
+
 import pytest
 import torch
 
@@ -211,3 +213,66 @@ def test_a_weight_in_two_shared_scale_groups_is_refused():
         _explain(model)
     rep = _explain(model, NVFP4Recipe.strict(shared_weight_scale=False))
     assert "fp4_compile::weight_group_amax" not in rep.census
+
+
+def _compiled_counts(model, **compile_kwargs):
+    """Lowering counts and notes of one compiled forward + backward (the backend's own path)."""
+    sink = []
+    options = {"recipe": NVFP4Recipe.strict(), "report_sink": sink}
+    options.update(compile_kwargs.pop("options", {}))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="minite", options=options, **compile_kwargs)
+    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    logits = compiled(input_ids=ids, use_cache=False).logits
+    logits.float().sum().backward()
+    merged = copy.deepcopy(sink[0])
+    for report in sink[1:]:
+        merged.merge(report)
+    merged.compiles = sink
+    return merged, logits.detach()
+
+
+def test_fuse_quantize_option_is_the_ab_of_the_fusions():
+    """options["fuse_quantize"] = False drops exactly the quantize fusions, with the same bits."""
+    from fp4_compile.testing import assert_bitwise_equal
+
+    fused, y_fused = _compiled_counts(tiny_qwen3_moe(layers=1))
+    plain, y_plain = _compiled_counts(tiny_qwen3_moe(layers=1), options={"fuse_quantize": False})
+    fusion_counts = {"activation_quantize_shared", "activation_quantize_saved",
+                     "rms_norm_quantize_fused", "silu_mul_quantize_fused",
+                     "expert_input_from_norm", "expert_input_from_silu_mul"}  # fmt: skip
+    assert fusion_counts <= set(fused.counts)
+    assert not fusion_counts & set(plain.counts)
+    assert {k: v for k, v in fused.counts.items() if k not in fusion_counts} == plain.counts
+    assert_bitwise_equal(y_fused, y_plain, "logits with vs without the quantize fusions")
+
+
+def test_symbolic_shapes_get_the_static_folds_and_bits():
+    """Under dynamic shapes (sizes as symbols: torch.compile's dynamic=True, or its automatic
+    dynamic shapes after a call at a second shape) the MoE folds and fusions that need row
+    counts still fire (sizes compared symbolically, read from the graph), with the static
+    graph's bits, also at a second shape."""
+    from fp4_compile.testing import assert_bitwise_equal
+
+    model = tiny_qwen3_moe(layers=1).eval()
+    static, y_static = _compiled_counts(model, dynamic=False)
+    dyn, y_dyn = _compiled_counts(model, dynamic=True)
+    assert len(static.compiles) == 1 and static.counts["expert_gather_folded"] == 1
+    assert all(report.counts == static.counts for report in dyn.compiles)
+    assert static.counts["moe_combine_folded"] == 1
+    assert_bitwise_equal(y_dyn, y_static, "logits, symbolic vs static sizes")
+    ids = torch.randint(0, model.config.vocab_size, (3, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got = torch.compile(model, backend="minite", options={"recipe": NVFP4Recipe.strict()},
+                            dynamic=True)(input_ids=ids, use_cache=False).logits  # fmt: skip
+        torch._dynamo.reset()
+        want = torch.compile(model, backend="minite", options={"recipe": NVFP4Recipe.strict()},
+                             dynamic=False)(input_ids=ids, use_cache=False).logits  # fmt: skip
+    assert_bitwise_equal(got, want, "logits at a second shape")
+
+
+def test_traced_dropout_names_dynamic_true():
+    """dynamic=True traces the (zero) attention dropout of a training-mode model as a graph
+    input: the refusal names the cause, not a dropout the model does not have."""
+    with pytest.raises(Exception, match="dynamic=False"):
+        _compiled_counts(tiny_qwen3_moe(layers=1).train(), dynamic=True)
