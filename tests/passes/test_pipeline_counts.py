@@ -222,7 +222,9 @@ def _compiled_counts(model, **compile_kwargs):
     options.update(compile_kwargs.pop("options", {}))
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="minite", options=options, **compile_kwargs)
-    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0)
+    )
     logits = compiled(input_ids=ids, use_cache=False).logits
     logits.float().sum().backward()
     merged = copy.deepcopy(sink[0])
@@ -261,7 +263,9 @@ def test_symbolic_shapes_get_the_static_folds_and_bits():
     assert all(report.counts == static.counts for report in dyn.compiles)
     assert static.counts["moe_combine_folded"] == 1
     assert_bitwise_equal(y_dyn, y_static, "logits, symbolic vs static sizes")
-    ids = torch.randint(0, model.config.vocab_size, (3, 24), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(
+        0, model.config.vocab_size, (3, 24), generator=torch.Generator().manual_seed(1)
+    )
     with torch.no_grad():
         got = torch.compile(model, backend="minite", options={"recipe": NVFP4Recipe.strict()},
                             dynamic=True)(input_ids=ids, use_cache=False).logits  # fmt: skip
