@@ -88,16 +88,18 @@ def cases() -> list[tuple[KernelCase, int]]:
     out = [(KernelCase(
         f"learner packed kernel, decode bucket {old.block_m}x{old.block_n}x{old.block_k}",
         gk._nvfp4_gemm_kernel,
-        {"a_ptr": (bf16, 0), "b_ptr": ("*u8", 0), "bs_ptr": ("*u8", 0), "gda_ptr": (f32, 0),
+        {"a_ptr": (bf16, 0), "b_ptr": ("*u8", 0),
+         "bs_ptr": ("*i32" if old.block_k % 64 == 0 else "*u8", 0), "gda_ptr": (f32, 0),
          "gdb_ptr": (f32, 0), "bias_ptr": (f32, 0), "out_ptr": (bf16, 0),
          "group_end_ptr": ("*i32", 0), "a_rows_ptr": ("*i32", 0), "M": (i32, m), "N": (i32, n),
          "K": (i32, k), "E": (i32, 1), "stride_am": (i32, k), "stride_ak": (i32, 1),
          "stride_be": (i32, 0), "stride_bn": (i32, k // 2), "stride_bk": (i32, 1),
-         "stride_se": (i32, 0), "stride_sn": (i32, k // 16), "gda_stride": (i32, 1),
-         "gdb_stride": (i32, 0), "stride_om": (i32, n), "stride_on": (i32, 1)},
+         "stride_se": (i32, 0), "stride_sn": (i32, k // (64 if old.block_k % 64 == 0 else 16)),
+         "gda_stride": (i32, 1), "gdb_stride": (i32, 0), "stride_om": (i32, n),
+         "stride_on": (i32, 1)},
         {"GROUPED": False, "B_PACKED": True, "HAS_BIAS": False, "DOT_F32": False,
          "BLOCK_M": old.block_m, "BLOCK_N": old.block_n, "BLOCK_K": old.block_k, "BLOCK_E": 2,
-         "A_GATHER": False, "GDA_SHARED": False},
+         "A_GATHER": False, "GDA_SHARED": False, "SCALE_WORDS": old.block_k % 64 == 0},
         old.num_warps, old.num_stages), old.block_n * old.block_k)]  # fmt: skip
     variants = [(f"decode kernel, pinned M<={mx}", c) for mx, c in configs.DECODE["sm_90"]]
     c16 = configs.DECODE["sm_90"][0][1]

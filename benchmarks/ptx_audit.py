@@ -59,8 +59,11 @@ def compile_sm90(case: KernelCase, stage: str = "ptx"):
 
     sig, consts, attrs = {}, dict(case.constexprs), {}
     params = list(case.kernel.arg_names)
+    defaults = {p.name: p.default for p in case.kernel.params if p.is_constexpr and p.has_default}
     for i, name in enumerate(params):
-        if name in case.constexprs:
+        if name not in case.constexprs and name not in case.args and name in defaults:
+            consts[name] = defaults[name]  # a constexpr the case leaves at its default
+        if name in consts:
             sig[name] = "constexpr"
             continue
         kind, value = case.args[name]
