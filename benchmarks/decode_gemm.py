@@ -216,7 +216,7 @@ def grouped_row(name, e, n, k, per, cfg=None) -> dict:
 def sweep_configs():
     from fp4_compile.codegen.configs import DecodeConfig
 
-    # BLOCK_W 64 (one warpgroup's wgmma rows: the most programs), "word" dequant (the fewest
+    # BLOCK_W 64 (one warpgroup's wgmma rows: the most programs), the word decode (the fewest
     # instructions, benchmarks.decode_sass_audit): K step and pipeline depth decide the bytes in
     # flight per program
     for t, k, stages in itertools.product((16, 64), (128, 256, 512), (2, 3, 4, 6)):

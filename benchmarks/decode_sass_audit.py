@@ -15,7 +15,6 @@ variants. A proxy of ALU cost that ranks variants of one data flow; the GPU deci
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
 import re
 import subprocess
@@ -102,29 +101,23 @@ def cases() -> list[tuple[KernelCase, int]]:
          "A_GATHER": False, "GDA_SHARED": False, "SCALE_WORDS": old.block_k % 64 == 0},
         old.num_warps, old.num_stages), old.block_n * old.block_k)]  # fmt: skip
     variants = [(f"decode kernel, pinned M<={mx}", c) for mx, c in configs.DECODE["sm_90"]]
-    c16 = configs.DECODE["sm_90"][0][1]
-    for s3, dq in ((not c16.scale_3d, c16.dequant), (False, "bf16"), (True, "bf16"),
-                   (False, "word"), (False, "asm")):  # fmt: skip
-        variants.append((f"decode kernel, M<=16 bucket, scale_3d={s3}, dequant={dq}",
-                         dataclasses.replace(c16, scale_3d=s3, dequant=dq)))  # fmt: skip
     for label, c in variants:
         out.append((KernelCase(
-            f"{label}: {c.block_t}x{c.block_w}x{c.block_k}, {c.num_warps} warps"
-            + (", scale_3d" if c.scale_3d else "") + f", dequant {c.dequant}",
+            f"{label}: {c.block_t}x{c.block_w}x{c.block_k}, {c.num_warps} warps",
             dk._nvfp4_decode_gemm_kernel,
-            {"a_ptr": (bf16, 0), "b_ptr": ("*i32" if c.dequant == "word" else "*u8", 0),
+            {"a_ptr": (bf16, 0), "b_ptr": ("*i32", 0),
              "bs_ptr": ("*i32" if c.block_k % 64 == 0 else "*u8", 0),
              "gda_ptr": (f32, 0), "gdb_ptr": (f32, 0), "bias_ptr": (f32, 0), "out_ptr": (bf16, 0),
              "group_end_ptr": ("*i32", 0), "a_rows_ptr": ("*i32", 0), "M": (i32, m),
              "N": (i32, n), "K": (i32, k), "E": (i32, 1), "stride_am": (i32, k),
              "stride_ak": (i32, 1), "stride_be": (i32, 0),
-             "stride_bn": (i32, k // 8 if c.dequant == "word" else k // 2),
+             "stride_bn": (i32, k // 8),
              "stride_se": (i32, 0), "stride_sn": (i32, k // (64 if c.block_k % 64 == 0 else 16)),
              "gda_stride": (i32, 1), "gdb_stride": (i32, 0), "stride_om": (i32, n),
              "stride_on": (i32, 1)},
-            {"GROUPED": False, "HAS_BIAS": False, "DEQUANT": c.dequant, "BLOCK_T": c.block_t,
+            {"GROUPED": False, "HAS_BIAS": False, "WORDS": True, "BLOCK_T": c.block_t,
              "BLOCK_W": c.block_w, "BLOCK_K": c.block_k, "BLOCK_E": 2, "A_GATHER": False,
-             "GDA_SHARED": False, "SCALE_3D": c.scale_3d, "SCALE_WORDS": c.block_k % 64 == 0,
+             "GDA_SHARED": False, "SCALE_WORDS": c.block_k % 64 == 0,
              "EVEN_K": True},
             c.num_warps, c.num_stages), c.block_w * c.block_k))  # fmt: skip
     return out

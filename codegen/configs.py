@@ -103,18 +103,15 @@ _WEIGHT_QUANT_SM90 = ((None, TileConfig(32, 0, 128, num_warps=4, num_stages=1)),
 class DecodeConfig:
     """A tile of the few-row packed GEMM (`nvfp4/decode_gemm_kernel.py`): BLOCK_T tokens x
     BLOCK_W weight rows (the MMA's left operand: >= 64 on sm_90, so wgmma as in the learner),
-    BLOCK_K along K; `scale_3d` picks how the block scales are broadcast and `dequant` how the
-    E2M1 bits are placed ("word": codes loaded as 32-bit words, nibbles j and j + 4 placed as a
-    BF16 pair per integer op chain; "asm": inline PTX on bytes; "bf16": one BF16 lane per 16-bit
-    op); speed only, the same values (the interpreter always takes its FP32 lanes)."""
+    BLOCK_K along K, warps and software-pipeline stages; speed only, the same values. (The E2M1
+    placement is the kernel's word form, the fewest instructions per weight of the forms swept:
+    `benchmarks.decode_sass_audit`, `2026-12-05_decode_gemm_43f05e0.md`.)"""
 
     block_t: int
     block_w: int
     block_k: int
     num_warps: int = 4
     num_stages: int = 4
-    scale_3d: bool = False
-    dequant: str = "word"
 
     def launch_kwargs(self) -> dict:
         return {"num_warps": self.num_warps, "num_stages": self.num_stages}

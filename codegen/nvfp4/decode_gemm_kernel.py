@@ -55,57 +55,14 @@ def _scale_times_2_118(sbyte):
     return tl.where(e == 0, m.to(tl.float32) * 6.490371073168535e32, normal)
 
 
-# Four packed bytes (one 32-bit register) -> the BF16 pairs of their low nibbles and of their high
-# nibbles: `prmt` spreads bytes 0, 1 (2, 3) into the two 16-bit halves of a register, then each
-# half takes bit 3 (7) to bit 15 and bits 2..0 (6..4) to bits 8..6: two BF16 lanes per integer op.
-_PLACE_E2M1_ASM = tl.constexpr("""
-{
-.reg .b32 t01, t23, s, m;
-prmt.b32 t01, $4, 0, 0x4140;
-prmt.b32 t23, $4, 0, 0x4342;
-shl.b32 s, t01, 12;
-shl.b32 m, t01, 6;
-and.b32 s, s, 0x80008000;
-and.b32 m, m, 0x01C001C0;
-or.b32 $0, s, m;
-shl.b32 s, t23, 12;
-shl.b32 m, t23, 6;
-and.b32 s, s, 0x80008000;
-and.b32 m, m, 0x01C001C0;
-or.b32 $1, s, m;
-shl.b32 s, t01, 8;
-shl.b32 m, t01, 2;
-and.b32 s, s, 0x80008000;
-and.b32 m, m, 0x01C001C0;
-or.b32 $2, s, m;
-shl.b32 s, t23, 8;
-shl.b32 m, t23, 2;
-and.b32 s, s, 0x80008000;
-and.b32 m, m, 0x01C001C0;
-or.b32 $3, s, m;
-}
-""")
-
-
 @triton.jit
-def _codes_times_2_126(byte, DEQUANT: tl.constexpr):
-    """Packed bytes (low nibble = even k) -> (low, high) E2M1 values * 2**-126 by bit placement.
-    DEQUANT "asm": BF16 pairs from 32-bit integer ops (CUDA); "bf16": one BF16 lane per 16-bit
-    op (CUDA); "fp32": FP32 lanes (the interpreter, which has neither inline PTX nor BF16
-    arithmetic; the same numbers: FP32 is BF16 << 16)."""
-    if DEQUANT == "asm":
-        lo, hi = tl.inline_asm_elementwise(
-            _PLACE_E2M1_ASM, "=r,=r,=r,=r,r", [byte], dtype=(tl.bfloat16, tl.bfloat16),
-            is_pure=True, pack=4,
-        )  # fmt: skip
-    elif DEQUANT == "bf16":
-        b = byte.to(tl.int16)
-        lo = (((b & 0x8) << 12) | ((b & 0x7) << 6)).to(tl.bfloat16, bitcast=True)
-        hi = (((b & 0x80) << 8) | ((b & 0x70) << 2)).to(tl.bfloat16, bitcast=True)
-    else:
-        b = byte.to(tl.int32)
-        lo = (((b & 0x8) << 28) | ((b & 0x7) << 22)).to(tl.float32, bitcast=True)
-        hi = (((b & 0x80) << 24) | ((b & 0x70) << 18)).to(tl.float32, bitcast=True)
+def _fp32_codes_times_2_126(byte):
+    """Packed bytes (low nibble = even k) -> (low, high) E2M1 values * 2**-126 by bit placement,
+    as FP32 lanes: the interpreter's form (it has no BF16 arithmetic; the same numbers, FP32 is
+    BF16 << 16)."""
+    b = byte.to(tl.int32)
+    lo = (((b & 0x8) << 28) | ((b & 0x7) << 22)).to(tl.float32, bitcast=True)
+    hi = (((b & 0x80) << 24) | ((b & 0x70) << 18)).to(tl.float32, bitcast=True)
     return lo, hi
 
 
@@ -139,10 +96,10 @@ def _nvfp4_decode_gemm_kernel(
     M, N, K, E,
     stride_am, stride_ak, stride_be, stride_bn, stride_se, stride_sn,
     gda_stride, gdb_stride, stride_om, stride_on,
-    GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, DEQUANT: tl.constexpr,
+    GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, WORDS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-    A_GATHER: tl.constexpr, GDA_SHARED: tl.constexpr, SCALE_3D: tl.constexpr,
-    SCALE_WORDS: tl.constexpr, EVEN_K: tl.constexpr,
+    A_GATHER: tl.constexpr, GDA_SHARED: tl.constexpr, SCALE_WORDS: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):  # fmt: skip
     # grid: token tiles x weight tiles, the weight tiles of one token tile adjacent in launch
     # order (the programs in flight share their A rows). A_GATHER / GDA_SHARED / GROUPED have
@@ -211,9 +168,8 @@ def _nvfp4_decode_gemm_kernel(
             sbyte = tl.load(s_base + ks[None, :], mask=s_mask, other=0,
                             eviction_policy="evict_first").to(tl.int32)  # fmt: skip
         s = _scale_times_2_118(sbyte)
-        if DEQUANT != "fp32":
+        if WORDS:  # CUDA: 32-bit words of 8 codes (nibble j = code k0 + 8 i + j), BF16 lanes
             s = s.to(tl.bfloat16)  # exact: 4 significant bits
-        if DEQUANT == "word":  # 32-bit words of 8 codes, nibble j = code k0 + 8 i + j
             kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
             w_mask = cmask[:, None]
             if not EVEN_K:
@@ -221,27 +177,18 @@ def _nvfp4_decode_gemm_kernel(
             word = tl.load(b_base + kw[None, :], mask=w_mask, other=0,
                            eviction_policy="evict_first")  # fmt: skip
             code = _word_codes_times_2_126(word, BLOCK_W, BLOCK_K)
-            s_full = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_W, BLOCK_K // 16, 16)),
-                                (BLOCK_W, BLOCK_K))  # fmt: skip
-            w = code * s_full
-        elif SCALE_3D:
-            kb = k0 // 2 + tl.arange(0, BLOCK_K // 16)[:, None] * 8 + tl.arange(0, 8)[None, :]
-            byte = tl.load(b_base[:, :, None] + kb[None, :, :],
-                           mask=cmask[:, None, None] & (kb < K // 2)[None, :, :], other=0,
-                           eviction_policy="evict_first")  # fmt: skip
-            lo, hi = _codes_times_2_126(byte, DEQUANT)  # [W, K/16, 8]
-            code = tl.reshape(tl.join(lo, hi), (BLOCK_W, BLOCK_K // 16, 16))
-            w = tl.reshape(code * s[:, :, None], (BLOCK_W, BLOCK_K))
-        else:
+        else:  # the interpreter: bytes, FP32 lanes
             kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            byte = tl.load(b_base + kb[None, :], mask=cmask[:, None] & (kb < K // 2)[None, :],
-                           other=0, eviction_policy="evict_first")  # fmt: skip
-            lo, hi = _codes_times_2_126(byte, DEQUANT)
+            b_mask = cmask[:, None]
+            if not EVEN_K:
+                b_mask = b_mask & (kb < K // 2)[None, :]
+            byte = tl.load(b_base + kb[None, :], mask=b_mask, other=0)
+            lo, hi = _fp32_codes_times_2_126(byte)
             code = tl.reshape(tl.join(lo, hi), (BLOCK_W, BLOCK_K))
-            s_full = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_W, BLOCK_K // 16, 16)),
-                                (BLOCK_W, BLOCK_K))  # fmt: skip
-            w = code * s_full
-        if DEQUANT != "fp32":
+        s_full = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_W, BLOCK_K // 16, 16)),
+                            (BLOCK_W, BLOCK_K))  # fmt: skip
+        w = code * s_full
+        if WORDS:
             acc = tl.dot(w, a_t.to(tl.bfloat16), acc)
         else:
             acc = tl.dot(w, a_t.to(tl.float32), acc, input_precision="ieee")
@@ -312,10 +259,10 @@ def launch_decode_gemm(
         ends = gd_a  # an unused pointer
         t_tiles = triton.cdiv(m, cfg.block_t)
     grid = (t_tiles * triton.cdiv(n, cfg.block_w),)
-    if cfg.dequant == "word" and not interp:  # the codes as 32-bit words of 8 nibbles
+    if not interp:  # the codes as 32-bit words of 8 nibbles
         if codes.stride(1) % 4 or codes.stride(0) % 4 or codes.storage_offset() % 4:
             raise ValueError(
-                f"dequant='word' reads 32-bit words: codes strides {codes.stride()} and offset "
+                f"the decode GEMM reads the codes as 32-bit words: codes strides {codes.stride()} and offset "
                 f"{codes.storage_offset()} must be multiples of 4 bytes"
             )
         codes = codes.view(torch.int32)
@@ -330,10 +277,10 @@ def launch_decode_gemm(
         a_MK.stride(0), a_MK.stride(1), codes.stride(0), codes.stride(1),
         scales.stride(0), scales.stride(1),
         1 if gd_a.numel() > 1 else 0, 1 if gd_b.numel() > 1 else 0, out.stride(0), out.stride(1),
-        GROUPED=grouped, HAS_BIAS=bias is not None, DEQUANT="fp32" if interp else cfg.dequant,
+        GROUPED=grouped, HAS_BIAS=bias is not None, WORDS=not interp,
         BLOCK_T=cfg.block_t, BLOCK_W=cfg.block_w, BLOCK_K=cfg.block_k,
         BLOCK_E=max(triton.next_power_of_2(num_experts), 2), A_GATHER=a_rows is not None,
-        GDA_SHARED=gd_a.numel() == 1, SCALE_3D=cfg.scale_3d, SCALE_WORDS=scale_words,
+        GDA_SHARED=gd_a.numel() == 1, SCALE_WORDS=scale_words,
         EVEN_K=k % cfg.block_k == 0, **cfg.launch_kwargs(), **compile_options(dev),
     )  # fmt: skip
     return out.to(out_dtype) if interp else out

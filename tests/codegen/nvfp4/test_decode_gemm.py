@@ -27,7 +27,7 @@ U = 2.0**-24
 # BLOCK_K 32: scale bytes, K masks off (K a multiple); 64: scale words (4 per 32-bit load);
 # 128: scale words with the K masks on (K = 64 is not a multiple of 128)
 CONFIGS = [DecodeConfig(16, 32, 32, num_warps=1, num_stages=1),
-           DecodeConfig(16, 32, 64, num_warps=1, num_stages=1, scale_3d=True),
+           DecodeConfig(16, 32, 64, num_warps=1, num_stages=1),
            DecodeConfig(16, 32, 128, num_warps=1, num_stages=1)]  # fmt: skip
 
 
