@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 32's GPU call: the learner step (fused vs unfused quantization vs Inductor BF16, paired
-# rounds, CUDA graphs), then the fusion kernels' and the backend's GPU checks.
+# rounds, CUDA graphs), then the fusion kernels' and the backend's GPU checks; GRPO=1 adds the
+# `h200-moe` GRPO step, strict vs the bf16 variant, same seeds (GRPO_S seconds per variant).
 #   MINITE_COMMIT=<sha> bash benchmarks/gpu_learner_session.sh
 set -u
 export PYTHONUNBUFFERED=1
@@ -10,3 +11,6 @@ run() { local t=$1 name=$2; shift 2; local log="$OUT/${D}_${name}_${C:0:7}.log";
 run "${LEARNER_S:-390}" learner python3 -m benchmarks.learner --only-cuda-graphs --skip-ongrid-ab --rounds ${ROUNDS:-10} --round-iters 20 ${LEARNER_ARGS:-}
 run "${FUSION_S:-300}" pytest_fusion python3 -m pytest -q -m gpu tests/gpu/test_gpu_fusion.py
 run "${BACKEND_S:-200}" pytest_backend python3 -m pytest -q -m gpu -x tests/gpu/test_gpu_backend.py
+if [ "${GRPO:-0}" = 1 ]; then
+  run "$(( ${GRPO_S:-150} * 2 + 60 ))" grpo_step python3 -m benchmarks.grpo_variants --variants strict,bf16 --budget-s "${GRPO_S:-150}"
+fi
