@@ -222,6 +222,10 @@ def sweep_configs():
     for t, k, stages in itertools.product((16, 64), (128, 256, 512), (2, 3, 4, 6)):
         if k * stages <= 1536:
             yield DecodeConfig(t, 64, k, num_warps=4, num_stages=stages)
+    # the learner's orientation: tokens the left operand (64 rows: wgmma), the decoded weights
+    # the right one through shared memory (no register layout conversion; async wgmma)
+    for k, stages in itertools.product((128, 256), (2, 3, 4)):
+        yield DecodeConfig(64, 64, k, num_warps=4, num_stages=stages, weights_right=True)
 
 
 def main() -> None:
@@ -246,7 +250,9 @@ def main() -> None:
         for cfg in sweep_configs():
             try:
                 entry = {"config": str(cfg), "bitwise": check_bitwise(cfg)}
-                ms = [16, 64] if cfg.block_t == 64 else [1, 16]
+                ms = (
+                    [1, 16, 64] if cfg.weights_right else [16, 64] if cfg.block_t == 64 else [1, 16]
+                )
                 entry["dense"] = {f"{name}_M{m}": dense_row(name, m, n, k, cfg)["decode_ms"]
                                   for name, (n, k) in DENSE.items() for m in ms}  # fmt: skip
                 entry["grouped"] = {f"{name}_per{per}": grouped_row(name, e, n, k, per, cfg)["decode_ms"]

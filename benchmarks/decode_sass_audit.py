@@ -32,6 +32,7 @@ CLASSES = {
     "packed half (HMUL2, HFMA2, HADD2)": r"^(HMUL2|HFMA2|HADD2)",
     "conversions (F2F, I2F, F2I, F2FP)": r"^(F2F|I2F|F2I|F2FP|I2FP)",
     "moves / shuffles (MOV, SHFL)": r"^(MOV|SHFL|UMOV)",
+    "block barriers (BAR)": r"^BAR\b",
 }
 
 
@@ -101,6 +102,8 @@ def cases() -> list[tuple[KernelCase, int]]:
          "A_GATHER": False, "GDA_SHARED": False, "SCALE_WORDS": old.block_k % 64 == 0},
         old.num_warps, old.num_stages), old.block_n * old.block_k)]  # fmt: skip
     variants = [(f"decode kernel, pinned M<={mx}", c) for mx, c in configs.DECODE["sm_90"]]
+    variants.append(("decode kernel, learner orientation (sweep candidate)",
+                     configs.DecodeConfig(64, 64, 128, num_stages=3, weights_right=True)))  # fmt: skip
     for label, c in variants:
         out.append((KernelCase(
             f"{label}: {c.block_t}x{c.block_w}x{c.block_k}, {c.num_warps} warps",
@@ -118,6 +121,7 @@ def cases() -> list[tuple[KernelCase, int]]:
             {"GROUPED": False, "HAS_BIAS": False, "WORDS": True, "BLOCK_T": c.block_t,
              "BLOCK_W": c.block_w, "BLOCK_K": c.block_k, "BLOCK_E": 2, "A_GATHER": False,
              "GDA_SHARED": False, "SCALE_WORDS": c.block_k % 64 == 0,
+             "WEIGHTS_RIGHT": c.weights_right,
              "EVEN_K": True},
             c.num_warps, c.num_stages), c.block_w * c.block_k))  # fmt: skip
     return out

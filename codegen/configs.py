@@ -105,13 +105,17 @@ class DecodeConfig:
     BLOCK_W weight rows (the MMA's left operand: >= 64 on sm_90, so wgmma as in the learner),
     BLOCK_K along K, warps and software-pipeline stages; speed only, the same values. (The E2M1
     placement is the kernel's word form, the fewest instructions per weight of the forms swept:
-    `benchmarks.decode_sass_audit`, `2026-12-05_decode_gemm_43f05e0.md`.)"""
+    `benchmarks.decode_sass_audit`, `2026-12-05_decode_gemm_43f05e0.md`.) `weights_right`: the
+    learner's orientation (tokens the MMA's left operand, so BLOCK_T >= 64 on sm_90 as for the
+    learner's tiles; the decoded weights its right operand, through shared memory, no register
+    layout conversion) instead of the swapped one."""
 
     block_t: int
     block_w: int
     block_k: int
     num_warps: int = 4
     num_stages: int = 4
+    weights_right: bool = False
 
     def launch_kwargs(self) -> dict:
         return {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -137,10 +141,24 @@ DECODE = {
 # decode kernel is tested directly (tests/codegen/nvfp4/test_decode_gemm.py), not dispatched.
 DECODE_DISPATCH = ("sm_90",)
 
+
+def check_decode_config(arch: str, cfg: DecodeConfig) -> None:
+    """A ValueError where `cfg` could not give the learner's bits on `arch`: on sm_90 the MMA's
+    left operand (weights, or tokens with `weights_right`) needs >= 64 rows, so that it issues
+    wgmma as the learner's GEMM does (16-row tiles issue mma.sync, which rounds differently)."""
+    if cfg.block_k % 32 or cfg.block_t < 16:
+        raise ValueError(f"{cfg}: block_k must be a multiple of 32 and block_t >= 16")
+    left_rows = cfg.block_t if cfg.weights_right else cfg.block_w
+    if arch.startswith("sm_9") and left_rows < 64:
+        raise ValueError(
+            f"{cfg}: on {arch} the MMA's left operand ({'tokens' if cfg.weights_right else 'weights'}"
+            f") needs >= 64 rows (wgmma, as the learner's GEMM), got {left_rows}"
+        )
+
+
 for _arch, _table in DECODE.items():
-    assert all(c.block_k % 32 == 0 and c.block_t >= 16 for _, c in _table), _arch
-    if _arch.startswith("sm_9"):  # wgmma: the left operand (weights) has >= 64 rows
-        assert all(c.block_w >= 64 for _, c in _table), f"{_arch}: decode BLOCK_W < 64"
+    for _, _cfg in _table:
+        check_decode_config(_arch, _cfg)
 
 
 def pick_decode(arch: str, m: int) -> DecodeConfig | None:

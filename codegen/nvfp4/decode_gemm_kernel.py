@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import pick_decode
+from ..configs import check_decode_config, pick_decode
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
 from .gemm_kernel import words_tile_k
 
@@ -99,7 +99,7 @@ def _nvfp4_decode_gemm_kernel(
     GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, WORDS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
     A_GATHER: tl.constexpr, GDA_SHARED: tl.constexpr, SCALE_WORDS: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    EVEN_K: tl.constexpr, WEIGHTS_RIGHT: tl.constexpr,
 ):  # fmt: skip
     # grid: token tiles x weight tiles, the weight tiles of one token tile adjacent in launch
     # order (the programs in flight share their A rows). A_GATHER / GDA_SHARED / GROUPED have
@@ -108,6 +108,8 @@ def _nvfp4_decode_gemm_kernel(
     # >= 4 contiguous bytes): the scale bytes are read as 32-bit words of 4 (SCALE_WORDS; a byte
     # load is not pipelined, and its full memory latency then stalls every K step of a program),
     # and EVEN_K (K a multiple of BLOCK_K) drops the K masks so that the copies are 16 bytes wide.
+    # WEIGHTS_RIGHT: the learner's orientation (tokens the MMA's left operand, BLOCK_T >= 64 on
+    # sm_90; the decoded weights its right operand, through shared memory) instead of 1. above.
     w_tiles = tl.cdiv(N, BLOCK_W)
     t = tl.program_id(0) // w_tiles
     pid_w = tl.program_id(0) % w_tiles
@@ -143,7 +145,10 @@ def _nvfp4_decode_gemm_kernel(
     cmask = cols < N
     b_base = b_ptr + e64 * stride_be + cols.to(tl.int64)[:, None] * stride_bn
     s_base = bs_ptr + e64 * stride_se + cols.to(tl.int64)[:, None] * stride_sn
-    acc = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
+    if WEIGHTS_RIGHT:
+        acc = tl.zeros((BLOCK_T, BLOCK_W), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         a_mask = amask[None, :]
@@ -188,10 +193,16 @@ def _nvfp4_decode_gemm_kernel(
         s_full = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_W, BLOCK_K // 16, 16)),
                             (BLOCK_W, BLOCK_K))  # fmt: skip
         w = code * s_full
-        if WORDS:
+        if WORDS and WEIGHTS_RIGHT:
+            acc = tl.dot(tl.trans(a_t.to(tl.bfloat16)), tl.trans(w), acc)
+        elif WORDS:
             acc = tl.dot(w, a_t.to(tl.bfloat16), acc)
+        elif WEIGHTS_RIGHT:
+            acc = tl.dot(tl.trans(a_t.to(tl.float32)), tl.trans(w), acc, input_precision="ieee")
         else:
             acc = tl.dot(w, a_t.to(tl.float32), acc, input_precision="ieee")
+    if WEIGHTS_RIGHT:
+        acc = tl.trans(acc)  # [W, T], as the epilogue reads it
     acc = acc * 256.0  # 2**WEIGHT_SHIFT: exact, the learner's accumulator (see 3. above)
     if GDA_SHARED:
         gda = tl.load(gda_ptr + rows * 0, mask=rmask, other=1.0)
@@ -246,6 +257,8 @@ def launch_decode_gemm(
         )
     grouped = offsets is not None
     cfg = config or pick_decode(arch_of(dev), rows_per_group or m)
+    if config is not None:
+        check_decode_config(arch_of(dev), config)
     interp = interpreting()
     out = torch.empty((m, n), dtype=torch.float32 if interp else out_dtype, device=dev)
     if m == 0 or n == 0:
@@ -280,7 +293,7 @@ def launch_decode_gemm(
         GROUPED=grouped, HAS_BIAS=bias is not None, WORDS=not interp,
         BLOCK_T=cfg.block_t, BLOCK_W=cfg.block_w, BLOCK_K=cfg.block_k,
         BLOCK_E=max(triton.next_power_of_2(num_experts), 2), A_GATHER=a_rows is not None,
-        GDA_SHARED=gd_a.numel() == 1, SCALE_WORDS=scale_words,
+        GDA_SHARED=gd_a.numel() == 1, SCALE_WORDS=scale_words, WEIGHTS_RIGHT=cfg.weights_right,
         EVEN_K=k % cfg.block_k == 0, **cfg.launch_kwargs(), **compile_options(dev),
     )  # fmt: skip
     return out.to(out_dtype) if interp else out

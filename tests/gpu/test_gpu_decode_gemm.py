@@ -11,13 +11,16 @@ import gpu_internals as gi
 import pytest
 import torch
 
-from fp4_compile.codegen.configs import DECODE, decode_dispatch
+from fp4_compile.codegen.configs import DECODE, DecodeConfig, decode_dispatch
 from fp4_compile.testing import assert_bitwise_equal
 
 pytestmark = pytest.mark.gpu
 
 DEVICE = "cuda"
-CONFIGS = sorted({cfg for _, cfg in DECODE["sm_90"]}, key=str)
+# the pinned configs, and the learner-orientation candidates of the sweep
+CONFIGS = sorted({cfg for _, cfg in DECODE["sm_90"]}
+                 | {DecodeConfig(64, 64, k, num_stages=3, weights_right=True) for k in (128, 256)},
+                 key=str)  # fmt: skip
 
 
 def _rows(m, k, seed):

@@ -25,10 +25,12 @@ pytestmark = pytest.mark.skipif(
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 U = 2.0**-24
 # BLOCK_K 32: scale bytes, K masks off (K a multiple); 64: scale words (4 per 32-bit load);
-# 128: scale words with the K masks on (K = 64 is not a multiple of 128)
+# 128: scale words with the K masks on (K = 64 is not a multiple of 128); weights_right: the
+# learner's operand orientation
 CONFIGS = [DecodeConfig(16, 32, 32, num_warps=1, num_stages=1),
            DecodeConfig(16, 32, 64, num_warps=1, num_stages=1),
-           DecodeConfig(16, 32, 128, num_warps=1, num_stages=1)]  # fmt: skip
+           DecodeConfig(16, 32, 128, num_warps=1, num_stages=1),
+           DecodeConfig(16, 32, 64, num_warps=1, num_stages=1, weights_right=True)]  # fmt: skip
 
 
 def _launch(*args, **kwargs):
@@ -125,3 +127,16 @@ def test_interpreter_never_dispatches_to_decode():
     order that follows the operand layout); on sm_90 the pinned buckets serve few rows."""
     assert decode_dispatch("interpreter", 1) is None
     assert decode_dispatch("sm_90", 16) is not None
+
+
+def test_sm90_refuses_configs_without_wgmma():
+    """On sm_90 a config whose MMA left operand has < 64 rows would issue mma.sync (other
+    rounding than the learner's wgmma): refused by name, never launched."""
+    from fp4_compile.codegen.configs import check_decode_config
+
+    check_decode_config("sm_90", DecodeConfig(16, 64, 128))
+    check_decode_config("sm_90", DecodeConfig(64, 64, 128, weights_right=True))
+    with pytest.raises(ValueError, match="tokens.*needs >= 64 rows"):
+        check_decode_config("sm_90", DecodeConfig(16, 64, 128, weights_right=True))
+    with pytest.raises(ValueError, match="weights.*needs >= 64 rows"):
+        check_decode_config("sm_90", DecodeConfig(16, 32, 128))
