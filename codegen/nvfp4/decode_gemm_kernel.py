@@ -11,7 +11,9 @@ the weight stream cheap, none of which changes a bit:
    decoded weights), and the few tokens are its right operand. On sm_90 both this kernel and the
    learner's GEMM issue wgmma (the left operand has BLOCK_W >= 64 rows, asserted in configs.py):
    the same products, accumulated over K in the same ascending order, one FP32 accumulator per
-   output element, no split-K.
+   output element, no split-K. (`DecodeConfig.weights_right` keeps the learner's own
+   orientation instead: tokens left, padded to >= 64 rows, the decoded weights right, through
+   shared memory; `configs.check_decode_config` refuses tiles that would not issue wgmma.)
 2. E2M1 by bit placement. A code nibble s|e1 e0 m placed as s -> bit 15, e1 e0 m -> bits 8..6
    of a 16-bit lane is the BF16 number code * 2**-126 (bits 8..7 are the low exponent bits, 6 the
    top mantissa bit; e1 e0 = 0 gives the BF16 subnormal m * 2**-127 = 0.5 * m * 2**-126, the
