@@ -30,6 +30,7 @@ import triton.language as tl
 from ..configs import decode_dispatch, pick
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
 from ..triton_helpers import e2m1_value
+from .packed_layout import words_tile_k
 
 
 @triton.jit
@@ -290,10 +291,3 @@ def launch_gemm(
         **cfg.launch_kwargs(), **compile_options(dev),
     )  # fmt: skip
     return out.to(out_dtype) if interp else out
-
-
-def words_tile_k(scales: torch.Tensor, k: int, block_k: int) -> bool:
-    """Whether the scale bytes [.., N, K/16] can be read as 32-bit words of 4 with whole words
-    per K step of `block_k`: K and block_k multiples of 64, strides and offset multiples of 4."""
-    return (block_k % 64 == 0 and k % 64 == 0 and scales.storage_offset() % 4 == 0
-            and all(st % 4 == 0 for st in scales.stride()[:-1]))  # fmt: skip
