@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 31's GPU calls. STAGE=sweep: the decode GEMM figures and its tile sweep (each config
-# checked bitwise against the learner's GEMM first), and the weights' quantize tiles (issue 32);
+# checked bitwise against the learner's GEMM first, the learner-orientation candidates included);
 # STAGE=rollout: the decode CUDA tests and alignment, then rollout tokens/s with CUDA graphs;
 # STAGE=profile: where a decode step's GPU time goes at batch 64, strict vs the bf16 recipe.
-#   MINITE_COMMIT=<sha> STAGE=sweep|rollout bash benchmarks/gpu_decode_session.sh
+#   MINITE_COMMIT=<sha> STAGE=sweep|rollout|profile bash benchmarks/gpu_decode_session.sh
 set -u
 export PYTHONUNBUFFERED=1
 C="${MINITE_COMMIT:-unknown}"
@@ -11,7 +11,6 @@ D="$(date +%F)"
 run() { local t=$1 name=$2; shift 2; local log="$OUT/${D}_${name}_${C:0:7}.log"; echo "== $name"; timeout "$t" "$@" > "$log" 2>&1; echo "rc=$? $name"; tail -5 "$log"; }
 if [ "${STAGE:-sweep}" = sweep ]; then
   run "${DECODE_S:-330}" decode_gemm python3 -m benchmarks.decode_gemm --sweep
-  run "${WEIGHTS_S:-200}" tune_weights python3 -m benchmarks.tune_kernels --only weights
 elif [ "$STAGE" = profile ]; then
   run "${PROFILE_S:-300}" rollout_profile python3 -m benchmarks.rollout --configs "minite strict NVFP4;minite bf16 recipe" --batches 64 --profile-batch 64 --skip-hf --name rollout_profile
 else
