@@ -42,6 +42,7 @@ import triton.language as tl
 
 from ..configs import check_decode_config, pick_decode
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
+from .expert_tiles import expert_row_tile
 from .packed_layout import words_tile_k
 
 WEIGHT_SHIFT = 8  # w' = w * 2**-WEIGHT_SHIFT inside the kernel (see 3. above)
@@ -116,20 +117,9 @@ def _nvfp4_decode_gemm_kernel(
     t = tl.program_id(0) // w_tiles
     pid_w = tl.program_id(0) % w_tiles
     if GROUPED:
-        eidx = tl.arange(0, BLOCK_E)
-        emask = eidx < E
-        row_hi = tl.load(group_end_ptr + eidx, mask=emask, other=0)
-        row_lo = tl.load(group_end_ptr + eidx - 1, mask=emask & (eidx > 0), other=0)
-        tiles = tl.where(emask, (row_hi - row_lo + BLOCK_T - 1) // BLOCK_T, 0)
-        tile_end = tl.where(emask, tl.cumsum(tiles, 0), 2147483647)
-        e = tl.sum((tile_end <= t).to(tl.int32), axis=0)
+        e, rows, row_end = expert_row_tile(t, group_end_ptr, M, E, BLOCK_T, BLOCK_E)
         if e >= E:
             return
-        is_e = eidx == e
-        tile_start = tl.sum(tl.where(is_e, tile_end - tiles, 0), axis=0)
-        row_start = tl.sum(tl.where(is_e, row_lo, 0), axis=0)
-        row_end = tl.minimum(tl.sum(tl.where(is_e, row_hi, 0), axis=0), M)
-        rows = row_start + (t - tile_start) * BLOCK_T + tl.arange(0, BLOCK_T)
         e64 = e.to(tl.int64)
     else:
         e = 0

@@ -30,6 +30,7 @@ import triton.language as tl
 from ..configs import decode_dispatch, pick
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
 from ..triton_helpers import e2m1_value
+from .expert_tiles import expert_row_tile
 from .packed_layout import words_tile_k
 
 
@@ -69,22 +70,9 @@ def _nvfp4_gemm_kernel(
     t = tl.program_id(0) // n_tiles
     pid_n = tl.program_id(0) % n_tiles
     if GROUPED:
-        # which expert owns tile t: experts' M tiles laid end to end, tile_end[e] = the tiles
-        # of experts 0..e (computed here from the group ends: no per-call layout tensors)
-        eidx = tl.arange(0, BLOCK_E)
-        emask = eidx < E
-        row_hi = tl.load(group_end_ptr + eidx, mask=emask, other=0)
-        row_lo = tl.load(group_end_ptr + eidx - 1, mask=emask & (eidx > 0), other=0)
-        tiles = tl.where(emask, (row_hi - row_lo + BLOCK_M - 1) // BLOCK_M, 0)
-        tile_end = tl.where(emask, tl.cumsum(tiles, 0), 2147483647)
-        e = tl.sum((tile_end <= t).to(tl.int32), axis=0)
+        e, rows, row_end = expert_row_tile(t, group_end_ptr, M, E, BLOCK_M, BLOCK_E)
         if e >= E:
             return
-        is_e = eidx == e
-        tile_start = tl.sum(tl.where(is_e, tile_end - tiles, 0), axis=0)
-        row_start = tl.sum(tl.where(is_e, row_lo, 0), axis=0)
-        row_end = tl.minimum(tl.sum(tl.where(is_e, row_hi, 0), axis=0), M)
-        rows = row_start + (t - tile_start) * BLOCK_M + tl.arange(0, BLOCK_M)
         e64 = e.to(tl.int64)
     else:
         e = 0
