@@ -68,6 +68,32 @@ def cuda_time_ms(fn, *, warmup: int = 3, iters: int = 10) -> float:
     return times[len(times) // 2]
 
 
+def run_train(recipe: str, variant: str, work: Path, overrides: list[str], timeout_s: float):
+    """`minite train RECIPE --variant V` (fresh, into work/RECIPE-V, cache work/cache) with a
+    wall-clock limit: (return code or "timeout", its output, wall seconds, its run folder)."""
+    import sys
+
+    run_dir = work / f"{recipe}-{variant}"
+    cmd = [sys.executable, "-m", "fp4_compile.cli", "train", recipe, "--variant", variant,
+           "--fresh", "--no-progress", f"out_dir={run_dir}", f"cache_dir={work / 'cache'}",
+           *overrides]  # fmt: skip
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        rc, log = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        partial = e.stdout or ""  # bytes even with text=True
+        rc = "timeout"
+        log = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
+    return rc, log, time.perf_counter() - t0, run_dir
+
+
+def median(xs: list[float]) -> float:
+    """The upper median (an element of xs), NaN for none."""
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else float("nan")
+
+
 def result_stem(topic: str, env: dict) -> str:
     """`<date>_<topic>_<commit>` (commit: 7 hex digits), the name of every result file under
     benchmarks/results/ (the index, benchmarks/results/README.md, keeps the latest per topic)."""

@@ -32,14 +32,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import environment, result_stem, write_results
+from benchmarks.common import environment, median, result_stem, run_train, write_results
 from fp4_compile.rl.presets import get_preset
 from fp4_compile.rl.train_logging import step_records
 
@@ -60,11 +58,6 @@ CURVES = ("reward/mean", "reward/exact_frac", "mismatch/max_abs_dlogp", "perf/st
 
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else float("nan")
 
 
 def read_records(run_dir: Path) -> list[dict]:
@@ -95,7 +88,7 @@ def summarize(records: list[dict], *, steps_planned: int) -> dict:
         row["k3_kl_max"] = max(r["rollout_corr/k3_kl"] for r in steps)
         steady = steps[1:] or steps  # step 0 includes compilation
         for key in ("step_s", "rollout_s", "learner_s"):
-            row[key] = _median([r[f"perf/{key}"] for r in steady])
+            row[key] = median([r[f"perf/{key}"] for r in steady])
         row["first_step_s"] = steps[0]["perf/step_s"]
     row["curves"] = {
         "step": [r["step"] for r in steps],
@@ -108,19 +101,7 @@ def summarize(records: list[dict], *, steps_planned: int) -> dict:
 
 def run_one(preset, variant, work: Path, overrides: list[str], timeout_s: float) -> dict:
     """`minite train PRESET --variant V` with a wall-clock limit; its figures (partial when cut)."""
-    run_dir = work / f"{preset}-{variant}"
-    cmd = [sys.executable, "-m", "fp4_compile.cli", "train", preset, "--variant", variant,
-           "--fresh", "--no-progress", f"out_dir={run_dir}", f"cache_dir={work / 'cache'}",
-           *overrides]  # fmt: skip
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        rc, log = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as e:
-        partial = e.stdout or ""  # bytes even with text=True
-        rc = "timeout"
-        log = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
-    wall = time.perf_counter() - t0
+    rc, log, wall, run_dir = run_train(preset, variant, work, overrides, timeout_s)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "train.log").write_text(log)
     planned = get_preset(preset, variant).with_overrides(overrides).steps

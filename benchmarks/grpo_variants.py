@@ -14,38 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from benchmarks.common import environment, write_results
+from benchmarks.common import environment, median, run_train, write_results
 from fp4_compile.rl.train_logging import step_records
 
 VARIANTS = ("strict", "te", "bf16")
 
 
-def _median(xs):
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else float("nan")
-
-
 def run_variant(recipe: str, variant: str, out: Path, overrides: list[str], budget_s: float):
-    run_dir = out / f"{recipe}-{variant}"
-    cmd = [sys.executable, "-m", "fp4_compile.cli", "train", recipe, "--variant", variant,
-           "--fresh", "--no-progress", f"out_dir={run_dir}", f"cache_dir={out / 'cache'}",
-           *overrides]  # fmt: skip
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=budget_s)
-        rc, log = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as e:
-        partial = e.stdout or ""  # bytes even with text=True
-        rc, log = (
-            "timeout",
-            partial.decode(errors="replace") if isinstance(partial, bytes) else partial,
-        )
-    wall = time.perf_counter() - t0
+    rc, log, wall, run_dir = run_train(recipe, variant, out, overrides, budget_s)
     (out / f"{recipe}-{variant}.log").write_text(log)
     records = []
     metrics = run_dir / "metrics.jsonl"
@@ -64,11 +42,11 @@ def run_variant(recipe: str, variant: str, out: Path, overrides: list[str], budg
             r.get("mismatch/frac_bitwise_equal", float("nan")) for r in records
         )
         steady = records[1:] or records  # step 0 includes compilation
-        row["step_s"] = _median([r["perf/step_s"] for r in steady])
-        row["rollout_s"] = _median([r["perf/rollout_s"] for r in steady])
-        row["learner_s"] = _median([r["perf/learner_s"] for r in steady])
-        row["rollout_tok_s"] = _median([r["perf/rollout_tokens_per_s"] for r in steady])
-        row["learner_tok_s"] = _median([r["perf/learner_tokens_per_s"] for r in steady])
+        row["step_s"] = median([r["perf/step_s"] for r in steady])
+        row["rollout_s"] = median([r["perf/rollout_s"] for r in steady])
+        row["learner_s"] = median([r["perf/learner_s"] for r in steady])
+        row["rollout_tok_s"] = median([r["perf/rollout_tokens_per_s"] for r in steady])
+        row["learner_tok_s"] = median([r["perf/learner_tokens_per_s"] for r in steady])
     else:
         row["log_tail"] = log[-3000:]
     print(row, flush=True)
