@@ -1,4 +1,3 @@
-# ruff: noqa: B023  (each benchmarked closure is timed immediately, inside its own iteration)
 """Decode-shaped NVFP4 GEMM (packed weights, few rows: `nvfp4/decode_gemm_kernel.py`) vs cuBLAS
 BF16 and `torch._grouped_mm` BF16, and vs the packed kernel it replaces at these shapes, same run.
 
@@ -45,17 +44,19 @@ def copies(nbytes: int) -> int:
     return max(2, min(64, -(-200_000_000 // nbytes)))
 
 
-def rotating_graph_ms(calls) -> float:
-    """GPU time per call: `calls` (each on its own copy of the weights, together far larger than
+def rotating_graph_ms(fn, weights: list) -> float:
+    """GPU time per call of fn(weight): one call per copy in `weights` (together far larger than
     L2, so every call streams its weights from HBM as in decode) captured in one CUDA graph and
-    replayed (`do_bench_cudagraph`), median / len(calls). No host launch cost."""
+    replayed (`do_bench_cudagraph`), median / len(weights). No host launch cost."""
     import triton.testing
 
     def run():
-        for call in calls:
-            call()
+        for w in weights:
+            fn(w)
 
-    return float(triton.testing.do_bench_cudagraph(run, rep=50, return_mode="median")) / len(calls)
+    return float(triton.testing.do_bench_cudagraph(run, rep=50, return_mode="median")) / len(
+        weights
+    )
 
 
 def copy_gbps() -> float:
@@ -130,24 +131,17 @@ def dense_row(name, m, n, k, cfg=None) -> dict:
     packed = [(wq.codes.clone(), wq.block_scales.view(torch.uint8).clone()) for _ in range(rp)]
     bf16 = [w.clone() for _ in range(rb)]
     row = {"kind": "dense", "name": name, "M": m, "N": n, "K": k, "weight_copies": [rp, rb]}
-    row["bf16_ms"] = rotating_graph_ms([lambda b=b: F.linear(x, b) for b in bf16])
+    out = {"out_dtype": torch.bfloat16}
+    row["bf16_ms"] = rotating_graph_ms(lambda b: F.linear(x, b), bf16)
     row["decode_ms"] = rotating_graph_ms(
-        [
-            lambda p=p: launch_decode_gemm(a, gd_a, p, gd, out_dtype=torch.bfloat16, config=cfg)
-            for p in packed
-        ]  # fmt: skip
+        lambda p: launch_decode_gemm(a, gd_a, p, gd, **out, config=cfg), packed
     )
     if cfg is None:
         row["old_packed_ms"] = rotating_graph_ms(
-            [
-                lambda p=p: launch_gemm(
-                    a, gd_a, p, gd, out_dtype=torch.bfloat16, config_op="nvfp4_gemm"
-                )
-                for p in packed
-            ]  # fmt: skip
+            lambda p: launch_gemm(a, gd_a, p, gd, **out, config_op="nvfp4_gemm"), packed
         )
         row["decode_eager_ms"] = flushed_ms(
-            lambda: launch_decode_gemm(a, gd_a, packed[0], gd, out_dtype=torch.bfloat16)
+            lambda: launch_decode_gemm(a, gd_a, packed[0], gd, **out)
         )
     row["weight_GBps"] = packed_bytes / row["decode_ms"] / 1e6
     row["vs_bf16"] = ratio(row["bf16_ms"], row["decode_ms"])
@@ -172,41 +166,16 @@ def grouped_row(name, e, n, k, per, cfg=None) -> dict:
     # eager with an L2 flush (its weights, 805 MB, exceed L2 anyway): torch._grouped_mm inside
     # the rotating CUDA graph hit a device-side offsets assert on the H200 (torch 2.11)
     row["bf16_ms"] = flushed_ms(lambda: torch._grouped_mm(x, w_kn[0], offs=offs))
+    kw = {"out_dtype": torch.bfloat16, "offsets": offs, "rows_per_group": per}
     row["decode_ms"] = rotating_graph_ms(
-        [
-            lambda p=p: launch_decode_gemm(
-                a,
-                gd_a,
-                p,
-                gd,
-                out_dtype=torch.bfloat16,
-                offsets=offs,
-                rows_per_group=per,
-                config=cfg,
-            )
-            for p in packed
-        ]  # fmt: skip
+        lambda p: launch_decode_gemm(a, gd_a, p, gd, **kw, config=cfg), packed
     )
     if cfg is None:
         row["old_packed_ms"] = rotating_graph_ms(
-            [
-                lambda p=p: launch_gemm(
-                    a,
-                    gd_a,
-                    p,
-                    gd,
-                    out_dtype=torch.bfloat16,
-                    offsets=offs,
-                    rows_per_group=per,
-                    config_op="nvfp4_gemm",
-                )
-                for p in packed
-            ]  # fmt: skip
+            lambda p: launch_gemm(a, gd_a, p, gd, **kw, config_op="nvfp4_gemm"), packed
         )
         row["decode_eager_ms"] = flushed_ms(
-            lambda: launch_decode_gemm(
-                a, gd_a, packed[0], gd, out_dtype=torch.bfloat16, offsets=offs, rows_per_group=per
-            )  # fmt: skip
+            lambda: launch_decode_gemm(a, gd_a, packed[0], gd, **kw)
         )
     row["weight_GBps"] = packed_bytes / row["decode_ms"] / 1e6
     row["vs_bf16"] = ratio(row["bf16_ms"], row["decode_ms"])
