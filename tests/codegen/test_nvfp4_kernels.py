@@ -139,7 +139,10 @@ def test_gemm_error_budget_and_paths():
     assert yb.dtype == torch.bfloat16
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tiles (CUDA: the sm_90 tables)")
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="patches the interpreter's tile table; on CUDA the sm_90 tiles run in tests/gpu",
+)
 @pytest.mark.parametrize("block_k", [64, 128])
 def test_packed_gemm_scale_words_equal_scale_bytes(block_k, monkeypatch):
     """The packed kernel reads the scale bytes as 32-bit words of 4 where whole words tile a K
