@@ -192,9 +192,11 @@ def sweep_configs():
         if k * stages <= 1536:
             yield DecodeConfig(t, 64, k, num_warps=4, num_stages=stages)
     # the learner's orientation: tokens the left operand (64 rows: wgmma), the decoded weights
-    # the right one through shared memory (no register layout conversion; async wgmma)
-    for k, stages in itertools.product((128, 256), (2, 3, 4)):
-        yield DecodeConfig(64, 64, k, num_warps=4, num_stages=stages, weights_right=True)
+    # the right one through shared memory (no register layout conversion; async wgmma). There
+    # the weight rows are the wgmma's N (>= 8), so BLOCK_W 32 / 16 gives a dense weight 2x / 4x
+    # the programs of BLOCK_W 64 (the parallelism limiter in docs/decode.md)
+    for w, k, stages in itertools.product((64, 32, 16), (128, 256), (2, 3, 4)):
+        yield DecodeConfig(64, w, k, num_warps=4, num_stages=stages, weights_right=True)
 
 
 def main() -> None:

@@ -102,8 +102,9 @@ def cases() -> list[tuple[KernelCase, int]]:
          "A_GATHER": False, "GDA_SHARED": False, "SCALE_WORDS": old.block_k % 64 == 0},
         old.num_warps, old.num_stages), old.block_n * old.block_k)]  # fmt: skip
     variants = [(f"decode kernel, pinned M<={mx}", c) for mx, c in configs.DECODE["sm_90"]]
-    variants.append(("decode kernel, learner orientation (sweep candidate)",
-                     configs.DecodeConfig(64, 64, 128, num_stages=3, weights_right=True)))  # fmt: skip
+    for w in (64, 32, 16):
+        variants.append((f"decode kernel, learner orientation, {w} weight rows (sweep candidate)",
+                         configs.DecodeConfig(64, w, 128, num_stages=3, weights_right=True)))  # fmt: skip
     for label, c in variants:
         out.append((KernelCase(
             f"{label}: {c.block_t}x{c.block_w}x{c.block_k}, {c.num_warps} warps",

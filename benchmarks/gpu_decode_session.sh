@@ -10,7 +10,7 @@ C="${MINITE_COMMIT:-unknown}"
 D="$(date +%F)"
 run() { local t=$1 name=$2; shift 2; local log="$OUT/${D}_${name}_${C:0:7}.log"; echo "== $name"; timeout "$t" "$@" > "$log" 2>&1; echo "rc=$? $name"; tail -5 "$log"; }
 if [ "${STAGE:-sweep}" = sweep ]; then
-  run "${DECODE_S:-330}" decode_gemm python3 -m benchmarks.decode_gemm --sweep
+  run "${DECODE_S:-540}" decode_gemm python3 -m benchmarks.decode_gemm --sweep
 elif [ "$STAGE" = profile ]; then
   run "${PROFILE_S:-300}" rollout_profile python3 -m benchmarks.rollout --configs "minite strict NVFP4;minite bf16 recipe" --batches 64 --profile-batch 64 --skip-hf --name rollout_profile
 else

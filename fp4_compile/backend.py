@@ -158,6 +158,15 @@ EAGER_NUMERICS_KNOBS = {
 }
 
 
+# Inductor's C++ (CPU) code: no a*b+c contracted into an FMA and no unsafe math, whatever the
+# environment says (TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG=fast changes 942 of
+# 4096 values of a*b+c here, and a learner graph and a rollout graph fuse differently).
+CPU_CODEGEN_PINS = {
+    "cpp.enable_floating_point_contract_flag": "off",
+    "cpp.enable_unsafe_math_opt_flag": False,
+}
+
+
 def _has_config(key: str) -> bool:
     from torch._inductor import config
 
@@ -183,6 +192,7 @@ ROLLOUT_INDUCTOR_CONFIG = {"allow_buffer_reuse": False, "inplace_buffers": False
 def inductor_patches(recipe: NVFP4Recipe) -> dict:
     patches = dict(INVARIANCE_INDUCTOR_CONFIG)
     patches.update({k: v for k, v in EAGER_NUMERICS_KNOBS.items() if _has_config(k)})
+    patches.update({k: v for k, v in CPU_CODEGEN_PINS.items() if _has_config(k)})
     patches["post_grad_custom_post_pass"] = _cache_key_pass(recipe)
     return patches
 
@@ -192,6 +202,7 @@ def aoti_inductor_configs() -> dict:
     exported rollout's traced ops round like the learner's."""
     configs = dict(INVARIANCE_INDUCTOR_CONFIG)
     configs.update({k: v for k, v in EAGER_NUMERICS_KNOBS.items() if _has_config(k)})
+    configs.update({k: v for k, v in CPU_CODEGEN_PINS.items() if _has_config(k)})
     configs.update(ROLLOUT_INDUCTOR_CONFIG)  # an exported program is a rollout's
     return configs
 

@@ -10,7 +10,10 @@ from .format import NVFP4Tensor
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+    """t's bytes in element order (a fresh copy: a one-element view keeps its stride through
+    `contiguous()`, and a byte view needs stride 1)."""
+    flat = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+    return flat.copy_(t.detach().reshape(-1)).view(torch.uint8)
 
 
 def count_bytes_differ(a: torch.Tensor, b: torch.Tensor) -> int:

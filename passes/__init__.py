@@ -29,6 +29,7 @@ from .lower_routing import lower_routing
 from .lower_row_scales import lower_row_scales
 from .lower_silu_muls import lower_silu_muls
 from .lower_small_reductions import lower_small_reductions
+from .lower_trig import lower_trig
 from .narrow_expert_sort_keys import narrow_expert_sort_keys
 from .report import GemmDecision, LoweringReport
 from .select_gemms import select_gemms
@@ -57,6 +58,7 @@ PIPELINE = (
     attach_combine_inverse,  # moe_combine's index = inv of a sort's perm: backward in one pass
     fold_swiglu_halves,  # silu_mul of x's two last-dim halves -> silu_mul_halves(x): one gradient
     lower_outer_products,  # K = 1 matmuls (rotary embedding) -> broadcast multiply, same bits
+    lower_trig,  # cos / sin (rotary embedding) -> ATen's kernels as ops: one implementation
     lower_embeddings,  # token embedding -> embedding op with one opaque (same-kernel) backward
     share_activation_quantize,  # linears reading one X: X (and wgrad's X^T) quantized once
     fuse_quantize_into_producers,  # per-row operands emitted by their producers (norm, SwiGLU)

@@ -65,6 +65,25 @@ def test_inductor_patches_pin_invariance_and_key_the_cache():
     assert NVFP4Recipe.strict().fingerprint().encode() in uuid_strict and uuid_strict != uuid_te
 
 
+def test_cpu_code_is_not_contracted_whatever_the_environment_says():
+    """A user's TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG=fast lets the C++ compiler
+    fuse a*b+c into an FMA (942 of these 4096 values change); the backend pins it off."""
+    from torch._inductor import config
+
+    torch.manual_seed(0)
+    a, b, c = (torch.randn(4096) for _ in range(3))
+    with config.patch({"cpp.enable_floating_point_contract_flag": "fast",
+                       "force_disable_caches": True}):  # fmt: skip
+        torch._dynamo.reset()
+        contracted = torch.compile(lambda a, b, c: a * b + c, backend="inductor")(a, b, c)
+        torch._dynamo.reset()
+        got = torch.compile(lambda a, b, c: a * b + c, backend="minite")(a, b, c)
+    torch._dynamo.reset()
+    if torch.equal(contracted, a * b + c):
+        pytest.skip("this machine's C++ compiler does not contract a*b+c (no FMA)")
+    assert torch.equal(got, a * b + c)
+
+
 def test_compile_leaves_inductor_config_as_it_was():
     from torch._inductor import config
 

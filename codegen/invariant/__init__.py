@@ -14,4 +14,5 @@ from . import (  # noqa: F401  (register the ops)
     rms_norm,
     routing,
     silu_mul,
+    trig,
 )

@@ -10,7 +10,8 @@ forward is the learner's computation op for op, on vLLM's flattened step:
 - linears and lm_head: the plugin's quantization method (minite's ops);
 - RMSNorm (input, post-attention, q/k, final): `fp4_compile` rms_norm; residual adds in the
   model dtype, as transformers adds them;
-- rotary: transformers' default rotary (inverse frequencies, cos / sin, rotate-half), eager;
+- rotary: transformers' default rotary (inverse frequencies, rotate-half), eager, with the
+  learner's cos / sin ops (`fp4_compile::cos` / `sin`);
 - attention: keys and values are written into vLLM's paged KV cache (this model's own layout in
   the cache tensor vLLM allocated: [block, Hkv, slot, K|V]); each request's queries attend to its
   keys read back from its blocks with minite's invariant attention on BF16 q/k/v (the learner's
@@ -54,12 +55,14 @@ def full_logprobs(logits_TV: torch.Tensor, temperature: float) -> torch.Tensor:
 
 def rotary_cos_sin(positions_T: torch.Tensor, head_dim: int, theta: float, dtype):
     """transformers' default rotary: inv_freq = 1 / theta^(arange(0, D, 2) / D); angles =
-    inv_freq x position (one exact product each); cos/sin of [angles, angles]."""
+    inv_freq x position (one rounded product each); cos/sin of [angles, angles] by the ops the
+    learner's lowering puts in its graph (`fp4_compile::cos` / `sin`, passes/lower_trig.py)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions_T.device)
     inv_freq = 1.0 / (theta ** (exponents.to(torch.float32) / head_dim))
     freqs = positions_T.to(torch.float32)[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    cos, sin = torch.ops.fp4_compile.cos(emb), torch.ops.fp4_compile.sin(emb)  # the learner's ops
+    return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rotary(x_THD: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor):

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.gpu
 DEVICE = "cuda"
 # the pinned configs, and the learner-orientation candidates of the sweep
 CONFIGS = sorted({cfg for _, cfg in DECODE["sm_90"]}
-                 | {DecodeConfig(64, 64, k, num_stages=3, weights_right=True) for k in (128, 256)},
+                 | {DecodeConfig(64, w, k, num_stages=3, weights_right=True)
+                    for w in (64, 32, 16) for k in (128, 256)},
                  key=str)  # fmt: skip
 
 

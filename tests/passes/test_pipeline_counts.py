@@ -28,6 +28,8 @@ def test_qwen3_counts():
         "repeat_kv": 4,  # GQA: keys and values per layer
         "embedding": 1,
         "silu_mul": 2,  # the MLP's SwiGLU per layer
+        "cos": 1,  # the rotary embedding, once per forward
+        "sin": 1,
         "shared weight scale groups": 4,  # q/k/v and gate/up per layer
         "activation_quantize_shared": 4,  # per layer: q/k/v's X, gate/up's X
         "activation_quantize_saved": 6,  # per layer: 2 of q/k/v, 1 of gate/up
@@ -45,6 +47,7 @@ def test_qwen3_moe_counts():
     assert rep.counts["fp4_compile.linear (bf16, invariant)"] == 3  # 2 routers + lm_head
     assert rep.counts["routing_topk"] == 2 and rep.counts["rms_norm"] == 9
     assert rep.counts["embedding"] == 1
+    assert rep.counts["cos"] == rep.counts["sin"] == 1  # the rotary embedding
     assert rep.counts["repeat_kv"] == 4  # GQA: keys and values per layer
     assert rep.counts["stable_sort"] == 2  # the experts' sort of (token, expert) pairs, per layer
     assert rep.counts["narrow_expert_sort_keys"] == 2  # ... on uint8 expert ids
@@ -88,6 +91,8 @@ def test_llama_counts():
         "repeat_kv": 2,
         "embedding": 1,
         "silu_mul": 1,
+        "cos": 1,
+        "sin": 1,
         "shared weight scale groups": 2,
         "activation_quantize_shared": 2,
         "activation_quantize_saved": 3,

@@ -100,3 +100,23 @@ def test_vllm_full_equals_learner_under_continuous_batching(arch):
             engine.generate(prompts[:1], max_new_tokens=2, temperature=0.5)
     finally:
         engine.close()
+
+
+def test_vllm_full_moe_rotary_regression():
+    """The request that exposed the rotary's cos / sin (passes/lower_trig.py): computed by
+    Inductor in the learner and by ATen in the plugin, they differed by an ulp on some angles,
+    and here (tiny Qwen3-MoE, seed 0, prompt length 28, sampling seed 127) that moved one
+    log-prob, at generated position 11, by 8.4e-4. Both now call `fp4_compile::cos` / `sin`."""
+    from benchmarks.vllm_gap import prompts_for
+
+    model = tiny_qwen3_moe(seed=0)
+    engine = VLLMRolloutEngine(model, recipe=RECIPE, max_batch=4, max_seq_len=64, full=True)
+    try:
+        prompt = prompts_for(32, model.config.vocab_size)[27]
+        out = engine.generate([prompt], max_new_tokens=16, temperature=1.0, seed=[127])
+    finally:
+        engine.close()
+    learner = torch.compile(model, backend="minite", options={"recipe": RECIPE})
+    with dynamo_disabled(False):
+        (want,) = sequence_logprobs(learner, [prompt + out.tokens[0]], [len(prompt)])
+    assert_bitwise_equal(out.logprobs[0], want, "request 27 of the gap table's ragged batch")

@@ -26,11 +26,12 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 U = 2.0**-24
 # BLOCK_K 32: scale bytes, K masks off (K a multiple); 64: scale words (4 per 32-bit load);
 # 128: scale words with the K masks on (K = 64 is not a multiple of 128); weights_right: the
-# learner's operand orientation
+# learner's operand orientation, with 32 and 16 weight rows (the wgmma's N there)
 CONFIGS = [DecodeConfig(16, 32, 32, num_warps=1, num_stages=1),
            DecodeConfig(16, 32, 64, num_warps=1, num_stages=1),
            DecodeConfig(16, 32, 128, num_warps=1, num_stages=1),
-           DecodeConfig(16, 32, 64, num_warps=1, num_stages=1, weights_right=True)]  # fmt: skip
+           DecodeConfig(16, 32, 64, num_warps=1, num_stages=1, weights_right=True),
+           DecodeConfig(16, 16, 64, num_warps=1, num_stages=1, weights_right=True)]  # fmt: skip
 
 
 def _launch(*args, **kwargs):
