@@ -8,7 +8,7 @@ rounds about 30% of FP32 cos values differently from ATen's eager kernel (measur
 rotary angles and on uniform [-100, 100]). A rotary computed eagerly outside the graph (the vLLM
 plugin's flattened step) then differs from the learner's by an ulp on those elements, and on
 the rare element where that ulp moves q or k across a BF16 rounding boundary, a log-prob differs
-(the full Qwen3-MoE class in `benchmarks/results/2026-12-05_vllm_gap_20860a2.md`: 1 of 512).
+(one of 512 in the Qwen3-MoE gap run; `tests/vllm_plugin/test_full_qwen3.py` keeps that request).
 ATen's CPU kernels give every element the same bits whatever its offset, stride or the tensor's
 length (checked in `tests/invariant/test_trig.py`), which is what a ragged rollout step needs.
 
