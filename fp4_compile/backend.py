@@ -159,8 +159,9 @@ EAGER_NUMERICS_KNOBS = {
 
 
 # Inductor's C++ (CPU) code: no a*b+c contracted into an FMA and no unsafe math, whatever the
-# environment says (TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG=fast changes 942 of
-# 4096 values of a*b+c here, and a learner graph and a rollout graph fuse differently).
+# environment says (DESIGN: nothing that changes numerics is read from environment variables;
+# TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG=fast changes 942 of 4096 values of a*b+c
+# here, and a learner graph and a rollout graph fuse differently).
 CPU_CODEGEN_PINS = {
     "cpp.enable_floating_point_contract_flag": "off",
     "cpp.enable_unsafe_math_opt_flag": False,
