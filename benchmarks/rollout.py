@@ -88,9 +88,9 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16,64,256")
     parser.add_argument(
         "--profile-batch",
-        type=int,
-        default=0,
-        help="also profile one generate call (32 new tokens) at this batch per engine",
+        default="",
+        help="also profile one generate call (32 new tokens) per engine at each of these batches "
+        "(comma-separated; engines without CUDA graphs)",
     )
     parser.add_argument("--skip-hf", action="store_true", help="no transformers generate baseline")
     parser.add_argument("--name", default="rollout_h200", help="results file stem")
@@ -103,6 +103,7 @@ def main() -> None:
     args = parser.parse_args()
     env = environment()
     batches = [int(b) for b in args.batches.split(",")]
+    profile_batches = [int(b) for b in args.profile_batch.split(",") if b]
     configs = {
         "minite strict NVFP4": dict(recipe=NVFP4Recipe.strict()),
         "minite bf16 recipe": dict(recipe=NVFP4Recipe.bf16()),
@@ -136,8 +137,8 @@ def main() -> None:
                 graph_check[label] = _graphs_bitwise(engine, args.prompt)
             except Exception as e:
                 errors[f"{label} graph check"] = f"{type(e).__name__}: {e}"[:2000]
-        if args.profile_batch and not kw.get("cuda_graphs"):
-            profiles[label] = _profile_engine(engine, args.profile_batch, args.prompt)
+        for pb in profile_batches if not kw.get("cuda_graphs") else ():
+            profiles[f"{label}, batch {pb}"] = _profile_engine(engine, pb, args.prompt)
         del model, engine
         torch.cuda.empty_cache()
     model = qwen3_30b_a3b_layers(layers=args.layers, device="cuda").eval()
@@ -174,9 +175,7 @@ def main() -> None:
         )
     md.extend(f"- ERROR {k}: {v[:300]}" for k, v in errors.items())
     for label, prof in profiles.items():
-        md += profile_markdown(
-            f"{label}, batch {args.profile_batch}, 32 new tokens", prof, "generate call"
-        )
+        md += profile_markdown(f"{label}, 32 new tokens", prof, "generate call")
     text = "\n".join(md) + "\n"
     print(text)
     write_results(
