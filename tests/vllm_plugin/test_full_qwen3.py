@@ -44,6 +44,24 @@ def test_full_logprobs_equal_the_shared_op_per_entry():
             assert_bitwise_equal(rows[:, v], want, f"entry {v} at T={temperature}")
 
 
+def test_rotary_equals_the_learners_compiled_rotary():
+    """The model class's cos / sin of a flattened step (`rotary_cos_sin`) == transformers' rotary
+    embedding compiled by the learner's backend, at every position a 64-token request has."""
+    from fp4_compile.vllm_plugin.qwen3 import rotary_cos_sin
+
+    model = tiny_qwen3_moe(seed=0)
+    config = model.config
+    rotary = torch.compile(model.model.rotary_emb, backend="minite", options={"recipe": RECIPE})
+    positions = torch.arange(64)
+    with dynamo_disabled(False):
+        want_cos, want_sin = rotary(torch.zeros(1, 64, config.hidden_size), positions[None])
+    theta = float(config.rope_parameters["rope_theta"])
+    for step in (positions, positions[37:38], positions.flip(0)):  # prefill, decode, any order
+        cos, sin = rotary_cos_sin(step, config.head_dim, theta, torch.float32)
+        assert_bitwise_equal(cos, want_cos[0, step], f"cos at {len(step)} positions")
+        assert_bitwise_equal(sin, want_sin[0, step], f"sin at {len(step)} positions")
+
+
 def continuous_batching(llm, prompts, max_tokens, arrive_at_step):
     """Requests join the running engine at given steps; returns {index: (tokens, log-probs)}."""
     from vllm import SamplingParams
