@@ -29,7 +29,10 @@ from ..recipe import FORMAT_VERSION, NVFP4Recipe, as_recipe
 MANIFEST = "manifest.json"
 PROGRAM = "rollout.pt2"
 WEIGHTS = "weights.safetensors"
-ARTIFACT_VERSION = 1
+# The lowered program's own version: bump it when the lowering changes what an exported program
+# computes (an op added to or taken from the graph's numerics, as `lower_trig` did); an artifact
+# of another version is refused, since its stored graph is the old lowering's.
+ARTIFACT_VERSION = 2
 
 
 class RolloutArtifactError(ValueError):
@@ -254,7 +257,8 @@ def load_rollout(
         raise RolloutArtifactError(f"{manifest_path} is not valid JSON: {e}") from None
     if manifest.get("artifact_version") != ARTIFACT_VERSION:
         raise RolloutArtifactError(
-            f"artifact_version {manifest.get('artifact_version')} != {ARTIFACT_VERSION}"
+            f"artifact_version {manifest.get('artifact_version')}: this minite lowers rollouts as "
+            f"version {ARTIFACT_VERSION} (the stored graph's numerics differ): re-export the rollout"
         )
     for name, digest in manifest.get("files", {}).items():
         file = folder / name

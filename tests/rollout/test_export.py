@@ -108,6 +108,26 @@ def test_refuses_an_older_recipe_format(exported, tmp_path):
         load_rollout(copy)
 
 
+def test_refuses_an_older_lowering(exported, tmp_path):
+    """An artifact exported by a lowering of another version (its stored graph computes, e.g.,
+    cos / sin with Inductor's code rather than `fp4_compile::cos` / `sin`) is refused by name."""
+    from fp4_compile.rollout.export import ARTIFACT_VERSION
+
+    _, _, path = exported
+    import shutil
+
+    copy = tmp_path / "old_lowering"
+    shutil.copytree(path, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    assert manifest["artifact_version"] == ARTIFACT_VERSION
+    manifest["artifact_version"] = ARTIFACT_VERSION - 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(
+        RolloutArtifactError, match=f"artifact_version {ARTIFACT_VERSION - 1}.*re-export"
+    ):
+        load_rollout(copy)
+
+
 def test_refuses_non_artifact(tmp_path):
     with pytest.raises(RolloutArtifactError, match="not a minite rollout artifact"):
         load_rollout(tmp_path)
