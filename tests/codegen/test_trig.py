@@ -71,6 +71,14 @@ def test_gradient_is_eager_autograds(name):
 
 
 @pytest.mark.parametrize("name", OPS)
+def test_opcheck(name):
+    """torch.library.opcheck: schema, fake tensors, autograd registration, aot dispatch."""
+    op, _ = OPS[name]
+    x = torch.linspace(-7.0, 7.0, 48).reshape(3, 16).requires_grad_()
+    torch.library.opcheck(op.default, (x,))
+
+
+@pytest.mark.parametrize("name", OPS)
 def test_integer_input_is_refused_by_name(name):
     op, _ = OPS[name]
     with pytest.raises(TypeError, match=rf"fp4_compile::{name} is for floating tensors, got x"):
