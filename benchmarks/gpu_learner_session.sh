@@ -4,11 +4,9 @@
 #     rounds, CUDA graphs);
 #   STAGE=checks: the fusion kernels' and the backend's GPU checks (compiled == eager lowered
 #     graph, forward and every gradient);
-#   STAGE=wgrad: the MoE wgrad's tile configs and launch forms (one program per tile vs the
-#     persistent kernel), each form's bits against one program per tile;
 #   STAGE=grpo: the `h200-moe` GRPO step, strict vs the bf16 variant, same seeds (GRPO_S
 #     seconds per variant).
-#   MINITE_COMMIT=<sha> STAGE=learner|checks|wgrad|grpo bash benchmarks/gpu_learner_session.sh
+#   MINITE_COMMIT=<sha> STAGE=learner|checks|grpo bash benchmarks/gpu_learner_session.sh
 set -u
 export PYTHONUNBUFFERED=1
 C="${MINITE_COMMIT:-unknown}"
@@ -19,9 +17,6 @@ case "${STAGE:-learner}" in
   checks)
     run "${FUSION_S:-240}" pytest_fusion python3 -m pytest -q -m gpu tests/gpu/test_gpu_fusion.py
     run "${BACKEND_S:-300}" pytest_backend python3 -m pytest -q -m gpu -x tests/gpu/test_gpu_backend.py ;;
-  wgrad)
-    run "${WGRAD_TEST_S:-120}" pytest_wgrad python3 -m pytest -q -m gpu tests/gpu/test_gpu_nvfp4.py -k grouped_wgrad
-    run "${WGRAD_S:-420}" tune_wgrad python3 -m benchmarks.tune_kernels --only wgrad ;;
   grpo) run "$(( ${GRPO_S:-150} * 2 + 60 ))" grpo_step python3 -m benchmarks.grpo_variants --variants strict,bf16 --budget-s "${GRPO_S:-150}" ;;
   *) echo "unknown STAGE=${STAGE}" >&2; exit 2 ;;
 esac

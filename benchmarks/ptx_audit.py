@@ -154,18 +154,6 @@ def learner_cases() -> list[KernelCase]:
              "BLOCK_K": wg.block_k, "SEGMENT_ALIGN": 16},
             wg.num_warps, wg.num_stages,
         ),
-        KernelCase(
-            "MoE wgrad, persistent (tiles in one flattened loop; tuning candidate)",
-            gw._grouped_wgrad_persistent_kernel,
-            {"a_ptr": (bf16, 0), "b_ptr": (bf16, 0), "gda_ptr": (f32, 0), "gdb_ptr": (f32, 0),
-             "out_ptr": (bf16, 0), "start_ptr": (i64, 0), "width_ptr": (i64, 0), "N": (i32, n),
-             "K": (i32, k), "stride_an": (i32, c), "stride_bk": (i32, c), "gda_e": (i32, 0),
-             "gda_r": (i32, 0), "stride_oe": (i32, n * k), "stride_on": (i32, k),
-             "num_experts": (i32, e), "num_programs": (i32, 132)},
-            {"DOT_F32": False, "BLOCK_M": wg.block_m, "BLOCK_N": wg.block_n,
-             "BLOCK_K": wg.block_k, "SEGMENT_ALIGN": 16},
-            wg.num_warps, wg.num_stages,
-        ),
     ]  # fmt: skip
     for label, (sbe, sbn, sbk), gather in (
         ("MoE forward, B on-grid [E, N, K], A rows gathered", (n * k, k, 1), True),

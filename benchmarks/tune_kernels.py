@@ -290,43 +290,25 @@ def wgrad_section(rows):
         a, gd_a = quantize_segments_ongrid(dy, lay["src"], *seg, torch.ones(EXPERTS, device="cuda"))
         b, gd_b = quantize_segments_ongrid(x, lay["src"], *seg, torch.ones(EXPERTS, device="cuda"))
         out = torch.empty((EXPERTS, n, k), dtype=torch.bfloat16, device="cuda")
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
-        # per_sm 0: one program per output tile; 1 / 2: the persistent kernel with that many
-        # programs per SM (the tiles in one flattened, pipelined loop)
-        for align, per_sm in ((1, 0), (16, 0), (16, 1), (16, 2)):
+        for align in (1, 16):
 
-            def run(align=align, per_sm=per_sm):
+            def run(align=align):
                 cfg = configs.pick("sm_90", "bf16", "nvfp4_wgrad", n)
-                args = (a, b, gd_a, gd_b, out, lay["start"], lay["width"], n, k, a.stride(0),
-                        b.stride(0), gd_a.stride(0), 0, out.stride(0), out.stride(1))  # fmt: skip
-                meta = dict(DOT_F32=False, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                            BLOCK_K=cfg.block_k, SEGMENT_ALIGN=align, **cfg.launch_kwargs(),
-                            enable_fp_fusion=False)  # fmt: skip
-                if per_sm:
-                    programs = per_sm * sms
-                    gw._grouped_wgrad_persistent_kernel[(programs,)](
-                        *args, EXPERTS, programs, **meta
-                    )
-                else:
-                    grid = (triton.cdiv(n, cfg.block_m), triton.cdiv(k, cfg.block_n), EXPERTS)
-                    gw._grouped_wgrad_kernel[grid](*args, **meta)
+                grid = (triton.cdiv(n, cfg.block_m), triton.cdiv(k, cfg.block_n), EXPERTS)
+                gw._grouped_wgrad_kernel[grid](
+                    a, b, gd_a, gd_b, out, lay["start"], lay["width"],
+                    n, k, a.stride(0), b.stride(0), gd_a.stride(0), 0,
+                    out.stride(0), out.stride(1),
+                    DOT_F32=False, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                    BLOCK_K=cfg.block_k, SEGMENT_ALIGN=align, **cfg.launch_kwargs(),
+                    enable_fp_fusion=False,
+                )  # fmt: skip
                 return out
 
             if align == 1 and os.environ.get("TUNE_WGRAD_ALIGN1") != "1":
                 continue  # measured in 2026-12-03_tune_kernels_wgrad_c587fdc.md (3.5x slower)
-            if per_sm:  # the launch forms' bits: each candidate against one program per tile
-                for cfg in (configs.pick("sm_90", "bf16", "nvfp4_wgrad", n), *WGRAD_CANDIDATES):
-                    with pinned(("sm_90", "bf16", "nvfp4_wgrad"), cfg):
-                        want = _bytes(run(per_sm=0)).clone()
-                        got = _bytes(run())
-                    row = {"section": "wgrad kernel", "config": cfg.__dict__.copy(),
-                           "case": f"{name}: persistent {per_sm}/SM vs one program per tile",
-                           "bytes_differ_vs_one_per_tile": count_bytes_differ(got, want)}  # fmt: skip
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
             cands = WGRAD_CANDIDATES if align == 16 else GEMM_CANDIDATES[:1]
-            form = f", persistent {per_sm}/SM" if per_sm else ""
-            sweep("wgrad kernel", f"{name} [128,{n},{k}] align {align}{form}",
+            sweep("wgrad kernel", f"{name} [128,{n},{k}] align {align}",
                   ("sm_90", "bf16", "nvfp4_wgrad"), cands, run, rows, baseline_ms=base)  # fmt: skip
 
 

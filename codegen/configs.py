@@ -340,10 +340,3 @@ SILU_MUL_QUANTIZE = {"sm_90": (8, 256, 256, 4), "interpreter": (8, 256, 256, 4)}
 # this many, fewer where H is not a multiple of their width (`blocks_per_step`): a step never
 # holds a block wholly past H.
 ROW_SCALE_BACKWARD_LAUNCH = (8, 2, 4)
-
-# The MoE wgrad's launch form: programs per SM of the persistent kernel
-# (`grouped_wgrad_kernel._grouped_wgrad_persistent_kernel`, the tiles walked in one flattened,
-# pipelined loop), or 0 for one program per output tile. Speed only: both forms run the same
-# tile code (bitwise, tests/codegen/test_nvfp4_kernels.py). 0 until the persistent form is timed
-# on the GPU (`python -m benchmarks.tune_kernels --only wgrad` times both).
-WGRAD_PERSISTENT_PER_SM = {"sm_90": 0}

@@ -33,20 +33,21 @@ from .segment_layout_kernel import segment_layout
 
 
 @triton.jit
-def _wgrad_tile(
-    a_ptr, b_ptr, gda_ptr, gdb_ptr, out_ptr, start_ptr, width_ptr, e, pid_m, pid_n,
+def _grouped_wgrad_kernel(
+    a_ptr, b_ptr, gda_ptr, gdb_ptr, out_ptr, start_ptr, width_ptr,
     N, K, stride_an, stride_bk, gda_e, gda_r, stride_oe, stride_on,
     DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SEGMENT_ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """Output tile (pid_m, pid_n) of expert e: its segment in BLOCK_K chunks from the segment
-    start, then the epilogue. Both launch forms run exactly this, so they give the same bits."""
     # SEGMENT_ALIGN: every segment start AND width is a multiple of it (16: `segment_layout`
     # pads widths to 16). Said to the compiler, the loads along the token columns become
     # pipelined 16-byte async copies: with the start alone the K-tail mask `kk < width` had
     # unknown granularity and every operand element was its own 2-byte load, with no software
     # pipeline (sm_90 PTX: 0 cp.async and 96-101 ld.global.b16 -> 36 cp.async.cg, 0 scalar;
     # `benchmarks/ptx_audit.py`). Bits: the same masks, the same MMA sequence.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.program_id(2)
     start = tl.multiple_of(tl.load(start_ptr + e), SEGMENT_ALIGN)
     width = tl.multiple_of(tl.load(width_ptr + e), SEGMENT_ALIGN)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -73,44 +74,6 @@ def _wgrad_tile(
              mask=rmask[:, None] & cmask[None, :])  # fmt: skip
 
 
-@triton.jit
-def _grouped_wgrad_kernel(
-    a_ptr, b_ptr, gda_ptr, gdb_ptr, out_ptr, start_ptr, width_ptr,
-    N, K, stride_an, stride_bk, gda_e, gda_r, stride_oe, stride_on,
-    DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SEGMENT_ALIGN: tl.constexpr,
-):  # fmt: skip
-    """One program per output tile: grid (tiles along N, tiles along K, experts)."""
-    _wgrad_tile(a_ptr, b_ptr, gda_ptr, gdb_ptr, out_ptr, start_ptr, width_ptr,
-                tl.program_id(2), tl.program_id(0), tl.program_id(1),
-                N, K, stride_an, stride_bk, gda_e, gda_r, stride_oe, stride_on,
-                DOT_F32, BLOCK_M, BLOCK_N, BLOCK_K, SEGMENT_ALIGN)  # fmt: skip
-
-
-@triton.jit
-def _grouped_wgrad_persistent_kernel(
-    a_ptr, b_ptr, gda_ptr, gdb_ptr, out_ptr, start_ptr, width_ptr,
-    N, K, stride_an, stride_bk, gda_e, gda_r, stride_oe, stride_on, num_experts, num_programs,
-    DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SEGMENT_ALIGN: tl.constexpr,
-):  # fmt: skip
-    """`num_programs` programs walk the tiles (expert-major, then N tiles, then K tiles) with a
-    stride of `num_programs`. The loop nest is flattened, so the software pipeline runs across
-    tile boundaries: at ~256 tokens per expert a tile has only ~4 K steps, and one program per
-    tile exposes the pipeline's fill and the epilogue in every tile."""
-    tiles_m = tl.cdiv(N, BLOCK_M)
-    tiles_n = tl.cdiv(K, BLOCK_N)
-    tiles_per_expert = tiles_m * tiles_n
-    for tile in tl.range(tl.program_id(0), tiles_per_expert * num_experts, num_programs,
-                         flatten=True):  # fmt: skip
-        e = tile // tiles_per_expert
-        r = tile % tiles_per_expert
-        _wgrad_tile(a_ptr, b_ptr, gda_ptr, gdb_ptr, out_ptr, start_ptr, width_ptr,
-                    e, r // tiles_n, r % tiles_n,
-                    N, K, stride_an, stride_bk, gda_e, gda_r, stride_oe, stride_on,
-                    DOT_F32, BLOCK_M, BLOCK_N, BLOCK_K, SEGMENT_ALIGN)  # fmt: skip
-
-
 def _segment_amax(t_TD: torch.Tensor, offsets: torch.Tensor, per_row: bool, rows=None):
     """Per-expert amax of |t| over its tokens: [E] (per tensor) or [E, D] (per row of t^T),
     each in one read of t (max is exact in any order and dtype); `rows`: t's row maxima, when
@@ -131,7 +94,6 @@ def grouped_wgrad(
     out_dtype: torch.dtype = torch.float32,
     dy_row_amax: torch.Tensor | None = None,
     x_index: torch.Tensor | None = None,
-    persistent_programs: int | None = None,
 ) -> torch.Tensor:
     """dW [E, N, K] in `out_dtype` of the NVFP4 wgrad (recipe.wgrad == "nvfp4"), expert e
     drawing the stochastic-rounding seed `seed + 1 + e` (as
@@ -143,9 +105,7 @@ def grouped_wgrad(
     truncate, torch casts the FP32 result).
     `x_index` (int [T]): the operand X is x_TK[x_index], a zero row where x_index < 0 (the MoE
     token gather, `gemm.gather_zero_rows`), read through the index by the quantizer:
-    bitwise `grouped_wgrad(dy, gather_zero_rows(x_TK, x_index), ...)` without the copy.
-    `persistent_programs`: None, the pinned launch form (`configs.WGRAD_PERSISTENT_PER_SM`); 0,
-    one program per output tile; n > 0, n persistent programs (the same bits in every form)."""
+    bitwise `grouped_wgrad(dy, gather_zero_rows(x_TK, x_index), ...)` without the copy."""
     check_kernel_device(dy_TN, "grad_out")
     from .quantize_kernel import quantize_segments_ongrid
 
@@ -177,30 +137,14 @@ def grouped_wgrad(
     interp = interpreting() or dev.type != "cuda"
     out = torch.empty((num_experts, n, k), dtype=torch.float32 if interp else out_dtype,
                       device=dev)  # fmt: skip
-    if not (n and k and num_experts):
-        return out.to(out_dtype)
-    args = (a, b, gd_a, gd_b, out, lay["start"], lay["width"], n, k, a.stride(0), b.stride(0),
-            gd_a.stride(0), 1 if gd_a.dim() == 2 else 0, out.stride(0), out.stride(1))  # fmt: skip
-    meta = dict(DOT_F32=interp, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                SEGMENT_ALIGN=BLOCK_SIZE, **cfg.launch_kwargs(), **compile_options(dev))  # fmt: skip
-    programs = _persistent_programs(dev, persistent_programs)
-    if programs:
-        _grouped_wgrad_persistent_kernel[(programs,)](*args, num_experts, programs, **meta)
-    else:
+    if n and k and num_experts:
         grid = (triton.cdiv(n, cfg.block_m), triton.cdiv(k, cfg.block_n), num_experts)
-        _grouped_wgrad_kernel[grid](*args, **meta)
+        _grouped_wgrad_kernel[grid](
+            a, b, gd_a, gd_b, out, lay["start"], lay["width"],
+            n, k, a.stride(0), b.stride(0), gd_a.stride(0), 1 if gd_a.dim() == 2 else 0,
+            out.stride(0), out.stride(1),
+            DOT_F32=interpreting() or dev.type != "cuda",
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            SEGMENT_ALIGN=BLOCK_SIZE, **cfg.launch_kwargs(), **compile_options(dev),
+        )  # fmt: skip
     return out.to(out_dtype)
-
-
-def _persistent_programs(device: torch.device, requested: int | None) -> int:
-    """The persistent kernel's program count (0: one program per tile)."""
-    from .. import configs
-
-    if requested is not None:
-        if not isinstance(requested, int) or isinstance(requested, bool) or requested < 0:
-            raise ValueError(f"persistent_programs must be None or an int >= 0, got {requested!r}")
-        return requested
-    if device.type != "cuda":
-        return 0
-    per_sm = configs.WGRAD_PERSISTENT_PER_SM.get(arch_of(device), 0)
-    return per_sm * torch.cuda.get_device_properties(device).multi_processor_count

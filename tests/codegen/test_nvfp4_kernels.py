@@ -236,25 +236,6 @@ def test_backward_kernels_match_cpu_path():
     assert bool(((dw - dw_ref).abs() <= (dy.abs().t() @ x.abs()) * 2.0**-16).all()), "wgrad"
 
 
-def test_grouped_wgrad_persistent_equals_one_program_per_tile():
-    """The persistent launch (programs walking the tiles in one flattened loop) == one program
-    per tile, bitwise, at program counts that divide the 20 tiles, do not, and exceed them; with
-    empty experts and segments over several K chunks. A bad count is refused by name."""
-    from fp4_compile.codegen.nvfp4.grouped_wgrad_kernel import grouped_wgrad
-    from fp4_compile.recipe import QuantSpec
-
-    rec = NVFP4Recipe.strict(grad=QuantSpec(block="1x16", global_scale="per_row", rounding="rne"))
-    offsets = torch.tensor([5, 5, 22, 29, 70], dtype=torch.int32, device=DEV)
-    dy, x = _x(70, 32, seed=21), _x(70, 48, seed=22)
-    want = grouped_wgrad(dy, x, offsets, rec, 5, persistent_programs=0)
-    assert int((want != 0).sum()) > want.numel() // 2
-    for programs in (1, 4, 7, 64):
-        got = grouped_wgrad(dy, x, offsets, rec, 5, persistent_programs=programs)
-        assert_bitwise_equal(got, want, f"{programs} persistent programs")
-    with pytest.raises(ValueError, match="persistent_programs must be None or an int >= 0"):
-        grouped_wgrad(dy, x, offsets, rec, 5, persistent_programs=-1)
-
-
 @pytest.mark.parametrize(
     "grad",
     [("per_tensor", "stochastic"), ("per_row", "rne"), ("per_row", "stochastic")],

@@ -217,23 +217,6 @@ def test_grouped_wgrad_equals_per_expert_loop(name):
         start = end
 
 
-@pytest.mark.parametrize("name", list(EXPERT_SHAPES))
-def test_grouped_wgrad_persistent_equals_one_program_per_tile(name):
-    """The persistent launch form (a tuning candidate, configs.WGRAD_PERSISTENT_PER_SM) == one
-    program per tile, bitwise, at 1 and 2 programs per SM and at a count that does not divide
-    the tiles."""
-    recipe = NVFP4Recipe.strict()
-    _, n, k = EXPERT_SHAPES[name]
-    offsets = _offsets()
-    t, seed = int(offsets[-1]), 2**40 + 8192
-    dy, x = _x(t, n, seed=14), _x(t, k, seed=15)
-    want = gi.grouped_wgrad(dy, x, offsets, recipe, seed, persistent_programs=0)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for programs in (sms, 2 * sms, 97):
-        got = gi.grouped_wgrad(dy, x, offsets, recipe, seed, persistent_programs=programs)
-        assert_bitwise_equal(got, want, f"{programs} persistent programs")
-
-
 def test_dgrad_wgrad_within_budget():
     """Error budget: dgrad and wgrad (NVFP4, stochastic rounding, seeded) vs the exact CPU path
     on the same seeds."""
