@@ -182,14 +182,17 @@ def grouped_row(name, e, n, k, per, cfg=None) -> dict:
     return row
 
 
-def sweep_configs():
+def sweep_configs(only: str = "all"):
+    """The candidate tiles; only="weights_right": the learner-orientation ones alone."""
     from fp4_compile.codegen.configs import DecodeConfig
 
+    if only not in ("all", "weights_right"):
+        raise ValueError(f"only must be 'all' or 'weights_right', got {only!r}")
     # BLOCK_W 64 (one warpgroup's wgmma rows: the most programs), the word decode (the fewest
     # instructions, benchmarks.decode_sass_audit): K step and pipeline depth decide the bytes in
     # flight per program
     for t, k, stages in itertools.product((16, 64), (128, 256, 512), (2, 3, 4, 6)):
-        if k * stages <= 1536:
+        if only == "all" and k * stages <= 1536:
             yield DecodeConfig(t, 64, k, num_warps=4, num_stages=stages)
     # the learner's orientation: tokens the left operand (64 rows: wgmma), the decoded weights
     # the right one through shared memory (no register layout conversion; async wgmma). There
@@ -202,6 +205,8 @@ def sweep_configs():
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", action="store_true", help="time candidate tile configs too")
+    parser.add_argument("--sweep-only", default="all", choices=("all", "weights_right"),
+                        help="weights_right: only the learner-orientation candidates")  # fmt: skip
     args = parser.parse_args()
     from fp4_compile.codegen.configs import pick_decode
 
@@ -218,7 +223,7 @@ def main() -> None:
         print(r, flush=True)
     sweep = []
     if args.sweep:
-        for cfg in sweep_configs():
+        for cfg in sweep_configs(args.sweep_only):
             try:
                 entry = {"config": str(cfg), "bitwise": check_bitwise(cfg)}
                 ms = (
