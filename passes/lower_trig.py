@@ -16,22 +16,20 @@ from .report import LoweringReport
 
 aten = torch.ops.aten
 
+# method name -> ((its torch function, its ATen overload), the op that replaces them)
 _TARGETS = {
-    "cos": (torch.cos, torch.ops.fp4_compile.cos.default, aten.cos),
-    "sin": (torch.sin, torch.ops.fp4_compile.sin.default, aten.sin),
+    "cos": ((torch.cos, aten.cos.default), torch.ops.fp4_compile.cos.default),
+    "sin": ((torch.sin, aten.sin.default), torch.ops.fp4_compile.sin.default),
 }
 
 
 def lower_trig(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
     graph = gm.graph
     for node in list(graph.nodes):
-        for name, (function, op, overloads) in _TARGETS.items():
-            if not is_op(node, functions=(function,), methods=(name,), overloads=(overloads,)):
+        for name, (functions, op) in _TARGETS.items():
+            if not is_op(node, functions=functions, methods=(name,)):
                 continue
-            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-                if node.target != getattr(aten, name).default:  # .out and other forms stay
-                    continue
-            if len(node.args) != 1 or node.kwargs:
+            if len(node.args) != 1 or node.kwargs:  # out= and other forms stay
                 continue
             x = fake(node.args[0])
             if x is None or not x.dtype.is_floating_point:

@@ -30,8 +30,8 @@ MANIFEST = "manifest.json"
 PROGRAM = "rollout.pt2"
 WEIGHTS = "weights.safetensors"
 # The lowered program's own version: bump it when the lowering changes what an exported program
-# computes (an op added to or taken from the graph's numerics, as `lower_trig` did); an artifact
-# of another version is refused, since its stored graph is the old lowering's.
+# computes (an op that takes over or gives back part of the graph's numerics); an artifact of
+# another version is refused, since its stored graph is the old lowering's.
 ARTIFACT_VERSION = 2
 
 
