@@ -122,6 +122,11 @@ class _Graph:
                 self.base[n] = self.base[first]
         self.params = {n for n in self.nodes if n.op == "placeholder" and n.name in params}
         self.caches = {n for n in self.nodes if n.op == "placeholder" and n.name in caches}
+        # weights: parameters and what the weight cache serves (their quantized bytes)
+        self.weights = set(self.params)
+        self.weights |= {
+            n for n in self.nodes if n.op == "call_function" and _is_weight_version(n, self)
+        }
 
     def is_view(self, n: fx.Node) -> bool:
         if n.op != "call_function":
@@ -146,6 +151,9 @@ class _Graph:
     def from_param(self, x: fx.Node) -> bool:
         return self.base[x] in self.params
 
+    def from_weight(self, x: fx.Node) -> bool:
+        return self.base[x] in self.weights
+
     def from_cache(self, x: fx.Node) -> bool:
         return self.base[x] in self.caches
 
@@ -166,7 +174,7 @@ def _fp4_cost(n: fx.Node, g: _Graph, ctx: dict) -> OpCost:
         if i in skip:
             continue
         b = g.read_bytes(x)
-        if name in _GROUPED and g.from_param(x):
+        if name in _GROUPED and g.from_weight(x):
             b = int(b * ctx["expert_fraction"])
         if name == "embedding" and g.from_param(x):  # reads its output's rows of the table
             b = min(b, sum(_nbytes(t) for t in _outputs(n)))
@@ -235,7 +243,7 @@ def _extern_cost(n: fx.Node, g: _Graph, ctx: dict) -> OpCost:
         read = 0
         for _, x in args:
             b = g.read_bytes(x)
-            if name in _GROUPED and g.from_param(x):
+            if name in _GROUPED and g.from_weight(x):
                 b = int(b * ctx["expert_fraction"])
             read += b
         written = sum(_nbytes(t) for t in outs)

@@ -95,6 +95,9 @@ def test_moe_counts_the_experts_a_step_touches(configs, costs):
     grouped = [r for r in rows if r["op"] == "fp4_compile.invariant_grouped_mm"]
     gate_up = grouped[0]  # w [4, 64, 64] BF16, x [4 rows, 64] BF16, offsets int32 [4]
     assert gate_up["bytes_read"] == int(4 * 64 * 64 * 2 * frac) + 4 * 64 * 2 + 4 * 4
+    # strict: the packed codes (and scales) come from the weight cache, counted the same way
+    packed = [r for r in costs["moe", "strict"]["per_op"] if "grouped_mm" in r["op"]][0]
+    assert packed["bytes_read"] < 4 * 64 * 64 // 2  # below all 4 experts' packed codes
 
 
 def test_cache_writes_write_the_new_tokens_only(costs):
