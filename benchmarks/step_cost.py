@@ -73,7 +73,8 @@ def build_model(spec: str, *, layers: int | None = None) -> tuple[torch.nn.Modul
 
     if spec in BUILTIN_NOTES:
         depth = BENCH_LAYERS if layers is None else layers
-        note = f"{BUILTIN_NOTES[spec]}; {depth} layers (full model: 48 / 36)"
+        full = 48 if spec == "qwen3-30b-a3b" else 36
+        note = f"{BUILTIN_NOTES[spec]}; {depth} of its {full} layers"
         if spec == "qwen3-30b-a3b":
             from fp4_compile.models import qwen3_30b_a3b_layers
 
