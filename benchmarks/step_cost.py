@@ -37,8 +37,8 @@ Rules (shapes only; no kernel runs):
   experts in the fraction a step can touch, E * (1 - (1 - k/E)^(B*Tq)) of E (uniform routing).
 - KV cache: an in-place write into a cache input writes the new tokens only; attention reads
   the whole static cache (S) when its length argument is the constant S (today's lowering), the
-  filled length (L) when the graph passes lengths; an op that reads a cache and writes at least
-  a cache layer's bytes is a copy of the cache (`copies_kv_cache`).
+  filled length (L) when the graph passes lengths; an op other than attention that reads a
+  cache and writes at least a cache layer's bytes is a copy of the cache (`copies_kv_cache`).
 - FLOPs: GEMMs 2*M*N*K, attention 4*B*H*Tq*keys*D; other ops 0.
 - Roofline per row: max(bytes / COPY_BYTES_PER_S, flops / BF16_FLOPS_PER_S); a step's is the sum.
 """

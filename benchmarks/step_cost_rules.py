@@ -1,10 +1,7 @@
-"""The counting rules of the step cost model (`benchmarks/step_cost.py`): one lowered (or stock)
-ATen graph of the rollout step -> one `OpCost` row per kernel the step launches.
-
-Shape legend: B sequences, Tq new tokens per sequence, S static cache slots (max_seq_len),
-L filled keys per sequence (the step's context), E experts, k experts per token.
-
-The rules are written out in `benchmarks/step_cost.py`'s docstring (the one place).
+"""The counting rules of the step cost model: one lowered (or stock) ATen graph of the rollout
+step -> one `OpCost` row per kernel the step launches. The rules are written out in
+`benchmarks/step_cost.py`'s docstring (the one place). Shape legend: B sequences, Tq new tokens
+per sequence, S static cache slots, L filled keys per sequence, E experts, k experts per token.
 """
 
 from __future__ import annotations
@@ -60,10 +57,8 @@ class OpCost:
     roofline_us: float = field(default=0.0)
 
     def __post_init__(self) -> None:
-        self.roofline_us = 1e6 * max(
-            (self.bytes_read + self.bytes_written) / COPY_BYTES_PER_S,
-            self.flops / BF16_FLOPS_PER_S,
-        )
+        moved = (self.bytes_read + self.bytes_written) / COPY_BYTES_PER_S
+        self.roofline_us = 1e6 * max(moved, self.flops / BF16_FLOPS_PER_S)
 
     @property
     def bytes(self) -> int:
@@ -123,10 +118,7 @@ class _Graph:
         self.params = {n for n in self.nodes if n.op == "placeholder" and n.name in params}
         self.caches = {n for n in self.nodes if n.op == "placeholder" and n.name in caches}
         # weights: parameters and what the weight cache serves (their quantized bytes)
-        self.weights = set(self.params)
-        self.weights |= {
-            n for n in self.nodes if n.op == "call_function" and _is_weight_version(n, self)
-        }
+        self.weights = self.params | {n for n in self.nodes if _is_weight_version(n, self)}
 
     def is_view(self, n: fx.Node) -> bool:
         if n.op != "call_function":
@@ -184,7 +176,8 @@ def _fp4_cost(n: fx.Node, g: _Graph, ctx: dict) -> OpCost:
         flops, note, launches, read = _gemm_facts(n, g, ctx, name, launches, read)
     if "attention" in name:
         flops, read, kv = _attention_facts(n, g, ctx, read)
-    copies = any(g.from_cache(x) for _, x in args) and written >= _cache_layer_bytes(g) > 0
+    reads_cache = any(g.from_cache(x) for _, x in args) and "attention" not in name
+    copies = reads_cache and written >= _cache_layer_bytes(g) > 0  # attention's output is none
     if copies:
         kv = _COPY
     return OpCost(op=op_name(n), nodes=[n.name], launches=launches, bytes_read=read,
