@@ -150,7 +150,7 @@ def main() -> None:
 
     set_in_process_env()
     model = tiny_qwen3(layers=2, seed=0)
-    engine = VLLMRolloutEngine(model, max_batch=8, max_seq_len=64)
+    engine = VLLMRolloutEngine(model, max_batch=8, max_seq_len=64, full=False)
     calls: list = []
     engine.llm.apply_model(lambda m: record(m, calls))
     prompts = [[(7 * i + j) % 128 for j in range(1 + 5 * i)] for i in range(5)]

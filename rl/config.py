@@ -19,7 +19,7 @@ from .tasks import TASK_NAMES
 
 VARIANTS = ("strict", "te", "bf16")
 ARCHS = ("qwen3", "qwen3_moe")
-ROLLOUT_ENGINES = ("minite", "vllm", "vllm_full")
+ROLLOUT_ENGINES = ("minite", "vllm", "vllm_full", "vllm_linears")
 # Fields that may change between a run and its resumption (they do not change the numbers of
 # the steps already taken or to come).
 RESUMABLE_FIELDS = (
@@ -123,10 +123,11 @@ class TrainConfig:
     kernels, same bits: `RolloutEngine(cuda_graphs=True)`; 2-5x decode tokens/s on the H200)."""
     rollout_engine: str = "minite"
     """"minite": the embedded engine (learner == rollout, bitwise). "vllm": vLLM with minite's
-    plugin (`fp4_compile.rl.VLLMRolloutEngine`, needs vLLM, one process): minite's linears and
-    weights as NVFP4 bytes, vLLM's attention, norms and sampler (close, not bitwise).
-    "vllm_full" (Qwen3, Qwen3-MoE): vLLM running minite's model class too (learner's norms, rotary,
-    attention on vLLM's paged cache, log-probs): bitwise. docs/vllm.md."""
+    plugin (`fp4_compile.rl.VLLMRolloutEngine`, needs vLLM, one process), bitwise wherever minite
+    has a vLLM model class (Qwen3, Qwen3-MoE: the learner's norms, rotary, attention on vLLM's
+    paged cache, log-probs), else minite's linears only. "vllm_full": the model class or an
+    error. "vllm_linears" (an explicit choice): minite's linears and weights as NVFP4 bytes,
+    vLLM's attention, norms and sampler (close, not bitwise). docs/vllm.md."""
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     log_every: int = 1

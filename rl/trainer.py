@@ -125,10 +125,11 @@ class GRPOTrainer:
         set_sr_state(state.get("sr_state") if state is not None else None)
         # The engine owns its own copy of the weights (as a separate rollout would) and gets the
         # learner's after every optimizer step (full weights, gathered from the shards).
-        if cfg.rollout_engine in ("vllm", "vllm_full"):
+        if cfg.rollout_engine.startswith("vllm"):
             if self.world > 1:
                 raise ValueError(f"rollout_engine={cfg.rollout_engine!r} runs in one process")
-            full = cfg.rollout_engine == "vllm_full"
+            # "vllm": minite's bitwise model class where one exists (None = the engine decides)
+            full = {"vllm": None, "vllm_full": True, "vllm_linears": False}[cfg.rollout_engine]
             if full and not cfg.compile:
                 raise ValueError("rollout_engine='vllm_full' runs minite's numerics: compile=True")
             # vLLM loads the weights from a folder it writes; compile=False runs vLLM's own path

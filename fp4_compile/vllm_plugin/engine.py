@@ -28,7 +28,7 @@ import torch
 from ..recipe import NVFP4Recipe, as_recipe
 from ..rollout.engine import RolloutOutput
 from ..rollout.sampling import check_filter
-from .model_folder import write_model_folder
+from .model_folder import has_full_class, write_model_folder
 from .weight_sync import apply_payload, layer_layout, nvfp4_payload
 
 # vLLM's CPU KV cache block (tokens); the cache is sized in whole blocks per request
@@ -52,10 +52,13 @@ class VLLMRolloutEngine:
     `update_weights` hands tensors over without a copy), else in its own processes (then set
     VLLM_ALLOW_INSECURE_SERIALIZATION=1: weights travel pickled).
 
-    full=True (Qwen3): minite's model class (`qwen3.py`): the learner's norms, rotary,
-    invariant attention on vLLM's paged cache and log-probs, computed at `temperature` (the
-    engine's one sampling temperature; generate accepts it or 0 = greedy, whose log-probs are
-    then also at `temperature`)."""
+    full (default None = True wherever the architecture has a minite model class: Qwen3 and
+    Qwen3-MoE, `model_folder.FULL_ARCHITECTURES`): minite's model class (`qwen3.py`,
+    `qwen3_moe.py`): the learner's norms, rotary, invariant attention on vLLM's paged cache and
+    log-probs, computed at `temperature` (the engine's one sampling temperature; generate
+    accepts it or 0 = greedy, whose log-probs are then also at `temperature`): bitwise with the
+    learner. full=False (an explicit choice): minite's linears only, vLLM's own attention, norms
+    and sampler: close to the learner, not bitwise. Other architectures run linears only."""
 
     def __init__(
         self,
@@ -66,7 +69,7 @@ class VLLMRolloutEngine:
         max_seq_len: int = 512,
         folder: str | Path | None = None,
         seed: int = 0,
-        full: bool = False,
+        full: bool | None = None,
         temperature: float = 1.0,
         max_num_batched_tokens: int | None = None,
     ):
@@ -75,6 +78,10 @@ class VLLMRolloutEngine:
             raise TypeError(f"model must be a causal LM module, got {type(model).__name__}")
         if max_batch < 1 or max_seq_len < 2:
             raise ValueError(f"max_batch >= 1 and max_seq_len >= 2, got {max_batch}, {max_seq_len}")
+        if full is None:  # bitwise wherever a minite model class exists
+            full = recipe is not None and has_full_class(model)
+        if not isinstance(full, bool):
+            raise TypeError(f"full must be a bool or None, got {full!r}")
         if full and recipe is None:
             raise ValueError("full=True runs minite's model class: it needs a recipe")
         self.recipe = None if recipe is None else as_recipe(recipe)

@@ -29,6 +29,13 @@ FULL_ARCHITECTURES = {"qwen3": "MiniteQwen3ForCausalLM", "qwen3_moe": "MiniteQwe
 TEMPERATURE_KEY = "minite_logprob_temperature"
 
 
+def has_full_class(model) -> bool:
+    """Whether minite has a full vLLM model class (bitwise with the learner) for this
+    transformers model's type."""
+    model = getattr(model, "_orig_mod", model)
+    return getattr(getattr(model, "config", None), "model_type", None) in FULL_ARCHITECTURES
+
+
 def write_model_folder(
     model,
     path: str | Path,

@@ -33,7 +33,7 @@ def learner():
 
 @pytest.fixture(scope="module")
 def engine(learner):
-    eng = VLLMRolloutEngine(learner, recipe=RECIPE, max_batch=8, max_seq_len=64)
+    eng = VLLMRolloutEngine(learner, recipe=RECIPE, max_batch=8, max_seq_len=64, full=False)
     yield eng
     eng.close()
 
@@ -115,7 +115,7 @@ def test_update_weights_sends_the_learners_nvfp4_bytes(engine, learner):
     num_shards = sum(len(v[0]) for v in layers.values())
     assert sync["nvfp4_linears"] == linear_weights // 2 + linear_weights // 16 + 4 * num_shards
 
-    fresh = VLLMRolloutEngine(updated, recipe=RECIPE, max_batch=8, max_seq_len=64)
+    fresh = VLLMRolloutEngine(updated, recipe=RECIPE, max_batch=8, max_seq_len=64, full=False)
     try:
         kwargs = dict(max_new_tokens=5, temperature=1.0, seed=[1, 2, 3, 4])
         assert_same_output(engine.generate(PROMPTS, **kwargs), fresh.generate(PROMPTS, **kwargs),

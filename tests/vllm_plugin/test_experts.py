@@ -50,7 +50,7 @@ def assert_learner_bytes(held, learner):
 
 def test_moe_experts_run_the_learners_nvfp4_bytes():
     learner = tiny_qwen3_moe(seed=0)
-    engine = VLLMRolloutEngine(learner, recipe=RECIPE, max_batch=8, max_seq_len=64)
+    engine = VLLMRolloutEngine(learner, recipe=RECIPE, max_batch=8, max_seq_len=64, full=False)
     try:
         calls = []
 

@@ -138,3 +138,24 @@ def test_vllm_full_moe_rotary_regression():
     with dynamo_disabled(False):
         (want,) = sequence_logprobs(learner, [prompt + out.tokens[0]], [len(prompt)])
     assert_bitwise_equal(out.logprobs[0], want, "request 27 of the gap table's ragged batch")
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_default_engine_is_bitwise(arch):
+    """`VLLMRolloutEngine(model, recipe=...)` with no `full` argument runs minite's model class
+    for Qwen3 and Qwen3-MoE: every sampled token's log-prob == the learner's, bitwise (linears
+    only is the explicit `full=False`)."""
+    model = tiny_qwen3(layers=2, seed=5) if arch == "qwen3" else tiny_qwen3_moe(seed=5)
+    engine = VLLMRolloutEngine(model, recipe=RECIPE, max_batch=4, max_seq_len=64)
+    try:
+        assert engine.full
+        prompts = [[(7 * i + 3 * j + 1) % 128 for j in range(n)] for i, n in enumerate((3, 9, 14))]
+        out = engine.generate(prompts, max_new_tokens=6, temperature=1.0, seed=[21, 22, 23])
+    finally:
+        engine.close()
+    learner = torch.compile(model, backend="minite", options={"recipe": RECIPE})
+    seqs = [p + t for p, t in zip(prompts, out.tokens)]
+    with dynamo_disabled(False):
+        want = sequence_logprobs(learner, seqs, [len(p) for p in prompts])
+    for i in range(len(prompts)):
+        assert_bitwise_equal(out.logprobs[i], want[i], f"{arch} request {i}")

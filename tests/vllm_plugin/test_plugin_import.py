@@ -56,3 +56,16 @@ def test_full_folder_names_minite_class(tmp_path):
     assert config["minite_logprob_temperature"] == 0.7
     with pytest.raises(ValueError, match="temperature"):
         write_model_folder(tiny_qwen3(layers=1), tmp_path / "g", full=True, temperature=0.0)
+
+
+def test_full_class_exists_for_qwen3_and_qwen3_moe_only():
+    """VLLMRolloutEngine's default (full=None) is minite's bitwise model class exactly where one
+    exists."""
+    import torch
+
+    from fp4_compile.models import tiny_qwen3_moe
+    from fp4_compile.vllm_plugin.model_folder import has_full_class
+
+    assert has_full_class(tiny_qwen3(layers=1))
+    assert has_full_class(tiny_qwen3_moe(seed=0))
+    assert not has_full_class(torch.nn.Linear(2, 2))
