@@ -16,5 +16,5 @@ elif [ "$STAGE" = profile ]; then
   run "${PROFILE_S:-300}" rollout_profile python3 -m benchmarks.rollout --configs "minite strict NVFP4;minite bf16 recipe" --batches 1,64 --profile-batch 1,64 --skip-hf --name rollout_profile
 else
   run "${PYTEST_S:-200}" pytest_gpu_decode python3 -m pytest -q -m "gpu and not slow" tests/gpu/test_gpu_decode_gemm.py tests/codegen/nvfp4/test_decode_gemm.py tests/gpu/test_gpu_alignment.py
-  run "${ROLLOUT_S:-300}" rollout python3 -m benchmarks.rollout --configs minite-graphs --skip-hf --name rollout_decode
+  run "${ROLLOUT_S:-300}" rollout python3 -m benchmarks.rollout --configs "minite strict NVFP4;minite bf16 recipe" --skip-hf --name rollout_decode
 fi

@@ -1,48 +1,94 @@
-"""Rollout decode throughput: minite strict NVFP4, minite bf16 recipe (same engine and
-invariant kernels), the same engine on stock (non-invariant) kernels, and transformers
-`generate` BF16, on Qwen3-30B-A3B-shaped layers; same run. Figures: "emulated NVFP4 (sm_90)".
+"""Rollout decode speed, the figure an RL user reads: decode alone (tokens/s and ms per step,
+graph replays), with prefill and the one-time capture timed apart, at batch 1 / 16 / 64 / 256,
+for minite strict NVFP4, the minite bf16 recipe (same engine, same invariant kernels, no
+quantization), the same engine on stock kernels (no minite lowering: not invariant), and
+transformers BF16 with a static cache compiled by Inductor (the stock single-GPU peer). Every
+row stands beside the step cost model's roofline time for it (`benchmarks/step_cost.py`, the
+H200's measured copy rate and BF16 peak): % of roofline = roofline / measured.
+Qwen3-30B-A3B-shaped layers (`fp4_compile.models.qwen3_30b_a3b_layers`), random weights.
+Figures on Hopper are "emulated NVFP4 (sm_90)".
 
-    python -m benchmarks.rollout [--layers 2] [--prompt 256] [--new-tokens 256] [--batches 1,16,64,256]
+    python -m benchmarks.rollout [--layers 2] [--prompt 256] [--new-tokens 128]
+        [--batches 1,16,64,256] [--configs all|LABEL;LABEL] [--skip-hf] [--profile-batch 64]
+
+How decode alone is timed: one `generate` call with N new tokens costs prefill + (N - 1)
+decode steps (+ the capture, on the first call of a batch bucket only); a call with 1 new token
+costs the prefill alone. So a decode step = (T(N) - T(1)) / (N - 1), each T the median of
+`--reps` warm calls. The first call per batch is reported apart ("first call": compile +
+capture + prefill + decode).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import time
+from pathlib import Path
 
 import torch
 
-from benchmarks.common import environment, profile_call, profile_markdown, write_results
+from benchmarks.common import environment, median, profile_call, profile_markdown, write_results
 from fp4_compile import NVFP4Recipe
 from fp4_compile.models import qwen3_30b_a3b_layers
-from fp4_compile.rl import RolloutEngine
+from fp4_compile.rollout import RolloutEngine
+
+ENGINE_CONFIGS = {
+    "minite strict NVFP4": {"recipe": NVFP4Recipe.strict(), "cuda_graphs": True},
+    "minite bf16 recipe": {"recipe": NVFP4Recipe.bf16(), "cuda_graphs": True},
+    "same engine, stock kernels": {"compile": False, "cuda_graphs": True},
+}
+HF_LABEL = "transformers BF16, static cache, Inductor"
+ROOFLINE_RECIPE = {  # which cost-model recipe prices each row
+    "minite strict NVFP4": "strict",
+    "minite bf16 recipe": "bf16",
+    "same engine, stock kernels": "stock",
+    HF_LABEL: "stock",
+}
 
 
-def _engine_rate(engine, batch, prompt, new_tokens):
-    prompts = [[1 + (i * 7 + j) % 8000 for j in range(prompt)] for i in range(batch)]
-    engine.generate(prompts[:batch], max_new_tokens=4, seed=0)  # warm (compiles both shapes)
+def _prompts(batch: int, prompt: int, vocab: int) -> list[list[int]]:
+    return [[1 + (i * 7 + j) % (vocab - 1) for j in range(prompt)] for i in range(batch)]
+
+
+def _wall_s(fn) -> float:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    engine.generate(prompts, max_new_tokens=new_tokens, seed=0)
+    fn()
     torch.cuda.synchronize()
-    return batch * new_tokens / (time.perf_counter() - t0)
+    return time.perf_counter() - t0
 
 
-def _profile_engine(engine, batch, prompt, new_tokens=32):
-    prompts = [[1 + (i * 7 + j) % 8000 for j in range(prompt)] for i in range(batch)]
-
-    def call():
-        engine.generate(prompts, max_new_tokens=new_tokens, seed=0)
-
-    call()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    call()
-    torch.cuda.synchronize()
-    return profile_call(call, (time.perf_counter() - t0) * 1e3)
+def decode_timing(generate, *, new_tokens: int, reps: int) -> dict:
+    """generate(n) runs one call with n new tokens. Returns the first call's seconds, the
+    prefill (1 new token) and one decode step, in ms (medians of `reps` warm calls)."""
+    first_s = _wall_s(lambda: generate(new_tokens))
+    generate(1)
+    prefill = [_wall_s(lambda: generate(1)) for _ in range(reps)]
+    full = [_wall_s(lambda: generate(new_tokens)) for _ in range(reps)]
+    step_ms = (median(full) - median(prefill)) / (new_tokens - 1) * 1e3
+    return {"first_call_s": first_s, "prefill_ms": median(prefill) * 1e3, "step_ms": step_ms}
 
 
-def _graphs_bitwise(engine, prompt, batch=64, new_tokens=32) -> dict:
+def engine_generate(engine, batch: int, prompt: int):
+    prompts = _prompts(batch, prompt, engine.vocab_size)
+    return lambda n: engine.generate(prompts, max_new_tokens=n, seed=0)
+
+
+def hf_generate(model, batch: int, prompt: int):
+    ids = torch.tensor(_prompts(batch, prompt, model.config.vocab_size), device="cuda")
+    mask = torch.ones_like(ids)
+
+    def run(n: int):
+        model.generate(
+            ids, attention_mask=mask, do_sample=True, top_k=0, max_new_tokens=n,
+            min_new_tokens=n, pad_token_id=0, cache_implementation="static",
+        )  # fmt: skip
+
+    return run
+
+
+def graphs_bitwise(engine, prompt: int, batch: int = 64, new_tokens: int = 32) -> dict:
     """The same generate call with and without the CUDA graph: tokens and log-probs equal?"""
     v = engine.vocab_size - 1
     prompts = [[1 + (i * 5 + j) % v for j in range(prompt - i % 7)] for i in range(batch)]
@@ -61,112 +107,163 @@ def _graphs_bitwise(engine, prompt, batch=64, new_tokens=32) -> dict:
             "logprobs_differing": differ, "ok": same_tokens and differ == 0}  # fmt: skip
 
 
-def _hf_rate(model, batch, prompt, new_tokens):
-    ids = torch.tensor(
-        [[1 + (i * 7 + j) % 8000 for j in range(prompt)] for i in range(batch)], device="cuda"
-    )
-    kw = dict(
-        do_sample=True,
-        top_k=0,
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        pad_token_id=0,
-    )
-    model.generate(ids, **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    model.generate(ids, **kw)
-    torch.cuda.synchronize()
-    return batch * new_tokens / (time.perf_counter() - t0)
+def roofline_table(*, layers: int, prompt: int, new_tokens: int, batches: list[int]) -> dict:
+    """The step cost model's decode roofline (ms) per (cost-model recipe, batch), at the mean
+    context of a generate call (prompt + new_tokens / 2 keys) in its static cache (CPU, shapes
+    only: seconds per entry)."""
+    from benchmarks.step_cost import build_model, step_cost
+
+    model, note = build_model("qwen3-30b-a3b", layers=layers)
+    context, slots = prompt + new_tokens // 2, prompt + new_tokens
+    table = {"model": note, "context": context, "max_seq_len": slots, "roofline_ms": {}}
+    for recipe in sorted(set(ROOFLINE_RECIPE.values())):
+        table["roofline_ms"][recipe] = {
+            str(b): step_cost(
+                model, note, batch=b, context=context, recipe=recipe, max_seq_len=slots
+            )["roofline_ms"]
+            for b in batches
+        }
+    return table
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--prompt", type=int, default=256)
-    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--batches", default="1,16,64,256")
+    parser.add_argument("--reps", type=int, default=3, help="warm calls per timed figure")
     parser.add_argument(
-        "--profile-batch",
-        default="",
-        help="also profile one generate call (32 new tokens) per engine at each of these batches "
-        "(comma-separated; engines without CUDA graphs)",
-    )
-    parser.add_argument("--skip-hf", action="store_true", help="no transformers generate baseline")
-    parser.add_argument("--name", default="rollout_h200", help="results file stem")
+        "--configs", default="all", help="'all' or labels separated by ';' " + repr(
+            [*ENGINE_CONFIGS, HF_LABEL]),
+    )  # fmt: skip
+    parser.add_argument("--skip-hf", action="store_true", help=f"no '{HF_LABEL}' row")
     parser.add_argument(
-        "--configs",
-        default="all",
-        help="'all', 'minite-graphs' (strict and bf16 recipe under CUDA graphs) or engine "
-        "config labels separated by ';'",
-    )
+        "--roofline", default="", help="a JSON file written by --roofline-only (computed on a "
+        "CPU beforehand: the GPU call then spends no time on the cost model)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--roofline-only", default="", metavar="FILE",
+        help="compute the cost model's roofline for these shapes, write FILE, and stop",
+    )  # fmt: skip
+    parser.add_argument("--profile-batch", default="", help="profile one call at these batches")
+    parser.add_argument("--name", default="rollout_decode", help="results file stem")
     args = parser.parse_args()
-    env = environment()
     batches = [int(b) for b in args.batches.split(",")]
+    shapes = {"layers": args.layers, "prompt": args.prompt, "new_tokens": args.new_tokens}
+    if args.roofline_only:
+        table = roofline_table(**shapes, batches=batches)
+        Path(args.roofline_only).write_text(json.dumps(table, indent=1))
+        print(json.dumps(table["roofline_ms"], indent=1))
+        return
+    if args.roofline:
+        roof = json.loads(Path(args.roofline).read_text())
+        if (roof["context"], roof["max_seq_len"]) != (
+            args.prompt + args.new_tokens // 2, args.prompt + args.new_tokens):  # fmt: skip
+            raise ValueError(f"--roofline {args.roofline} was computed for other shapes")
+    else:
+        roof = roofline_table(**shapes, batches=batches)
+    env = environment()
+    labels = [*ENGINE_CONFIGS, HF_LABEL]
+    if args.configs != "all":
+        labels = args.configs.split(";")
+        unknown = [lab for lab in labels if lab not in ROOFLINE_RECIPE]
+        if unknown:
+            raise ValueError(f"--configs: unknown {unknown}; known {list(ROOFLINE_RECIPE)}")
+    if args.skip_hf and HF_LABEL in labels:
+        labels.remove(HF_LABEL)
     profile_batches = [int(b) for b in args.profile_batch.split(",") if b]
-    configs = {
-        "minite strict NVFP4": dict(recipe=NVFP4Recipe.strict()),
-        "minite bf16 recipe": dict(recipe=NVFP4Recipe.bf16()),
-        "same engine, stock kernels (not invariant)": dict(compile=False),
-        "minite strict NVFP4, CUDA graphs": dict(recipe=NVFP4Recipe.strict(), cuda_graphs=True),
-        "minite bf16 recipe, CUDA graphs": dict(recipe=NVFP4Recipe.bf16(), cuda_graphs=True),
-        "same engine, stock kernels, CUDA graphs": dict(compile=False, cuda_graphs=True),
-    }
-    if args.configs == "minite-graphs":  # the issue's bar: strict vs bf16 recipe, CUDA graphs
-        configs = {k: v for k, v in configs.items() if k.startswith("minite") and "graphs" in k}
-    elif args.configs != "all":
-        configs = {k: configs[k] for k in args.configs.split(";")}
-    table, errors, profiles = {}, {}, {}
-    graph_check = {}
-    for label, kw in configs.items():
-        torch._dynamo.reset()
-        model = qwen3_30b_a3b_layers(layers=args.layers, device="cuda").eval()
-        engine = RolloutEngine(
-            model, max_batch=max(batches), max_seq_len=args.prompt + args.new_tokens, **kw
-        )
-        table[label] = {}
-        for b in batches:
-            try:
-                table[label][b] = _engine_rate(engine, b, args.prompt, args.new_tokens)
-            except Exception as e:  # recorded, not hidden
-                table[label][b] = float("nan")
-                errors[f"{label} batch {b}"] = f"{type(e).__name__}: {e}"[:2000]
-        print(label, table[label], flush=True)
-        if kw.get("cuda_graphs"):
-            try:
-                graph_check[label] = _graphs_bitwise(engine, args.prompt)
-            except Exception as e:
-                errors[f"{label} graph check"] = f"{type(e).__name__}: {e}"[:2000]
-        for pb in profile_batches if not kw.get("cuda_graphs") else ():
-            profiles[f"{label}, batch {pb}"] = _profile_engine(engine, pb, args.prompt)
-        del model, engine
-        torch.cuda.empty_cache()
+    rows, errors, graph_check, profiles = {}, {}, {}, {}
+    for label in labels:
+        measure_config(label, args, batches, profile_batches, rows=rows, errors=errors,
+                       graph_check=graph_check, profiles=profiles)  # fmt: skip
+        torch.cuda.empty_cache()  # the config's model and engine are gone with its frame
+    text = report(rows, roof, graph_check, errors, profiles, env=env, args=args, batches=batches)
+    print(text)
+    write_results(args.name, {"env": env, "args": vars(args), "decode": rows,
+                              "roofline": roof, "cuda_graph_bitwise": graph_check,
+                              "errors": errors, "profiles": profiles}, text)  # fmt: skip
+
+
+def measure_config(label, args, batches, profile_batches, *, rows, errors, graph_check,
+                   profiles) -> None:  # fmt: skip
+    """Time one config at every batch (and profile it where asked); errors are recorded."""
+    torch._dynamo.reset()
+    max_len = args.prompt + args.new_tokens
     model = qwen3_30b_a3b_layers(layers=args.layers, device="cuda").eval()
-    for b in batches if not args.skip_hf else ():
-        table.setdefault("transformers generate BF16", {})
+    engine = None
+    if label != HF_LABEL:
+        engine = RolloutEngine(model, max_batch=max(batches), max_seq_len=max_len,
+                               **ENGINE_CONFIGS[label])  # fmt: skip
+
+    def make(b: int):
+        if engine is None:
+            return hf_generate(model, b, args.prompt)
+        return engine_generate(engine, b, args.prompt)
+
+    rows[label] = {}
+    for b in batches:
         try:
-            table["transformers generate BF16"][b] = _hf_rate(
-                model, b, args.prompt, args.new_tokens
-            )
-        except Exception as e:
-            table["transformers generate BF16"][b] = float("nan")
-            errors[f"hf batch {b}"] = f"{type(e).__name__}: {e}"[:2000]
-    base = table.get("minite bf16 recipe") or next(iter(table.values()))
+            rows[label][b] = decode_timing(make(b), new_tokens=args.new_tokens, reps=args.reps)
+        except Exception as e:  # noqa: BLE001 (recorded in the results, not hidden)
+            errors[f"{label}, batch {b}"] = f"{type(e).__name__}: {e}"[:2000]
+        print(label, b, rows[label].get(b), flush=True)
+    if engine is not None and ENGINE_CONFIGS[label].get("cuda_graphs"):
+        try:
+            graph_check[label] = graphs_bitwise(engine, args.prompt)
+        except Exception as e:  # noqa: BLE001
+            errors[f"{label}, graph check"] = f"{type(e).__name__}: {e}"[:2000]
+    for pb in profile_batches:
+        gen = make(pb)
+        gen(32)
+        wall_ms = _wall_s(functools.partial(gen, 32)) * 1e3
+        profiles[f"{label}, batch {pb}"] = profile_call(functools.partial(gen, 32), wall_ms)
+
+
+def step_ratio(other: dict, b: int, step_ms: float) -> str:
+    """other's step time / this one's at batch b (> 1: this one is faster)."""
+    o = other.get(b)
+    return f"{o['step_ms'] / step_ms:.2f}x" if o else "-"
+
+
+def report(rows, roof, graph_check, errors, profiles, *, env, args, batches) -> str:
+    base = rows.get("minite bf16 recipe", {})
+    peer = rows.get(HF_LABEL, {})
     md = [
-        f"# rollout decode tokens/s, {env['gpu']} (emulated NVFP4, sm_90), torch {env['torch']}, "
-        f"triton {env['triton']}, commit {env['commit']}",
-        f"Qwen3-30B-A3B-shaped, {args.layers} layers, vocab 8192, prompt {args.prompt}, {args.new_tokens} new tokens",
+        (
+            f"# Rollout decode, {env['gpu']}, emulated NVFP4 (sm_90), torch {env['torch']}, "
+            f"triton {env['triton']}, commit {env['commit']}"
+        ),
         "",
-        "| config | " + " | ".join(f"batch {b}" for b in batches) + " |",
-        "| --- | " + " | ".join("---" for _ in batches) + " |",
+        (
+            f"Qwen3-30B-A3B-shaped, {args.layers} layers, vocab 8192, prompt {args.prompt}, "
+            f"{args.new_tokens} new tokens; decode step = (T({args.new_tokens} tokens) - T(1 "
+            f"token)) / {args.new_tokens - 1}, medians of {args.reps} warm calls. Roofline: the "
+            f"step cost model (`benchmarks/step_cost.py`) at {roof['context']} keys in "
+            f"{roof['max_seq_len']} slots; % roofline = roofline / measured step."
+        ),
+        "",
+        (
+            "| config | batch | decode tok/s | step ms | vs bf16 recipe | vs transformers "
+            "| roofline ms | % roofline | prefill ms | first call s |"
+        ),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for label, rates in table.items():
-        md.append(
-            f"| {label} | "
-            + " | ".join(f"{rates[b]:.0f} ({rates[b] / base[b]:.2f}x)" for b in batches)
-            + " |"
-        )
-    md.append("\nratios are against minite bf16 recipe (same engine, invariant kernels)")
+    for label, by_batch in rows.items():
+        for b in batches:
+            r = by_batch.get(b)
+            if r is None:
+                md.append(f"| {label} | {b} | error | | | | | | | |")
+                continue
+            roof_ms = roof["roofline_ms"][ROOFLINE_RECIPE[label]][str(b)]
+            tok_s = b / r["step_ms"] * 1e3
+
+            md.append(
+                f"| {label} | {b} | {tok_s:.0f} | {r['step_ms']:.3f} | {step_ratio(base, b, r['step_ms'])} | "
+                f"{step_ratio(peer, b, r['step_ms'])} | {roof_ms:.3f} | {100 * roof_ms / r['step_ms']:.0f}% | "
+                f"{r['prefill_ms']:.1f} | {r['first_call_s']:.1f} |"
+            )
+    md.append("\nratios: the other config's step time / this one's (> 1: this one is faster)")
     for label, chk in graph_check.items():
         md.append(
             f"- {label}: generate with vs without the CUDA graph (batch {chk['batch']}, "
@@ -176,20 +273,7 @@ def main() -> None:
     md.extend(f"- ERROR {k}: {v[:300]}" for k, v in errors.items())
     for label, prof in profiles.items():
         md += profile_markdown(f"{label}, 32 new tokens", prof, "generate call")
-    text = "\n".join(md) + "\n"
-    print(text)
-    write_results(
-        args.name,
-        {
-            "env": env,
-            "args": vars(args),
-            "tokens_per_s": table,
-            "errors": errors,
-            "cuda_graph_bitwise": graph_check,
-            "profiles": profiles,
-        },
-        text,
-    )
+    return "\n".join(md) + "\n"
 
 
 if __name__ == "__main__":
