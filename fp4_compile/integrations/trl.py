@@ -282,8 +282,8 @@ class MiniteGRPOTrainer(GRPOTrainer):
     # ---- the learner ---------------------------------------------------------------------
     def _pack(self, input_ids_BL, attention_mask_BL, logits_to_keep: int):
         """TRL's rows (prompt left-padded in P columns, completion right-padded in C) -> rows
-        that start at position 0, right-padded to W; and for each completion column, its target
-        index in the [B, W - 1] log-prob grid and whether it is a real token."""
+        that start at position 0, right-padded to W; for each completion column, its target
+        index in the [B, W - 1] log-prob grid and whether it is a real token; [B, W] real."""
         num_rows, width_in = input_ids_BL.shape
         prompt_cols = width_in - logits_to_keep
         mask = attention_mask_BL.bool()
@@ -312,7 +312,7 @@ class MiniteGRPOTrainer(GRPOTrainer):
         j = torch.arange(logits_to_keep, device=mask.device)
         target_BC = (p_B[:, None] - 1 + j).clamp(min=0, max=self.learner_width - 2)
         real_BC = j < c_B[:, None]
-        return ids_BW, target_BC, real_BC
+        return ids_BW, target_BC, real_BC, t < n_B[:, None]
 
     def _get_per_token_logps_and_entropies(
         self,
@@ -327,14 +327,9 @@ class MiniteGRPOTrainer(GRPOTrainer):
     ):
         """TRL's per-token log-probs (old, reference and the loss's), computed by minite: the
         compiled learner over re-packed rows, then minite's log-prob op at TRL's temperature.
-        -> (logps [B, C], entropies [B, C] or None, None)."""
+        -> (logps [B, C], entropies [B, C] or None, the MoE load-balancing loss or None)."""
         if any(v is not None for v in multimodal.values()):
             raise ValueError("multimodal inputs are refused by MiniteGRPOTrainer")
-        if compute_aux_loss:
-            raise ValueError(
-                "the MoE load-balancing loss is refused (it is not lowered by minite's learner): "
-                "pass GRPOConfig(router_aux_loss_coef=0.0)"
-            )
         inner = self.accelerator.unwrap_model(model)
         if inner is self.accelerator.unwrap_model(self.model):
             compiled = self.learner
@@ -345,14 +340,18 @@ class MiniteGRPOTrainer(GRPOTrainer):
                 f"model: neither the policy nor the reference ({type(inner).__name__})"
             )
         batch_size = batch_size or input_ids.size(0)
-        all_logps, all_entropies = [], []
+        all_logps, all_entropies, all_aux = [], [], []
+        router = {"output_router_logits": True} if compute_aux_loss else {}
         for start in range(0, input_ids.size(0), batch_size):
             rows = slice(start, start + batch_size)
-            ids_BW, target_BC, real_BC = self._pack(
+            ids_BW, target_BC, real_BC, real_BW = self._pack(
                 input_ids[rows], attention_mask[rows], logits_to_keep
             )
             with no_silent_eager_fallback():
-                logits = compiled(input_ids=ids_BW, use_cache=False).logits
+                out = compiled(input_ids=ids_BW, use_cache=False, **router)
+            logits = out.logits
+            if compute_aux_loss:
+                all_aux.append(self._load_balancing_loss(out.router_logits, real_BW))
             logp, entropy = shared_logprobs(logits[:, :-1], ids_BW[:, 1:], self.temperature)
             zero = logp.new_zeros(())
             all_logps.append(torch.where(real_BC, logp.gather(1, target_BC), zero))
@@ -360,7 +359,19 @@ class MiniteGRPOTrainer(GRPOTrainer):
                 all_entropies.append(torch.where(real_BC, entropy.gather(1, target_BC), zero))
         logps = torch.cat(all_logps)
         entropies = torch.cat(all_entropies) if compute_entropy else None
-        return logps, entropies, None
+        aux_loss = torch.stack(all_aux).mean() if compute_aux_loss else None
+        return logps, entropies, aux_loss
+
+    def _load_balancing_loss(self, router_logits, real_BW):
+        """The MoE load-balancing loss TRL adds (`router_aux_loss_coef`), over the real tokens
+        only (the model's own aux loss would count the right padding)."""
+        from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+        cfg = self.model.config.get_text_config()
+        num_experts = getattr(cfg, "num_experts", None) or cfg.num_local_experts
+        return load_balancing_loss_func(
+            router_logits, num_experts, cfg.num_experts_per_tok, real_BW.long()
+        )
 
     # ---- mismatch metrics ----------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):

@@ -7,7 +7,8 @@ rollout engine's bit for bit (every real token, max |dlogp| exactly 0), the weig
 the run logs the mismatch under TRL's names (`sampling/sampling_logp_difference/*`,
 `sampling/importance_sampling_ratio/*`) and minite's (`mismatch/*`). The dense run also trains
 against a reference (beta != 0: its own compiled copy; KL exactly 0 at the first step, when the
-reference and the policy are the same weights). What would break the bits (TRL's default
+reference and the policy are the same weights); the MoE run adds the load-balancing loss of its
+config over the real tokens. What would break the bits (TRL's default
 bf16=True autocast, a temperature the engine does not sample at) is refused with the setting
 named. Needs TRL (`minite[trl]`); the module is skipped, with the reason, without it."""
 
@@ -78,10 +79,12 @@ def test_trl_grpo_learner_equals_rollout_bitwise(tmp_path, arch):
     model = build(layers=1, vocab=64, seed=1)
     model.generation_config.eos_token_id = tok.eos_token_id
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    beta = 0.04 if arch == "qwen3" else 0.0
+    # dense: against a reference; MoE: with the config's load-balancing loss (TRL's default)
+    dense = arch == "qwen3"
+    over = {"beta": 0.04} if dense else {"beta": 0.0, "router_aux_loss_coef": None}
     record = _Record()
     trainer = MiniteGRPOTrainer(
-        model, reward_funcs=_reward, args=_config(tmp_path, beta=beta),
+        model, reward_funcs=_reward, args=_config(tmp_path, **over),
         train_dataset=Dataset.from_dict({"prompt": PROMPTS * 3}), processing_class=tok,
         recipe="strict", max_prompt_length=8, callbacks=[record],
     )  # fmt: skip
@@ -103,8 +106,10 @@ def test_trl_grpo_learner_equals_rollout_bitwise(tmp_path, arch):
         assert h["sampling/sampling_logp_difference/max"] == 0.0, h
         assert h["sampling/importance_sampling_ratio/min"] == 1.0, h
         assert h["sampling/importance_sampling_ratio/max"] == 1.0, h
-    if beta:
+    if dense:
         assert logs[0]["kl"] == 0.0, logs[0]
+    else:
+        assert all(h["aux_loss"] > 0 for h in logs), logs
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
     assert changed, "no weight changed in 3 GRPO steps"
 
