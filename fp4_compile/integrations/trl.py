@@ -96,10 +96,14 @@ def check_args(args: GRPOConfig) -> None:
             "the trainer compiles the learner with minite itself",
         ),
         "sync_ref_model": (args.sync_ref_model, "not supported by this integration yet"),
+        "disable_dropout": (
+            not args.disable_dropout,
+            "dropout in the learner's forward changes its log-probs; pass disable_dropout=True",
+        ),
     }
     for name, (value, why) in refused.items():
         if value:
-            raise ValueError(f"GRPOConfig({name}={value!r}) is refused: {why}")
+            raise ValueError(f"GRPOConfig({name}={getattr(args, name)!r}) is refused: {why}")
     if args.min_p not in (None, 0.0):
         raise ValueError(f"GRPOConfig(min_p={args.min_p}): minite's engine has no min-p filter")
     if args.repetition_penalty != 1.0:
@@ -192,12 +196,13 @@ class MiniteGRPOTrainer(GRPOTrainer):
             "train": defaultdict(list),
             "eval": defaultdict(list),
         }
-        # The engine owns its own copy of the weights, taken before TRL patches the model.
+        # The engine owns its own copy of the weights, taken before TRL patches the model; in
+        # eval mode (no dropout), as TRL's disable_dropout makes the learner.
         self.engine = RolloutEngine(
-            copy.deepcopy(model),
+            copy.deepcopy(model).eval(),
             recipe=self.recipe,
             device=device,
-            max_batch=args.generation_batch_size,
+            max_batch=max(args.generation_batch_size, args.per_device_eval_batch_size),
             max_seq_len=self.learner_width,
         )
         reference = copy.deepcopy(model).requires_grad_(False).eval() if args.beta != 0 else None
