@@ -96,10 +96,6 @@ def check_args(args: GRPOConfig) -> None:
             "the trainer compiles the learner with minite itself",
         ),
         "sync_ref_model": (args.sync_ref_model, "not supported by this integration yet"),
-        "disable_dropout": (
-            not args.disable_dropout,
-            "dropout in the learner's forward changes its log-probs; pass disable_dropout=True",
-        ),
     }
     for name, (value, why) in refused.items():
         if value:
@@ -124,6 +120,25 @@ def check_args(args: GRPOConfig) -> None:
         raise ValueError(
             f"{args.world_size} processes: this integration runs in one process (the learner is "
             "called unwrapped, which would skip DDP's gradient all-reduce)"
+        )
+
+
+def check_dropout(model: torch.nn.Module, args: GRPOConfig) -> None:
+    """The learner trains in train mode and the engine samples without dropout: refuse a model
+    whose forward would drop anything (TRL's disable_dropout zeroes the Dropout modules only,
+    not a config's attention dropout)."""
+    cfg = model.config.get_text_config() if hasattr(model, "config") else None
+    attention_dropout = float(getattr(cfg, "attention_dropout", 0.0) or 0.0)
+    if attention_dropout > 0:
+        raise ValueError(
+            f"model.config.attention_dropout={attention_dropout}: dropout in the learner's "
+            "forward changes its log-probs; set it to 0.0"
+        )
+    has_dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+    if has_dropout and not args.disable_dropout:
+        raise ValueError(
+            "GRPOConfig(disable_dropout=False) with a model that has dropout: dropout in the "
+            "learner's forward changes its log-probs; pass disable_dropout=True"
         )
 
 
@@ -184,6 +199,7 @@ class MiniteGRPOTrainer(GRPOTrainer):
             raise ValueError(
                 "model: PEFT models are refused (the adapters are not lowered by minite)"
             )
+        check_dropout(model, args)
         if isinstance(processing_class, ProcessorMixin):
             raise ValueError("processing_class: vision-language processors are refused")
         if not isinstance(max_prompt_length, int) or max_prompt_length < 1:
@@ -197,7 +213,7 @@ class MiniteGRPOTrainer(GRPOTrainer):
             "eval": defaultdict(list),
         }
         # The engine owns its own copy of the weights, taken before TRL patches the model; in
-        # eval mode (no dropout), as TRL's disable_dropout makes the learner.
+        # eval mode (no dropout), as check_dropout and TRL's disable_dropout make the learner.
         self.engine = RolloutEngine(
             copy.deepcopy(model).eval(),
             recipe=self.recipe,

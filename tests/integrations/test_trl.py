@@ -134,6 +134,16 @@ def test_trl_refuses_what_breaks_the_bits(tmp_path, over, match):
         )  # fmt: skip
 
 
+def test_trl_refuses_attention_dropout(tmp_path):
+    model = tiny_qwen3(layers=1, vocab=64)
+    model.config.attention_dropout = 0.1
+    with pytest.raises(ValueError, match="attention_dropout=0.1"):
+        MiniteGRPOTrainer(
+            model, reward_funcs=_reward, args=_config(tmp_path),
+            train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=_tokenizer(),
+        )  # fmt: skip
+
+
 def test_trl_refuses_a_user_rollout_func(tmp_path):
     with pytest.raises(ValueError, match="rollout_func"):
         MiniteGRPOTrainer(
