@@ -4,8 +4,9 @@
                                 train_dataset=..., processing_class=tokenizer, recipe="strict")
     trainer.train()
 
-What it changes in TRL 1.16's GRPOTrainer, through its public constructor arguments and
-overridable methods only:
+What it changes in TRL 1.16's GRPOTrainer: its `rollout_func` argument, a callback, `log`, and
+two of its underscore methods (`_get_per_token_logps_and_entropies`,
+`_generate_and_score_completions`: not public API, hence the version pin):
 - rollouts: `rollout_func` (TRL's hook for custom generation) runs minite's `RolloutEngine` on
   the tokenized prompts, with TRL's sampling settings (temperature, top_k, top_p,
   max_completion_length), and returns the engine's per-token log-probs. The engine holds its own
@@ -23,10 +24,11 @@ overridable methods only:
   {min,mean,max}` (TRL logs them only with vLLM), and under minite's (`fp4_compile.rl.diagnostics`:
   `mismatch/max_abs_dlogp`, `mismatch/frac_bitwise_equal`, `rollout_corr/*`, ...).
 
-Refused, with the setting named (`check_args`): what breaks the bits (bf16 / fp16 autocast, an
-FP32-cast LM head, Liger kernels, a temperature of 0) and what this integration does not run
-(vLLM or transformers generation, a user `rollout_func`, tools and environments, PEFT,
-vision-language processors, several processes, sampling options the engine lacks).
+Refused, with the setting named (`check_args`, `check_dropout`): what breaks the bits (bf16 /
+fp16 autocast, an FP32-cast LM head, Liger kernels, dropout in the learner, a temperature of 0,
+sampling options the engine does not apply) and what this integration does not run (vLLM or
+transformers generation, a user `rollout_func`, tools and environments, PEFT, vision-language
+processors, several processes).
 
 Shape legend: B rows, P prompt columns (TRL's left-padded block), C completion columns
 (`logits_to_keep`), W the learner's fixed width, V vocabulary.
