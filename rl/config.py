@@ -77,6 +77,11 @@ class TrainConfig:
     group_size: int = 8
     """Samples per prompt (the GRPO group)."""
     temperature: float = 1.0
+    max_new_tokens: int = 0
+    """The response budget: tokens the rollout may generate per sequence, each sequence stopping
+    at its own EOS. 0 = the task's longest answer with its EOS (`token_budget`), room for a model
+    that answers at once; a model that reasons first needs more. TRL: max_completion_length;
+    verl: data.max_response_length."""
 
     # ---- GRPO ----------------------------------------------------------------------------
     steps: int = 40
@@ -157,6 +162,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.eval_every < 0:
             raise ValueError(f"eval_every must be >= 0 (0 = off), got {self.eval_every}")
+        if self.max_new_tokens < 0:
+            raise ValueError(
+                f"max_new_tokens must be >= 0 (0 = the task's answer length), got {self.max_new_tokens}"
+            )
         if self.warm_start_steps < 0:
             raise ValueError(f"warm_start_steps must be >= 0, got {self.warm_start_steps}")
         if self.group_size < 2:

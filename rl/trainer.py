@@ -78,6 +78,8 @@ class GRPOTrainer:
         self.num_local = len(self.local_groups) * cfg.group_size
         # the longest prompt, and the answer with its EOS, in tokens
         self.max_prompt_tokens, self.max_new_tokens = self.tok.token_budget(self.task)
+        if cfg.max_new_tokens:  # the response budget, independent of the answer length
+            self.max_new_tokens = cfg.max_new_tokens
         self.width = self.max_prompt_tokens + self.max_new_tokens
         self.heldout = []
         if cfg.eval_every > 0:
