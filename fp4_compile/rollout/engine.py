@@ -233,11 +233,11 @@ class RolloutEngine:
         sampling = Sampling(float(temperature)) if greedy else Sampling(
             float(temperature), int(top_k), float(top_p))  # fmt: skip
         bucket = self.bucket(num)
-        program = self._program(bucket, sampling)  # before the prefill: a capture warms it
         ids = torch.zeros((bucket, width := int(lengths.max())), dtype=torch.long)
         for i, p in enumerate(prompts):
             ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
         _check_token_ids(ids, self.vocab_size)
+        program = self._program(bucket, sampling)  # before the prefill: a capture warms it
         # padded rows: a one-token prompt (token 0); rows never interact, so they change no bit
         lengths = torch.cat([lengths, torch.ones(bucket - num, dtype=torch.long)]).to(self.device)
         keys = request_keys(seeds + [0] * (bucket - num), self.device)
