@@ -88,16 +88,16 @@ def test_sampling_inside_the_graph_equals_plain(sampling):
 
 
 def test_replay_after_update_weights_uses_the_new_weights():
-    """Strict, tiny Qwen3-MoE, an engine with its own copy of the weights: generate (capture),
-    a fused in-place optimizer step on the learner, update_weights, generate again (a replay of
-    the same capture) == a fresh engine without graphs on the learner, and == the learner's
-    sequence log-probs, bitwise."""
+    """Strict, tiny Qwen3-MoE, an engine with its own copy of the weights, 6 requests in the
+    batch bucket 8 (two padded rows): generate (capture), a fused in-place optimizer step on the
+    learner, update_weights, generate again (a replay of the same capture) == a fresh engine
+    without graphs on the learner, and == the learner's sequence log-probs, bitwise."""
     torch._dynamo.reset()
     recipe = NVFP4Recipe.strict()
     learner_model = tiny_qwen3_moe(layers=2).to(DEVICE).bfloat16()
     engine = RolloutEngine(copy.deepcopy(learner_model).eval(), recipe=recipe, max_batch=8,
                            max_seq_len=64, cuda_graphs=True)  # fmt: skip
-    prompts = [[1 + (i * 3 + j) % 127 for j in range(5 + i)] for i in range(8)]
+    prompts = [[1 + (i * 3 + j) % 127 for j in range(5 + i)] for i in range(6)]  # 2 padded
     before = engine.generate(prompts, max_new_tokens=16, seed=2)
     params = [p for p in learner_model.parameters() if p.dim() >= 2]
     for p in params:
