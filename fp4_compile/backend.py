@@ -19,7 +19,7 @@ import torch
 from .recipe import NVFP4Recipe, as_recipe
 
 _KNOWN_OPTIONS = (
-    "recipe", "report_sink", "cuda_graphs", "save_ongrid_weights", "rollout", "fuse_quantize",
+    "recipe", "report_sink", "cuda_graphs", "save_ongrid_weights", "fuse_quantize", "weight_store",
 )  # fmt: skip
 
 
@@ -51,7 +51,7 @@ def parse_options(options) -> tuple[NVFP4Recipe, dict]:
     unknown = sorted(set(options) - set(_KNOWN_OPTIONS))
     if unknown:
         raise ValueError(f"unknown minite backend options {unknown}; known: {list(_KNOWN_OPTIONS)}")
-    for name in ("cuda_graphs", "save_ongrid_weights", "rollout", "fuse_quantize"):
+    for name in ("cuda_graphs", "save_ongrid_weights", "fuse_quantize"):
         if not isinstance(options.get(name, False), bool):
             raise TypeError(f"options[{name!r}] must be a bool, got {options[name]!r}")
     try:
@@ -184,12 +184,6 @@ def numerics_knobs() -> dict:
     return {key: _has_config(key) for key in EAGER_NUMERICS_KNOBS}
 
 
-# A rollout graph reads its weights' quantized bytes from the engine's weight cache without a copy
-# (codegen/nvfp4/weight_cache.py): Inductor must then never write into a buffer after its last
-# use (reuse it for another buffer, or update it in place). Memory only; no value changes.
-ROLLOUT_INDUCTOR_CONFIG = {"allow_buffer_reuse": False, "inplace_buffers": False}
-
-
 def inductor_patches(recipe: NVFP4Recipe) -> dict:
     patches = dict(INVARIANCE_INDUCTOR_CONFIG)
     patches.update({k: v for k, v in EAGER_NUMERICS_KNOBS.items() if _has_config(k)})
@@ -204,7 +198,6 @@ def aoti_inductor_configs() -> dict:
     configs = dict(INVARIANCE_INDUCTOR_CONFIG)
     configs.update({k: v for k, v in EAGER_NUMERICS_KNOBS.items() if _has_config(k)})
     configs.update({k: v for k, v in CPU_CODEGEN_PINS.items() if _has_config(k)})
-    configs.update(ROLLOUT_INDUCTOR_CONFIG)  # an exported program is a rollout's
     return configs
 
 
@@ -276,9 +269,10 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     BF16-size copy of each such weight from its forward to its backward. False: the forward and
     the dgrad each dequantize (no copy kept). The same bits either way.
 
-    options["rollout"] (default False): compiled for a rollout engine, whose weight cache hands
-    the graph its cached quantized weights without copies: Inductor's buffer reuse is off
-    (`ROLLOUT_INDUCTOR_CONFIG`). The same bits.
+    options["weight_store"] (a rollout engine's `rollout.weight_store.WeightStore`): the graph
+    reads its weights' quantized bytes from the store (extra inputs the compiled function appends
+    to every call) instead of quantizing them per call (`passes/bind_weight_inputs.py`). The
+    same bits.
 
     options["fuse_quantize"] (default True): activations are quantized once per distinct input
     and, where minite owns the producer (RMSNorm, SwiGLU), by the producer's kernel
@@ -302,9 +296,10 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     sink = opts.get("report_sink")
     if sink is not None:
         sink.append(report)
+    store, extra = opts.get("weight_store"), ()
+    if store is not None:
+        gm, example_inputs, extra = store.bind_dynamo_graph(gm, example_inputs)
     patches = inductor_patches(recipe)
-    if opts.get("rollout"):
-        patches.update(ROLLOUT_INDUCTOR_CONFIG)
     if device is not None:
         # Inductor's CUDA graphs (what mode="reduce-overhead" turns on): the forward and the
         # backward each replay as one graph launch. The backward's SR seeds then come from device
@@ -312,7 +307,14 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         prepare_graph_seeds(gm, device)
         patches["triton.cudagraphs"] = True
     with pinned_matmul_precision(), deterministic_lowering():
-        return compile_fx(gm, example_inputs, config_patches=patches)
+        compiled = compile_fx(gm, example_inputs, config_patches=patches)
+    if not extra:
+        return compiled
+
+    def with_store_inputs(*args):
+        return compiled(*args, *extra)
+
+    return with_store_inputs
 
 
 def lowering_only_backend(recipe: NVFP4Recipe, sink: list | None = None):

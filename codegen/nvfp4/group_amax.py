@@ -5,8 +5,7 @@ weight_group_amax(weights: Tensor[]) -> FP32 []: the max over the members of max
 its own dtype, then FP32), bitwise `reference.group_amax`: |w| is exact and max is exact in any
 order, so the kernel's tiling cannot change a bit. Each member is then quantized by
 `fp4_compile::quantize(w, "16x16", "shared", amax, "rne", 0)`. CPU: the reference; CUDA: one
-read of each member (`abs_max_kernel.group_abs_max`). While a rollout `WeightCache` is active
-the value is computed once per weight version of the group (`WeightCache.group_amax`).
+read of each member (`abs_max_kernel.group_abs_max`).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from ... import reference as ref
-from .weight_cache import active_cache
 
 
 def _check_weights(weights) -> None:
@@ -39,10 +37,7 @@ def _compute(weights: list[torch.Tensor]) -> torch.Tensor:
 @torch.library.custom_op("fp4_compile::weight_group_amax", mutates_args=())
 def weight_group_amax(weights: list[torch.Tensor]) -> torch.Tensor:
     _check_weights(weights)
-    cache = active_cache()
-    if cache is None:
-        return _compute(weights)
-    return cache.group_amax(weights, lambda: _compute(weights))
+    return _compute(weights)
 
 
 @weight_group_amax.register_fake

@@ -7,7 +7,7 @@ boundary per GEMM and compiles on CPU, where `triton_op`/`wrap_triton` cannot):
 - quantize(x, block, global_scale, static_amax, rounding, seed) -> (codes, block_scales, global_decode)
   global_scale: "per_tensor", "per_row", "per_expert", "static" (static_amax: a calibrated amax)
   or "shared" (static_amax: the amax x's weight group shares, `weight_group_amax`; the same
-  numerics as "static", but a function of the weights, so the rollout weight cache holds it).
+  numerics as "static", but a function of the weights: a rollout's weight store recomputes it).
 - quantize_with_ongrid(same as quantize) -> (codes, block_scales, global_decode, on-grid BF16 copy):
   the lowering's weight quantize where the forward runs the on-grid GEMM (one kernel on CUDA).
 - ongrid_weight(w_codes, w_scales) -> the on-grid BF16 copy of a quantized weight (E2M1 x E4M3,
@@ -26,7 +26,6 @@ import torch
 from ... import reference as ref
 from ...format import BLOCK_SIZE, decode_e2m1, unpack_codes
 from . import gemm as impl
-from .weight_cache import active_cache
 
 _LIB = "fp4_compile"
 
@@ -59,18 +58,7 @@ def quantize(
     seed: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gs = _quantize_global(x, global_scale, static_amax)
-    cached = _cached_weight(x, block, global_scale, gs, rounding, seed)
-    return cached if cached is not None else _quantize_impl(x, block, gs, rounding, seed)
-
-
-def _cached_weight(x, block, global_scale, gs, rounding, seed):
-    """The rollout weight cache's (codes, scales, global decode) of x when a cache is active
-    and x is a weight it holds (16x16, RNE, a data amax or its group's shared amax), computed on
-    a miss; else None."""
-    cache = active_cache()
-    if cache is None or block != "16x16" or rounding != "rne" or global_scale == "static":
-        return None
-    return cache.get(x, global_scale, lambda: _quantize_impl(x, block, gs, rounding, seed))
+    return _quantize_impl(x, block, gs, rounding, seed)
 
 
 def _no_packed_bytes(x):
@@ -186,11 +174,6 @@ def quantize_with_ongrid(
     (codes and scales [..., N, 0]), for a graph whose GEMMs all read the on-grid copy (the
     learner's: `passes/skip_unread_packed_weights.py`); the copy and global decode unchanged."""
     gs = _quantize_global(x, global_scale, static_amax)
-    cached = _cached_weight(x, block, global_scale, gs, rounding, seed)
-    if cached is not None:
-        codes, scales, gd = cached
-        ongrid = ongrid_weight(codes, scales.view(torch.uint8))
-        return (codes, scales, gd, ongrid) if packed else (*_no_packed_bytes(x), gd, ongrid)
     return _quantize_impl(x, block, gs, rounding, seed, with_ongrid=True, packed=packed)
 
 

@@ -1,7 +1,8 @@
 """The rollout runtime: the generation side of the one lowering, imported as `fp4_compile.rollout`.
 
-Export and load of rollout artifacts, the rollout step, static KV cache, seeded sampling, CUDA-graph
-decode, sequence log-probs and the embedded `RolloutEngine`. Imports the core (recipe, backend,
+Export and load of rollout artifacts, the rollout step, static KV cache, seeded sampling, the
+decode program (one CUDA graph per batch bucket), the weight store of quantized weights, sequence
+log-probs and the embedded `RolloutEngine`. Imports the core (recipe, backend,
 passes, codegen), never `fp4_compile.rl`; engine bridges (vLLM) sit beside it and import it.
 """
 

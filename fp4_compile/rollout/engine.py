@@ -11,14 +11,13 @@ from pathlib import Path
 
 import torch
 
-from ..codegen.nvfp4.weight_cache import WeightCache
 from ..dynamo_guard import no_silent_eager_fallback
 from ..recipe import NVFP4Recipe, as_recipe
-from .cuda_graph import DecodeGraph
+from .decode_program import DecodeProgram, Sampling, pick_tokens
 from .kv_cache import StaticKVCache
-from .logprobs import token_logprobs
-from .sampling import check_filter, filter_logits, gumbel_noise, request_keys, sample
+from .sampling import check_filter, request_keys
 from .step import RolloutStep
+from .weight_store import WeightStore
 from .weight_sync import copy_learner_weights
 
 # generate checks "has every request finished?" (a host sync) once per this many tokens
@@ -42,10 +41,16 @@ class RolloutEngine:
     engine compiles it with the `minite` backend and the SAME recipe as the learner, and runs
     prefill and decode through that lowering with a per-sequence static KV cache.
 
-    cuda_graphs=True (CUDA only): within each `generate` call the decode step is captured once
-    as a CUDA graph (after one ordinary decode step) and replayed for every later token: the
-    same kernels with the same arguments, so the same bits, without the per-op host cost that
-    bounds decode at small batch (`cuda_graph.py`).
+    Requests are padded up to a batch bucket (a power of two, at most max_batch; padded rows
+    decode a one-token prompt and are dropped: rows never interact). Per bucket and sampling
+    setting the engine builds one `DecodeProgram` (`decode_program.py`: model step, sampling,
+    log-prob and bookkeeping of one token, driven by device-side state) with its KV cache, and
+    keeps both across `generate` calls and `update_weights`. cuda_graphs=True (CUDA only): each
+    program is captured once as a CUDA graph and every decode token is one replay (the same
+    kernels on the same buffers, so the same bits).
+
+    The quantized weights come from the engine's `WeightStore` (`weight_store.py`), rewritten in
+    place by `update_weights`.
     """
 
     def __init__(
@@ -62,9 +67,9 @@ class RolloutEngine:
     ):
         from .export import RolloutArtifact, load_rollout
 
-        # quantized weights, once per weight version (codegen/nvfp4/weight_cache.py); update_weights
-        # clears it
-        self.weight_cache = WeightCache()
+        self._programs: dict[tuple, DecodeProgram] = {}
+        self._caches: dict[int, StaticKVCache] = {}
+        self.programs_built = 0
         if not isinstance(cuda_graphs, bool):
             raise TypeError(f"cuda_graphs must be a bool, got {cuda_graphs!r}")
         self.cuda_graphs = cuda_graphs
@@ -107,14 +112,14 @@ class RolloutEngine:
         )
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         self._set_shapes(self.model.config, next(self.model.parameters()).dtype)
+        self._params = dict(self.model.named_parameters())
+        self.weight_store = WeightStore(self._params)
         step = RolloutStep(self.model)
         if compile:
-            self.step = torch.compile(
-                step, backend="minite", options={"recipe": self.recipe, "rollout": True}
-            )
+            options = {"recipe": self.recipe, "weight_store": self.weight_store}
+            self.step = torch.compile(step, backend="minite", options=options)
         else:
             self.step = step
-        self._params = dict(self.model.named_parameters())
 
     def _init_from_artifact(self, artifact, *, recipe, device) -> None:
         if (
@@ -132,35 +137,57 @@ class RolloutEngine:
         module = artifact.module().to(self.device)
         dtype = next(iter(module.parameters())).dtype
         self._set_shapes(artifact.model_config, dtype)
+        self.weight_store = WeightStore(dict(module.named_parameters()))
+        self.weight_store.bind_module(module)
         self.step = module
         self._params = {n.removeprefix("model."): p for n, p in module.named_parameters()}
 
     def update_weights(self, model) -> None:
-        """Take the learner's new weights in place (no re-export). The lowering quantizes the
-        weights inside the graph with the learner's quantizer, so the bytes are identical.
-        Call it after every optimizer step, also when the engine shares the learner's module:
-        it drops the engine's quantized-weight cache (fused optimizers update parameters in
-        place without bumping their version counters, so the cache cannot see the change)."""
-        self.weight_cache.clear()
+        """Take the learner's new weights in place (no re-export) and re-quantize every weight
+        of the weight store from them with the learner's quantizer (identical bytes), in place:
+        the cached decode programs (and their CUDA graphs) read the new weights. Call it after
+        every optimizer step, also when the engine shares the learner's module (the store holds
+        the quantized bytes of the last update, whatever the version counters say)."""
         src = getattr(model, "_orig_mod", model)
-        if src is self.model:
-            return
-        copy_learner_weights(self._params, src)
+        if src is not self.model:
+            copy_learner_weights(self._params, src)
+        elif self.model is not None:
+            self.weight_store.check_unmoved(self.model)
+        self.weight_store.refresh()
 
-    def _new_cache(self, batch: int) -> StaticKVCache:
-        return StaticKVCache(
-            num_layers=self.num_layers,
-            batch=batch,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            max_seq_len=self.max_seq_len,
-            dtype=self.dtype,
-            device=self.device,
-        )
+    def _cache(self, bucket: int) -> StaticKVCache:
+        if bucket not in self._caches:
+            self._caches[bucket] = StaticKVCache(
+                num_layers=self.num_layers,
+                batch=bucket,
+                num_kv_heads=self.num_kv_heads,
+                head_dim=self.head_dim,
+                max_seq_len=self.max_seq_len,
+                dtype=self.dtype,
+                device=self.device,
+            )
+        return self._caches[bucket]
+
+    def bucket(self, num: int) -> int:
+        """The batch a generate call of `num` requests runs at: the next power of two, at most
+        max_batch."""
+        return min(1 << (num - 1).bit_length(), self.max_batch)
+
+    def _program(self, bucket: int, sampling: Sampling) -> DecodeProgram:
+        """The decode program of (bucket, sampling, cuda_graphs), built (and captured) once."""
+        key = (bucket, sampling, self.cuda_graphs)
+        if key not in self._programs:
+            self._programs[key] = DecodeProgram(
+                self._step, self._cache(bucket), batch=bucket, sampling=sampling,
+                vocab_size=self.vocab_size, max_tokens=self.max_seq_len,
+                capture=self.cuda_graphs,
+            )  # fmt: skip
+            self.programs_built += 1
+        return self._programs[key]
 
     def _step(self, ids_BT, positions_BT, kv_len_B, cache: StaticKVCache):
         tensors = [t for pair in zip(cache.keys, cache.values) for t in pair]
-        with no_silent_eager_fallback(), self.weight_cache:
+        with no_silent_eager_fallback():
             return self.step(ids_BT, positions_BT, kv_len_B, *tensors)
 
     @torch.no_grad()
@@ -201,56 +228,38 @@ class RolloutEngine:
         if len(seeds) != num:
             raise ValueError(f"seed list has {len(seeds)} entries for {num} prompts")
         check_filter(top_k, top_p)
-        keys = request_keys(seeds, self.device)
-        cache = self._new_cache(num)
-        width = int(lengths.max())
-        ids = torch.zeros((num, width), dtype=torch.long)
+        if self.model is not None:
+            self.weight_store.check_unmoved(self.model)
+        sampling = Sampling(float(temperature)) if greedy else Sampling(
+            float(temperature), int(top_k), float(top_p))  # fmt: skip
+        bucket = self.bucket(num)
+        ids = torch.zeros((bucket, width := int(lengths.max())), dtype=torch.long)
         for i, p in enumerate(prompts):
             ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
         _check_token_ids(ids, self.vocab_size)
-        positions = torch.arange(width).expand(num, width).contiguous()
-        logits = self._step(
-            ids.to(self.device), positions.to(self.device), lengths.to(self.device), cache
-        )
-        last = logits[torch.arange(num), (lengths - 1).to(self.device)]  # [B, V]
-
-        # Every row runs every step (a finished request's later tokens are dropped below; rows
-        # never interact), so the loop needs no host sync except the periodic all-finished check.
-        tokens_BN = torch.zeros((num, max_new_tokens), dtype=torch.long, device=self.device)
-        logps_BN = torch.zeros((num, max_new_tokens), dtype=torch.float32, device=self.device)
-        finished = torch.zeros(num, dtype=torch.bool, device=self.device)
-        cur = lengths.to(self.device)
+        program = self._program(bucket, sampling)  # before the prefill: a capture warms it
+        # padded rows: a one-token prompt (token 0); rows never interact, so they change no bit
+        lengths = torch.cat([lengths, torch.ones(bucket - num, dtype=torch.long)]).to(self.device)
+        keys = request_keys(seeds + [0] * (bucket - num), self.device)
+        positions = torch.arange(width).expand(bucket, width).contiguous().to(self.device)
+        cache = self._cache(bucket)
+        for t in (*cache.keys, *cache.values):  # as a fresh cache: no slot holds an old call's
+            t.zero_()
+        logits = self._step(ids.to(self.device), positions, lengths, cache)
+        last = logits[torch.arange(bucket, device=self.device), lengths - 1]  # [B, V]
+        program.start(*pick_tokens(last, keys, 0, sampling, self.vocab_size), lengths, keys,
+                      eos_token_id)  # fmt: skip
+        # Every row runs every step (a finished request's later tokens are dropped below); no
+        # host sync but the periodic all-finished check.
         steps = max_new_tokens
-        graph = None  # the decode step as one CUDA graph (cuda_graphs=True), for this call
-        for step in range(max_new_tokens):
-            if greedy:
-                picked = torch.argmax(last.float(), dim=-1)  # the first maximum: lower id wins
-                logps_BN[:, step] = token_logprobs(last, picked, 1.0)
-            else:
-                scaled = last.float() / temperature
-                filtered = filter_logits(scaled, top_k=top_k, top_p=top_p)
-                picked = sample(filtered, gumbel_noise(keys, step, self.vocab_size))
-                logps_BN[:, step] = token_logprobs(last, picked, temperature)
-            tokens_BN[:, step] = picked
-            if eos_token_id is not None:
-                finished |= picked == eos_token_id
-                if step % _EOS_CHECK_EVERY == _EOS_CHECK_EVERY - 1 and bool(finished.all()):
+        for step in range(1, max_new_tokens):
+            program()
+            if eos_token_id is not None and step % _EOS_CHECK_EVERY == _EOS_CHECK_EVERY - 1:
+                if bool(program.finished[:num].all()):
                     steps = step + 1
                     break
-            if step == max_new_tokens - 1:
-                break
-            if graph is None and self.cuda_graphs and step >= 1:  # step 0 compiled and warmed
-                graph = DecodeGraph(self._step, self.weight_cache, cache, num, self.device)
-            if graph is not None:
-                logits = graph(picked, cur)
-            else:
-                logits = self._step(
-                    picked[:, None].contiguous(), cur[:, None].contiguous(), cur + 1, cache
-                )
-            last = logits[:, 0]
-            cur = cur + 1
-        tokens_all = tokens_BN[:, :steps].cpu()
-        logps_all = logps_BN[:, :steps].cpu()
+        tokens_all = program.tokens[:num, :steps].cpu()
+        logps_all = program.logps[:num, :steps].cpu()
         tokens, logps, reasons = [], [], []
         for i in range(num):
             row = tokens_all[i]

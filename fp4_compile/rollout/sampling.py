@@ -36,14 +36,28 @@ def request_keys(seeds: list[int], device) -> torch.Tensor:
     return torch.tensor(keys, dtype=torch.int64, device=device)
 
 
-def gumbel_noise(keys_B: torch.Tensor, step: int, vocab_size: int) -> torch.Tensor:
+def gumbel_noise(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int) -> torch.Tensor:
     """FP32 [B, V] Gumbel noise of draw number `step` of each request (`keys_B` from
-    `request_keys`), on keys_B's device. Row r depends only on (keys_B[r], step)."""
+    `request_keys`), on keys_B's device. Row r depends only on (keys_B[r], step).
+
+    `step`: a Python int, or an int64 0-dim tensor on keys_B's device (a decode program's
+    device-side step counter: no host read). The step's key is the same exact integer
+    arithmetic on the host or on the device, so both give the same bits."""
     if keys_B.dtype != torch.int64 or keys_B.dim() != 1:
         raise TypeError(f"keys_B must be int64 [B], got {keys_B.dtype}{list(keys_B.shape)}")
-    if step < 0 or vocab_size < 1:
-        raise ValueError(f"step must be >= 0 and vocab_size >= 1, got {step}, {vocab_size}")
-    step_key = mix32_int((mix32_int(step & M32) ^ (step >> 32) ^ 0x85EBCA6B) & M32)
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    if isinstance(step, torch.Tensor):
+        if step.dtype != torch.int64 or step.dim() != 0 or step.device != keys_B.device:
+            raise TypeError(
+                f"a tensor step must be int64 [] on {keys_B.device}, got "
+                f"{step.dtype}{list(step.shape)} on {step.device}"
+            )
+        step_key = mix32((mix32(step & M32) ^ (step >> 32) ^ 0x85EBCA6B) & M32)
+    else:
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        step_key = mix32_int((mix32_int(step & M32) ^ (step >> 32) ^ 0x85EBCA6B) & M32)
     tok = torch.arange(vocab_size, dtype=torch.int64, device=keys_B.device)
     h = mix32(tok[None, :] ^ keys_B[:, None])
     h = mix32(h ^ ((keys_B[:, None] >> 1) ^ step_key))

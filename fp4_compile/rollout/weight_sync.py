@@ -1,7 +1,7 @@
 """Weights from the learner into a rollout engine, in place.
 
-The engine's lowering quantizes the weights inside its graph with the learner's quantizer, so
-copying the learner's master weights gives the rollout the learner's quantized bytes. An
+The engine re-quantizes its weight store from the copied master weights with the learner's
+quantizer (`weight_store.py`), so the rollout gets the learner's quantized bytes. An
 FSDP2-sharded learner holds DTensors: each is gathered (a collective, in the same order on every
 rank) so the engine receives the full, single-process weights.
 """

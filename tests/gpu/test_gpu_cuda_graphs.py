@@ -2,7 +2,10 @@
 
 Bitwise: `RolloutEngine(..., cuda_graphs=True)` gives the same tokens and log-probs as the same
 engine decoding without graphs (tiny Qwen3, tiny Qwen3-MoE, two Qwen3-30B-A3B-shaped layers;
-strict and bf16; batch 64, 32 new tokens). The learner compiled with `cuda_graphs: True` draws
+strict and bf16; batch 64, 32 new tokens), with one capture per (batch bucket, sampling setting)
+replayed across generate calls; greedy, top-k and top-p sampling inside the graph likewise; and
+after `update_weights` the replayed graph decodes with the new weights (== a fresh plain engine
+and the learner's log-probs). The learner compiled with `cuda_graphs: True` draws
 fresh stochastic-rounding noise at every replay (two replays: same logits, different gradients),
 and a replay's logits and gradients == the same step compiled without graphs from the same
 stochastic-rounding state; restoring that state and replaying again repeats the gradients.
@@ -17,7 +20,7 @@ import torch
 
 from fp4_compile import NVFP4Recipe
 from fp4_compile.models import qwen3_30b_a3b_layers, tiny_qwen3, tiny_qwen3_moe
-from fp4_compile.rl import RolloutEngine
+from fp4_compile.rl import RolloutEngine, sequence_logprobs
 from fp4_compile.testing import assert_bitwise_equal, count_bytes_differ
 
 pytestmark = pytest.mark.gpu
@@ -51,13 +54,67 @@ def test_engine_graph_decode_equals_plain(model_name, recipe_name):
     v = engine.vocab_size - 1
     prompts = [[1 + (i * 5 + j) % v for j in range(prompt - i % 7)] for i in range(BATCH)]
     graph = engine.generate(prompts, max_new_tokens=NEW_TOKENS, seed=11)
+    again = engine.generate(prompts, max_new_tokens=NEW_TOKENS, seed=11)
+    assert engine.programs_built == 1, "one capture, replayed by the second call"
     engine.cuda_graphs = False
     plain = engine.generate(prompts, max_new_tokens=NEW_TOKENS, seed=11)
-    wrong = [i for i, (a, b) in enumerate(zip(graph.tokens, plain.tokens)) if a != b]
-    assert not wrong, f"{len(wrong)} of {BATCH} sequences sampled other tokens: {wrong[:16]}"
-    differ = sum(count_bytes_differ(a, b) for a, b in zip(graph.logprobs, plain.logprobs))
-    total = sum(int(t.numel()) for t in plain.logprobs)
-    assert differ == 0, f"{differ} of {total} log-probs differ bitwise (graph vs plain decode)"
+    _assert_same(graph, plain, "graph vs plain decode")
+    _assert_same(again, plain, "second graph call vs plain decode")
+
+
+def _assert_same(a, b, what):
+    wrong = [i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y]
+    assert not wrong, f"{what}: {len(wrong)} sequences sampled other tokens: {wrong[:16]}"
+    differ = sum(count_bytes_differ(x, y) for x, y in zip(a.logprobs, b.logprobs))
+    total = sum(int(t.numel()) for t in b.logprobs)
+    assert differ == 0, f"{what}: {differ} of {total} log-probs differ bitwise"
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [dict(temperature=0.0), dict(temperature=0.8, top_k=20), dict(temperature=1.0, top_p=0.9)],
+    ids=["greedy", "top_k", "top_p"],
+)
+def test_sampling_inside_the_graph_equals_plain(sampling):
+    torch._dynamo.reset()
+    build, prompt = ENGINE_MODELS["tiny_qwen3_moe"]
+    engine = RolloutEngine(build().eval(), recipe=NVFP4Recipe.strict(), max_batch=16,
+                           max_seq_len=prompt + 64, cuda_graphs=True)  # fmt: skip
+    prompts = [[1 + (i * 5 + j) % 127 for j in range(prompt - i % 7)] for i in range(11)]
+    graph = engine.generate(prompts, max_new_tokens=NEW_TOKENS, seed=5, **sampling)
+    engine.cuda_graphs = False
+    plain = engine.generate(prompts, max_new_tokens=NEW_TOKENS, seed=5, **sampling)
+    _assert_same(graph, plain, f"{sampling}: graph vs plain")
+
+
+def test_replay_after_update_weights_uses_the_new_weights():
+    """Strict, tiny Qwen3-MoE, an engine with its own copy of the weights, 6 requests in the
+    batch bucket 8 (two padded rows): generate (capture), a fused in-place optimizer step on the
+    learner, update_weights, generate again (a replay of the same capture) == a fresh engine
+    without graphs on the learner, and == the learner's sequence log-probs, bitwise."""
+    torch._dynamo.reset()
+    recipe = NVFP4Recipe.strict()
+    learner_model = tiny_qwen3_moe(layers=2).to(DEVICE).bfloat16()
+    engine = RolloutEngine(copy.deepcopy(learner_model).eval(), recipe=recipe, max_batch=8,
+                           max_seq_len=64, cuda_graphs=True)  # fmt: skip
+    prompts = [[1 + (i * 3 + j) % 127 for j in range(5 + i)] for i in range(6)]  # 2 padded
+    before = engine.generate(prompts, max_new_tokens=16, seed=2)
+    params = [p for p in learner_model.parameters() if p.dim() >= 2]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    torch.optim.AdamW(params, lr=0.05, fused=True).step()
+    engine.update_weights(learner_model)
+    after = engine.generate(prompts, max_new_tokens=16, seed=2)
+    assert engine.programs_built == 1, "the update must not need another capture"
+    assert after.tokens != before.tokens, "the update must change the rollout (else no test)"
+    fresh = RolloutEngine(learner_model.eval(), recipe=recipe, max_batch=8, max_seq_len=64)
+    _assert_same(after, fresh.generate(prompts, max_new_tokens=16, seed=2), "replay vs fresh")
+    learner = torch.compile(learner_model, backend="minite", options={"recipe": recipe})
+    seqs = [p + t for p, t in zip(prompts, after.tokens)]
+    with torch.no_grad():
+        ref = sequence_logprobs(learner, seqs, [len(p) for p in prompts])
+    for i, (a, b) in enumerate(zip(after.logprobs, ref)):
+        assert_bitwise_equal(a, b.cpu(), f"request {i}: replay vs learner")
 
 
 def _step(compiled, model, ids):

@@ -53,12 +53,17 @@ def test_engine_from_artifact_equals_engine_from_model(exported):
     a = RolloutEngine(model, recipe=NVFP4Recipe.strict(), max_batch=8, max_seq_len=48).generate(
         prompts, max_new_tokens=8, seed=3
     )
-    b = RolloutEngine(path, expected_fingerprint=NVFP4Recipe.strict().fingerprint()).generate(
-        prompts, max_new_tokens=8, seed=3
-    )
+    engine = RolloutEngine(path, expected_fingerprint=NVFP4Recipe.strict().fingerprint())
+    b = engine.generate(prompts, max_new_tokens=8, seed=3)
     assert a.tokens == b.tokens
     for x, y in zip(a.logprobs, b.logprobs):
         assert_bitwise_equal(x, y, "artifact vs model engine")
+    # the artifact's weight quantizes read the engine's weight store: q, k, v, o, gate, up, down
+    ops = torch.ops.fp4_compile
+    weight_ops = (ops.quantize.default, ops.quantize_with_ongrid.default,
+                  ops.weight_group_amax.default)  # fmt: skip
+    assert engine.weight_store.sites_bound == 7 * 2
+    assert not [n for n in engine.step.graph.nodes if n.target in weight_ops]
 
 
 def test_refuses_other_fingerprint(exported):

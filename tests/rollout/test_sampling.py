@@ -60,3 +60,15 @@ def test_eos_ends_each_request_at_its_first_eos():
         assert out.finish_reasons[i] == ("eos" if eos in row else "length"), i
         assert torch.equal(out.logprobs[i], free.logprobs[i][:n]), i
     assert out.finish_reasons[0] == "eos" and len(out.tokens[0]) <= 3
+
+
+def test_device_step_counter_draws_the_host_steps_noise():
+    """gumbel_noise with the step as an int64 [] tensor (a decode program's device counter) ==
+    with the step as a Python int, bitwise, small and large steps."""
+    keys = request_keys([0, 5, 123456789, 2**40], "cpu")
+    for step in (0, 1, 7, 31, 1000, 2**31 + 5, 2**33 + 1):
+        host = gumbel_noise(keys, step, 300)
+        device = gumbel_noise(keys, torch.tensor(step), 300)
+        assert torch.equal(host.view(torch.int32), device.view(torch.int32)), step
+    with pytest.raises(TypeError, match="tensor step"):
+        gumbel_noise(keys, torch.tensor(1.0), 300)
