@@ -21,7 +21,7 @@ Rules (shapes only; no kernel runs):
   getitem, detach, asserts, sizes, a `to` that keeps the dtype). A reshape of an expand is a
   copy (it materializes).
 - Per weight version, not per step: `fp4_compile::quantize` / `weight_group_amax` of a parameter
-  (the engine's weight cache serves them; listed apart, never in the step's totals).
+  (the engine's weight store holds them: `fp4_compile/rollout/weight_store.py`; listed apart, never in the step's totals).
 - One launch per `fp4_compile` op, plus the launches its CUDA dispatch adds (`EXTRA_LAUNCHES`:
   the activation quantize inside `nvfp4_linear` / `nvfp4_grouped_mm`), plus one per call where an
   NVFP4 GEMM sees >= `ONGRID_FORWARD_MIN_ROWS` rows per weight and the graph gives it no on-grid

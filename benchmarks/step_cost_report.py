@@ -54,7 +54,7 @@ def write_all(batches=BATCHES, context: int = CONTEXT) -> list:
         f"of S = {context} slots (the rollout benchmark's: prompt 256 + 256 new tokens); "
         f"prefill = a {context}-token prompt per sequence. MoE expert weights are counted for the "
         "experts a step touches, E*(1-(1-k/E)^T) of E for T tokens (uniform routing). Quantized "
-        "weights come from the engine's weight cache (once per weight version, not counted).",
+        "weights come from the engine's weight store (once per weight version, not counted).",
         "",
         "Columns: launches (eager: one per op, no fusion); MB read + written per decode step; "
         "of which KV-cache copies (`fp4_compile::repeat_kv` in strict / bf16, transformers' "

@@ -117,7 +117,7 @@ class _Graph:
                 self.base[n] = self.base[first]
         self.params = {n for n in self.nodes if n.op == "placeholder" and n.name in params}
         self.caches = {n for n in self.nodes if n.op == "placeholder" and n.name in caches}
-        # weights: parameters and what the weight cache serves (their quantized bytes)
+        # weights: parameters and what the weight store holds (their quantized bytes)
         self.weights = self.params | {n for n in self.nodes if _is_weight_version(n, self)}
 
     def is_view(self, n: fx.Node) -> bool:
