@@ -49,7 +49,8 @@ def _run(argv: list[str]) -> int:
     diag.add_argument(
         "--model",
         default="tiny-qwen3",
-        help="tiny-qwen3, tiny-qwen3-moe, or a transformers config.json",
+        help="tiny-qwen3, tiny-qwen3-moe, a local transformers checkpoint folder (its "
+        "weights), or a config.json (random weights of that config)",
     )
     diag.add_argument("--batch", type=int, default=8)
     diag.add_argument("--new-tokens", type=int, default=32)
