@@ -93,3 +93,16 @@ def test_model_dir_gets_its_own_folder(tmp_path, monkeypatch, tiny_model_dir):
     _fake_run(tmp_path / "runs" / "tiny-strict")  # the demo's run is not in the way
     chosen = resolve_run_dir(cfg, explicit=False, resume=False, fresh=False)[0]
     assert chosen.out_dir == f"runs/{tiny_model_dir.name}-tiny-strict"
+
+
+def test_refused_resume_names_only_what_differs(tmp_path, capsys):
+    """`--resume lr=1e-3` on a run made with the preset's lr: one line naming lr, old -> new,
+    not the two settings dicts."""
+    run = f"out_dir={tmp_path / 'k'}"
+    assert main(["train", "tiny", *CHEAP, run]) == 0
+    capsys.readouterr()
+    assert main(["train", "tiny", *CHEAP, run, "--resume", "lr=1e-3", "steps=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "what differs (checkpoint -> this run): numerics.lr: 0.0005 -> 0.001." in err[0], err
+    assert "warm_start_lr" not in err[0] and "{" not in err[0], err
