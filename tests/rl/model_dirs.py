@@ -1,6 +1,6 @@
-"""Local transformers checkpoint folders for `model=DIR` tests, built here with `save_pretrained`
-from configs (no downloads): a tiny model of any family and a character tokenizer with a chat
-template."""
+"""Folders for the CLI tests, built here (no downloads): local transformers checkpoints for
+`model=DIR` (`save_pretrained` of a tiny model of any family, a character tokenizer with a chat
+template) and a run folder holding a GRPO checkpoint for `minite export`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from pathlib import Path
 
 import torch
 
+from fp4_compile.rl.checkpoint import save_checkpoint, step_path
+from fp4_compile.rl.config import build_model
+from fp4_compile.rl.presets import get_preset
 from fp4_compile.rl.tokenizer import CHARACTERS
 
 TEMPLATE = (
@@ -52,3 +55,13 @@ def save_model_dir(folder: Path, arch: str = "qwen3", *, tokenizer: bool = True)
     if tokenizer:
         save_tokenizer(folder)
     return folder
+
+
+def make_run(run_dir: Path, *, step: int = 30) -> Path:
+    """A tiny-preset run folder holding one GRPO checkpoint (weights: the random init)."""
+    cfg = get_preset("tiny")
+    model = build_model(cfg, 32)
+    state = {"step": step, "model": model.state_dict(), "recipe": cfg.recipe().to_dict(),
+             "config": cfg.to_dict(), "tokenizer": {"chars": "0123456789"}}  # fmt: skip
+    save_checkpoint(step_path(run_dir / "checkpoints", step), state, kind="grpo")
+    return run_dir

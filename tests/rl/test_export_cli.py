@@ -6,21 +6,9 @@ import json
 import warnings
 
 import pytest
+from model_dirs import make_run
 
 from fp4_compile.cli import main
-from fp4_compile.rl.checkpoint import save_checkpoint, step_path
-from fp4_compile.rl.config import build_model
-from fp4_compile.rl.presets import get_preset
-
-
-def make_run(run_dir, *, step=30):
-    """A tiny-preset run folder holding one GRPO checkpoint (weights: the random init)."""
-    cfg = get_preset("tiny")
-    model = build_model(cfg, 32)
-    state = {"step": step, "model": model.state_dict(), "recipe": cfg.recipe().to_dict(),
-             "config": cfg.to_dict(), "tokenizer": {"chars": "0123456789"}}  # fmt: skip
-    save_checkpoint(step_path(run_dir / "checkpoints", step), state, kind="grpo")
-    return run_dir
 
 
 def _export(*argv):
