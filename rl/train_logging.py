@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -104,6 +105,32 @@ class RunLogger:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+class Heartbeat:
+    """`with Heartbeat(log, every_s=10, what="compiling"):` logs "  ... still compiling (10 s)"
+    every `every_s` seconds until the block ends, so a long silent phase (the first step's
+    compilation: about 40 s on 2 CPU cores) shows it is alive. A daemon thread that only logs."""
+
+    def __init__(self, log, *, every_s: float = 10.0, what: str = "compiling") -> None:
+        if not every_s > 0:
+            raise ValueError(f"every_s must be > 0, got {every_s!r}")
+        self.log, self.every_s, self.what = log, every_s, what
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="minite-heartbeat")
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        while not self._stop.wait(self.every_s):
+            self.log(f"  ... still {self.what} ({time.perf_counter() - t0:.0f} s)")
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class ProgressBar:
