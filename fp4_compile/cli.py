@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _run(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The whole `minite` command line (tests/test_readme_commands.py parses the README's
+    commands with it)."""
     parser = argparse.ArgumentParser(
         prog="minite",
         description="native NVFP4 RL of LLMs (add --debug anywhere to see tracebacks)",
@@ -49,7 +51,8 @@ def _run(argv: list[str]) -> int:
     diag.add_argument(
         "--model",
         default="tiny-qwen3",
-        help="tiny-qwen3, tiny-qwen3-moe, or a transformers config.json",
+        help="tiny-qwen3, tiny-qwen3-moe, a local transformers checkpoint folder (its "
+        "weights), or a config.json (random weights of that config)",
     )
     diag.add_argument("--batch", type=int, default=8)
     diag.add_argument("--new-tokens", type=int, default=32)
@@ -61,7 +64,11 @@ def _run(argv: list[str]) -> int:
 
     add_train_parser(sub)
     add_export_parser(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _run(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "train":
         from .rl.cli_train import run_train
 

@@ -100,13 +100,30 @@ def load_checkpoint(
     if actual != digest:
         raise CheckpointError(f"{str(path)!r} is corrupt: sha256 {actual} != header {digest}")
     state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
-    for key, want in (expect or {}).items():
-        have = state.get(key, "<missing>")
-        if have != want:
-            raise CheckpointError(
-                f"{str(path)!r} belongs to another run: {key} is {have!r}, this run has {want!r}"
-            )
+    diffs = [d for key, want in (expect or {}).items() for d in _differences(key, state, want)]
+    if diffs:
+        raise CheckpointError(
+            f"{str(path)!r} belongs to another run; what differs (checkpoint -> this run): "
+            f"{'; '.join(diffs)}. Resume with the checkpoint's values, or start a new run "
+            "(leave --resume out, or pass another out_dir=...)"
+        )
     return state
+
+
+def _differences(key: str, state: dict[str, Any], want: Any) -> list[str]:
+    """'key: old -> new' for `key`, or for each differing entry of a dict-valued key
+    ('numerics.lr: 0.0005 -> 0.001'); [] when equal."""
+    have = state.get(key, "<missing>")
+    if have == want:
+        return []
+    if isinstance(have, dict) and isinstance(want, dict):
+        missing = "<missing>"
+        return [
+            f"{key}.{k}: {have.get(k, missing)!r} -> {want.get(k, missing)!r}"
+            for k in sorted(set(have) | set(want), key=str)
+            if have.get(k, missing) != want.get(k, missing)
+        ]
+    return [f"{key}: {have!r} -> {want!r}"]
 
 
 def step_path(folder: str | os.PathLike, step: int) -> Path:

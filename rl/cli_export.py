@@ -1,8 +1,10 @@
-"""`minite export RUN_DIR_OR_CKPT --format compressed-tensors|modelopt --out DIR`.
+"""`minite export RUN_DIR_OR_CKPT [--format compressed-tensors|modelopt] [--out DIR] [--overwrite]`.
 
 Rebuilds the policy of a GRPO run's checkpoint (`runs/<name>/checkpoints/step_*.ckpt`, the
 latest one when given the run folder) from the run's own config and recipe, and writes it with
-`fp4_compile.export_checkpoint`. Wired into fp4_compile/cli.py by `add_export_parser` and
+`fp4_compile.export_checkpoint`. Defaults: compressed-tensors (what vLLM loads), written to
+`RUN_DIR/export/<format>-step_<N>`. The destination must be new or empty; `--overwrite` replaces
+an earlier minite export there (never another folder). Wired into fp4_compile/cli.py by `add_export_parser` and
 `run_export`, like `minite train`.
 """
 
@@ -15,6 +17,8 @@ from pathlib import Path
 from .checkpoint import latest_checkpoint, load_checkpoint
 from .config import TrainConfig, build_model
 
+FORMATS = ("compressed-tensors", "modelopt")
+
 
 def add_export_parser(subparsers):
     p = subparsers.add_parser(
@@ -26,8 +30,23 @@ def add_export_parser(subparsers):
         ),
     )
     p.add_argument("source", help="run folder (runs/NAME) or a step_*.ckpt file")
-    p.add_argument("--format", choices=["compressed-tensors", "modelopt"], required=True)
-    p.add_argument("--out", required=True, help="new or empty folder for the checkpoint")
+    p.add_argument(
+        "--format",
+        choices=list(FORMATS),
+        default="compressed-tensors",
+        help="checkpoint format (default compressed-tensors: what vLLM loads)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="new or empty folder for the checkpoint (default RUN_DIR/export/FORMAT-step_N)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier minite export in --out (a folder holding anything else is "
+        "still refused)",
+    )
     return p
 
 
@@ -57,21 +76,58 @@ def policy_from_checkpoint(path: str | Path):
     return model, NVFP4Recipe.from_dict(state["recipe"]), state.get("tokenizer")
 
 
+def default_out(ckpt: Path, fmt: str) -> Path:
+    """RUN_DIR/export/<format>-step_<N> for RUN_DIR/checkpoints/step_<N>.ckpt (a checkpoint
+    outside a checkpoints/ folder: next to it)."""
+    run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    return run / "export" / f"{fmt}-{ckpt.stem}"
+
+
+def prepare_out(out: Path, *, overwrite: bool) -> None:
+    """A new or empty folder; with `overwrite`, an earlier minite export there is removed first
+    (its files only: a folder holding anything but an export's files is refused)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} exists and is not a folder")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise ValueError(
+            f"--out {str(out)!r} is not empty; pass --overwrite to replace the export there, or "
+            "--out NEW_FOLDER"
+        )
+    try:
+        qc = json.loads((out / "config.json").read_text()).get("quantization_config") or {}
+        ours = "minite" in qc
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    entries = list(out.iterdir())
+    if not ours or any(not p.is_file() for p in entries):
+        raise ValueError(
+            f"--out {str(out)!r} holds something other than a minite export; --overwrite only "
+            "replaces an earlier export: choose a new or empty folder"
+        )
+    for p in entries:
+        p.unlink()
+    print(f"--overwrite: removed the earlier export in {out} ({len(entries)} files)")
+
+
 def run_export(args) -> int:
     from fp4_compile.checkpoints import export_checkpoint
 
     ckpt = resolve_checkpoint(args.source)
+    out = Path(args.out) if args.out else default_out(ckpt, args.format)
+    prepare_out(out, overwrite=args.overwrite)  # before the policy is rebuilt
     model, recipe, tokenizer = policy_from_checkpoint(ckpt)
     if tokenizer is not None and tokenizer.get("kind") == "hf":  # a model=DIR run: its tokenizer
         from transformers import AutoTokenizer
 
         hf_tokenizer = AutoTokenizer.from_pretrained(tokenizer["path"])
         out = export_checkpoint(
-            model, args.out, format=args.format, recipe=recipe, tokenizer=hf_tokenizer
+            model, out, format=args.format, recipe=recipe, tokenizer=hf_tokenizer
         )
         tokenizer = None
     else:
-        out = export_checkpoint(model, args.out, format=args.format, recipe=recipe)
+        out = export_checkpoint(model, out, format=args.format, recipe=recipe)
     if tokenizer is not None:  # the run's own character tokenizer: not a transformers one
         (Path(out) / "minite_tokenizer.json").write_text(json.dumps(tokenizer, indent=2) + "\n")
     print(f"wrote {args.format} checkpoint of {ckpt} to {out}")

@@ -26,13 +26,15 @@ def _add_options(p: argparse.ArgumentParser, *, defaults: bool = True) -> None:
         "--resume",
         action="store_true",
         default=d(False),
-        help="continue from the latest checkpoint in out_dir",
+        help="continue from the latest checkpoint in out_dir (without out_dir=: the newest "
+        "numbered run folder of the preset)",
     )
     group.add_argument(
         "--fresh",
         action="store_true",
         default=d(False),
-        help="discard out_dir's checkpoints and start over",
+        help="delete out_dir's checkpoints and start over (without out_dir=: the newest "
+        "numbered run folder of the preset)",
     )
     p.add_argument("--no-progress", action="store_true", default=d(False), help="no progress bar")
     p.add_argument(
@@ -57,8 +59,13 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
             "Run a named training preset. Settings are replaced with key=value (e.g. steps=80 "
             "lr=1e-3 tis_cap=2 mis_seq_bounds=0.5,2 compile=false), in any order with the "
             "options; model=DIR trains a local transformers checkpoint with its tokenizer and "
-            "chat template instead of the preset's random-init model. Writes metrics.jsonl, PNG plots, summary.txt and checkpoints under out_dir "
-            "(default runs/PRESET-VARIANT)."
+            "chat template instead of the preset's random-init model. Writes metrics.jsonl, PNG "
+            "plots, summary.txt and checkpoints under out_dir. Without out_dir=, every run gets "
+            "its own folder: runs/PRESET-VARIANT (runs/MODELDIR-PRESET-VARIANT for model=DIR), "
+            "and when that holds an earlier run, the next numbered one (runs/tiny-strict-2, "
+            "-3, ...), so running the same command again just works and never touches an "
+            "earlier run; --resume continues the newest. An out_dir= that holds a run is refused "
+            "unless --resume or --fresh says what to do."
         ),
     )
     p.add_argument("preset", choices=sorted(PRESETS), help="named training preset (rl/presets.py)")
@@ -86,7 +93,7 @@ def run_train(args: argparse.Namespace) -> int:
     import json
 
     from .presets import get_preset
-    from .trainer import train
+    from .run_dir import out_dir_given, resolve_run_dir
 
     args = _parse_rest(args)
     if args.nproc < 1:
@@ -95,9 +102,23 @@ def run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
-    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        return _launch(args)
+    launcher = args.nproc > 1 and "WORLD_SIZE" not in os.environ
+    if "WORLD_SIZE" not in os.environ:  # torchrun's ranks get the folder from the launcher
+        # pre-flight: which folder, and whether the run can start there, before any work
+        cfg, note = resolve_run_dir(
+            cfg, explicit=out_dir_given(args.overrides), resume=args.resume, fresh=args.fresh
+        )
+        if note:
+            print(note, flush=True)
+    if launcher:
+        if cfg.prompts_per_step % args.nproc:
+            raise ValueError(
+                f"prompts_per_step={cfg.prompts_per_step} must be a multiple of --nproc "
+                f"{args.nproc}: every process trains on whole GRPO groups"
+            )
+        return _launch(args, out_dir=cfg.out_dir)
     from .distributed import init_from_env, rank_world
+    from .trainer import train
 
     init_from_env(cfg.device)
     try:
@@ -113,8 +134,9 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _launch(args: argparse.Namespace) -> int:
-    """Re-run this command under torchrun with `--nproc` processes on this machine."""
+def _launch(args: argparse.Namespace, *, out_dir: str) -> int:
+    """Re-run this command under torchrun with `--nproc` processes on this machine, with the
+    run folder the launcher resolved (every rank writes to the same one)."""
     import subprocess
     import sys
 
@@ -126,6 +148,6 @@ def _launch(args: argparse.Namespace) -> int:
     cmd += ["--resume"] if args.resume else []
     cmd += ["--fresh"] if args.fresh else []
     cmd += ["--no-progress"] if args.no_progress else []
-    cmd += list(args.overrides)
+    cmd += list(args.overrides) + [f"out_dir={out_dir}"]
     env = {**NCCL_ENV, **os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     return subprocess.run(cmd, env=env, check=False).returncode

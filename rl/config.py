@@ -181,11 +181,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
-        if self.model and not (Path(self.model) / "config.json").is_file():
-            raise ValueError(
-                f"model must be a local transformers checkpoint directory holding config.json, "
-                f"got model={self.model!r}"
-            )
+        if self.model:  # refused in milliseconds, before any work, naming file and fix
+            from .model_dir import check_model_dir
+
+            check_model_dir(self.model)
         if self.rollout_engine not in ROLLOUT_ENGINES:
             raise ValueError(
                 f"rollout_engine must be one of {ROLLOUT_ENGINES}, got {self.rollout_engine!r}"

@@ -31,7 +31,10 @@ SHOWN = {
 }
 
 
-def build_model(spec: str, dtype=torch.float32):
+def build_model(spec: str, dtype=torch.float32, *, log=None):
+    """tiny-qwen3 / tiny-qwen3-moe (random init), a local transformers checkpoint folder (its
+    weights; refused, naming the cause, if minite cannot run it: rl/model_dir.py), or a
+    config.json path (random weights of that config: `log` says so)."""
     from ..models import tiny_qwen3, tiny_qwen3_moe
 
     if spec == "tiny-qwen3":
@@ -39,13 +42,27 @@ def build_model(spec: str, dtype=torch.float32):
     if spec == "tiny-qwen3-moe":
         return tiny_qwen3_moe(layers=2, dtype=dtype)
     path = Path(spec)
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(
-            f"model must be 'tiny-qwen3', 'tiny-qwen3-moe' or a transformers config.json path, got {spec!r}"
+            f"--model must be 'tiny-qwen3', 'tiny-qwen3-moe', a transformers checkpoint folder "
+            f"or a config.json path, got {spec!r} (no such file or folder)"
         )
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if path.is_dir():
+        from .model_dir import check_model_dir
+
+        check_model_dir(path)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype, attn_implementation="sdpa"
+        )
+        return model.to(dtype)
     cfg = AutoConfig.from_pretrained(str(path))
+    if log is not None:
+        log(
+            f"--model {spec}: random weights of this config (seed 0), not a checkpoint's; pass "
+            f"the folder {str(path.parent)!r} to load its weights"
+        )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg).to(dtype)
 
@@ -118,7 +135,7 @@ def run_diagnose(
     transformers; prints a line as each of the three starts and ends (each minite row compiles
     the engine and the learner)."""
     results = {}
-    probe = build_model(model)
+    probe = build_model(model, log=log)
     prompts = _prompts(batch, probe.config.vocab_size, seed)
     recipes = (("minite strict", NVFP4Recipe.strict()), ("minite te", NVFP4Recipe.te()))
     for i, (name, recipe) in enumerate(recipes, start=1):

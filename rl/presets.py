@@ -3,7 +3,8 @@
 A preset is a whole GRPO run (model, task, schedule); the variant picks its numerics recipe
 (`NVFP4Recipe`).
 
-    minite train tiny                    # CPU, 2 cores: ~1 min cold, ~20 s warm
+    minite train tiny                    # CPU, 2 cores: ~1 min cold, ~20 s warm; writes
+                                         # runs/tiny-strict, run again: runs/tiny-strict-2, ...
     minite train tiny --variant te       # NVFP4 per-tensor scales + token TIS (cap 2)
     minite train h200-moe --variant bf16 # small Qwen3-MoE on the H200, about 2 minutes
     minite train h200-evidence           # 28M Qwen3-MoE, 150 GRPO steps on 6-digit sort (H200)

@@ -368,7 +368,9 @@ def train(
     """A whole run: warm start (cached), `cfg.steps` GRPO steps with checkpoints every
     `cfg.checkpoint_every`, metrics.jsonl, plots and a summary under `cfg.out_dir`.
     Returns {"records", "summary", "plots", "out_dir", "trainer"}."""
-    from .train_logging import ProgressBar, RunLogger, summary, write_plots
+    from contextlib import nullcontext
+
+    from .train_logging import Heartbeat, ProgressBar, RunLogger, summary, write_plots
 
     out_dir = Path(cfg.out_dir)
     ckpt_dir = out_dir / "checkpoints"
@@ -403,15 +405,18 @@ def train(
     try:
         if cfg.compile and trainer.step < cfg.steps:
             log(
-                "compiling: the first GRPO step compiles the rollout engine and the learner "
-                "(backend='minite'); later runs reuse Inductor's cache"
+                "compiling: the first GRPO step compiles the rollout engine (prefill, decode) and "
+                "the learner (forward, backward) with backend='minite', about 40 s on 2 CPU "
+                "cores, once: later runs reuse Inductor's cache"
             )
         first = cfg.compile
         while trainer.step < cfg.steps:
             t_step = time.perf_counter()
-            # the held-out score of the weights this step starts from (step 0: before GRPO)
-            evaluated = trainer.evaluate() if trainer.eval_due() else {}
-            record = trainer.train_step()
+            # a line every 10 s while the first step compiles (instead of silence)
+            with Heartbeat(log, every_s=10.0) if first else nullcontext():
+                # the held-out score of the weights this step starts from (step 0: before GRPO)
+                evaluated = trainer.evaluate() if trainer.eval_due() else {}
+                record = trainer.train_step()
             record.update(evaluated)
             if first:
                 took = time.perf_counter() - t_step

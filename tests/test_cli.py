@@ -28,3 +28,17 @@ def test_print_config_resolves_the_preset(capsys):
     assert main(["train", "tiny", "steps=3", "--print-config"]) == 0
     out = capsys.readouterr().out
     assert '"steps": 3' in out and '"name": "tiny"' in out
+
+
+def test_help_says_where_runs_go_and_what_export_defaults_to(capsys):
+    """`--help` states the run-folder rule (a numbered folder per run, --resume continues the
+    newest) and export's defaults, which the README's commands rely on."""
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "runs/tiny-strict-2" in text and "--resume continues the newest" in text, text
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default compressed-tensors" in text and "RUN_DIR/export/FORMAT-step_N" in text
+    assert "--overwrite" in text, text

@@ -60,7 +60,7 @@ def test_foreign_files_refused(tmp_path):
     path = save_checkpoint(tmp_path / "w.ckpt", _state(), kind="warm_start")
     with pytest.raises(CheckpointError, match="'warm_start' checkpoint, expected 'grpo'"):
         load_checkpoint(path, kind="grpo")
-    with pytest.raises(CheckpointError, match="fingerprint is 'abc', this run has 'xyz'"):
+    with pytest.raises(CheckpointError, match="fingerprint: 'abc' -> 'xyz'"):
         load_checkpoint(path, kind="warm_start", expect={"fingerprint": "xyz"})
     with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "missing.ckpt", kind="grpo")
