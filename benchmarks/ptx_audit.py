@@ -330,8 +330,11 @@ def _attention_cases() -> list[KernelCase]:
     tensors = {n: (bf16, 0) for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "do_ptr", "dq_ptr",
                                        "dk_ptr", "dv_ptr")}  # fmt: skip
     out_strides = {"sob": (i32, hq * t * d), "soh": (i32, t * d), "sot": (i32, d)}
+    # the backward runs per query head (G = 1), reading KV head h // 8 in place (KV_REP = 8),
+    # dK / dV per query head (summed per group after)
     grad_strides = {"sgb": (i32, hq * t * d), "sgh": (i32, t * d), "sgt": (i32, d),
-                    "sekb": (i32, hkv * t * d), "sekh": (i32, t * d), "sekt": (i32, d)}  # fmt: skip
+                    "sekb": (i32, hq * t * d), "sekh": (i32, t * d), "sekt": (i32, d),
+                    "G": (i32, 1), "KV_REP": (i32, hq // hkv)}  # fmt: skip
     # dO as autograd hands it: the transpose of [B, Tq, Hq, D]
     do_strides = {"sdb": (i32, t * hq * d), "sdh": (i32, d), "sdt": (i32, hq * d)}
     cases = []

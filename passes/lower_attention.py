@@ -3,8 +3,10 @@ implementation calls, after repeat_kv or with enable_gqa) becomes the batch-inva
 `fp4_compile` attention op: keys visited in fixed-size blocks from position 0, the same for the
 learner's full forward, the rollout's prefill and its decode steps.
 
-Grouped-query attention's key/value repeat (transformers' `repeat_kv`) becomes
-`fp4_compile::repeat_kv`, whose backward sums each group in a fixed order.
+Grouped-query attention's key/value repeat (transformers' `repeat_kv`: expand + reshape, a
+copy of K and V per query head, over the whole static cache in decode) is removed: the op reads
+the KV heads in place (query head h reads KV head h // G) and its backward sums each group's
+dK / dV in a fixed order, the bits of the repeat it replaces (`codegen/invariant/attention.py`).
 
 Supported: is_causal=True, or a boolean attn_mask (True = attend; what transformers builds under
 torch.compile: causal plus padding), or neither with Tq=1 (decode against the whole cache).
@@ -46,13 +48,12 @@ def _is_clone(n) -> bool:
                overloads=(aten.clone,))  # fmt: skip
 
 
-def absorb_repeat_kv(graph: fx.Graph, node: fx.Node, t, report: LoweringReport, dead: list):
+def drop_repeat_kv(graph: fx.Graph, node: fx.Node, t, report: LoweringReport, dead: list):
     """If `t` (a key or value of attention `node`) is grouped-query attention's repeat,
     x[:, :, None].expand(B, H, n, T, D).reshape(B, H * n, T, D) (torch level; at ATen level with
-    a clone between expand and view), return `fp4_compile::repeat_kv(x5, n)` instead: the same
-    copy forward, and a backward that sums the group in a fixed order (autograd's own is a stock
-    sum, ordered differently by eager ATen and by Inductor). Else `t` unchanged. The replaced
-    nodes go to `dead` (erased once unused)."""
+    a clone between expand and view), return the KV heads themselves, x [B, H, 1, T, D] viewed
+    as [B, H, T, D] (`aten.squeeze.dim`, a view: no copy), for the attention op to read in place.
+    Else `t` unchanged. The replaced nodes go to `dead` (erased once unused)."""
     if not _is_reshape(t):
         return t
     src = t.args[0]
@@ -75,11 +76,10 @@ def absorb_repeat_kv(graph: fx.Graph, node: fx.Node, t, report: LoweringReport, 
         rv.shape[1] != xv.shape[1] * n
     ):
         return t
-    new = insert_call(graph, torch.ops.fp4_compile.repeat_kv.default, (x, n), before=node,
-                      like=node)  # fmt: skip
-    report.count("repeat_kv")
+    heads = insert_call(graph, aten.squeeze.dim, (x, 2), before=node, like=node)
+    report.count("repeat_kv_dropped")
     dead.extend(middle)
-    return new
+    return heads
 
 
 def _static_scale(scale, q, where: str):
@@ -142,8 +142,8 @@ def lower_attention(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRep
                 f"attention at {where} is non-causal with {qv.shape[-2]} queries; not supported"
             )
         dead: list = []
-        k = absorb_repeat_kv(graph, node, k, report, dead)
-        v = absorb_repeat_kv(graph, node, v, report, dead)
+        k = drop_repeat_kv(graph, node, k, report, dead)
+        v = drop_repeat_kv(graph, node, v, report, dead)
         new = emit_attention(graph, node, q, k, v, mask, bool(is_causal), scale)
         node.replace_all_uses_with(new)
         graph.erase_node(node)

@@ -189,15 +189,15 @@ def emit_rms_norm(graph, node, x, weight, eps, out_dtype):
 
 def emit_attention(graph, node, q, k, v, mask, is_causal: bool, scale):
     """Invariant attention over all Tk keys: causal from position 0 (sdpa's top-left causal),
-    or the boolean mask; BF16 operands (cast if needed), output back in q's dtype."""
+    or the boolean mask; a BF16 q (cast if needed), output back in q's dtype. k and v go in as
+    they are (FP32 ones are rounded to BF16 inside the op, so that the GQA group sum of their
+    gradients rounds once, to their own dtype), with Hkv heads (read in place by the op)."""
     qv = fake(q)
     out_dtype = qv.dtype
     if scale is None:
         scale = float(qv.shape[-1]) ** -0.5
-    qb, kb, vb = (
-        _cast(graph, node, t, torch.bfloat16, node) if fake(t).dtype == torch.float32 else t
-        for t in (q, k, v)
-    )
+    qb = _cast(graph, node, q, torch.bfloat16, node) if qv.dtype == torch.float32 else q
+    kb, vb = k, v
     aten = torch.ops.aten
     # the op returns a contiguous output (its fake copies q's layout): give it a contiguous q
     qb = insert_call(

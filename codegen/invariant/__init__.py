@@ -10,7 +10,6 @@ from . import (  # noqa: F401  (register the ops)
     linear,
     logprobs,
     ordered_sum,
-    repeat_kv,
     rms_norm,
     routing,
     silu_mul,

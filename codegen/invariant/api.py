@@ -23,7 +23,8 @@ Why each op computes a row the same way whatever else is in the batch:
   order (CUDA: online softmax over BLOCK_N keys; CPU: exact max, then fixed-order sums), and
   masked keys are exact no-ops, so a row's bits depend only on its own visible keys: the
   learner's full forward, prefill in one piece or in chunks, and decode agree bitwise. No
-  length-dependent split-KV.
+  length-dependent split-KV. Grouped-query attention reads each KV head in place (query head h
+  reads KV head h // G): pass k, v with their Hkv heads, never repeated.
 - logprobs: per row, max over the vocabulary (exact), then sums over fixed vocabulary blocks
   from entry 0; never materializes [M, V] in FP32 beyond a bounded chunk of rows.
 - routing: softmax per row in a fixed order, top-k by a stable sort (the lower expert index

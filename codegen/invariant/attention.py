@@ -1,13 +1,19 @@
 """`fp4_compile::invariant_attention` and its backward op. Validation and documentation live
 in `invariant/api.py` (the public API).
 
-Shape legend: B sequences, Hq / Hkv heads, Tq queries, Tk keys, D head dim.
+Shape legend: B sequences, Hq / Hkv heads, G = Hq / Hkv, Tq queries, Tk keys, D head dim.
 
 - invariant_attention(q, k, v, q_start, kv_len, mask, causal, scale) -> (out, lse);
   invariant_attention_backward(...) -> (dq, dk, dv)
+Grouped-query attention reads the KV heads in place (query head h reads KV head h // G): no
+copy of k or v, in the learner's forward, prefill and decode on the static cache. k and v may
+be FP32 where q is BF16 / FP16 (a model held in FP32): they are rounded to q's dtype inside the
+op, so the backward's group sum of dK / dV rounds once, to k's own dtype. The backward computes
+dK, dV per query head and sums each group in a fixed order (`reference.kv_group_sum`), the bits
+of the repeat-then-attend lowering it replaces.
 CPU: `invariant/reference.py` (invariant by construction). CUDA: the Triton kernel of
 `invariant/forward_kernels.py` (imported lazily); the backward two Triton launches
-(`attention_backward_kernel`).
+(`attention_backward_kernel`) and the group sum.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ def invariant_attention(
     causal: bool,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    k, v = k.to(q.dtype), v.to(q.dtype)  # FP32 k, v (a model held in FP32): rounded here
     if q.is_cuda:
         from . import forward_kernels  # lazy: imports triton
 
@@ -58,16 +65,15 @@ def invariant_attention_backward(
     causal: bool,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    kv_dtype = k.dtype  # dK, dV: each group's sum rounded once, to k's own dtype
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    args = (grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale)
     if q.is_cuda:
         from .attention_backward_kernel import attention_backward  # lazy: imports triton
 
-        grads = attention_backward(
-            grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale
-        )
+        grads = attention_backward(*args, kv_grad_dtype=kv_dtype)
     else:
-        grads = cpu.attention_backward(
-            grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale
-        )
+        grads = cpu.attention_backward(*args, kv_grad_dtype=kv_dtype)
     return tuple(g.contiguous() for g in grads)
 
 

@@ -1,8 +1,13 @@
 """The backward of the invariant attention as two Triton launches (CUDA; interpreter in tests).
 
 Shape legend: B sequences, Hq / Hkv heads, G = Hq / Hkv, Tq queries, Tk key slots, D head dim.
-Rows are laid out as in the forward kernel: per (sequence, kv head), row = query * G + head in
-the group, so one program's rows hold the whole GQA group and dK, dV sum over it in place.
+Grouped-query attention: the launches run per QUERY head (grid axis 2 = Hq, rows = that head's
+queries), each reading its KV head h // G in place (`KV_REP` = G: no copy of k or v), and write
+dK, dV per query head; `reference.kv_group_sum` (on CUDA `group_sum_kernel`, one pass) then sums
+each group in order r = 0..G-1 in FP32 and rounds once. The same bits as repeating k, v and
+differentiating per head, which the learner did before attention read the KV heads in place.
+(The kernels' row layout also takes G > 1, row = query * G + head in the group, as the forward
+does; the launcher keeps G = 1 for those bits.)
 
 Math (FlashAttention-2 style, P recomputed from the saved lse, no [Tq, Tk] tensor in memory):
   s = (q k^T) * scale, p = exp(s - lse) on visible keys (0 elsewhere), delta = rowsum(dO * O),
@@ -27,21 +32,24 @@ import triton.language as tl
 
 from .. import configs as cfgs
 from ..runtime import arch_of, check_kernel_device, interpreting
+from . import reference as cpu
 from .forward_kernels import mask_args, mask_key_end, positions_arg, visible
+from .group_sum_kernel import KERNEL_DTYPES, group_sum
 
 
 @triton.jit
 def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, qs_ptr, kl_ptr,
                m_ptr, iv_ptr, ivf_ptr, sqb, sqh, sqt, skb, skh, skt, smb, smh, smt, sdb, sdh, sdt,
-               sob, soh, sot, sgb, sgh, sgt, sekb, sekh, sekt, Tq, G, scale,
+               sob, soh, sot, sgb, sgh, sgt, sekb, sekh, sekt, Tq, G, KV_REP, scale,
                CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr, D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
-    kvh = tl.program_id(2)
+    hp = tl.program_id(2)  # the program's head: rows hold its G query heads
+    kvh = hp // KV_REP  # the key / value head it reads
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     qi = rows // G
-    hq = kvh * G + rows % G
+    hq = hp * G + rows % G
     row_live = qi < Tq
     d = tl.arange(0, D)
     row_off = b * sqb + hq[:, None] * sqh + qi[:, None] * sqt + d[None, :]
@@ -83,7 +91,7 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q
 
 
 @triton.jit
-def _mask_row_range(lo, num_rows, j0, j1, b, kvh, G, smb, smh, iv_ptr, Tq,
+def _mask_row_range(lo, num_rows, j0, j1, b, hp, G, smb, smh, iv_ptr, Tq,
                     BLOCK_M: tl.constexpr):  # fmt: skip
     """(first, end): row-block bounds, multiples of BLOCK_M within [lo, num_rows), holding every
     row whose interval [lo_r, hi_r) meets the keys [j0, j1) (first == end when none does)."""
@@ -92,7 +100,7 @@ def _mask_row_range(lo, num_rows, j0, j1, b, kvh, G, smb, smh, iv_ptr, Tq,
     for r0 in range(lo, num_rows, BLOCK_M):
         rows = r0 + tl.arange(0, BLOCK_M)
         qi = rows // G
-        row = b * smb + (kvh * G + rows % G) * smh + qi
+        row = b * smb + (hp * G + rows % G) * smh + qi
         live = qi < Tq
         lo_r = tl.load(iv_ptr + 2 * row, mask=live, other=0)
         hi_r = tl.load(iv_ptr + 2 * row + 1, mask=live, other=0)
@@ -107,12 +115,13 @@ def _mask_row_range(lo, num_rows, j0, j1, b, kvh, G, smb, smh, iv_ptr, Tq,
 @triton.jit
 def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, qs_ptr,
                  kl_ptr, m_ptr, iv_ptr, ivf_ptr, sqb, sqh, sqt, skb, skh, skt, smb, smh, smt,
-                 sdb, sdh, sdt, sob, soh, sot, sgb, sgh, sgt, sekb, sekh, sekt, Tq, G, scale, Tk,
-                 CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
+                 sdb, sdh, sdt, sob, soh, sot, sgb, sgh, sgt, sekb, sekh, sekt, Tq, G, KV_REP,
+                 scale, Tk, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     pid_n = tl.program_id(0)
     b = tl.program_id(1)
-    kvh = tl.program_id(2)
+    hp = tl.program_id(2)  # the program's head: dK, dV of its G query heads (one slot each)
+    kvh = hp // KV_REP  # the key / value head it reads
     j = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     kv_len = tl.load(kl_ptr + b).to(tl.int32)
@@ -134,11 +143,11 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
         iv_ok = tl.load(ivf_ptr) != 0
         if iv_ok:
             lo, hi = _mask_row_range(lo, num_rows, pid_n * BLOCK_N, pid_n * BLOCK_N + BLOCK_N, b,
-                                     kvh, G, smb, smh, iv_ptr, Tq, BLOCK_M)  # fmt: skip
+                                     hp, G, smb, smh, iv_ptr, Tq, BLOCK_M)  # fmt: skip
     for r0 in range(lo, hi, BLOCK_M):  # row blocks in order
         rows = r0 + tl.arange(0, BLOCK_M)
         qi = rows // G
-        hq = kvh * G + rows % G
+        hq = hp * G + rows % G
         row_live = qi < Tq
         row_off = b * sqb + hq[:, None] * sqh + qi[:, None] * sqt + d[None, :]
         do_off = b * sdb + hq[:, None] * sdh + qi[:, None] * sdt + d[None, :]
@@ -158,14 +167,17 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
         ds = p * (dp - delta[:, None]) * scale
         dk = tl.dot(tl.trans(ds).to(DOT), q.to(DOT), dk, input_precision="ieee")
     slot = (j < Tk)[:, None]  # slots at or past kv_len store their zeros
-    dkv_off = b * sekb + kvh * sekh + j[:, None] * sekt + d[None, :]  # dk, dv: contiguous
+    dkv_off = b * sekb + hp * sekh + j[:, None] * sekt + d[None, :]  # dk, dv: contiguous
     tl.store(dk_ptr + dkv_off, dk.to(dk_ptr.dtype.element_ty), mask=slot)
     tl.store(dv_ptr + dkv_off, dv.to(dv_ptr.dtype.element_ty), mask=slot)
 
 
-def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, causal, scale):
-    """(dq, dk, dv) in the dtypes of q, k, v (contiguous); the arguments of
-    `reference.attention_backward`. Key slots at or past kv_len get zero gradients."""
+def attention_backward(
+    grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, causal, scale, kv_grad_dtype=None
+):
+    """(dq, dk, dv), contiguous, dq in q's dtype, dk and dv of k's shape in kv_grad_dtype
+    (default k's dtype); the arguments of `reference.attention_backward`. Key slots at or past
+    kv_len get zero gradients."""
     check_kernel_device(q, "q")
     b, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
@@ -186,7 +198,8 @@ def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, c
         k, v = k.contiguous(), v.contiguous()
     interp = interpreting()
     dq = torch.empty(q.shape, dtype=torch.float32 if interp else q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=torch.float32 if interp else k.dtype, device=q.device)
+    # dK, dV per query head (summed per group below)
+    dk = torch.empty((b, hq, tk, d), dtype=torch.float32 if interp else k.dtype, device=q.device)
     dv = torch.empty_like(dk)
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
@@ -203,9 +216,9 @@ def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, c
     # one stride tuple for both launches: dQ's reads no dk strides, dK/dV's no O or dq strides
     flags = {"CAUSAL": causal, "HAS_MASK": mask is not None, "DOT": dot, "D": d}
     if b and tq:
-        _dq_kernel[(triton.cdiv(tq * g, cfg_dq.block_m), b, hkv)](
-            q, k, v, o, do, lse, delta, dq, qs, kl, mask_arg, iv, iv_ok, *strides, tq, g, scale,
-            **flags,
+        _dq_kernel[(triton.cdiv(tq, cfg_dq.block_m), b, hq)](
+            q, k, v, o, do, lse, delta, dq, qs, kl, mask_arg, iv, iv_ok, *strides, tq, 1, g,
+            scale, **flags,
             BLOCK_M=cfg_dq.block_m, BLOCK_N=cfg_dq.block_n, **cfg_dq.launch_kwargs(),
         )  # fmt: skip
     if b and tk:
@@ -213,10 +226,23 @@ def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, c
             dk.zero_()
             dv.zero_()
         else:
-            _dkdv_kernel[(triton.cdiv(tk, cfg_dkdv.block_n), b, hkv)](
-                q, k, v, do, lse, delta, dk, dv, qs, kl, mask_arg, iv, iv_ok, *strides, tq, g,
+            _dkdv_kernel[(triton.cdiv(tk, cfg_dkdv.block_n), b, hq)](
+                q, k, v, do, lse, delta, dk, dv, qs, kl, mask_arg, iv, iv_ok, *strides, tq, 1, g,
                 scale, tk,
                 **flags, BLOCK_M=cfg_dkdv.block_m, BLOCK_N=cfg_dkdv.block_n,
                 **cfg_dkdv.launch_kwargs(),
             )  # fmt: skip
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    kv_dtype = kv_grad_dtype or k.dtype
+    dk_h, dv_h = dk.to(k.dtype), dv.to(v.dtype)  # per query head, rounded to k's dtype
+    return dq.to(q.dtype), kv_group_sum(dk_h, g, kv_dtype), kv_group_sum(dv_h, g, kv_dtype)
+
+
+def kv_group_sum(grad_BHqTD: torch.Tensor, g: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """`reference.kv_group_sum` (the ordered group sum of per-query-head gradients): on CUDA
+    one pass of `group_sum_kernel` (the same roundings) for FP32 / BF16, else the torch ops."""
+    b, hn, t, d = grad_BHqTD.shape
+    kernel = grad_BHqTD.dtype in KERNEL_DTYPES and out_dtype in KERNEL_DTYPES
+    if g == 1 or not grad_BHqTD.is_cuda or not kernel:
+        return cpu.kv_group_sum(grad_BHqTD, g, out_dtype)
+    parts = grad_BHqTD.reshape(b * (hn // g), g, t * d)
+    return group_sum(parts, round_each=False, out_dtype=out_dtype).reshape(b, hn // g, t, d)

@@ -357,6 +357,11 @@ def positions_arg(t: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def attention(q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float):
+    """(out, lse) of `reference.attention`. One program per (row block, sequence, KV head): its
+    rows are the G query heads of the group (row = query * G + head), so each KV head is read
+    in place, once per row block, never copied per query head; its key loop ends at the block
+    holding the last key its rows see (kv_len, causal, an interval mask: in decode, the filled
+    part of the sequence's cache), from key 0 in fixed BLOCK_N blocks as in the learner."""
     check_kernel_device(q, "q")
     b, hq, tq, d = q.shape
     hkv = k.shape[1]

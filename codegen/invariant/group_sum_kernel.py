@@ -1,6 +1,7 @@
 """Fixed-order sums over one small middle dimension in ONE Triton pass, for the CUDA paths of
-`fp4_compile::ordered_sum` (the MoE top-k combine) and `fp4_compile::repeat_kv_backward` (the
-GQA group's gradient copies). The interpreter runs it in tests.
+`fp4_compile::ordered_sum` (the MoE top-k combine) and the attention backward's GQA group sum
+of per-query-head dK / dV (`attention_backward_kernel.kv_group_sum`). The interpreter runs it in
+tests.
 
 Shape legend: x [A, N, C] contiguous -> out [A, C]; the sum runs over N in order
 n = 0, 1, ..., N - 1, starting from x[:, 0] (no identity element: a sum of -0.0 stays -0.0).
@@ -8,7 +9,7 @@ n = 0, 1, ..., N - 1, starting from x[:, 0] (no identity element: a sum of -0.0 
 Two roundings, bitwise the torch ops they replace:
 - ROUND_EACH (ordered_sum): every partial sum is rounded to x's dtype, as `acc = acc + x[:, n]`
   in BF16 (ATen adds BF16 in FP32 and rounds each result) or FP32 does;
-- otherwise (repeat_kv_backward): FP32 partial sums, one rounding to the output dtype at the end.
+- otherwise (the GQA group sum): FP32 partial sums, one rounding to the output dtype at the end.
 BF16 rounding is done on the FP32 bits (round to nearest even, `forward_kernels.round_bf16`;
 NaN kept: NaN payloads follow no rule in ATen either), so the interpreter, whose fp32 -> bf16 casts truncate, stores
 exact values. FP32 and BF16 only: the launchers keep the torch ops for other dtypes. The torch

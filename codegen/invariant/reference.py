@@ -80,6 +80,14 @@ def visible_keys(q_start_B, kv_len_B, mask, causal: bool, tq: int, tk: int):
     return vis
 
 
+def key_end(vis: torch.Tensor) -> int:
+    """1 + the last key any row of `visible_keys` sees (0 when none). The keys past it are
+    invisible to every row: exact zeros in every sum of the forward (trailing zeros of
+    `block_sum`, +0 products in the PV sum), so stopping there changes no bit."""
+    seen = vis.reshape(-1, vis.shape[-1]).any(0)
+    return int(seen.nonzero().max()) + 1 if bool(seen.any()) else 0
+
+
 def attention(q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float):
     """Causal GQA attention, two-pass softmax in a fixed order. Returns (out, lse FP32).
 
@@ -90,13 +98,17 @@ def attention(q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float):
     kv_len, so stale cache slots cannot inject NaN), hence a row's bits depend only on its
     visible keys: the full forward, prefill in any chunks, and decode agree bitwise.
     Rows with no visible key give out = 0 and lse = -inf.
+
+    Grouped-query attention without copies: query head h reads key / value head h // G (q is
+    viewed as [B * Hkv, G * Tq, D]); each row's arithmetic is the same as against k, v
+    repeated G times. Keys are computed up to the last one any row sees (`key_end`: kv_len,
+    causal and the mask, e.g. the filled part of a static cache in decode).
     """
     b, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     g = hq // hkv
     vis = visible_keys(q_start_B, kv_len_B, mask, causal, tq, tk)  # [B, 1|Hq, Tq, Tk]
-    tk_eff = int(kv_len_B.clamp(max=tk).max()) if b else 0
-    tk_eff = max(tk_eff, 1)
+    tk_eff = max(key_end(vis), 1)
     vis = vis[..., :tk_eff].expand(b, hq, tq, tk_eff).reshape(b * hkv, g * tq, tk_eff)
     k_live = (torch.arange(tk_eff, device=k.device)[None, :] < kv_len_B[:, None])[:, None, :, None]
     k = k[:, :, :tk_eff]
@@ -117,8 +129,15 @@ def attention(q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float):
     return out.to(q.dtype).reshape(b, hq, tq, d), lse.reshape(b, hq, tq)
 
 
-def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, causal, scale):
-    """FP32 attention gradients from the saved lse (deterministic; plain PyTorch matmuls)."""
+def attention_backward(
+    grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, causal, scale, kv_grad_dtype=None
+):
+    """FP32 attention gradients from the saved lse (deterministic; plain PyTorch matmuls).
+    dK and dV are computed per QUERY head (against k, v repeated per query head), each rounded
+    to k's dtype, then each group's G heads summed in a fixed order (`kv_group_sum`, one
+    rounding to kv_grad_dtype, default k's dtype): bit for bit the gradients of repeating k
+    and v and attending, what the learner computed before attention read the KV heads in place.
+    -> (dq, dk, dv), dk and dv of k's shape."""
     b, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     g = hq // hkv
@@ -135,9 +154,27 @@ def attention_backward(grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, c
     ds = p * (dp - delta) * scale
     dq = ds @ k32
     dk = ds.transpose(-1, -2) @ q32
-    dk = dk.reshape(b, hkv, g, tk, d).sum(2)
-    dv = dv.reshape(b, hkv, g, tk, d).sum(2)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    # per query head; the sum over the singleton dim turns -0.0 into +0.0, as this reference
+    # always has (kept for its bits)
+    dk = dk.reshape(b, hq, 1, tk, d).sum(2).to(k.dtype)
+    dv = dv.reshape(b, hq, 1, tk, d).sum(2).to(v.dtype)
+    kv_dtype = kv_grad_dtype or k.dtype
+    return dq.to(q.dtype), kv_group_sum(dk, g, kv_dtype), kv_group_sum(dv, g, kv_dtype)
+
+
+def kv_group_sum(grad_BHqTD: torch.Tensor, g: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """Per-query-head gradients [B, Hkv * G, T, D] -> [B, Hkv, T, D] in out_dtype: each
+    group's G heads summed in order r = 0, 1, ..., G - 1 in FP32, starting from head 0 (no
+    identity element: -0.0 stays -0.0), one rounding at the end (CUDA: `group_sum_kernel`,
+    the same roundings). G = 1: the gradient itself, cast to out_dtype if it differs."""
+    b, hn, t, d = grad_BHqTD.shape
+    if g == 1:
+        return grad_BHqTD.to(out_dtype)
+    parts = grad_BHqTD.reshape(b, hn // g, g, t, d)
+    acc = parts[:, :, 0].to(torch.float32)
+    for r in range(1, g):
+        acc = acc + parts[:, :, r].to(torch.float32)
+    return acc.to(out_dtype).contiguous()
 
 
 # ------------------------------------------------------------------------------------ logprobs

@@ -96,7 +96,6 @@ def paged_attention(attn_layer, q_THD, k_THD, v_THD, metadata) -> torch.Tensor:
     cache[blk, :, off, head_dim:] = v_THD[:n].to(cache.dtype)
     starts = metadata.query_start_loc.tolist()
     lengths = metadata.seq_lens.tolist()
-    rep = num_heads // num_kv_heads
     for b, seq_len in enumerate(lengths):
         s, e = starts[b], starts[b + 1]
         if e == s:
@@ -105,8 +104,6 @@ def paged_attention(attn_layer, q_THD, k_THD, v_THD, metadata) -> torch.Tensor:
         kv = cache[blocks].permute(1, 0, 2, 3).reshape(num_kv_heads, -1, 2 * head_dim)
         k = kv[None, :, :seq_len, :head_dim].to(torch.bfloat16)
         v = kv[None, :, :seq_len, head_dim:].to(torch.bfloat16)
-        k = k.repeat_interleave(rep, dim=1).contiguous()
-        v = v.repeat_interleave(rep, dim=1).contiguous()
         q = q_THD[s:e].transpose(0, 1)[None].to(torch.bfloat16).contiguous()
         q_start = torch.tensor([seq_len - (e - s)], dtype=torch.long, device=q.device)
         kv_len = torch.tensor([seq_len], dtype=torch.long, device=q.device)

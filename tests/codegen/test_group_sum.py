@@ -1,5 +1,5 @@
-"""The one-pass group sum (CUDA's `ordered_sum` and `repeat_kv_backward`; the interpreter here)
-== the torch ops it replaces, bitwise: BF16 partial sums rounded at every step (ties, carries
+"""The one-pass group sum (CUDA's `ordered_sum` and attention's GQA dK / dV group sum; the
+interpreter here) == the torch ops it replaces, bitwise: BF16 partial sums rounded at every step (ties, carries
 into the exponent, overflow to inf, NaN where torch has NaN), FP32 sums rounded once, signed
 zeros."""
 
@@ -52,13 +52,13 @@ def test_round_each_equals_ordered_sum_torch(dtype, shape):
 @pytest.mark.parametrize("dtype,out", [(torch.bfloat16, torch.bfloat16),
                                        (torch.float32, torch.bfloat16),
                                        (torch.float32, torch.float32)])  # fmt: skip
-def test_round_end_equals_repeat_kv_backward_torch(dtype, out):
+def test_round_end_equals_kv_group_sum_torch(dtype, out):
     from fp4_compile.codegen.invariant.group_sum_kernel import group_sum
-    from fp4_compile.codegen.invariant.repeat_kv import repeat_kv_backward_torch
+    from fp4_compile.codegen.invariant.reference import kv_group_sum
 
     b, h, n_rep, t, d = 2, 3, 4, 5, 64
     grad = _x(b * h, n_rep, t * d, dtype, seed=7).reshape(b, h * n_rep, t, d)
-    want = repeat_kv_backward_torch(grad, n_rep, out)
+    want = kv_group_sum(grad, n_rep, out)
     got = group_sum(grad.reshape(b * h, n_rep, t * d).to(DEV), round_each=False, out_dtype=out)
     _equal_nan_anywhere(got.reshape(want.shape), want, "group sum, rounded once")
 
@@ -73,20 +73,3 @@ def test_bad_input_is_named():
         group_sum(x, round_each=True, out_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"\[A, N >= 1, C\]"):
         group_sum(x[0], round_each=False, out_dtype=torch.float32)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_repeat_rows_is_the_expand_copy(dtype):
-    """repeat_kv's CUDA forward (`repeat_kv_kernel.repeat_rows`) == x.expand(...).contiguous(),
-    bitwise (NaN, inf and -0.0 included: a copy), rows longer than one block, n_rep 1."""
-    from fp4_compile.codegen.invariant.repeat_kv_kernel import repeat_rows
-
-    x = torch.randn(3, 1, 2500).to(dtype)
-    x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -0.0])
-    for n in (1, 4):
-        got = repeat_rows(x.to(DEV), n).cpu()
-        want = x.expand(3, n, 2500).contiguous()
-        assert got.shape == want.shape
-        assert torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8)), n
-    with pytest.raises(ValueError, match=r"x must be \[A, 1, C\]"):
-        repeat_rows(x.to(DEV).reshape(1, 3, 2500), 2)

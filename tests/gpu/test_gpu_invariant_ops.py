@@ -164,3 +164,51 @@ def test_attention_sequence_alone_equals_ragged_batch(qkv):
         n = int(lens[i])
         alone = codegen.attention(qb[i : i + 1, :, :n], kb[i : i + 1, :, :n], vb[i : i + 1, :, :n])
         assert_bitwise_equal(batch_out[i : i + 1, :, :n], alone, f"sequence {i} (length {n})")
+
+
+def _repeat_kv(t):
+    """transformers' repeat_kv (what the lowering copied before it read the KV heads in place)."""
+    b, h, n, d = t.shape
+    return t[:, :, None].expand(b, h, HQ // HKV, n, d).reshape(b, HQ, n, d)
+
+
+def test_attention_kv_heads_in_place_equal_repeated(qkv):
+    """Bitwise, compiled sm_90 kernels: attention reading the 4 KV heads in place (one program
+    holds a group's 8 query heads) == attention on k, v repeated to 32 heads (one head per
+    program): the causal forward, a decode step through the rollout's boolean mask over a static
+    cache, and the gradients (per-query-head dK / dV summed per group in order, FP32, one
+    rounding: what repeat_kv's backward computed)."""
+    op = torch.ops.fp4_compile.invariant_attention.default
+    q, k, v, _ = qkv
+    zero = torch.zeros(BATCH, dtype=torch.int64, device=DEVICE)
+    full = torch.full_like(zero, T)
+    got = op(q, k, v, zero, full, None, True, D**-0.5)
+    want = op(q, _repeat_kv(k), _repeat_kv(v), zero, full, None, True, D**-0.5)
+    assert_bitwise_equal(got[0], want[0], "causal forward out")
+    assert_bitwise_equal(got[1], want[1], "causal forward lse")
+    kc = torch.zeros(BATCH, HKV, S_MAX, D, device=DEVICE, dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    kc[:, :, :T], vc[:, :, :T] = k, v
+    pos = torch.tensor([T - 1, 700], device=DEVICE)
+    mask = (torch.arange(S_MAX, device=DEVICE)[None, :] <= pos[:, None])[:, None, None]
+    qd = torch.stack([q[0, :, T - 1 : T], q[1, :, 700:701]])
+    s_max = torch.full_like(zero, S_MAX)
+    got = op(qd, kc, vc, zero, s_max, mask, False, D**-0.5)[0]
+    want = op(qd, _repeat_kv(kc), _repeat_kv(vc), zero, s_max, mask, False, D**-0.5)[0]
+    assert_bitwise_equal(got, want, "decode through the rollout's mask")
+    go = _rnd(BATCH, HQ, T, D, seed=30).bfloat16()
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    op(*leaves, zero, full, None, True, D**-0.5)[0].backward(go)
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, _repeat_kv(k), _repeat_kv(v)))
+    op(qr, kr, vr, zero, full, None, True, D**-0.5)[0].backward(go)
+
+    def group_sum(g):
+        parts = g.reshape(BATCH, HKV, HQ // HKV, T, D).float()
+        acc = parts[:, :, 0]
+        for r in range(1, HQ // HKV):
+            acc = acc + parts[:, :, r]
+        return acc.bfloat16()
+
+    assert_bitwise_equal(leaves[0].grad, qr.grad, "dq")
+    assert_bitwise_equal(leaves[1].grad, group_sum(kr.grad), "dk")
+    assert_bitwise_equal(leaves[2].grad, group_sum(vr.grad), "dv")

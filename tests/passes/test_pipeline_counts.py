@@ -25,7 +25,7 @@ def test_qwen3_counts():
         "fp4_compile.linear (bf16, invariant)": 1,  # lm_head
         "rms_norm": 9,  # 4 per layer (input, post, q_norm, k_norm) + final
         "attention": 2,
-        "repeat_kv": 4,  # GQA: keys and values per layer
+        "repeat_kv_dropped": 4,  # GQA: keys and values per layer, read in place
         "embedding": 1,
         "silu_mul": 2,  # the MLP's SwiGLU per layer
         "cos": 1,  # the rotary embedding, once per forward
@@ -48,7 +48,8 @@ def test_qwen3_moe_counts():
     assert rep.counts["routing_topk"] == 2 and rep.counts["rms_norm"] == 9
     assert rep.counts["embedding"] == 1
     assert rep.counts["cos"] == rep.counts["sin"] == 1  # the rotary embedding
-    assert rep.counts["repeat_kv"] == 4  # GQA: keys and values per layer
+    assert rep.counts["repeat_kv_dropped"] == 4  # GQA: keys and values per layer, read in place
+    assert "fp4_compile::repeat_kv" not in rep.census
     assert rep.counts["stable_sort"] == 2  # the experts' sort of (token, expert) pairs, per layer
     assert rep.counts["narrow_expert_sort_keys"] == 2  # ... on uint8 expert ids
     assert rep.counts["silu_mul"] == 2  # the experts' SwiGLU per layer
@@ -88,7 +89,7 @@ def test_llama_counts():
         "fp4_compile.linear (bf16, invariant)": 1,
         "rms_norm": 3,
         "attention": 1,
-        "repeat_kv": 2,
+        "repeat_kv_dropped": 2,
         "embedding": 1,
         "silu_mul": 1,
         "cos": 1,
