@@ -123,3 +123,13 @@ def test_builtin_models_are_meta(configs):
     model, note = build_model("qwen3-8b", layers=1)
     assert next(model.parameters()).device == torch.device("meta")
     assert "1 of its 36 layers" in note
+
+
+def test_no_op_in_the_decode_step_copies_the_kv_cache(costs):
+    """Attention reads the cache as it is (issue 41, part 2): no op of the decode step reads a
+    KV cache and writes a copy of it (`fp4_compile::repeat_kv` did: K and V once per query head
+    over the whole static cache, in every layer, every step)."""
+    for (name, recipe), res in costs.items():
+        copies = [(r["op"], r["bytes_written"]) for r in res["per_op"] if r["copies_kv_cache"]]
+        assert copies == [], f"{name} {recipe}: ops copying the KV cache: {copies}"
+        assert res["kv_cache_copy_bytes"] == 0
