@@ -36,9 +36,10 @@ Rules (shapes only; no kernel runs):
   an embedding reads its output's rows of the table; a grouped (MoE) GEMM reads its weights'
   experts in the fraction a step can touch, E * (1 - (1 - k/E)^(B*Tq)) of E (uniform routing).
 - KV cache: an in-place write into a cache input writes the new tokens only; attention reads
-  the whole static cache (S) when its length argument is the constant S (today's lowering), the
-  filled length (L) when the graph passes lengths; an op other than attention that reads a
-  cache and writes at least a cache layer's bytes is a copy of the cache (`copies_kv_cache`).
+  the filled length (L) when the graph tells the kernel where each row's keys end (a length
+  tensor or a mask: the kernel stops at the block holding a row's last visible key), the whole
+  static cache (S) otherwise; an op other than attention that reads a cache and writes at least
+  a cache layer's bytes is a copy of the cache (`copies_kv_cache`).
 - FLOPs: GEMMs 2*M*N*K, attention 4*B*H*Tq*keys*D; other ops 0.
 - Roofline per row: max(bytes / COPY_BYTES_PER_S, flops / BF16_FLOPS_PER_S); a step's is the sum.
 """

@@ -207,12 +207,17 @@ def _gemm_facts(n, g: _Graph, ctx, name, launches, read):
 
 
 def _attention_facts(n, g: _Graph, ctx, read):
-    """Attention reads K / V over the static cache when its length is the constant S, else over
-    the filled length L; FLOPs 4*B*H*Tq*keys*D."""
+    """Attention reads K / V over the filled length L when the graph tells the kernel where each
+    row's keys end (a length tensor, or a mask: the kernel stops at the block holding the last
+    key a row sees, `codegen/invariant/forward_kernels.py`), else over the static cache (S);
+    FLOPs 4*B*H*Tq*keys*D."""
     q, k, v = (_val(a) for a in n.args[:3])
     slots = k.shape[-2]
     length = n.args[4] if len(n.args) > 4 else None
-    static = not isinstance(length, fx.Node) or _short(length) == "full"
+    mask = n.args[5] if len(n.args) > 5 else None
+    static = (not isinstance(length, fx.Node) or _short(length) == "full") and not isinstance(
+        mask, fx.Node
+    )
     keys = slots if static else min(ctx["context"], slots)
     if not static:
         read -= int((_nbytes(k) + _nbytes(v)) * (1 - keys / slots))
