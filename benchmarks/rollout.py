@@ -9,7 +9,8 @@ Qwen3-30B-A3B-shaped layers (`fp4_compile.models.qwen3_30b_a3b_layers`), random 
 Figures on Hopper are "emulated NVFP4 (sm_90)".
 
     python -m benchmarks.rollout [--layers 2] [--prompt 256] [--new-tokens 128]
-        [--batches 1,16,64,256] [--configs all|LABEL;LABEL] [--skip-hf] [--profile-batch 64]
+        [--batches 1,16,64,256] [--configs all|LABEL;LABEL] [--skip-hf] [--hf-batches 1,64]
+        [--roofline FILE | --roofline-only FILE] [--profile-batch 64]
 
 How decode alone is timed: one `generate` call with N new tokens costs prefill + (N - 1)
 decode steps (+ the capture, on the first call of a batch bucket only); a call with 1 new token
@@ -139,6 +140,10 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--skip-hf", action="store_true", help=f"no '{HF_LABEL}' row")
     parser.add_argument(
+        "--hf-batches", default="1,64", help=f"the batches of the '{HF_LABEL}' row (Inductor "
+        "compiles it anew for every batch: about a minute each)",
+    )  # fmt: skip
+    parser.add_argument(
         "--roofline", default="", help="a JSON file written by --roofline-only (computed on a "
         "CPU beforehand: the GPU call then spends no time on the cost model)",
     )  # fmt: skip
@@ -202,6 +207,8 @@ def measure_config(label, args, batches, profile_batches, *, rows, errors, graph
         return engine_generate(engine, b, args.prompt)
 
     rows[label] = {}
+    if engine is None:
+        batches = [int(b) for b in args.hf_batches.split(",") if int(b) in batches]
     for b in batches:
         try:
             rows[label][b] = decode_timing(make(b), new_tokens=args.new_tokens, reps=args.reps)
@@ -252,8 +259,9 @@ def report(rows, roof, graph_check, errors, profiles, *, env, args, batches) -> 
     for label, by_batch in rows.items():
         for b in batches:
             r = by_batch.get(b)
-            if r is None:
-                md.append(f"| {label} | {b} | error | | | | | | | |")
+            if r is None:  # not run (--hf-batches), or failed (listed below)
+                if f"{label}, batch {b}" in errors:
+                    md.append(f"| {label} | {b} | error | | | | | | | |")
                 continue
             roof_ms = roof["roofline_ms"][ROOFLINE_RECIPE[label]][str(b)]
             tok_s = b / r["step_ms"] * 1e3
