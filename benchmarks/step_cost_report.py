@@ -57,8 +57,9 @@ def write_all(batches=BATCHES, context: int = CONTEXT) -> list:
         "weights come from the engine's weight store (once per weight version, not counted).",
         "",
         "Columns: launches (eager: one per op, no fusion); MB read + written per decode step; "
-        "of which KV-cache copies (`fp4_compile::repeat_kv` in strict / bf16, transformers' "
-        "repeat_kv in stock: K and V per query head over the whole static cache); GFLOP; "
+        "of which KV-cache copies (transformers' repeat_kv in stock: K and V per query head over "
+        "the whole static cache; none in strict / bf16, whose attention reads the KV heads in "
+        "place); GFLOP; "
         "roofline us; prefill launches / MB / roofline ms; top-5 ops of the decode step by MB "
         "(xN = that many calls).",
     ]
