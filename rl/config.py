@@ -19,7 +19,7 @@ from .tasks import TASK_NAMES
 
 VARIANTS = ("strict", "te", "bf16")
 ARCHS = ("qwen3", "qwen3_moe")
-ROLLOUT_ENGINES = ("minite", "vllm", "vllm_full")
+ROLLOUT_ENGINES = ("minite", "vllm", "vllm_full", "stock")
 # Fields that may change between a run and its resumption (they do not change the numbers of
 # the steps already taken or to come).
 RESUMABLE_FIELDS = (
@@ -126,7 +126,11 @@ class TrainConfig:
     plugin (`fp4_compile.rl.VLLMRolloutEngine`, needs vLLM, one process): minite's linears and
     weights as NVFP4 bytes, vLLM's attention, norms and sampler (close, not bitwise).
     "vllm_full" (Qwen3, Qwen3-MoE): vLLM running minite's model class too (learner's norms, rotary,
-    attention on vLLM's paged cache, log-probs): bitwise. docs/vllm.md."""
+    attention on vLLM's paged cache, log-probs): bitwise. docs/vllm.md.
+    "stock" (the alignment ablation's deliberate mismatch, rl/stock_rollout.py): an eager BF16
+    transformers rollout on the learner's decoded NVFP4 weights, activations unquantized (W4A16,
+    as vLLM serves an NVFP4 checkpoint on Hopper): the same weights, not the same numerics.
+    docs/alignment.md."""
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     log_every: int = 1
