@@ -121,22 +121,24 @@ def run_overrides(
     return [*over, f"seed={seed}", *extra]
 
 
+CORE = 4
+"""The first this many variants of `--variants` run on every seed before the others start."""
+
+
 def plan(preset: str, variants: list[str], settings: list[str], seeds: list[int]) -> list[tuple]:
-    """(variant, setting, seed) in run order: seed by seed, so a cut ablation still compares
-    every variant on the first seeds."""
-    runs = []
-    for seed in seeds:
-        for setting in settings:
-            for v in variants:
-                if setting == "off" and v not in OFF_POLICY_VARIANTS:
-                    continue
-                runs.append((v, setting, seed))
-    return runs
+    """(variant, setting, seed) in run order, in tiers so that a cut ablation still has seed
+    bands for the variants that matter most: the first `CORE` variants on-policy (seed by seed),
+    then the other on-policy variants, then the off-policy runs (seed by seed)."""
+    on = [v for v in variants] if "on" in settings else []
+    off = [v for v in variants if v in OFF_POLICY_VARIANTS] if "off" in settings else []
+    tiers = [(on[:CORE], "on"), (on[CORE:], "on"), (off, "off")]
+    return [(v, setting, seed) for vs, setting in tiers for seed in seeds for v in vs]
 
 
 def run_one(
     preset, variant, setting, seed, work: Path, extra: list[str], timeout_s: float,
     own_cache: bool = False,
+    reuse: bool = False,
 ) -> dict:  # fmt: skip
     """One `minite train` run in a subprocess; its figures (partial when cut). The warm start is
     cached in work/cache (shared by the runs of a seed), or in the run's own folder when runs go
@@ -146,6 +148,9 @@ def run_one(
     over = run_overrides(preset, variant, setting, seed, extra)
     run_dir = work / f"{variant}-{setting}-s{seed}"
     over += [f"cache_dir={run_dir / 'cache' if own_cache else work / 'cache'}"]
+    if reuse and (run_dir / "train.log").exists():  # finished before: deterministic, keep it
+        print(f"{run_dir.name}: finished before, reused", flush=True)
+        return rows_from_work(preset, [(variant, setting, seed)], work, extra)[0]
     rc, log, wall, run_dir = run_train(base_preset, cli_variant, work, over, timeout_s, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "train.log").write_text(log)
@@ -405,6 +410,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--work-dir", default=None,
                         help="run folders (default: a temp folder, removed at the end)")  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="seconds-long runs (see SMOKE)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the runs under --work-dir that finished before (their "
+                        "train.log exists) instead of running them again")  # fmt: skip
     parser.add_argument("--from-work", action="store_true",
                         help="run nothing: summarize the run folders under --work-dir as they "
                         "are (an ablation under way or cut)")  # fmt: skip
@@ -442,7 +450,7 @@ def main(argv: list[str] | None = None) -> dict:
         if time.perf_counter() - t0 > args.deadline_s:
             return {"variant": v, "setting": s, "seed": seed, "skipped": "deadline"}
         return run_one(args.preset, v, s, seed, work, extra, args.run_timeout_s,
-                       own_cache=args.jobs > 1)  # fmt: skip
+                       own_cache=args.jobs > 1, reuse=args.reuse)  # fmt: skip
 
     if args.from_work:
         if args.work_dir is None:

@@ -57,6 +57,7 @@ def test_stock_engine_holds_the_learners_nvfp4_weights(model):
         model.model.norm.weight.sub_(0.5)
 
 
+@pytest.mark.slow
 def test_stock_rollout_differs_from_learner_strict_does_not(model):
     """The same prompts, seeds and weights through (a) minite's engine and (b) the stock engine;
     the minite-compiled strict learner rescores both: (a) bitwise equal, (b) a real gap."""
@@ -148,10 +149,15 @@ def test_summary_table_and_plot_on_synthetic_metrics(tmp_path):
 
 
 def test_run_plan_and_settings():
-    runs = ab.plan("cpu", ["strict", "bf16", "mismatch"], ["on", "off"], [0, 1])
-    assert runs[:5] == [("strict", "on", 0), ("bf16", "on", 0), ("mismatch", "on", 0),
-                        ("strict", "off", 0), ("mismatch", "off", 0)]  # fmt: skip
-    assert len(runs) == 10
+    variants = ["strict", "mismatch", "bf16", "mismatch-tis", "te"]
+    runs = ab.plan("cpu", variants, ["on", "off"], [0, 1])
+    assert len(runs) == 5 * 2 + 2 * 2
+    # the first 4 variants on every seed, then the others, then the off-policy runs
+    assert runs[:4] == [(v, "on", 0) for v in variants[:4]]
+    assert runs[4:8] == [(v, "on", 1) for v in variants[:4]]
+    assert runs[8:10] == [("te", "on", 0), ("te", "on", 1)]
+    assert runs[10:] == [("strict", "off", 0), ("mismatch", "off", 0), ("strict", "off", 1),
+                         ("mismatch", "off", 1)]  # fmt: skip
     on = ab.run_overrides("cpu", "mismatch-tis", "on", 1, [])
     assert "rollout_engine=stock" in on and "tis_cap=2" in on and on[-1] == "seed=1"
     off = ab.run_overrides("cpu", "mismatch", "off", 0, [])
