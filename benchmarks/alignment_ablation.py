@@ -410,6 +410,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--work-dir", default=None,
                         help="run folders (default: a temp folder, removed at the end)")  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="seconds-long runs (see SMOKE)")
+    parser.add_argument("--tag", default="",
+                        help="appended to the results' name (e.g. one device call's part)")  # fmt: skip
     parser.add_argument("--reuse", action="store_true",
                         help="keep the runs under --work-dir that finished before (their "
                         "train.log exists) instead of running them again")  # fmt: skip
@@ -469,6 +471,7 @@ def main(argv: list[str] | None = None) -> dict:
     payload = {"env": env, "args": vars(args), "overrides": extra, "rows": rows,
                "aggregate": agg, "numbers": [numbers_of(r) for r in rows]}  # fmt: skip
     topic = f"alignment_ablation_{args.preset}" + ("_smoke" if args.smoke else "")
+    topic += f"_{args.tag}" if args.tag else ""
     written = write_results(topic, payload, text)
     out = Path(os.environ.get("OUT", "benchmarks/results"))
     png = out / f"{result_stem(topic, env)}_curves.png"

@@ -189,3 +189,27 @@ def test_smoke_runs_end_to_end(tmp_path, monkeypatch):
     assert len(files) == 3 and all("alignment_ablation_cpu_smoke" in f for f in files), files
     saved = json.loads(next(out.glob("*.json")).read_text())
     assert saved["numbers"][0]["variant"] == "strict"
+
+
+def test_rows_from_work_reads_finished_running_and_missing_runs(tmp_path):
+    """`--from-work`: a finished run (train.log written), one under way (steps logged so far)
+    and one not started yet, each reported as what it is."""
+    for name, steps, finished in (("strict-on-s0", 300, True), ("mismatch-on-s0", 40, False)):
+        run = tmp_path / name
+        run.mkdir()
+        recs = _synthetic_records(steps, gap=0.0 if name.startswith("strict") else 0.5,
+                                  acc0=0.5, acc1=0.7, seed=0)  # fmt: skip
+        if not finished:
+            recs = recs[:-1]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        if finished:
+            (run / "train.log").write_text("done\n")
+    runs = [("strict", "on", 0), ("mismatch", "on", 0), ("bf16", "on", 0)]
+    rows = ab.rows_from_work("cpu", runs, tmp_path, ["device=cpu"])
+    assert rows[0]["rc"] == 0 and rows[0]["complete"] and rows[0]["steps"] == 300
+    assert rows[1]["rc"] == "running" and not rows[1]["complete"] and rows[1]["steps"] == 40
+    assert rows[2]["skipped"] == "not run (yet)"
+    md = ab.markdown({"gpu": "-", "torch": "-", "commit": "-"}, type("A", (), {
+        "preset": "cpu", "seeds": "0", "variants": "strict,mismatch,bf16", "settings": "on"}),
+        [], rows, ab.aggregate(rows))  # fmt: skip
+    assert "| mismatch | on | 0 | 40 (cut) |" in md
