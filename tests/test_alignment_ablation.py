@@ -93,11 +93,11 @@ def test_stock_engine_greedy_and_seeded(model):
     assert all(len(t) == 5 and bool((lp <= 0).all()) for t, lp in zip(batch.tokens, batch.logprobs))
 
 
-def _synthetic_records(steps, *, gap, acc0, acc1, seed):
+def _synthetic_records(steps, *, gap, acc0, acc1, seed, reward_slope=0.5):
     recs = []
     for s in range(steps):
         frac = s / max(1, steps - 1)
-        r = {"step": s, "reward/mean": 0.2 + 0.5 * frac + 0.01 * seed,
+        r = {"step": s, "reward/mean": 0.6 + reward_slope * frac + 0.01 * seed,
              "reward/exact_frac": 0.1 + 0.5 * frac, "mismatch/max_abs_dlogp": gap * (1 + frac),
              "rollout_corr/k3_kl": gap * 1e-2, "perf/step_s": 0.5, "perf/rollout_s": 0.2,
              "perf/learner_s": 0.3}  # fmt: skip
@@ -119,16 +119,21 @@ def test_summary_table_and_plot_on_synthetic_metrics(tmp_path):
             row.update(ab.run_figures(row))
             rows.append(row)
     rows.append({"variant": "te", "setting": "on", "seed": 0, "skipped": "deadline"})
+    rows.append({"variant": "bf16", "setting": "on", "seed": 0, "rc": 0, "wall_s": 1.0,
+                 **ab.summarize(_synthetic_records(20, gap=0.0, acc0=0.2, acc1=0.2, seed=0,
+                                                   reward_slope=-0.5), steps_planned=20)})  # fmt: skip
+    rows[-1].update(ab.run_figures(rows[-1]))
     s0 = rows[0]
     assert s0["complete"] and s0["gap_zero_every_step"] and s0["k3_kl_mean"] == 0.0
     assert s0["eval_before"] == 0.2 and s0["eval_after"] == 0.6 and not s0["diverged"]
-    m0 = rows[3]
-    assert m0["diverged"] and m0["gap_thirds"][0] < m0["gap_thirds"][2]
+    m0 = rows[3]  # held-out accuracy fell, but the training reward rose: not diverged
+    assert not m0["diverged"] and m0["gap_thirds"][0] < m0["gap_thirds"][2]
+    assert rows[-1]["diverged"]  # the training reward fell by 0.5
     assert math.isclose(m0["k3_kl_mean"], 0.008)
     agg = {(e["variant"], e["setting"]): e for e in ab.aggregate(rows)}
-    assert set(agg) == {("strict", "on"), ("mismatch", "on")}
+    assert set(agg) == {("strict", "on"), ("mismatch", "on"), ("bf16", "on")}
     assert agg["strict", "on"]["seeds"] == [0, 1, 2] and agg["strict", "on"]["diverged"] == 0
-    assert agg["mismatch", "on"]["diverged"] == 3
+    assert agg["mismatch", "on"]["diverged"] == 0 and agg["bf16", "on"]["diverged"] == 1
     gain = agg["strict", "on"]["eval_gain"]
     assert math.isclose(gain["mean"], 0.4) and math.isclose(gain["min"], 0.4)
     r = agg["strict", "on"]["reward_last"]
@@ -139,7 +144,7 @@ def test_summary_table_and_plot_on_synthetic_metrics(tmp_path):
 
     md = ab.markdown({"gpu": "none (CPU)", "torch": "x", "commit": "abc1234"}, Args, [], rows,
                      ab.aggregate(rows))  # fmt: skip
-    assert "| strict | on | 0,1,2 |" in md and "| te | on | 0 | not run: deadline |" in md
+    assert "| strict | on | 0,1,2 |" in md and "| te | on | 0 | deadline |" in md
     png = tmp_path / "curves.png"
     ab.plot(rows, png)
     assert 0 < png.stat().st_size < 300_000
