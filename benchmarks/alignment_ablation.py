@@ -3,7 +3,8 @@ the same task, model, warm start and seeds under several learner/rollout pairing
 
     python -m benchmarks.alignment_ablation --preset cpu [--seeds 0,1,2] [--variants ...]
         [--settings on,off] [--work-dir DIR] [--deadline-s S] [--smoke] [key=value ...]
-    python -m benchmarks.alignment_ablation --preset gpu --variants strict   # one device call each
+    python -m benchmarks.alignment_ablation --preset gpu --seeds 0 --variants strict,mismatch,bf16
+        --settings on --tag part1      # about three GPU runs fit one 10-minute device call
 
 Variants (each a `minite train` run; `VARIANTS` below maps them to the CLI):
 - `strict`: NVFP4 W4A4, batch-invariant; the rollout is minite's engine: learner == rollout

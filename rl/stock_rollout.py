@@ -77,7 +77,10 @@ class StockRolloutEngine:
         experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
         if plan is not None:
             for q in plan.quantized:
-                w = decode_weight(q.codes, q.block_scales, q.global_decode)
+                # decoded where the engine runs (exact E2M1 x E4M3, one FP32 rounding: the
+                # same bits on any device)
+                w = decode_weight(*(t.to(self.device) for t in (q.codes, q.block_scales,
+                                                                 q.global_decode)))  # fmt: skip
                 split = split_expert_name(q.name)
                 if split is None:
                     decoded[f"{q.name}.weight"] = w
