@@ -98,6 +98,9 @@ SMOKE = (
 )  # fmt: skip
 """A seconds-long stand-in of every run (eager: the loop, the stock engine and the summary)."""
 TIMING_KEYS = ("wall_s", "step_s", "rollout_s", "learner_s", "first_step_s")
+TAKEOFF = 0.5
+"""A run "took off" at the first step whose 10-step mean training reward reaches this (the
+sampled answers are then mostly right): how fast a variant learns, where the end points tie."""
 DIVERGED_DROP = 0.05
 """A run "diverged" when a logged number is not finite, or when the sampled training reward of
 its last `EDGE_STEPS` steps is this far below that of its first (it got worse at what it is
@@ -210,6 +213,12 @@ def run_figures(row: dict) -> dict:
         out["k3_kl_thirds"] = [_mean(k3[:n]), _mean(k3[n : 2 * n]), _mean(k3[2 * n :])]
         out["gap_median"] = sorted(gap)[len(gap) // 2]
         out["gap_thirds"] = [max(gap[:n]), max(gap[n : 2 * n] or [0.0]), max(gap[2 * n :] or [0.0])]
+    rw = c.get("reward/mean", [])
+    out["takeoff_step"] = None  # the first step whose EDGE_STEPS-step mean reward >= TAKEOFF
+    for j in range(EDGE_STEPS - 1, len(rw)):
+        if sum(rw[j - EDGE_STEPS + 1 : j + 1]) / EDGE_STEPS >= TAKEOFF:
+            out["takeoff_step"] = c["step"][j]
+            break
     numbers = [x for k, v in c.items() if k != "step" for x in v if x is not None]
     bad = [x for x in numbers if not _finite(x)]
     drop = None
@@ -239,6 +248,10 @@ def aggregate(rows: list[dict]) -> list[dict]:
         if gains:
             entry["eval_gain"] = {"mean": sum(gains) / len(gains), "min": min(gains),
                                   "max": max(gains)}  # fmt: skip
+        took = [r["takeoff_step"] for r in rs if r.get("takeoff_step") is not None]
+        entry["takeoff"] = {"steps": [r.get("takeoff_step") for r in rs],
+                            "never": len(rs) - len(took),
+                            "median": sorted(took)[len(took) // 2] if took else None}  # fmt: skip
         entry["diverged"] = sum(bool(r.get("diverged")) for r in rs)
         entry["gap_zero_every_step"] = all(r.get("gap_zero_every_step") for r in rs)
         out.append(entry)
@@ -277,8 +290,9 @@ def markdown(env: dict, args, extra: list[str], rows: list[dict], agg: list[dict
         "[min, max].",
         "",
         "| variant | setting | seeds | held-out acc start | held-out acc end | gain | reward "
-        "first -> last | k3 KL (mean over steps) | max abs dlogp (median step / max) | diverged |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "first -> last | step reward >= 0.5 (per seed) | k3 KL (mean over steps) | max abs dlogp "
+        "(median step / max) | diverged |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for e in agg:
         seeds = ",".join(map(str, e["seeds"])) + ("" if e["complete"] else " (some cut)")
@@ -288,6 +302,7 @@ def markdown(env: dict, args, extra: list[str], rows: list[dict], agg: list[dict
             f"{_spread(e.get('eval_after'))} | {_spread(e.get('eval_gain'), '+.3f')} | "
             f"{_f((e.get('reward_first') or {}).get('mean'))} -> "
             f"{_f((e.get('reward_last') or {}).get('mean'))} | "
+            f"{', '.join('never' if t is None else str(t) for t in e['takeoff']['steps'])} | "
             f"{_spread(e.get('k3_kl_mean'), '.2e')} | "
             f"{_f((gap[0] or {}).get('mean'), '.3g')} / {_f((gap[1] or {}).get('max'), '.3g')} | "
             f"{e['diverged']} of {len(e['seeds'])} |"
@@ -297,14 +312,14 @@ def markdown(env: dict, args, extra: list[str], rows: list[dict], agg: list[dict
         "## every run",
         "",
         "| variant | setting | seed | steps | held-out acc start -> end (best) | reward first -> "
-        "last | k3 KL by thirds of the run | max abs dlogp by thirds | gap 0 every step | "
-        "diverged | wall s | rc |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "last | step reward >= 0.5 | k3 KL by thirds of the run | max abs dlogp by thirds | "
+        "gap 0 every step | diverged | wall s | rc |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if r.get("skipped"):
             md.append(f"| {r['variant']} | {r['setting']} | {r['seed']} | {r['skipped']} |"
-                      + " |" * 8)  # fmt: skip
+                      + " |" * 9)  # fmt: skip
             continue
         steps = f"{r.get('steps', 0)}" + ("" if r.get("complete") else " (cut)")
         k3 = " / ".join(_f(x, ".1e") for x in r.get("k3_kl_thirds", []))
@@ -312,7 +327,9 @@ def markdown(env: dict, args, extra: list[str], rows: list[dict], agg: list[dict
         md.append(
             f"| {r['variant']} | {r['setting']} | {r['seed']} | {steps} | "
             f"{_f(r.get('eval_before'))} -> {_f(r.get('eval_after'))} ({_f(r.get('eval_best'))}) | "
-            f"{_f(r.get('reward_first'))} -> {_f(r.get('reward_last'))} | {k3 or '-'} | "
+            f"{_f(r.get('reward_first'))} -> {_f(r.get('reward_last'))} | "
+            f"{r.get('takeoff_step') if r.get('takeoff_step') is not None else 'never'} | "
+            f"{k3 or '-'} | "
             f"{gaps or '-'} | {r.get('gap_zero_every_step', '-')} | {r.get('diverged', '-')} | "
             f"{_f(r.get('wall_s'), '.0f')} | {r['rc']} |"
         )

@@ -134,6 +134,7 @@ def test_summary_table_and_plot_on_synthetic_metrics(tmp_path):
     assert set(agg) == {("strict", "on"), ("mismatch", "on"), ("bf16", "on")}
     assert agg["strict", "on"]["seeds"] == [0, 1, 2] and agg["strict", "on"]["diverged"] == 0
     assert agg["mismatch", "on"]["diverged"] == 0 and agg["bf16", "on"]["diverged"] == 1
+    assert agg["mismatch", "on"]["takeoff"] == {"steps": [9, 9, 9], "never": 0, "median": 9}
     gain = agg["strict", "on"]["eval_gain"]
     assert math.isclose(gain["mean"], 0.4) and math.isclose(gain["min"], 0.4)
     r = agg["strict", "on"]["reward_last"]
@@ -218,3 +219,12 @@ def test_rows_from_work_reads_finished_running_and_missing_runs(tmp_path):
         "preset": "cpu", "seeds": "0", "variants": "strict,mismatch,bf16", "settings": "on"}),
         [], rows, ab.aggregate(rows))  # fmt: skip
     assert "| mismatch | on | 0 | 40 (cut) |" in md
+
+
+def test_takeoff_step_is_the_first_10_step_mean_at_half_reward():
+    steps = list(range(100))
+    row = {"curves": {"step": steps, "reward/mean": [0.1] * 50 + [0.9] * 50,
+                      "mismatch/max_abs_dlogp": [0.0] * 100, "rollout_corr/k3_kl": [0.0] * 100}}  # fmt: skip
+    assert ab.run_figures(row)["takeoff_step"] == 54  # 5 of the last 10 steps at 0.9
+    row["curves"]["reward/mean"] = [0.1] * 100
+    assert ab.run_figures(row)["takeoff_step"] is None
