@@ -318,8 +318,6 @@ def markdown(env: dict, args, extra: list[str], rows: list[dict], agg: list[dict
     ]
     for r in rows:
         if r.get("skipped"):
-            md.append(f"| {r['variant']} | {r['setting']} | {r['seed']} | {r['skipped']} |"
-                      + " |" * 9)  # fmt: skip
             continue
         steps = f"{r.get('steps', 0)}" + ("" if r.get("complete") else " (cut)")
         k3 = " / ".join(_f(x, ".1e") for x in r.get("k3_kl_thirds", []))
@@ -333,6 +331,15 @@ def markdown(env: dict, args, extra: list[str], rows: list[dict], agg: list[dict
             f"{gaps or '-'} | {r.get('gap_zero_every_step', '-')} | {r.get('diverged', '-')} | "
             f"{_f(r.get('wall_s'), '.0f')} | {r['rc']} |"
         )
+    skipped: dict[tuple, list[str]] = {}
+    for r in rows:
+        if r.get("skipped"):
+            key = (r["skipped"], r["variant"], r["setting"])
+            skipped.setdefault(key, []).append(str(r["seed"]))
+    if skipped:
+        md += ["", "Not in the tables: " + "; ".join(
+            f"{v} ({setting}-policy) seeds {','.join(seeds)}: {why}"
+            for (why, v, setting), seeds in skipped.items()) + "."]  # fmt: skip
     return "\n".join(md) + "\n"
 
 
@@ -489,7 +496,7 @@ def main(argv: list[str] | None = None) -> dict:
     text = markdown(env, args, extra, rows, agg)
     print(text)
     payload = {"env": env, "args": vars(args), "overrides": extra, "rows": rows,
-               "aggregate": agg, "numbers": [numbers_of(r) for r in rows]}  # fmt: skip
+               "aggregate": agg}  # fmt: skip
     topic = f"alignment_ablation_{args.preset}" + ("_smoke" if args.smoke else "")
     topic += f"_{args.tag}" if args.tag else ""
     written = write_results(topic, payload, text)

@@ -145,7 +145,7 @@ def test_summary_table_and_plot_on_synthetic_metrics(tmp_path):
 
     md = ab.markdown({"gpu": "none (CPU)", "torch": "x", "commit": "abc1234"}, Args, [], rows,
                      ab.aggregate(rows))  # fmt: skip
-    assert "| strict | on | 0,1,2 |" in md and "| te | on | 0 | deadline |" in md
+    assert "| strict | on | 0,1,2 |" in md and "te (on-policy) seeds 0: deadline" in md
     png = tmp_path / "curves.png"
     ab.plot(rows, png)
     assert 0 < png.stat().st_size < 300_000
@@ -194,7 +194,7 @@ def test_smoke_runs_end_to_end(tmp_path, monkeypatch):
     files = sorted(p.name for p in out.iterdir())
     assert len(files) == 3 and all("alignment_ablation_cpu_smoke" in f for f in files), files
     saved = json.loads(next(out.glob("*.json")).read_text())
-    assert saved["numbers"][0]["variant"] == "strict"
+    assert saved["rows"][0]["variant"] == "strict" and "curves" in saved["rows"][0]
 
 
 def test_rows_from_work_reads_finished_running_and_missing_runs(tmp_path):
