@@ -68,12 +68,16 @@ def cuda_time_ms(fn, *, warmup: int = 3, iters: int = 10) -> float:
     return times[len(times) // 2]
 
 
-def run_train(recipe: str, variant: str, work: Path, overrides: list[str], timeout_s: float):
-    """`minite train RECIPE --variant V` (fresh, into work/RECIPE-V, cache work/cache) with a
-    wall-clock limit: (return code or "timeout", its output, wall seconds, its run folder)."""
+def run_train(
+    recipe: str, variant: str, work: Path, overrides: list[str], timeout_s: float,
+    run_dir: Path | None = None,
+):  # fmt: skip
+    """`minite train RECIPE --variant V` (fresh, into `run_dir`, default work/RECIPE-V, cache
+    work/cache) with a wall-clock limit: (return code or "timeout", its output, wall seconds,
+    its run folder)."""
     import sys
 
-    run_dir = work / f"{recipe}-{variant}"
+    run_dir = run_dir if run_dir is not None else work / f"{recipe}-{variant}"
     cmd = [sys.executable, "-m", "fp4_compile.cli", "train", recipe, "--variant", variant,
            "--fresh", "--no-progress", f"out_dir={run_dir}", f"cache_dir={work / 'cache'}",
            *overrides]  # fmt: skip

@@ -53,7 +53,8 @@ SMOKE = (
     "warm_start_batch=8", "eval_every=2", "eval_size=4", "checkpoint_every=3", "compile=false",
 )  # fmt: skip
 """A CPU-sized stand-in for every preset: the same code path in seconds per run."""
-CURVES = ("reward/mean", "reward/exact_frac", "mismatch/max_abs_dlogp", "perf/step_s")
+CURVES = ("reward/mean", "reward/exact_frac", "mismatch/max_abs_dlogp", "rollout_corr/k3_kl",
+          "perf/step_s")  # fmt: skip
 
 
 def _mean(xs: list[float]) -> float:
@@ -95,6 +96,7 @@ def summarize(records: list[dict], *, steps_planned: int) -> dict:
         **{k: [r[k] for r in steps] for k in CURVES},
         "eval_step": [r["step"] for r in evals],
         "eval/accuracy": [r["eval/accuracy"] for r in evals],
+        "eval/reward": [r.get("eval/reward") for r in evals],
     }
     return row
 

@@ -19,7 +19,7 @@ from .tasks import TASK_NAMES
 
 VARIANTS = ("strict", "te", "bf16")
 ARCHS = ("qwen3", "qwen3_moe")
-ROLLOUT_ENGINES = ("minite", "vllm", "vllm_full", "vllm_linears")
+ROLLOUT_ENGINES = ("minite", "vllm", "vllm_full", "vllm_linears", "stock")
 # Fields that may change between a run and its resumption (they do not change the numbers of
 # the steps already taken or to come).
 RESUMABLE_FIELDS = (
@@ -124,15 +124,20 @@ class TrainConfig:
     """True: learner and engine run through the minite backend (the product). False: eager
     FP32 transformers on both sides (loop-logic tests only: no NVFP4 at all)."""
     rollout_cuda_graphs: bool = False
-    """CUDA only: the rollout engine decodes through one CUDA graph per generate call (same
-    kernels, same bits: `RolloutEngine(cuda_graphs=True)`; 2-5x decode tokens/s on the H200)."""
+    """CUDA only: the rollout engine decodes through one CUDA graph per batch bucket, captured
+    once and replayed across generate calls and weight updates (same kernels, same bits:
+    `RolloutEngine(cuda_graphs=True)`)."""
     rollout_engine: str = "minite"
     """"minite": the embedded engine (learner == rollout, bitwise). "vllm": vLLM with minite's
     plugin (`fp4_compile.rl.VLLMRolloutEngine`, needs vLLM, one process), bitwise wherever minite
     has a vLLM model class (Qwen3, Qwen3-MoE: the learner's norms, rotary, attention on vLLM's
     paged cache, log-probs), else minite's linears only. "vllm_full": the model class or an
     error. "vllm_linears" (an explicit choice): minite's linears and weights as NVFP4 bytes,
-    vLLM's attention, norms and sampler (close, not bitwise). docs/vllm.md."""
+    vLLM's attention, norms and sampler (close, not bitwise). docs/vllm.md.
+    "stock" (the alignment ablation's deliberate mismatch, rl/stock_rollout.py): an eager BF16
+    transformers rollout on the learner's decoded NVFP4 weights, activations unquantized (W4A16,
+    as vLLM serves an NVFP4 checkpoint on Hopper): the same weights, not the same numerics.
+    docs/alignment.md."""
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     log_every: int = 1

@@ -140,6 +140,15 @@ class GRPOTrainer:
                 max_batch=self.num_local, max_seq_len=self.width, seed=cfg.seed, full=full,
                 temperature=cfg.temperature,
             )  # fmt: skip
+        elif cfg.rollout_engine == "stock":  # the alignment ablation's mismatched rollout
+            from .stock_rollout import StockRolloutEngine
+
+            if self.world > 1:
+                raise ValueError("rollout_engine='stock' runs in one process")
+            self.engine = StockRolloutEngine(
+                self.model, recipe=self.recipe, device=self.device, max_batch=self.num_local,
+                max_seq_len=self.width,
+            )  # fmt: skip
         else:
             self.engine = RolloutEngine(
                 copy.deepcopy(self.model), recipe=self.recipe, device=self.device,
