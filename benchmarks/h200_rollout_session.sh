@@ -22,8 +22,8 @@ for part in $PARTS; do
               tests/codegen/test_nvfp4_kernels.py tests/codegen/test_nvfp4_ops.py tests/codegen/test_row_scale.py tests/rl/test_sampling.py} ;;
     learner) run "${LEARNER_S:-330}" learner python3 -m benchmarks.learner --profile ${LEARNER_ARGS:-} ;;
     alignment) run "${ALIGN_S:-300}" alignment python3 -m pytest -m gpu -q tests/gpu/test_gpu_alignment.py ${ALIGN_ARGS:-} ;;
-    rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --profile-batch 64 ${ROLLOUT_ARGS:-} ;;
-    graphs) run 200 cuda_graphs python3 -m pytest -m gpu -q tests/gpu/test_gpu_cuda_graphs.py -k engine ;;
+    rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --roofline benchmarks/results/2026-12-06_rollout_roofline_4193161.json ${ROLLOUT_ARGS:-} ;;
+    graphs) run 200 cuda_graphs python3 -m pytest -m gpu -q tests/gpu/test_gpu_cuda_graphs.py tests/gpu/test_gpu_invariant_ops.py -k "engine or sampling or replay or in_place" ;;
     gaps) run "${GAPS_S:-200}" learner_gaps python3 -m benchmarks.learner_gaps ${GAPS_ARGS:-} ;;
     lgraphs) run "${LGRAPHS_S:-200}" learner_cuda_graphs python3 -m pytest -m gpu -q tests/gpu/test_gpu_cuda_graphs.py -k learner ;;
     invariant) run "${INV_S:-120}" invariant python3 -m benchmarks.invariant ;;
