@@ -7,7 +7,8 @@
 #   the correctness parts (alignment, graphs, lgraphs, backend, numerics) run tests/gpu under pytest;
 #   TUNE_ARGS="--only wgrad" picks the sections of the config sweep (TUNEATTN_ARGS: attention's);
 #   PYTEST_FILES="tests/a.py tests/b.py" picks the CUDA test files.
-# One device call (600 s) fits about two parts; ALIGN_ARGS="-m 'gpu and not slow'" skips batch 256.
+# One device call (600 s) fits about two parts; ALIGN_MARK="gpu and not slow" skips batch 256.
+# Issue 41 (the rollout engine): PARTS="graphs alignment" ALIGN_MARK="gpu and not slow", then PARTS=rollout.
 set -u
 R="${OUT:-/tmp/out}/r"
 mkdir -p "$R"
@@ -21,7 +22,7 @@ for part in $PARTS; do
     pytest) run "${PYTEST_S:-240}" pytest_cuda python3 -m pytest -q ${PYTEST_FILES:-tests/codegen/test_attention_backward.py tests/codegen/test_quantize_global.py tests/codegen/test_abs_max.py tests/codegen/test_rms_norm_backward.py \
               tests/codegen/test_nvfp4_kernels.py tests/codegen/test_nvfp4_ops.py tests/codegen/test_row_scale.py tests/rl/test_sampling.py} ;;
     learner) run "${LEARNER_S:-330}" learner python3 -m benchmarks.learner --profile ${LEARNER_ARGS:-} ;;
-    alignment) run "${ALIGN_S:-300}" alignment python3 -m pytest -m gpu -q tests/gpu/test_gpu_alignment.py ${ALIGN_ARGS:-} ;;
+    alignment) run "${ALIGN_S:-300}" alignment python3 -m pytest -m "${ALIGN_MARK:-gpu}" -q tests/gpu/test_gpu_alignment.py ${ALIGN_ARGS:-} ;;
     rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --roofline benchmarks/results/2026-12-06_rollout_roofline_4193161.json ${ROLLOUT_ARGS:-} ;;
     graphs) run 200 cuda_graphs python3 -m pytest -m gpu -q tests/gpu/test_gpu_cuda_graphs.py tests/gpu/test_gpu_invariant_ops.py -k "engine or sampling or replay or in_place" ;;
     gaps) run "${GAPS_S:-200}" learner_gaps python3 -m benchmarks.learner_gaps ${GAPS_ARGS:-} ;;
