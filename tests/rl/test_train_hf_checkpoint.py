@@ -12,34 +12,13 @@ import dataclasses
 
 import pytest
 import torch
+from model_dirs import TEMPLATE, save_tokenizer
 
 from fp4_compile.rl.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from fp4_compile.rl.cli_export import policy_from_checkpoint
 from fp4_compile.rl.presets import get_preset
-from fp4_compile.rl.tokenizer import CHARACTERS
 from fp4_compile.rl.train_logging import step_records
 from fp4_compile.rl.trainer import train
-
-TEMPLATE = (
-    "{% for m in messages %}q:{{ m['content'] }}{% endfor %}"
-    "{% if add_generation_prompt %} a:{% endif %}"
-)
-
-
-def _save_tokenizer(folder, *, chat_template=TEMPLATE):
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", *CHARACTERS])}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one per character
-    tk.decoder = decoders.Fuse()
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>"
-    )
-    hf.chat_template = chat_template
-    hf.save_pretrained(str(folder))
-    return hf
 
 
 @pytest.fixture(scope="module", params=["untied", "tied"])
@@ -56,7 +35,7 @@ def checkpoint_dir(request, tmp_path_factory):
     )  # fmt: skip
     torch.manual_seed(3)
     Qwen3ForCausalLM(config).save_pretrained(str(folder))
-    _save_tokenizer(folder)
+    save_tokenizer(folder)
     return folder
 
 
@@ -107,14 +86,14 @@ def test_train_hf_checkpoint_strict_gap_is_zero(tmp_path, checkpoint_dir):
     assert all(torch.equal(v, want[k]) for k, v in policy.state_dict().items())
 
     # resuming with another tokenizer (other chat template) in the same directory is refused
-    _save_tokenizer(checkpoint_dir, chat_template=TEMPLATE.replace("q:", "u:"))
+    save_tokenizer(checkpoint_dir, chat_template=TEMPLATE.replace("q:", "u:"))
     try:
         with pytest.raises(CheckpointError, match="tokenizer"):
             train(
                 dataclasses.replace(cfg, steps=3), resume=True, progress=False, log=lambda *_: None
             )
     finally:
-        _save_tokenizer(checkpoint_dir)
+        save_tokenizer(checkpoint_dir)
 
 
 @pytest.mark.parametrize("bad", ["missing", "no_config"])
@@ -129,7 +108,7 @@ def test_model_must_be_a_checkpoint_dir(tmp_path, bad):
 def test_tokenizer_without_eos_is_refused(tmp_path):
     from fp4_compile.rl.hf_tokenizer import HFTokenizer
 
-    hf = _save_tokenizer(tmp_path)
+    hf = save_tokenizer(tmp_path)
     hf.eos_token = None
     hf.save_pretrained(str(tmp_path))
     with pytest.raises(ValueError, match="eos_token_id"):
