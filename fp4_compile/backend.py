@@ -269,10 +269,11 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     BF16-size copy of each such weight from its forward to its backward. False: the forward and
     the dgrad each dequantize (no copy kept). The same bits either way.
 
-    options["weight_store"] (a rollout engine's `rollout.weight_store.WeightStore`): the graph
-    reads its weights' quantized bytes from the store (extra inputs the compiled function appends
-    to every call) instead of quantizing them per call (`passes/bind_weight_inputs.py`). The
-    same bits.
+    options["weight_store"] (a `rollout.weight_store.WeightStore`: a rollout engine's, or the
+    learner's from `fp4_compile.compile(..., quantize_weights="on_change")`): the graph reads its
+    weights' quantized bytes from the store (extra inputs the compiled function appends to every
+    call) instead of quantizing them per call (`passes/bind_weight_inputs.py`); a store made with
+    on_change=True re-quantizes before a call when a weight changed in place. The same bits.
 
     options["fuse_quantize"] (default True): activations are quantized once per distinct input
     and, where minite owns the producer (RMSNorm, SwiGLU), by the producer's kernel
@@ -312,6 +313,8 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         return compiled
 
     def with_store_inputs(*args):
+        if store.on_change:
+            store.refresh_if_changed()
         return compiled(*args, *extra)
 
     return with_store_inputs

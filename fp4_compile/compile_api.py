@@ -7,13 +7,40 @@ import torch
 from .recipe import NVFP4Recipe, as_recipe
 
 
-def compile(model, *, recipe: NVFP4Recipe | dict | str | None = None, **compile_kwargs):  # noqa: A001
-    """torch.compile(model, backend="minite", options={"recipe": recipe}, **compile_kwargs)."""
+QUANTIZE_WEIGHTS = ("every_call", "on_change")
+
+
+def compile(  # noqa: A001
+    model,
+    *,
+    recipe: NVFP4Recipe | dict | str | None = None,
+    quantize_weights: str = "every_call",
+    **compile_kwargs,
+):
+    """torch.compile(model, backend="minite", options={"recipe": recipe}, **compile_kwargs).
+
+    quantize_weights="every_call" (torch.compile's behaviour): every forward quantizes the NVFP4
+    weights. "on_change": each weight is quantized once per version, before the first call after
+    it changed in place (an optimizer step, an in-place load), into a `WeightStore` the graphs
+    read (`fp4_compile/rollout/weight_store.py`), so the micro-batches of one optimizer step
+    share one quantize. The same bits, forward and gradients (tests/test_learner_weight_store.py).
+    A parameter replaced by a new tensor is refused at the next call. The store is the returned
+    module's `minite_weight_store`."""
     if "backend" in compile_kwargs or "options" in compile_kwargs:
         raise TypeError("fp4_compile.compile sets backend and options itself; pass recipe=")
-    return torch.compile(
-        model, backend="minite", options={"recipe": as_recipe(recipe)}, **compile_kwargs
-    )
+    if quantize_weights not in QUANTIZE_WEIGHTS:
+        raise ValueError(f"quantize_weights must be one of {QUANTIZE_WEIGHTS}, got {quantize_weights!r}")
+    options = {"recipe": as_recipe(recipe)}
+    store = None
+    if quantize_weights == "on_change":
+        from .rollout.weight_store import WeightStore
+
+        params = dict(model.named_parameters())
+        store = options["weight_store"] = WeightStore(params, on_change=True, model=model)
+    compiled = torch.compile(model, backend="minite", options=options, **compile_kwargs)
+    if store is not None:
+        compiled.minite_weight_store = store  # its `refreshes` count the quantizes
+    return compiled
 
 
 def explain(

@@ -29,13 +29,24 @@ def _ops():
 
 
 class WeightStore:
-    """params: name -> the engine's own parameter tensors (read at every `refresh`)."""
+    """params: name -> the engine's own parameter tensors (read at every `refresh`).
 
-    def __init__(self, params: dict[str, torch.Tensor]):
+    on_change=False (the rollout engine): the owner calls `refresh` when the weights change.
+    on_change=True (the learner, `fp4_compile.compile(..., quantize_weights="on_change")`): the
+    compiled function calls `refresh_if_changed` before every call, which re-quantizes when a
+    parameter the store reads was written in place since the last refresh (an optimizer step,
+    `load_state_dict`, a manual edit: each bumps the tensor's version counter). Micro-batches
+    of one optimizer step then never re-quantize."""
+
+    def __init__(self, params: dict[str, torch.Tensor], *, on_change: bool = False,
+                 model: torch.nn.Module | None = None):  # fmt: skip
         self.params = dict(params)
+        self.on_change = on_change
+        self._model = model  # on_change: checked for replaced parameters before every call
         self._names = {id(p): n for n, p in self.params.items()}
         self.specs: dict[str, QuantizeSpec] = {}
         self.tensors: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._seen: dict[str, int] = {}  # parameter name -> its version at the last quantize
         self.refreshes = 0
         self.sites_bound = 0
 
@@ -66,6 +77,8 @@ class WeightStore:
             return self.tensors[spec.name]
         self.specs[spec.name] = spec
         self.tensors[spec.name] = tuple(self._quantize(spec, {}))
+        for name in (spec.name, *(spec.group or ())):
+            self._seen[name] = self.params[name]._version
         return self.tensors[spec.name]
 
     @torch.no_grad()
@@ -76,7 +89,21 @@ class WeightStore:
             new = self._quantize(spec, amaxes)
             for mine, fresh in zip(self.tensors[name], new):
                 mine.copy_(fresh)
+        self._seen = {name: self.params[name]._version for name in self._seen}
         self.refreshes += 1
+
+    def changed(self) -> list[str]:
+        """The parameters the store reads that were written in place since their last quantize."""
+        return [n for n, v in self._seen.items() if self.params[n]._version != v]
+
+    def refresh_if_changed(self) -> bool:
+        """`refresh` when any parameter the store reads changed (see the class docstring)."""
+        if self._model is not None:
+            self.check_unmoved(self._model)
+        if not self.changed():
+            return False
+        self.refresh()
+        return True
 
     def check_unmoved(self, model: torch.nn.Module) -> None:
         """Refuse parameters replaced by new tensors since the engine was built: the store and
@@ -84,9 +111,9 @@ class WeightStore:
         for name, p in model.named_parameters():
             if self.params.get(name) is not p:
                 raise ValueError(
-                    f"parameter {name!r} of the engine's model is no longer the tensor the engine "
-                    "was built with (replaced, e.g. load_state_dict(assign=True)): update the "
-                    "weights in place (update_weights) or build a new RolloutEngine"
+                    f"parameter {name!r} of the model is no longer the tensor its weight store was "
+                    "built with (replaced, e.g. load_state_dict(assign=True)): update the weights "
+                    "in place (a rollout engine: update_weights), or compile / build anew"
                 )
 
     # ---- binding graphs ----------------------------------------------------------------------
