@@ -6,7 +6,6 @@ import torch
 
 from .recipe import NVFP4Recipe, as_recipe
 
-
 QUANTIZE_WEIGHTS = ("every_call", "on_change")
 
 
@@ -29,7 +28,9 @@ def compile(  # noqa: A001
     if "backend" in compile_kwargs or "options" in compile_kwargs:
         raise TypeError("fp4_compile.compile sets backend and options itself; pass recipe=")
     if quantize_weights not in QUANTIZE_WEIGHTS:
-        raise ValueError(f"quantize_weights must be one of {QUANTIZE_WEIGHTS}, got {quantize_weights!r}")
+        raise ValueError(
+            f"quantize_weights must be one of {QUANTIZE_WEIGHTS}, got {quantize_weights!r}"
+        )
     options = {"recipe": as_recipe(recipe)}
     store = None
     if quantize_weights == "on_change":

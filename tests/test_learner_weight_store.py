@@ -70,7 +70,9 @@ def test_on_change_is_bitwise_the_per_call_quantize_with_one_quantize_per_step(b
 
 def test_on_change_sees_in_place_edits_and_refuses_replaced_parameters():
     model = tiny_qwen3(layers=1)
-    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3)
+    )
     torch._dynamo.reset()
     compiled = fp4_compile.compile(model, recipe="strict", quantize_weights="on_change")
     with torch.no_grad():
