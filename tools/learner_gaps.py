@@ -4,8 +4,8 @@ them and the CPU operators running meanwhile. For the CUDA-graph learner, whose 
 host-launch-bound, yet GPU busy is ~84% (minite) vs ~91% (Inductor BF16) with 805 vs 281
 kernels per step (`2026-12-03_learner_3c3015c.md`). Figures: emulated NVFP4 (sm_90).
 
-    python -m benchmarks.learner_gaps [--layers 2] [--batch 8] [--seq 512] [--no-cuda-graphs]
-    python -m benchmarks.learner_gaps --from-trace TRACE.json.gz   # attribution of a kept trace
+    python -m tools.learner_gaps [--layers 2] [--batch 8] [--seq 512] [--no-cuda-graphs]
+    python -m tools.learner_gaps --from-trace TRACE.json.gz   # attribution of a kept trace
 
 With --no-cuda-graphs the kernels are launched one by one from the host, so each can be traced
 back to the operator that launched it: the report then also attributes every kernel's GPU time
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import environment, write_results
-from benchmarks.learner import _step_fn
+from benchmarks.learner import step_fn
 from fp4_compile import NVFP4Recipe
 from fp4_compile.models import qwen3_30b_a3b_layers
 
@@ -190,7 +190,7 @@ def main() -> None:
             kw["mode"] = "reduce-overhead"
         compiled = torch.compile(model, backend=backend, **kw)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
-        step = _step_fn(compiled, ids, opt)
+        step = step_fn(compiled, ids, opt)
         try:
             for _ in range(4):
                 step()

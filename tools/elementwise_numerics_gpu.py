@@ -9,7 +9,7 @@ pins); the bytes of the forward
 output and of every input gradient that differ are counted. A candidate with differing bytes
 is a cause; its fix is to make it opaque (an fp4_compile op, like `row_scale`), or a knob.
 
-    python -m benchmarks.elementwise_numerics_gpu [--tokens 4096] [--device cuda]
+    python -m tools.elementwise_numerics_gpu [--tokens 4096] [--device cuda]
 
 The last row is the fix: the SwiGLU as `fp4_compile::silu_mul` (what the `lower_silu_muls` pass
 emits), compiled, against the plain SwiGLU run eagerly. A diagnostic tool: its pass/fail part (the

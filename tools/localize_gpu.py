@@ -9,7 +9,7 @@ backend (Inductor) and through the eager lowered graph (same passes, no Inductor
 divergent layer / position of each pair says which side, which phase (prefill or decode) and
 whether Inductor's code is involved.
 
-    python -m benchmarks.localize_gpu [--tiny] [--batch 8] [--new-tokens 16]
+    python -m tools.localize_gpu [--tiny] [--batch 8] [--new-tokens 16]
 
 A diagnostic tool: its pass/fail part (the four views agree, bitwise; engine == learner
 log-probs) is tests/gpu/test_gpu_alignment.py.

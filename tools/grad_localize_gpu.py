@@ -1,12 +1,12 @@
 """Where do the compiled model's gradients first differ from the lowered graph run eagerly?
 (issue #5: on the H200, tiny Qwen3-MoE gradients differ in 22 of 25 tensors; dense models agree.)
 
-Records every `fp4_compile::` op of the backward of both runs (benchmarks.op_recorder) and
+Records every `fp4_compile::` op of the backward of both runs (tools.op_recorder) and
 reports, in backward order, each opaque op's input/output agreement and layout differences:
 - inputs differ -> a traced (Inductor-generated) op upstream computed them differently;
 - inputs equal, outputs differ -> the op itself (its kernels follow strides / alignment).
 
-    python -m benchmarks.grad_localize_gpu [--cpu] [--recipes strict,bf16]
+    python -m tools.grad_localize_gpu [--cpu] [--recipes strict,bf16]
 
 A diagnostic tool: its pass/fail part (every gradient == the eager lowered graph's, bitwise) is
 tests/gpu/test_gpu_backend.py.
@@ -21,11 +21,11 @@ import torch
 
 import fp4_compile.codegen  # noqa: F401  (registers the ops)
 from benchmarks.common import environment, write_results
-from benchmarks.op_recorder import OpRecorder, compare_runs, first_culprit
 from fp4_compile import NVFP4Recipe
 from fp4_compile.backend import lowering_only_backend
 from fp4_compile.models import qwen3_30b_a3b_layers, tiny_llama, tiny_qwen3_moe
 from fp4_compile.sr_stream import set_sr_state
+from tools.op_recorder import OpRecorder, compare_runs, first_culprit
 
 MODELS = {
     "moe": ("tiny Qwen3-MoE (bf16)", lambda: tiny_qwen3_moe(layers=2, dtype=torch.bfloat16)),

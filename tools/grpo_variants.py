@@ -2,7 +2,7 @@
 other in one process group of runs: reward and mismatch curves (PNG), the final table (reward,
 gap, learner and rollout tokens/s, step time) and the step-time ratio NVFP4 strict / BF16.
 
-    python -m benchmarks.grpo_variants [--recipe h200-moe] [--budget-s 170] [key=value ...]
+    python -m tools.grpo_variants [--recipe h200-moe] [--budget-s 170] [key=value ...]
 
 Each variant runs `minite train RECIPE --variant V` as a subprocess with a wall-clock budget;
 the warm start is shared (one cache folder). Results under $OUT (or benchmarks/results/) as

@@ -1,5 +1,5 @@
 """The decode GEMM's main loop on sm_90, without a GPU: the instruction mix per 32 weights of the
-packed-weight kernels, compiled for an H200 target on this machine (`benchmarks.ptx_audit`'s
+packed-weight kernels, compiled for an H200 target on this machine (`tools.ptx_audit`'s
 compiler path, nvdisasm bundled with Triton).
 
 The K loop is the SASS range between the last backward branch and its target; its instructions
@@ -9,7 +9,7 @@ packed kernel at its decode bucket (`gemm_kernel`, 64 x 64 x 64, dequantizing E2
 arithmetic and broadcasting the scales), and the decode kernel at its pinned buckets and
 variants. A proxy of ALU cost that ranks variants of one data flow; the GPU decides speed.
 
-    python -m benchmarks.decode_sass_audit      (no TRITON_INTERPRET; writes benchmarks/results)
+    python -m tools.decode_sass_audit      (no TRITON_INTERPRET; writes benchmarks/results)
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 
 from benchmarks.common import environment, write_results
-from benchmarks.ptx_audit import KernelCase, compile_sm90
+from tools.ptx_audit import KernelCase, compile_sm90
 
 CLASSES = {
     "HGMMA / HMMA (tensor core)": r"^(HGMMA|HMMA)",
