@@ -27,11 +27,13 @@ PARTS="${PARTS:-pytest learner alignment rollout}"
 STAMP_DATE="$(date +%F)"; STAMP_COMMIT="${MINITE_COMMIT:-unknown}"; STAMP_COMMIT="${STAMP_COMMIT:0:7}"
 run() { local t=$1 name=$2; shift 2; local log="$R/${STAMP_DATE}_${name}_${STAMP_COMMIT}.log"; echo "== $name"; timeout "$t" "$@" > "$log" 2>&1; echo "rc=$? $name"; tail -4 "$log"; }
 TWO_RECIPES="minite strict NVFP4;minite bf16 recipe"
+# the `pytest` part's CUDA test files, found by name wherever tests/ keeps them
+CUDA_TESTS="test_attention_backward test_quantize_global test_abs_max test_rms_norm_backward test_nvfp4_kernels test_nvfp4_ops test_row_scale test_sampling"
+cuda_test_files() { for t in $CUDA_TESTS; do find tests -name "$t.py"; done; }
 for part in $PARTS; do
   case "$part" in
     # correctness
-    pytest) run "${PYTEST_S:-240}" pytest_cuda python3 -m pytest -q ${PYTEST_FILES:-tests/codegen/test_attention_backward.py tests/codegen/test_quantize_global.py tests/codegen/test_abs_max.py tests/codegen/test_rms_norm_backward.py \
-              tests/codegen/test_nvfp4_kernels.py tests/codegen/test_nvfp4_ops.py tests/codegen/test_row_scale.py tests/rollout/test_sampling.py} ;;
+    pytest) run "${PYTEST_S:-240}" pytest_cuda python3 -m pytest -q ${PYTEST_FILES:-$(cuda_test_files)} ;;
     codegen) run "${CODEGEN_S:-240}" pytest_codegen_cuda python3 -m pytest -q tests/codegen ;;
     kernels) run "${KERNELS_S:-240}" pytest_gpu_kernels python3 -m pytest -m gpu -q tests/gpu/test_gpu_nvfp4.py tests/gpu/test_gpu_invariant_ops.py tests/gpu/test_gpu_bucket_invariance.py ;;
     graphs) run "${GRAPHS_S:-200}" cuda_graphs python3 -m pytest -m gpu -q tests/gpu/test_gpu_cuda_graphs.py tests/gpu/test_gpu_invariant_ops.py -k "engine or sampling or replay or in_place" ;;
