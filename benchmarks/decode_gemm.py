@@ -189,7 +189,7 @@ def sweep_configs(only: str = "all"):
     if only not in ("all", "weights_right"):
         raise ValueError(f"only must be 'all' or 'weights_right', got {only!r}")
     # BLOCK_W 64 (one warpgroup's wgmma rows: the most programs), the word decode (the fewest
-    # instructions, benchmarks.decode_sass_audit): K step and pipeline depth decide the bytes in
+    # instructions, tools.decode_sass_audit): K step and pipeline depth decide the bytes in
     # flight per program
     for t, k, stages in itertools.product((16, 64), (128, 256, 512), (2, 3, 4, 6)):
         if only == "all" and k * stages <= 1536:

@@ -32,7 +32,7 @@ from fp4_compile.models import qwen3_30b_a3b_layers
 from fp4_compile.testing import count_bytes_differ
 
 
-def _step_fn(model, ids, opt):
+def step_fn(model, ids, opt):
     def step():
         # a new CUDA-graph generation per step (Inductor's graph trees; the paired rounds
         # interleave two compiled models' steps)
@@ -54,7 +54,7 @@ def measure(label, model, compiled, ids, tokens, *, profile=False):
     held = torch.cuda.memory_allocated() - sum(
         p.numel() * p.element_size() for p in model.parameters()
     )
-    step = _step_fn(compiled, ids, opt)
+    step = step_fn(compiled, ids, opt)
     ms = cuda_time_ms(step, warmup=2, iters=5)
     peak = (torch.cuda.max_memory_allocated() - held) / 2**30
     row = {"label": label, "step_ms": ms, "tokens_per_s": tokens / (ms / 1e3), "peak_gib": peak}

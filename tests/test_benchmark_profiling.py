@@ -1,7 +1,7 @@
-"""Benchmark profiling helpers: the gap analysis of `benchmarks.learner_gaps` (a pure function of
+"""Benchmark profiling helpers: the gap analysis of `tools.learner_gaps` (a pure function of
 chrome-trace events) and the kernel filter of `benchmarks.common.profile_call`."""
 
-from benchmarks.learner_gaps import attribute_kernels, gap_summary
+from tools.learner_gaps import attribute_kernels, gap_summary
 
 
 def test_gap_summary_buckets_overlaps_and_cpu_ops():

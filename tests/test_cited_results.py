@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 NAME = re.compile(r"\b(20\d\d-\d\d-\d\d_[A-Za-z0-9_.+-]*[A-Za-z0-9])\b")
 SOURCES = ["README.md", "CONTRIBUTING.md", "docs", "fp4_compile", "passes", "codegen", "rl",
-           "benchmarks", "tests"]  # fmt: skip
+           "benchmarks", "tools", "tests"]  # fmt: skip
 SUFFIXES = {".md", ".py", ".sh", ".toml"}
 
 

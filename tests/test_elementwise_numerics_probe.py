@@ -1,4 +1,4 @@
-"""The elementwise-numerics probe (`benchmarks.elementwise_numerics_gpu`, the GPU question of
+"""The elementwise-numerics probe (`tools.elementwise_numerics_gpu`, the GPU question of
 the bf16 30B-shaped backend row) on CPU, small shapes: Inductor with minite's settings rounds
 the model's traced elementwise subgraphs (SwiGLU, rotary with in-graph cos / sin, residual adds)
 exactly like eager, forward and every input gradient, as the CPU suite's compiled == eager
@@ -8,7 +8,7 @@ import torch
 
 
 def test_probe_finds_no_difference_on_cpu():
-    from benchmarks.elementwise_numerics_gpu import probe
+    from tools.elementwise_numerics_gpu import probe
 
     rows = probe(64, torch.device("cpu"), small=True)
     assert [r["candidate"].split()[0] for r in rows] == ["MoE", "rotary", "residual", "fix:"]

@@ -6,11 +6,11 @@ import copy
 import torch
 
 import fp4_compile.codegen  # noqa: F401  (registers the ops)
-from benchmarks.op_recorder import OpRecorder, compare_runs, first_culprit
 from fp4_compile import NVFP4Recipe
 from fp4_compile.backend import lowering_only_backend
 from fp4_compile.models import tiny_qwen3
 from fp4_compile.sr_stream import set_sr_state
+from tools.op_recorder import OpRecorder, compare_runs, first_culprit
 
 
 def _run(model, backend, ids, **kw):

@@ -1,9 +1,9 @@
 """The sm_90 code of the learner's GEMM kernels, compiled here without a GPU
-(`benchmarks.ptx_audit`): every operand load of the main loops is a pipelined 16-byte
+(`tools.ptx_audit`): every operand load of the main loops is a pipelined 16-byte
 asynchronous copy, not a scalar 2-byte load. The MoE wgrad kernel compiled to 96-101 scalar
 loads and no software pipeline until its segment width was declared a multiple of 16
 (2026-12-04); this keeps that from coming back unnoticed (speed itself is measured on the GPU,
-`benchmarks.tune_kernels`)."""
+`tools.tune_kernels`)."""
 
 import json
 import os
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def audit():
     """The audit's counts, from its own process: this one may hold interpreted kernels."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "benchmarks.ptx_audit", "--json"], env=env,
+    out = subprocess.run([sys.executable, "-m", "tools.ptx_audit", "--json"], env=env,
                          cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -5,7 +5,7 @@ Bitwise: the log-prob the rollout engine recorded for every sampled token (prefi
 through the static KV cache, batches 1 / 8 / 64; 256 marked slow; prompts of 4-63 tokens, 32 new
 tokens) == the learner's log-prob of that token from one compiled forward over the whole
 sequence. And, teacher-forced on fixed sequences (the pass/fail part of
-`benchmarks.localize_gpu`), every hidden state and the logits agree between the four views
+`tools.localize_gpu`), every hidden state and the logits agree between the four views
 learner batched / learner alone / rollout batched / rollout alone, for the MoE model and a dense
 Qwen3 of the same width. te's gap is a measurement, not a contract, and is not tested here.
 """

@@ -1,5 +1,5 @@
 """Inductor's generated elementwise code rounds like eager ATen, on the GPU, at the Qwen3-30B-A3B
-shapes of 4096 tokens (the pass/fail part of `benchmarks.elementwise_numerics_gpu`, whose other
+shapes of 4096 tokens (the pass/fail part of `tools.elementwise_numerics_gpu`, whose other
 rows are probes).
 
 Bitwise, forward output and every input gradient, compiled with minite's Inductor settings
@@ -12,8 +12,8 @@ why the `lower_silu_muls` pass emits the op).
 import pytest
 import torch
 
-from benchmarks.elementwise_numerics_gpu import candidates, inductor_as_minite
 from fp4_compile.testing import assert_bitwise_equal
+from tools.elementwise_numerics_gpu import candidates, inductor_as_minite
 
 pytestmark = pytest.mark.gpu
 

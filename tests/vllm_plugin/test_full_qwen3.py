@@ -125,7 +125,7 @@ def test_vllm_full_moe_rotary_regression():
     Inductor in the learner and by ATen in the plugin, they differed by an ulp on some angles,
     and here (tiny Qwen3-MoE, seed 0, prompt length 28, sampling seed 127) that moved one
     log-prob, at generated position 11, by 8.4e-4. Both now call `fp4_compile::cos` / `sin`."""
-    from benchmarks.vllm_gap import prompts_for
+    from tools.vllm_gap import prompts_for
 
     model = tiny_qwen3_moe(seed=0)
     engine = VLLMRolloutEngine(model, recipe=RECIPE, max_batch=4, max_seq_len=64, full=True)

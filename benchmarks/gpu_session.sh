@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Every GPU call of the project, one PART each; a device call (600 s) fits about two parts.
+#   MINITE_COMMIT=<sha> PARTS="alignment rollout" bash benchmarks/gpu_session.sh
+# Results (md + json, benchmarks.common.write_results) and one log per part, named as the result
+# files (<date>_<topic>_<commit>.log), are packed into $OUT/session.tgz.
+# Parts (default PARTS="pytest learner alignment rollout"):
+#   correctness, tests/gpu and tests/codegen under pytest:
+#     pytest (PYTEST_FILES picks the CUDA test files), codegen, kernels, graphs, lgraphs,
+#     alignment (ALIGN_MARK="gpu and not slow" skips batch 256; ALIGN_ARGS), backend
+#     (BACKEND_ARGS), fusion, numerics (NUMERICS_ARGS), decode_tests;
+#   benchmarks (benchmarks/): gemm, grouped_gemm, quantize, invariant, decode_gemm (DECODE_ARGS,
+#     e.g. "--sweep --sweep-only weights_right"), learner (LEARNER_ARGS, default --profile),
+#     learner_rounds (fused vs unfused vs Inductor BF16 in paired rounds, ROUNDS), rollout
+#     (ROLLOUT_ARGS), rollout_profile;
+#   tools (tools/): gaps (GAPS_ARGS), gradloc (GRADLOC_ARGS="--models moe,llama --recipes
+#     strict,te,bf16"), tune (TUNE_ARGS="--only wgrad"), tuneattn (TUNEATTN_ARGS), grpo_variants
+#     (GRPO_S seconds per variant).
+# Each part's time limit is <NAME>_S (e.g. ROLLOUT_S=420).
+# Issue 41 (the rollout engine): PARTS="graphs alignment" ALIGN_MARK="gpu and not slow", then
+# PARTS=rollout.
+set -u
+export PYTHONUNBUFFERED=1
+R="${OUT:-/tmp/out}/r"
+mkdir -p "$R"
+export OUT="$R"
+PARTS="${PARTS:-pytest learner alignment rollout}"
+STAMP_DATE="$(date +%F)"; STAMP_COMMIT="${MINITE_COMMIT:-unknown}"; STAMP_COMMIT="${STAMP_COMMIT:0:7}"
+run() { local t=$1 name=$2; shift 2; local log="$R/${STAMP_DATE}_${name}_${STAMP_COMMIT}.log"; echo "== $name"; timeout "$t" "$@" > "$log" 2>&1; echo "rc=$? $name"; tail -4 "$log"; }
+TWO_RECIPES="minite strict NVFP4;minite bf16 recipe"
+# the `pytest` part's CUDA test files, found by name wherever tests/ keeps them
+CUDA_TESTS="test_attention_backward test_quantize_global test_abs_max test_rms_norm_backward test_nvfp4_kernels test_nvfp4_ops test_row_scale test_sampling"
+cuda_test_files() { for t in $CUDA_TESTS; do find tests -name "$t.py"; done; }
+for part in $PARTS; do
+  case "$part" in
+    # correctness
+    pytest) run "${PYTEST_S:-240}" pytest_cuda python3 -m pytest -q ${PYTEST_FILES:-$(cuda_test_files)} ;;
+    codegen) run "${CODEGEN_S:-240}" pytest_codegen_cuda python3 -m pytest -q tests/codegen ;;
+    kernels) run "${KERNELS_S:-240}" pytest_gpu_kernels python3 -m pytest -m gpu -q tests/gpu/test_gpu_nvfp4.py tests/gpu/test_gpu_invariant_ops.py tests/gpu/test_gpu_bucket_invariance.py ;;
+    graphs) run "${GRAPHS_S:-200}" cuda_graphs python3 -m pytest -m gpu -q tests/gpu/test_gpu_cuda_graphs.py tests/gpu/test_gpu_invariant_ops.py -k "engine or sampling or replay or in_place" ;;
+    lgraphs) run "${LGRAPHS_S:-200}" learner_cuda_graphs python3 -m pytest -m gpu -q tests/gpu/test_gpu_cuda_graphs.py -k learner ;;
+    alignment) run "${ALIGN_S:-300}" alignment python3 -m pytest -m "${ALIGN_MARK:-gpu}" -q tests/gpu/test_gpu_alignment.py ${ALIGN_ARGS:-} ;;
+    backend) run "${BACKEND_S:-200}" backend python3 -m pytest -m gpu -q tests/gpu/test_gpu_backend.py ${BACKEND_ARGS:-} ;;
+    fusion) run "${FUSION_S:-240}" pytest_fusion python3 -m pytest -q -m gpu tests/gpu/test_gpu_fusion.py ;;
+    numerics) run "${NUMERICS_S:-120}" elementwise_numerics python3 -m pytest -m gpu -q tests/gpu/test_gpu_elementwise_numerics.py ${NUMERICS_ARGS:-} ;;
+    decode_tests) run "${DECODE_TESTS_S:-200}" pytest_gpu_decode python3 -m pytest -q -m "gpu and not slow" tests/gpu/test_gpu_decode_gemm.py tests/codegen/nvfp4/test_decode_gemm.py tests/gpu/test_gpu_alignment.py ;;
+    # benchmarks
+    gemm) run "${GEMM_S:-240}" gemm python3 -m benchmarks.gemm ;;
+    grouped_gemm) run "${GROUPED_S:-240}" grouped_gemm python3 -m benchmarks.grouped_gemm ;;
+    quantize) run "${QUANT_S:-90}" quantize python3 -m benchmarks.quantize ;;
+    invariant) run "${INV_S:-120}" invariant python3 -m benchmarks.invariant ;;
+    decode_gemm) run "${DECODE_S:-540}" decode_gemm python3 -m benchmarks.decode_gemm ${DECODE_ARGS:-} ;;
+    learner) run "${LEARNER_S:-330}" learner python3 -m benchmarks.learner ${LEARNER_ARGS:---profile} ;;
+    learner_rounds) run "${LEARNER_S:-540}" learner python3 -m benchmarks.learner --only-cuda-graphs --skip-ongrid-ab --rounds "${ROUNDS:-10}" --round-iters 20 ;;
+    rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --roofline benchmarks/results/2026-12-06_rollout_roofline_4193161.json ${ROLLOUT_ARGS:-} ;;
+    rollout_profile) run "${PROFILE_S:-300}" rollout_profile python3 -m benchmarks.rollout --configs "$TWO_RECIPES" --batches 1,64 --profile-batch 1,64 --skip-hf --name rollout_profile ;;
+    # tools
+    gaps) run "${GAPS_S:-200}" learner_gaps python3 -m tools.learner_gaps ${GAPS_ARGS:-} ;;
+    gradloc) run "${GRADLOC_S:-150}" grad_localize python3 -m tools.grad_localize_gpu ${GRADLOC_ARGS:-} ;;
+    tune) run "${TUNE_S:-330}" tune_kernels python3 -m tools.tune_kernels ${TUNE_ARGS:-} ;;
+    tuneattn) run "${TUNEATTN_S:-300}" tune_attention python3 -m tools.tune_attention ${TUNEATTN_ARGS:-} ;;
+    grpo_variants) run "$(( ${GRPO_S:-150} * 2 + 60 ))" grpo_step python3 -m tools.grpo_variants --variants strict,bf16 --budget-s "${GRPO_S:-150}" ;;
+    *) echo "unknown part $part" >&2; exit 2 ;;
+  esac
+done
+tar czf "$R/../session.tgz" -C "$R" .
+rm -rf "$R"
