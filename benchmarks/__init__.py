@@ -2,7 +2,7 @@
 repository root, shapes from a model, the baseline measured in the same run, the ratio printed,
 GPU / torch / Triton / commit recorded, results written to benchmarks/results/
 (`common.write_results`). On the GPU: `gemm`, `grouped_gemm`, `decode_gemm`, `quantize`,
-`invariant` (kernels vs cuBLAS / SDPA / ATen; `kernel_timing`: launch vs CUDA-graph time),
+`invariant` (kernels vs cuBLAS / SDPA / ATen; `common`: launch vs CUDA-graph time),
 `learner` (a training step vs Inductor BF16), `rollout` (decode tokens/s), `grpo_evidence` (GRPO
 in strict / bf16 / te); on the CPU: `step_cost` (the rollout step cost model, with
 `step_cost_rules`) and `alignment_ablation` (what bitwise alignment buys). `gpu_session.sh` runs

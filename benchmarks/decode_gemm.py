@@ -23,8 +23,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import write_results
-from benchmarks.kernel_timing import fmt, header, ratio
+from benchmarks.common import fmt, header, ratio, write_results
 
 DENSE = {"square_8192": (8192, 8192), "expert_gate_up": (1536, 2048), "expert_down": (2048, 768)}
 DENSE_M = (1, 16, 64)

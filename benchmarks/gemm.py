@@ -16,8 +16,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import write_results
-from benchmarks.kernel_timing import both, fmt, header, ratio
+from benchmarks.common import both, fmt, header, ratio, write_results
 from fp4_compile import NVFP4Recipe
 from fp4_compile.codegen.nvfp4 import gemm as impl
 

@@ -17,8 +17,7 @@ import argparse
 
 import torch
 
-from benchmarks.common import write_results
-from benchmarks.kernel_timing import both, fmt, header, launch_ms, ratio
+from benchmarks.common import both, fmt, header, launch_ms, ratio, write_results
 from fp4_compile import NVFP4Recipe
 from fp4_compile.codegen.nvfp4 import gemm as impl
 

@@ -5,15 +5,14 @@
 Bytes counted for the quantizer: the input read plus the output written (packed codes + E4M3
 scales, the on-grid BF16 tensor the GEMMs consume, or both). Rows: activations / gradients
 [M, K], then the learner's MoE weights [E, N, K] (16x16 tiles, per-expert scales). The copy baseline (`clone`) reads and
-writes the input once. Launch and CUDA-graph figures as in `benchmarks.kernel_timing`.
+writes the input once. Launch and CUDA-graph figures as in `benchmarks.common`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from benchmarks.common import write_results
-from benchmarks.kernel_timing import both, fmt, header
+from benchmarks.common import both, fmt, header, write_results
 
 SHAPES = ((4096, 2048), (32768, 2048), (8192, 8192))
 # The learner's per-step weight quantize (the Qwen3-30B-A3B-shaped MoE experts: gate_up, down),

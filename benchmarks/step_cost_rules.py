@@ -31,7 +31,7 @@ EXTERN = _GEMMS | _ATTENTION | {
     "nonzero", "searchsorted", "multinomial", "index_copy_", "index_copy",
 }  # fmt: skip
 _IN_PLACE = {"scatter_", "index_put_", "index_copy_", "index_add_", "scatter_add_"}
-_WEIGHT_CACHED = {"quantize", "weight_group_amax"}
+_WEIGHT_CACHED = {"quantize", "quantize_with_ongrid", "weight_group_amax"}
 # fp4_compile ops whose CUDA dispatch launches more than one kernel: x quantized inside the op
 EXTRA_LAUNCHES = {"nvfp4_linear": 1, "nvfp4_grouped_mm": 1}
 _NVFP4_GEMMS = {"nvfp4_linear", "nvfp4_linear_quantized", "nvfp4_grouped_mm",
@@ -247,6 +247,8 @@ def _extern_cost(n: fx.Node, g: _Graph, ctx: dict) -> OpCost:
         written = sum(_nbytes(t) for t in outs)
     if name in _GEMMS:
         flops = 2 * int(outs[0].numel()) * int(_val(n.args[0]).shape[-1])
+        if name == "_grouped_mm" and outs[0].dim() == 3 and _val(n.args[0]).dim() == 2:
+            flops //= int(outs[0].shape[0])  # [N, T] x [T, K] -> [E, N, K]: each expert its rows
     if name in _ATTENTION:
         flops = 4 * int(_val(n.args[0]).numel()) * int(_val(n.args[1]).shape[-2])
         kv = "reads the whole static cache (S slots)"

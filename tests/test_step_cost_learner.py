@@ -1,0 +1,69 @@
+"""The learner step in the step cost model (`benchmarks/step_cost_learner.py`): the backward's
+NVFP4 GEMM ops counted as the kernels their CUDA dispatch launches, weight quantizes apart,
+AdamW from the parameters. Facts checked against hand counts on a tiny Qwen3."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks.step_cost_learner import adamw_rows, learner_step_cost
+from fp4_compile.models import tiny_qwen3, tiny_qwen3_moe
+
+BATCH, SEQ = 2, 32
+
+
+@pytest.fixture(scope="module")
+def dense():
+    model = tiny_qwen3(layers=1, dtype=torch.bfloat16).to("meta")
+    return model, {r: learner_step_cost(model, "tiny", recipe=r, batch=BATCH, seq=SEQ)
+                   for r in ("strict", "stock")}  # fmt: skip
+
+
+def _flops(res, pred) -> int:
+    return sum(a["flops"] for a in res["by_op"] if pred(a["op"]))
+
+
+def test_each_nvfp4_gemm_has_its_dgrad_and_wgrad_gemm(dense):
+    model, costs = dense
+    res = costs["strict"]
+    fwd = _flops(res, lambda op: op.startswith("fp4_compile.nvfp4_linear") and ":" not in op)
+    # hand count: q, k, v, o, gate, up, down of the one layer, 2*M*N*K each, M = BATCH*SEQ
+    layer = model.model.layers[0]
+    linears = [*vars(layer.self_attn)["_modules"].values(), *vars(layer.mlp)["_modules"].values()]
+    want = sum(2 * BATCH * SEQ * m.in_features * m.out_features
+               for m in linears if isinstance(m, torch.nn.Linear))  # fmt: skip
+    assert fwd == want
+    assert _flops(res, lambda op: op.endswith(": dgrad GEMM")) == want
+    assert _flops(res, lambda op: op.endswith(": wgrad GEMM")) == want
+    ops = {a["op"] for a in res["by_op"]}
+    assert not any(op.endswith("_backward") for op in ops if "nvfp4" in op), (
+        "an NVFP4 backward op was counted as one kernel"
+    )
+
+
+def test_weight_quantize_is_apart_and_only_in_nvfp4(dense):
+    _, costs = dense
+    strict, stock = costs["strict"], costs["stock"]
+    assert strict["weight_quantize"]["launches"] >= 7 and strict["weight_quantize"]["bytes"] > 0
+    assert stock["weight_quantize"]["launches"] == 0
+    parts = ("forward", "weight_quantize", "backward", "optimizer")
+    for res in (strict, stock):
+        assert res["step"]["bytes"] == sum(res[p]["bytes"] for p in parts)
+        assert res["step"]["launches"] == sum(res[p]["launches"] for p in parts)
+
+
+def test_adamw_reads_and_writes_by_hand():
+    model = tiny_qwen3(layers=1, dtype=torch.bfloat16).to("meta")
+    n = sum(p.numel() for p in model.parameters())
+    (row,) = adamw_rows(model)
+    assert row.bytes_read == n * (2 + 2 + 4 + 4)  # parameter, gradient, two FP32 moments
+    assert row.bytes_written == n * (2 + 4 + 4)
+
+
+def test_moe_backward_counts_the_grouped_kernels():
+    model = tiny_qwen3_moe(layers=1, dtype=torch.bfloat16).to("meta")
+    res = learner_step_cost(model, "tiny moe", recipe="strict", batch=BATCH, seq=SEQ)
+    ops = {a["op"] for a in res["by_op"]}
+    for part in ("dgrad grouped GEMM", "wgrad grouped GEMM", "dY^T segments quantize"):
+        assert f"fp4_compile.nvfp4_grouped_mm_backward: {part}" in ops
