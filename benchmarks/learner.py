@@ -29,6 +29,7 @@ from benchmarks.common import (
 )
 from fp4_compile import NVFP4Recipe
 from fp4_compile.models import qwen3_30b_a3b_layers
+from fp4_compile.rollout.weight_store import WeightStore
 from fp4_compile.testing import count_bytes_differ
 
 
@@ -105,6 +106,10 @@ def main() -> None:
         help="skip the fuse_quantize=False row (the A/B of the quantize fusions)",
     )  # fmt: skip
     parser.add_argument(
+        "--skip-on-change-ab", action="store_true",
+        help="skip the quantize_weights=on_change row (weights quantized once per version)",
+    )  # fmt: skip
+    parser.add_argument(
         "--rounds", type=int, default=0,
         help="after the single measurements, time all configs again in N interleaved rounds "
         "(A B A B ...); step_ms is then the median of the rounds",
@@ -134,6 +139,8 @@ def main() -> None:
          {**graphs, "save_ongrid_weights": False}, "cuda graphs"),
         ("minite strict NVFP4, CUDA graphs, fuse_quantize=False", "minite",
          {**graphs, "fuse_quantize": False}, "cuda graphs"),
+        ("minite strict NVFP4, CUDA graphs, quantize_weights=on_change", "minite",
+         {**graphs, "quantize_weights": "on_change"}, "cuda graphs"),
     ]  # fmt: skip
     if args.no_cuda_graphs and args.only_cuda_graphs:
         parser.error("--no-cuda-graphs and --only-cuda-graphs exclude each other")
@@ -145,6 +152,8 @@ def main() -> None:
         configs = [c for c in configs if "save_ongrid_weights" not in c[0]]
     if args.skip_fusion_ab:
         configs = [c for c in configs if "fuse_quantize" not in c[0]]
+    if args.skip_on_change_ab:
+        configs = [c for c in configs if "on_change" not in c[0]]
     kept: dict = {}  # row index -> (step, model, compiled): alive for the paired rounds
     for label, backend, options, mode in configs:
         if not args.rounds:
@@ -153,6 +162,9 @@ def main() -> None:
         sink: list = []  # the lowering reports: which passes fired on this stack
         if backend == "minite":
             options = {**options, "report_sink": sink}
+            if options.pop("quantize_weights", None) == "on_change":  # fp4_compile.compile's store
+                params = dict(model.named_parameters())
+                options["weight_store"] = WeightStore(params, on_change=True, model=model)
         kw = {"options": options} if options else {}
         if backend == "inductor" and mode == "cuda graphs":
             kw["mode"] = "reduce-overhead"
