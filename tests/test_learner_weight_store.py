@@ -25,13 +25,14 @@ def _batches(vocab: int) -> list[torch.Tensor]:
     return [torch.randint(0, vocab, (2, 32), generator=g) for _ in range(STEPS * MICRO)]
 
 
-def _train(model, quantize_weights: str, batches, sr):
+def _train(model, quantize_weights: str, batches, sr, *, fused: bool = False):
     """STEPS AdamW steps of MICRO micro-batches each: (per micro-batch logits, per step grads,
     the compiled model)."""
     set_sr_state(sr)
     torch._dynamo.reset()
     compiled = fp4_compile.compile(model, recipe="strict", quantize_weights=quantize_weights)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    # fused: torch's fused AdamW writes the parameters without bumping their version counters
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
     logits, grads = [], []
     for step in range(STEPS):
         for ids in batches[step * MICRO : (step + 1) * MICRO]:
@@ -48,14 +49,18 @@ def _store(compiled):
     return compiled.minite_weight_store
 
 
-@pytest.mark.parametrize("build", [tiny_qwen3, tiny_qwen3_moe], ids=["qwen3", "qwen3_moe"])
-def test_on_change_is_bitwise_the_per_call_quantize_with_one_quantize_per_step(build):
+@pytest.mark.parametrize(
+    "build, fused",
+    [(tiny_qwen3, False), (tiny_qwen3, True), (tiny_qwen3_moe, False)],
+    ids=["qwen3", "qwen3_fused_adamw", "qwen3_moe"],
+)
+def test_on_change_is_bitwise_the_per_call_quantize_with_one_quantize_per_step(build, fused):
     base = build(layers=1)
     batches = _batches(base.config.vocab_size)
     sr = sr_state()
-    want_logits, want_grads, _ = _train(copy.deepcopy(base), "every_call", batches, sr)
+    want_logits, want_grads, _ = _train(copy.deepcopy(base), "every_call", batches, sr, fused=fused)
     model = copy.deepcopy(base)
-    got_logits, got_grads, compiled = _train(model, "on_change", batches, sr)
+    got_logits, got_grads, compiled = _train(model, "on_change", batches, sr, fused=fused)
     for i, (w, g) in enumerate(zip(want_logits, got_logits)):
         assert torch.equal(w, g), f"micro-batch {i}: logits differ"
     for step, (w, g) in enumerate(zip(want_grads, got_grads)):

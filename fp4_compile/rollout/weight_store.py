@@ -16,6 +16,8 @@ Shape legend: N out-features, K in-features, E experts.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.fx as fx
 
@@ -28,15 +30,38 @@ def _ops():
     return torch.ops.fp4_compile
 
 
+# on_change stores, told of every optimizer step: a fused optimizer (torch's AdamW(fused=True))
+# writes the parameters without bumping their version counters, so versions alone miss it
+_ON_CHANGE_STORES: weakref.WeakSet = weakref.WeakSet()
+_optimizer_hook = None
+
+
+def _after_optimizer_step(optimizer, args, kwargs) -> None:
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for store in list(_ON_CHANGE_STORES):
+        if stepped & store._param_ids:
+            store._stepped = True
+
+
+def _watch_optimizer_steps(store: WeightStore) -> None:
+    global _optimizer_hook
+    if _optimizer_hook is None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _optimizer_hook = register_optimizer_step_post_hook(_after_optimizer_step)
+    _ON_CHANGE_STORES.add(store)
+
+
 class WeightStore:
     """params: name -> the engine's own parameter tensors (read at every `refresh`).
 
     on_change=False (the rollout engine): the owner calls `refresh` when the weights change.
     on_change=True (the learner, `fp4_compile.compile(..., quantize_weights="on_change")`): the
     compiled function calls `refresh_if_changed` before every call, which re-quantizes when a
-    parameter the store reads was written in place since the last refresh (an optimizer step,
-    `load_state_dict`, a manual edit: each bumps the tensor's version counter). Micro-batches
-    of one optimizer step then never re-quantize."""
+    parameter the store reads was written since the last refresh: by any `torch.optim`
+    optimizer's step over it (a global step hook: fused optimizers bump no version counter),
+    or in place otherwise (`load_state_dict`, a manual edit: each bumps the tensor's version
+    counter). Micro-batches of one optimizer step then never re-quantize."""
 
     def __init__(self, params: dict[str, torch.Tensor], *, on_change: bool = False,
                  model: torch.nn.Module | None = None):  # fmt: skip
@@ -47,8 +72,12 @@ class WeightStore:
         self.specs: dict[str, QuantizeSpec] = {}
         self.tensors: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._seen: dict[str, int] = {}  # parameter name -> its version at the last quantize
+        self._param_ids = {id(p) for p in self.params.values()}
+        self._stepped = False  # an optimizer stepped over these parameters since the refresh
         self.refreshes = 0
         self.sites_bound = 0
+        if on_change:
+            _watch_optimizer_steps(self)
 
     # ---- filling -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -90,10 +119,14 @@ class WeightStore:
             for mine, fresh in zip(self.tensors[name], new):
                 mine.copy_(fresh)
         self._seen = {name: self.params[name]._version for name in self._seen}
+        self._stepped = False
         self.refreshes += 1
 
     def changed(self) -> list[str]:
-        """The parameters the store reads that were written in place since their last quantize."""
+        """The parameters the store reads that were written since their last quantize (all of
+        them after an optimizer step over any)."""
+        if self._stepped:
+            return list(self._seen)
         return [n for n, v in self._seen.items() if self.params[n]._version != v]
 
     def refresh_if_changed(self) -> bool:
