@@ -19,8 +19,8 @@ STAMP_DATE="$(date +%F)"; STAMP_COMMIT="${MINITE_COMMIT:-unknown}"; STAMP_COMMIT
 run() { local t=$1 name=$2; shift 2; local log="$R/${STAMP_DATE}_${name}_${STAMP_COMMIT}.log"; echo "== $name"; timeout "$t" "$@" > "$log" 2>&1; echo "rc=$? $name"; tail -4 "$log"; }
 for part in $PARTS; do
   case "$part" in
-    pytest) run "${PYTEST_S:-240}" pytest_cuda python3 -m pytest -q ${PYTEST_FILES:-tests/codegen/test_attention_backward.py tests/codegen/test_quantize_global.py tests/codegen/test_abs_max.py tests/codegen/test_rms_norm_backward.py \
-              tests/codegen/test_nvfp4_kernels.py tests/codegen/test_nvfp4_ops.py tests/codegen/test_row_scale.py tests/rl/test_sampling.py} ;;
+    pytest) run "${PYTEST_S:-240}" pytest_cuda python3 -m pytest -q ${PYTEST_FILES:-tests/codegen/invariant/test_attention_backward.py tests/codegen/nvfp4/test_quantize_global.py tests/codegen/nvfp4/test_abs_max.py tests/codegen/invariant/test_rms_norm_backward.py \
+              tests/codegen/nvfp4/test_nvfp4_kernels.py tests/codegen/nvfp4/test_nvfp4_ops.py tests/codegen/moe/test_row_scale.py tests/rl/test_sampling.py} ;;
     learner) run "${LEARNER_S:-330}" learner python3 -m benchmarks.learner --profile ${LEARNER_ARGS:-} ;;
     alignment) run "${ALIGN_S:-300}" alignment python3 -m pytest -m "${ALIGN_MARK:-gpu}" -q tests/gpu/test_gpu_alignment.py ${ALIGN_ARGS:-} ;;
     rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --roofline benchmarks/results/2026-12-06_rollout_roofline_4193161.json ${ROLLOUT_ARGS:-} ;;

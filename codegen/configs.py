@@ -11,7 +11,7 @@ Why the bits do not depend on the batch (M), the contract the learner/rollout al
 3. Changing BLOCK_M can change the MMA instruction on sm_90: mma.sync below 64 rows, wgmma at
    64 and above. The two do NOT round alike: on the H200 a grouped call whose M bucket was 16
    (mma.sync) and the per-expert call at 64 (wgmma) differed in 5 of 1088 outputs on
-   cancellation-heavy data (tests/codegen/test_nvfp4_kernels.py on CUDA), although
+   cancellation-heavy data (tests/codegen/nvfp4/test_nvfp4_kernels.py on CUDA), although
    random-normal data at N = K = 8192 shows identical bits. So every sm_90 bucket has
    BLOCK_M >= 64 (asserted below): one instruction family (wgmma m64nNk16) for every M.
    BLOCK_N and the warp count may still follow M (and, for a dense GEMM, its output width N:
@@ -330,7 +330,7 @@ WEIGHT_QUANTIZE_EXPERT_GROUPS = {"sm_90": 0, "interpreter": 0}
 # silu_mul_halves_quantize (the experts' SwiGLU emitting the down GEMM's operand): (rows per
 # program, SwiGLU column chunk, quantize column chunk, warps) per architecture; an architecture
 # without an entry uses the sm_90 tiling. Elementwise and per-row math: no tiling changes a bit
-# (tests/codegen/test_silu_mul_quantize.py compares with the unfused kernels). Untuned: the
+# (tests/codegen/nvfp4/test_silu_mul_quantize.py compares with the unfused kernels). Untuned: the
 # unfused silu_mul kernel's (8, 256) tile and warps.
 SILU_MUL_QUANTIZE = {"sm_90": (8, 256, 256, 4), "interpreter": (8, 256, 256, 4)}
 

@@ -12,7 +12,7 @@ every other product is rounded on its own (`compile_options`: no FMA contraction
   backward  grad_b = rnd(grad * s);  g = rnd(grad * b);  sig = 1 / (1 + exp(-a));
             grad_a = rnd((g * sig) * fma(a, 1 - sig, 1))
 rnd: to the tensor dtype (bf16: `round_bf16`, ties to even with integer ops; FP32: none).
-Equal to ATen's bits on the H200 (torch 2.11, Triton 3.6; tests/codegen/test_silu_mul.py on CUDA,
+Equal to ATen's bits on the H200 (torch 2.11, Triton 3.6; tests/codegen/invariant/test_silu_mul.py on CUDA,
 bf16 and FP32, contiguous 2M-element inputs and strided halves, forward and backward:
 `benchmarks/results/2026-12-04_pytest_cuda_2c9e3e9.log`); the op's contract (compiled == eager
 lowered, learner == rollout) would hold even where they differed: both sides call this kernel."""

@@ -8,7 +8,7 @@ Expert e's tokens [ends[e-1], ends[e]) become the columns [start[e], start[e] + 
 [., C] operand, width[e] = its token count rounded up to 16, segments laid end to end; `src[c]`
 is the token of column c (-1: padding, read as zeros) and `block_group[b]` the expert of the
 16-column block b (the last expert for the tail after every segment). The same values as the
-torch ops `tests/codegen/test_segment_layout.py` holds as the reference (a cumsum, two
+torch ops `tests/codegen/nvfp4/test_segment_layout.py` holds as the reference (a cumsum, two
 searchsorted, gathers and a scatter: about 20 small kernels per MoE backward call, replayed at
 every step); here every program derives its columns' segment from the E group ends itself
 (a segment is found by counting the padded ends at or before the column, which is what

@@ -27,7 +27,7 @@ waits per program among P/G programs, G experts in L2 at once. `quantize_triton`
 per-expert weights here only where `configs.WEIGHT_QUANTIZE_EXPERT_GROUPS` names a G for the
 architecture (0: the two-step form).
 
-Bitwise `_quantize_kernel` after `global_stage` (tests/codegen/test_weight_quantize.py). The
+Bitwise `_quantize_kernel` after `global_stage` (tests/codegen/nvfp4/test_weight_quantize.py). The
 wait needs every program resident at once: P = SMs x min(`PROGRAMS_PER_SM`, what fits on one
 SM), the fit computed from the compiled kernel's registers, shared memory and threads (the
 CUDA occupancy rules; one fewer than the estimate, and never below 1: one program per SM
