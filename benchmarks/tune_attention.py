@@ -112,7 +112,7 @@ def forward_invariant(ik, q, k, v, out) -> bool:
 
 
 def forward_section(rows, variant: str):
-    from fp4_compile.codegen.invariant import forward_kernels as ik
+    from fp4_compile.codegen.invariant import attention_kernel as ik
 
     q, k, v, _, qs, kl = inputs()
     mask, causal = launch_args(variant)
@@ -145,7 +145,7 @@ def forward_section(rows, variant: str):
 
 
 def _backward_sweep(rows, section: str, variants, variant: str):
-    from fp4_compile.codegen.invariant import forward_kernels as ik
+    from fp4_compile.codegen.invariant import attention_kernel as ik
     from fp4_compile.codegen.invariant.attention_backward_kernel import attention_backward
 
     q, k, v, go, qs, kl = inputs()

@@ -248,7 +248,7 @@ def pick(arch: str, dtype: str, op: str, m: int, n: int | None = None) -> TileCo
 #   that layout. On the H200 the two variants summed the softmax row in different orders (1 in
 #   ~4096 attention outputs 1 bf16 ulp apart, enough to break strict alignment at batch >= 8);
 #   the row sum is therefore an in-order FP32 dot. `tl.max` is exact in any order.
-# - rms_norm / logprobs: one row per program; BLOCK_V is fixed per architecture.
+# - rms_norm / logprobs: one row per program; BLOCK_V is fixed per architecture (`LAUNCH`).
 
 # (max_m inclusive, or None for "any larger", config)
 LINEAR = {
@@ -274,7 +274,6 @@ ATTENTION_BACKWARD = {
         TileConfig(16, 16, 0, num_warps=1, num_stages=1),
     ),
 }
-LOGPROBS_BLOCK_V = {"sm_90": 4096, "interpreter": 256}
 
 for _arch, _table in LINEAR.items():
     assert len({c.block_k for _, c in _table}) == 1, f"{_arch}: linear BLOCK_K must not follow M"
@@ -306,37 +305,130 @@ def attention_backward_configs(arch: str) -> tuple[TileConfig, TileConfig]:
     return _known(arch, ATTENTION_BACKWARD, "attention backward")
 
 
-def logprobs_block_v(arch: str) -> int:
-    return _known(arch, LOGPROBS_BLOCK_V, "logprobs")
-
-
 # ---------------------------------------------------------------------------------------------
-# Launch constants of the small elementwise / reduction kernels (no K reduction; exact in any
-# tiling unless a comment says otherwise).
+# Launch constants of every other kernel (elementwise, reductions, the quantizer's stages), ONE
+# table: LAUNCH[(arch, op)] = {name: int}, read by
+# `pick_launch(arch, op)`. `arch` is `runtime.arch_of`'s key; the "cuda" row serves every CUDA
+# architecture without its own row, the "any" row every architecture. `num_warps` is passed
+# only where a row names it (`warps_kwargs`; the interpreter takes none). Speed only unless the
+# comment says the values are part of the bits (there they are the numerics' definition: never
+# retune them without the bitwise tests).
+LAUNCH: dict[tuple[str, str], dict[str, int]] = {
+    # nvfp4/abs_max_kernel.row_abs_max and the per-row global stage of the quantizer
+    # (global_scale_kernel.row_global_stage): rows per program, column chunk, warps (max is
+    # exact in any order: no bit can change)
+    ("cuda", "row_abs_max"): {"block_r": 4, "block_k": 1024, "num_warps": 4},
+    ("interpreter", "row_abs_max"): {"block_r": 4, "block_k": 64, "num_warps": 1},
+    # The expert weights' quantize: expert_groups 0 = the two-step form (the per-expert amax
+    # pass, then the quantize kernel: two reads of every expert weight), G > 0 = the one-read
+    # launch of `weight_quantize_kernel.py` with its programs in G expert groups. The same bits
+    # either way. sm_90 stays 0 until a measurement names a faster G (`python -m
+    # benchmarks.tune_kernels --only weights`: the one-read launch with one group was 1.8x
+    # slower than the two-step form, benchmarks/results/2026-12-04_tune_kernels_weights_20b0dc2.md).
+    ("any", "weight_quantize_experts"): {"expert_groups": 0},
+    # nvfp4/silu_mul_quantize_kernel (the experts' SwiGLU emitting the down GEMM's operand):
+    # rows per program, SwiGLU column chunk, quantize column chunk, warps. Elementwise and
+    # per-row math: no tiling changes a bit (tests/codegen/nvfp4/test_silu_mul_quantize.py
+    # compares with the unfused kernels). Untuned: the unfused silu_mul kernel's tile and warps.
+    ("any", "silu_mul_quantize"): {"block_r": 8, "block_c": 256, "block_k": 256, "num_warps": 4},
+    # moe/row_scale_kernel's backward: rows per program, warps, most 64-column blocks per loop
+    # step: speed only, every row's bits are its own (the fastest tiling, 0 bytes differing, in
+    # benchmarks/results/2026-12-04_tune_kernels_rowscale_b168d97.md). Blocks per step: at most
+    # this many, fewer where H is not a multiple of their width (`blocks_per_step`): a step
+    # never holds a block wholly past H.
+    ("cuda", "row_scale_backward"): {"block_r": 8, "num_warps": 2, "most_blocks": 4},
+    ("interpreter", "row_scale_backward"): {"block_r": 8, "most_blocks": 4},
+    # nvfp4/gemm_kernel.ongrid_weight: packed weight -> on-grid BF16, [block_r, block_k] tiles
+    ("cuda", "ongrid_weight"): {"block_r": 32, "block_k": 128, "num_warps": 4},
+    ("interpreter", "ongrid_weight"): {"block_r": 16, "block_k": 32},
+    # nvfp4/expert_gather_backward_kernel: [block_t, block_c] tiles; block_s the inverse
+    # permutation's elements per program
+    ("cuda", "expert_gather_backward"): {
+        "block_t": 8,
+        "block_c": 256,
+        "block_s": 1024,
+        "num_warps": 4,
+    },
+    ("interpreter", "expert_gather_backward"): {"block_t": 8, "block_c": 256, "block_s": 1024},
+    # nvfp4/abs_max_kernel.vector_abs_max: one program, elements per step (max: exact in any order)
+    ("cuda", "vector_abs_max"): {"block": 4096, "num_warps": 8},
+    ("interpreter", "vector_abs_max"): {"block": 256},
+    # nvfp4/global_scale_kernel: amaxes per program of the elementwise global stage
+    ("any", "amax_global"): {"block": 128, "num_warps": 1},
+    # nvfp4/global_scale_kernel.expert_global_stage: rows per step of an expert's max
+    ("cuda", "expert_global"): {"block": 1024, "num_warps": 4},
+    ("interpreter", "expert_global"): {"block": 64},
+    # nvfp4/abs_max_kernel.segment_column_abs_max: BLOCK_D = min(max_block_d, pow2(D)) columns,
+    # BLOCK_T = tile_elements // BLOCK_D * 16 rows per step
+    ("cuda", "segment_column_abs_max"): {"max_block_d": 256, "tile_elements": 512, "num_warps": 4},
+    ("interpreter", "segment_column_abs_max"): {"max_block_d": 32, "tile_elements": 64},
+    # nvfp4/segment_layout_kernel: BLOCK_E = min(max_block_e, pow2(E)) experts per step,
+    # BLOCK_C = max(16, tile_elements // BLOCK_E) columns per program
+    ("any", "segment_layout"): {"max_block_e": 128, "tile_elements": 2048},
+    # invariant/attention_kernel.mask_args: int32 words (32 keys each) per step of a mask row
+    ("cuda", "attention_mask_args"): {"block_w": 32},
+    ("interpreter", "attention_mask_args"): {"block_w": 1},
+    # invariant/logprobs_kernel: vocabulary entries per block (part of the bits: the sums walk
+    # fixed BLOCK_V blocks from entry 0) and warps; no row for other architectures (not guessed)
+    ("sm_90", "logprobs"): {"block_v": 4096, "num_warps": 8},
+    ("interpreter", "logprobs"): {"block_v": 256, "num_warps": 1},
+    # invariant/routing_kernel and routing_backward_kernel: one row of BLOCK_E = pow2(E) lanes
+    # per program; `small_num_warps` where BLOCK_E <= small_block_e, else `num_warps`
+    ("any", "routing"): {"small_block_e": 256, "small_num_warps": 1, "num_warps": 4},
+    # invariant/rms_norm_kernel.rms_norm_launch (the norm, and the norm fused with its quantize):
+    # BLOCK_H = pow2(H); rows per program max(1, min(max_rows, row_elements // BLOCK_H)); warps
+    # min(max(BLOCK_H // columns_per_warp, 1), max_warps)
+    ("any", "rms_norm"): {
+        "row_elements": 2048,
+        "max_rows": 16,
+        "columns_per_warp": 256,
+        "max_warps": 8,
+    },
+    # invariant/rms_norm_backward_kernel.tiling: rows per tile max(1, min(max_tile_rows,
+    # tile_elements // pow2(H))), tiles_per_program tiles a program, warps min(max(rows x
+    # pow2(H) // elements_per_warp, 1), max_warps). Part of the bits of dweight: rows per
+    # program set the partial sums that `partial_sum` adds.
+    ("any", "rms_norm_backward"): {
+        "tile_elements": 4096,
+        "max_tile_rows": 32,
+        "tiles_per_program": 4,
+        "elements_per_warp": 1024,
+        "max_warps": 8,
+    },
+    # invariant/partial_sum_kernel: elements of one [BLOCK_H, CHAINS] tile, software-pipeline
+    # stages of its row loop (a sweep on the H200; CHAINS, the order, is the kernel's own)
+    ("cuda", "partial_sum"): {"tile_elements": 1024, "num_stages": 4, "num_warps": 2},
+    ("interpreter", "partial_sum"): {"tile_elements": 1024, "num_stages": 4},
+    # invariant/group_sum_kernel: columns per program
+    ("cuda", "group_sum"): {"block": 1024, "num_warps": 4},
+    ("interpreter", "group_sum"): {"block": 1024},
+    # invariant/silu_mul_kernel (forward and backward): [block_r, block_c] tiles
+    ("any", "silu_mul"): {"block_r": 8, "block_c": 256, "num_warps": 4},
+    # invariant/gather_rows_kernel: [block_r, block_c] tiles
+    ("any", "gather_rows"): {"block_r": 4, "block_c": 512, "num_warps": 4},
+    # moe/combine_kernel: [block_t tokens, block_h columns] tiles
+    ("cuda", "moe_combine"): {"block_t": 4, "block_h": 512, "num_warps": 4},
+    ("interpreter", "moe_combine"): {"block_t": 4, "block_h": 512},
+    # moe/row_scale_kernel (forward): [block_r, block_h] tiles
+    ("cuda", "row_scale"): {"block_r": 16, "block_h": 256, "num_warps": 4},
+    ("interpreter", "row_scale"): {"block_r": 16, "block_h": 256},
+}
 
-# abs_max (and the per-row global stage of the quantizer): (rows per program, column chunk,
-# warps) per architecture; an architecture without an entry uses the sm_90 tiling (max is exact
-# in any order: no bit can change).
-ABS_MAX = {"sm_90": (4, 1024, 4), "interpreter": (4, 64, 1)}
 
-# The expert weights' quantize: 0 = the two-step form (the per-expert amax pass, then the
-# quantize kernel: two reads of every expert weight), G > 0 = the one-read launch of
-# `weight_quantize_kernel.py` with its programs in G expert groups. The same bits either way.
-# sm_90 stays 0 until a measurement names a faster G (`python -m benchmarks.tune_kernels --only
-# weights`: the one-read launch with one group was 1.8x slower than the two-step form,
-# benchmarks/results/2026-12-04_tune_kernels_weights_20b0dc2.md).
-WEIGHT_QUANTIZE_EXPERT_GROUPS = {"sm_90": 0, "interpreter": 0}
+def pick_launch(arch: str, op: str) -> dict[str, int]:
+    """The launch constants of `op` on `arch` (a copy): its own row, else the "cuda" row for a
+    CUDA architecture, else the "any" row. Unknown keys raise."""
+    keys = [(arch, op)] + ([("cuda", op)] if arch.startswith("sm_") else []) + [("any", op)]
+    for key in keys:
+        if key in LAUNCH:
+            return dict(LAUNCH[key])
+    known = sorted(k[0] for k in LAUNCH if k[1] == op)
+    raise ValueError(
+        f"no pinned {op} launch constants for arch={arch!r} (pinned: {known}); add a row to "
+        "codegen/configs.py LAUNCH (an untested architecture is not guessed)"
+    )
 
-# silu_mul_halves_quantize (the experts' SwiGLU emitting the down GEMM's operand): (rows per
-# program, SwiGLU column chunk, quantize column chunk, warps) per architecture; an architecture
-# without an entry uses the sm_90 tiling. Elementwise and per-row math: no tiling changes a bit
-# (tests/codegen/nvfp4/test_silu_mul_quantize.py compares with the unfused kernels). Untuned: the
-# unfused silu_mul kernel's (8, 256) tile and warps.
-SILU_MUL_QUANTIZE = {"sm_90": (8, 256, 256, 4), "interpreter": (8, 256, 256, 4)}
 
-# row_scale's backward: (rows per program, warps, most 64-column blocks per loop step): speed
-# only, every row's bits are its own (the fastest tiling, 0 bytes differing, in
-# benchmarks/results/2026-12-04_tune_kernels_rowscale_b168d97.md). Blocks per step: at most
-# this many, fewer where H is not a multiple of their width (`blocks_per_step`): a step never
-# holds a block wholly past H.
-ROW_SCALE_BACKWARD_LAUNCH = (8, 2, 4)
+def warps_kwargs(row: dict[str, int]) -> dict[str, int]:
+    """The launch keywords of a LAUNCH row: num_warps where the row names it, else none."""
+    return {"num_warps": row["num_warps"]} if "num_warps" in row else {}

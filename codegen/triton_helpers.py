@@ -9,7 +9,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .runtime import interpreting
+
 ONE_SIXTH_F32 = float(torch.tensor(1.0 / 6.0, dtype=torch.float32))  # fp32(1/6), exactly
+
+
+def dot_dtype():
+    """The `tl.dot` operand dtype of the BF16 kernels: bf16 on CUDA, fp32 in the interpreter
+    (where a bf16 `tl.dot` returns garbage; on-grid and bf16 values are exact in fp32)."""
+    return tl.float32 if interpreting() else tl.bfloat16
 
 
 @triton.jit
@@ -22,7 +30,7 @@ def round_bf16(x):
 
 @triton.jit
 def round_bf16_keep_nan(v):
-    """`forward_kernels.round_bf16`, NaN left as it is (its rounding add could carry a NaN
+    """`round_bf16`, NaN left as it is (its rounding add could carry a NaN
     payload into the sign bit); the store's conversion then gives a BF16 NaN."""
     return tl.where(v != v, v, round_bf16(v))
 

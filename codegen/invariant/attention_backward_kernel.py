@@ -33,7 +33,7 @@ import triton.language as tl
 from .. import configs as cfgs
 from ..runtime import arch_of, check_kernel_device, interpreting
 from . import reference as cpu
-from .forward_kernels import mask_args, mask_key_end, positions_arg, visible
+from .attention_kernel import mask_args, mask_key_end, positions_arg, visible
 from .group_sum_kernel import KERNEL_DTYPES, group_sum
 
 

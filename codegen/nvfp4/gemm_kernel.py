@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import decode_dispatch, pick
+from ..configs import decode_dispatch, pick, pick_launch, warps_kwargs
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
 from ..triton_helpers import e2m1_value
 from .expert_tiles import expert_row_tile
@@ -173,11 +173,11 @@ def ongrid_weight(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tenso
     out = torch.empty((*codes.shape[:-1], k), device=codes.device,
                       dtype=torch.float32 if interp else torch.bfloat16)  # fmt: skip
     if r and k:
-        block_k = 32 if interp else 128
-        grid = (triton.cdiv(r, 16 if interp else 32), triton.cdiv(k, block_k))
+        lc = pick_launch(arch_of(codes.device), "ongrid_weight")
+        grid = (triton.cdiv(r, lc["block_r"]), triton.cdiv(k, lc["block_k"]))
         _ongrid_kernel[grid](codes, scale_bytes.view(torch.uint8), out, r, k,
-                             BLOCK_R=16 if interp else 32, BLOCK_K=block_k,
-                             **({} if interp else {"num_warps": 4}))  # fmt: skip
+                             BLOCK_R=lc["block_r"], BLOCK_K=lc["block_k"],
+                             **warps_kwargs(lc))  # fmt: skip
     return out.to(torch.bfloat16) if interp else out
 
 

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import ABS_MAX
+from ..configs import pick_launch, warps_kwargs
 from ..runtime import arch_of, compile_options
 from ..triton_helpers import ONE_SIXTH_F32, scales_from_amax
 from .abs_max_kernel import row_abs_max_nan
@@ -44,9 +44,9 @@ def amax_global_stage(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     gd = torch.empty_like(flat)
     mult = torch.empty_like(flat)
     if flat.numel():
-        block = 128
-        _amax_global_kernel[(triton.cdiv(flat.numel(), block),)](
-            flat, gd, mult, flat.numel(), ONE_SIXTH_F32, BLOCK=block, num_warps=1,
+        lc = pick_launch(arch_of(amax.device), "amax_global")
+        _amax_global_kernel[(triton.cdiv(flat.numel(), lc["block"]),)](
+            flat, gd, mult, flat.numel(), ONE_SIXTH_F32, BLOCK=lc["block"], **warps_kwargs(lc),
             **compile_options(amax.device),
         )  # fmt: skip
     return gd.reshape(amax.shape), mult.reshape(amax.shape)
@@ -73,11 +73,12 @@ def row_global_stage(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     gd = torch.empty(r, dtype=torch.float32, device=x2.device)
     mult = torch.empty(r, dtype=torch.float32, device=x2.device)
     arch = arch_of(x2.device)
-    block_r, block_k, warps = ABS_MAX.get(arch, ABS_MAX["sm_90"])
+    lc = pick_launch(arch, "row_abs_max")  # the tiling of `row_abs_max`: one read of x
     if r:
-        _row_global_kernel[(triton.cdiv(r, block_r),)](
+        _row_global_kernel[(triton.cdiv(r, lc["block_r"]),)](
             x2, gd, mult, r, k, x2.stride(0), ONE_SIXTH_F32,
-            BLOCK_R=block_r, BLOCK_K=block_k, num_warps=warps, **compile_options(x2.device),
+            BLOCK_R=lc["block_r"], BLOCK_K=lc["block_k"], **warps_kwargs(lc),
+            **compile_options(x2.device),
         )  # fmt: skip
     return gd, mult
 
@@ -122,10 +123,10 @@ def expert_global_stage(row_amax: torch.Tensor, experts: int):
     gd, mult = (torch.empty(experts, dtype=torch.float32, device=dev) for _ in range(2))
     gd_rows, mult_rows = (torch.empty_like(row_amax) for _ in range(2))
     if experts and n:
-        interp = arch_of(dev) == "interpreter"
+        lc = pick_launch(arch_of(dev), "expert_global")
         _expert_global_kernel[(experts,)](
             row_amax.contiguous(), gd, mult, gd_rows, mult_rows, n, ONE_SIXTH_F32,
-            BLOCK=64 if interp else 1024, **({} if interp else {"num_warps": 4}),
+            BLOCK=lc["block"], **warps_kwargs(lc),
             **compile_options(dev),
         )  # fmt: skip
     return gd, mult, gd_rows, mult_rows

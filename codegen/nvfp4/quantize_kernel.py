@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ...format import BLOCK_SIZE, NVFP4Tensor
 from ...reference import global_amax, validate_input
-from ..configs import WEIGHT_QUANTIZE_EXPERT_GROUPS, pick
+from ..configs import pick, pick_launch
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
 from ..triton_helpers import (
     block_encode,
@@ -259,7 +259,7 @@ def quantize_triton(
     A dense weight's 16x16 RNE quantize with a per-tensor data amax (contiguous x) runs in one
     launch that reads x from HBM once (`weight_quantize_kernel.py`, the same bits); one_read_weights=
     False keeps the two-step form (the amax pass, then this kernel). Per-expert weights keep
-    the two-step form unless `configs.WEIGHT_QUANTIZE_EXPERT_GROUPS` names expert groups for
+    the two-step form unless `configs.LAUNCH`'s weight_quantize_experts names expert groups for
     the architecture (one launch was slower there: `weight_quantize_kernel.py`'s docstring)."""
     validate_input(x, block, name)
     check_kernel_device(x, name)
@@ -273,7 +273,7 @@ def quantize_triton(
         raise ValueError(f"rounding must be 'rne' or 'stochastic', got {rounding!r}")
     if rounding == "stochastic" and seed is None:
         raise ValueError("rounding='stochastic' needs an integer seed")
-    groups = WEIGHT_QUANTIZE_EXPERT_GROUPS.get(arch_of(x.device), 0)
+    groups = pick_launch(arch_of(x.device), "weight_quantize_experts")["expert_groups"]
     one_read = isinstance(global_scale, str) and (
         global_scale == "per_tensor" or (global_scale == "per_expert" and groups > 0)
     )

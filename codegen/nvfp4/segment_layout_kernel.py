@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from ...format import BLOCK_SIZE
-from ..runtime import check_kernel_device
+from ..configs import pick_launch
+from ..runtime import arch_of, check_kernel_device
 
 
 @triton.jit
@@ -100,8 +101,9 @@ def segment_layout(
     width = torch.empty((num_experts,), dtype=torch.int64, device=dev)
     if cols >= 2**31:
         raise ValueError(f"{num_tokens} tokens over {num_experts} experts: more than 2**31 columns")
-    block_e = min(128, triton.next_power_of_2(num_experts))
-    block_c = max(BLOCK_SIZE, 2048 // block_e)
+    lc = pick_launch(arch_of(dev), "segment_layout")
+    block_e = min(lc["max_block_e"], triton.next_power_of_2(num_experts))
+    block_c = max(BLOCK_SIZE, lc["tile_elements"] // block_e)
     src_rows = torch.empty_like(src) if row_index is not None else None
     _segment_layout_kernel[(triton.cdiv(cols, block_c),)](
         offsets, src, group, start, width,

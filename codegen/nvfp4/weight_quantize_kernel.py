@@ -24,7 +24,7 @@ more than one expert's traffic (H200, the same bits in every row:
 benchmarks/results/2026-12-04_tune_kernels_weights_20b0dc2.md). `expert_groups` G splits the
 programs into G groups that walk the experts G apart, each waiting on its own programs only: E/G
 waits per program among P/G programs, G experts in L2 at once. `quantize_triton` routes
-per-expert weights here only where `configs.WEIGHT_QUANTIZE_EXPERT_GROUPS` names a G for the
+per-expert weights here only where `configs.LAUNCH`'s weight_quantize_experts names a G for the
 architecture (0: the two-step form).
 
 Bitwise `_quantize_kernel` after `global_stage` (tests/codegen/nvfp4/test_weight_quantize.py). The

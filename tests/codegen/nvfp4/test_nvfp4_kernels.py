@@ -356,7 +356,7 @@ def test_invariant_grouped_kernel_equals_per_expert_linear():
     """Bitwise: the one-launch BF16 grouped GEMM (the bf16 recipe's MoE experts on CUDA) == a
     loop of the invariant linear kernel per expert, empty experts included; and its rows do not
     depend on the other rows (one expert's rows alone give the same bits)."""
-    from fp4_compile.codegen.invariant import forward_kernels as ik
+    from fp4_compile.codegen.invariant import linear_kernel as ik
     from fp4_compile.codegen.moe.grouped_mm import grouped_kernel
 
     w = _x(4, 48, 64, dtype=torch.float32, seed=41).to(torch.bfloat16)
