@@ -326,6 +326,11 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     # benchmarks.tune_kernels --only weights`: the one-read launch with one group was 1.8x
     # slower than the two-step form, benchmarks/results/2026-12-04_tune_kernels_weights_20b0dc2.md).
     ("any", "weight_quantize_experts"): {"expert_groups": 0},
+    # nvfp4/weight_quantize_kernel's persistent grid: at most programs_per_sm per SM (fewer where
+    # fewer fit, `_resident_per_sm`; tune_kernels' best); the interpreter runs `programs`
+    # programs (several, so the tile striding is exercised on CPU too)
+    ("cuda", "weight_quantize"): {"programs_per_sm": 8},
+    ("interpreter", "weight_quantize"): {"programs": 3},
     # nvfp4/silu_mul_quantize_kernel (the experts' SwiGLU emitting the down GEMM's operand):
     # rows per program, SwiGLU column chunk, quantize column chunk, warps. Elementwise and
     # per-row math: no tiling changes a bit (tests/codegen/nvfp4/test_silu_mul_quantize.py
