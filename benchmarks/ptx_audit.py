@@ -278,7 +278,7 @@ def _quantize_cases() -> list[KernelCase]:
     a gradient (1x16, per tensor, SR with a device-held seed), a weight (16x16, on-grid only:
     the learner's GEMMs read nothing else), and the wgrad's transposing segmented quantize (SR)."""
     from fp4_compile.codegen import configs
-    from fp4_compile.codegen.nvfp4 import quantize_kernel as qk
+    from fp4_compile.codegen.nvfp4 import codes_kernel as qk
 
     q = configs.pick("sm_90", "any", "nvfp4_quantize", 4096)
     qs = configs.pick("sm_90", "any", "nvfp4_quantize_segments", 2048)

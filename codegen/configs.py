@@ -29,7 +29,10 @@ What was verified where: on CPU, the interpreter configs (one per op) are checke
 invariance by tests/codegen; on the H200 the sm_90 buckets are checked by the GPU script.
 The offline tuner `python -m benchmarks.tune_kernels` times candidates on the learner's shapes
 and counts the bytes each changes against the pinned config; a winner is copied here by hand.
-Nothing reads the tables at runtime except `pick`.
+Every launch constant lives here, in two kinds of table, each read by its function only: tiles
+bucketed by M (`PINNED`, keyed by (architecture, dtype, op), with its `NARROW_N` override, read by
+`pick`; the decode GEMM's `DECODE`, keyed by architecture, read by `pick_decode`), and `LAUNCH`,
+the other kernels' launch constants keyed by (architecture, op), read by `pick_launch`.
 """
 
 from __future__ import annotations
@@ -181,6 +184,36 @@ def decode_dispatch(arch: str, m: int) -> DecodeConfig | None:
     return pick_decode(arch, m) if arch in DECODE_DISPATCH else None
 
 
+# ---------------------------------------------------------------------------------------------
+# The batch-invariant (non-NVFP4) ops' tiles, rows of PINNED below (dtype "any"). What may and
+# may not follow the batch:
+# - linear: BLOCK_K is one value per architecture (asserted), the K loop is sequential, no
+#   split-K; BLOCK_N and warps may follow M, BLOCK_M stays >= 64 on sm_90 (asserted): below 64
+#   rows Triton emits mma.sync, which rounds differently from wgmma on cancellation-heavy data
+#   (measured on the H200, see 3. above). `benchmarks/invariant_gpu_check.py` and the
+#   CUDA run of tests/codegen re-check THESE buckets (rows of op(x[:m]) == rows of op(x)).
+# - attention: ONE config for the learner's forward, prefill and decode. One config is not
+#   enough by itself: the compiler picks register layouts per kernel VARIANT (the learner's causal
+#   launch and the rollout's masked launch are two compiled kernels), and a `tl.sum` tree follows
+#   that layout. On the H200 the two variants summed the softmax row in different orders (1 in
+#   ~4096 attention outputs 1 bf16 ulp apart, enough to break strict alignment at batch >= 8);
+#   the row sum is therefore an in-order FP32 dot. `tl.max` is exact in any order.
+# - rms_norm / logprobs: one row per program; BLOCK_V is fixed per architecture (`LAUNCH`).
+
+_LINEAR_SM90 = (
+    (64, TileConfig(64, 64, 64, num_warps=4, num_stages=4)),
+    (None, TileConfig(128, 128, 64, num_warps=8, num_stages=3)),
+)
+_LINEAR_INTERPRETER = ((None, TileConfig(16, 32, 32, num_warps=1, num_stages=1)),)
+# attention: rows x keys per program (block_k unused: 0); one catch-all bucket (no M bucket)
+_ATTENTION_SM90 = ((None, TileConfig(64, 64, 0, num_warps=4, num_stages=2)),)
+_ATTENTION_INTERPRETER = ((None, TileConfig(16, 16, 0, num_warps=1, num_stages=1)),)
+# backward of attention (determinism only): the dQ launch and the dK/dV launch, rows x keys
+# (the fastest at the learner's shape: benchmarks/results/2026-12-04_tune_attention_10bb871.md)
+_ATTENTION_DQ_SM90 = ((None, TileConfig(64, 64, 0, num_warps=4, num_stages=2)),)
+_ATTENTION_DKDV_SM90 = ((None, TileConfig(64, 64, 0, num_warps=4, num_stages=2)),)
+
+
 GEMM_OPS = ("nvfp4_gemm", "nvfp4_gemm_ongrid", "nvfp4_wgrad")
 
 PINNED: dict[tuple[str, str, str], tuple] = {
@@ -199,12 +232,21 @@ PINNED: dict[tuple[str, str, str], tuple] = {
     ("interpreter", "any", "nvfp4_quantize_segments"): _QUANT_INTERPRETER,
     ("sm_90", "any", "nvfp4_weight_quantize"): _WEIGHT_QUANT_SM90,
     ("interpreter", "any", "nvfp4_weight_quantize"): _QUANT_INTERPRETER,
+    # the batch-invariant ops (section above): BF16 linear, attention forward and backward
+    ("sm_90", "any", "invariant_linear"): _LINEAR_SM90,
+    ("interpreter", "any", "invariant_linear"): _LINEAR_INTERPRETER,
+    ("sm_90", "any", "invariant_attention"): _ATTENTION_SM90,
+    ("interpreter", "any", "invariant_attention"): _ATTENTION_INTERPRETER,
+    ("sm_90", "any", "invariant_attention_dq"): _ATTENTION_DQ_SM90,
+    ("interpreter", "any", "invariant_attention_dq"): _ATTENTION_INTERPRETER,
+    ("sm_90", "any", "invariant_attention_dkdv"): _ATTENTION_DKDV_SM90,
+    ("interpreter", "any", "invariant_attention_dkdv"): _ATTENTION_INTERPRETER,
 }
 
 for _key, _table in PINNED.items():
     assert len({c.block_k for _, c in _table}) == 1, f"{_key}: BLOCK_K must not depend on M"
     assert all(c.block_k % 32 == 0 and c.block_m % 16 == 0 for _, c in _table), _key
-    if _key[0] == "sm_90" and _key[2] in GEMM_OPS:  # one MMA family (wgmma), see 3. above
+    if _key[0] == "sm_90" and _key[2] in (*GEMM_OPS, "invariant_linear"):  # wgmma, see 3. above
         assert all(c.block_m >= 64 for _, c in _table), f"{_key}: BLOCK_M < 64 is mma.sync"
 for _key, (_max_n, _cfg) in NARROW_N.items():  # the same K chunk and MMA family as its table
     assert _cfg.block_k == PINNED[_key][0][1].block_k, f"{_key}: narrow BLOCK_K"
@@ -235,74 +277,20 @@ def pick(arch: str, dtype: str, op: str, m: int, n: int | None = None) -> TileCo
     raise AssertionError(f"{op} table for {arch} has no catch-all bucket")
 
 
-# ---------------------------------------------------------------------------------------------
-# The batch-invariant (non-NVFP4) ops, keyed by architecture. What may and may not follow the batch:
-# - linear: BLOCK_K is one value per architecture (asserted), the K loop is sequential, no
-#   split-K; BLOCK_N and warps may follow M, BLOCK_M stays >= 64 on sm_90 (asserted): below 64
-#   rows Triton emits mma.sync, which rounds differently from wgmma on cancellation-heavy data
-#   (measured on the H200, see 3. above). `benchmarks/invariant_gpu_check.py` and the
-#   CUDA run of tests/codegen re-check THESE buckets (rows of op(x[:m]) == rows of op(x)).
-# - attention: ONE config for the learner's forward, prefill and decode. One config is not
-#   enough by itself: the compiler picks register layouts per kernel VARIANT (the learner's causal
-#   launch and the rollout's masked launch are two compiled kernels), and a `tl.sum` tree follows
-#   that layout. On the H200 the two variants summed the softmax row in different orders (1 in
-#   ~4096 attention outputs 1 bf16 ulp apart, enough to break strict alignment at batch >= 8);
-#   the row sum is therefore an in-order FP32 dot. `tl.max` is exact in any order.
-# - rms_norm / logprobs: one row per program; BLOCK_V is fixed per architecture (`LAUNCH`).
-
-# (max_m inclusive, or None for "any larger", config)
-LINEAR = {
-    "sm_90": (
-        (64, TileConfig(64, 64, 64, num_warps=4, num_stages=4)),
-        (None, TileConfig(128, 128, 64, num_warps=8, num_stages=3)),
-    ),
-    "interpreter": ((None, TileConfig(16, 32, 32, num_warps=1, num_stages=1)),),
-}
-ATTENTION = {
-    "sm_90": TileConfig(64, 64, 0, num_warps=4, num_stages=2),
-    "interpreter": TileConfig(16, 16, 0, num_warps=1, num_stages=1),
-}
-# backward of attention (determinism only): (dQ launch: rows x keys, dK/dV launch: rows x keys)
-# (the fastest at the learner's shape: benchmarks/results/2026-12-04_tune_attention_10bb871.md)
-ATTENTION_BACKWARD = {
-    "sm_90": (
-        TileConfig(64, 64, 0, num_warps=4, num_stages=2),
-        TileConfig(64, 64, 0, num_warps=4, num_stages=2),
-    ),
-    "interpreter": (
-        TileConfig(16, 16, 0, num_warps=1, num_stages=1),
-        TileConfig(16, 16, 0, num_warps=1, num_stages=1),
-    ),
-}
-
-for _arch, _table in LINEAR.items():
-    assert len({c.block_k for _, c in _table}) == 1, f"{_arch}: linear BLOCK_K must not follow M"
-    if _arch.startswith("sm_9"):
-        assert all(c.block_m >= 64 for _, c in _table), f"{_arch}: BLOCK_M < 64 is mma.sync"
-
-
-def _known(arch: str, table: dict, op: str):
-    if arch not in table:
-        raise ValueError(
-            f"no pinned {op} config for arch={arch!r} (pinned: {sorted(table)}); add one to "
-            "codegen/configs.py (an untested architecture is not guessed)"
-        )
-    return table[arch]
-
-
 def linear_config(arch: str, m: int) -> TileConfig:
-    for max_m, cfg in _known(arch, LINEAR, "linear"):
-        if max_m is None or m <= max_m:
-            return cfg
-    raise AssertionError("linear table has no catch-all bucket")
+    """The batch-invariant BF16 linear's tile for `m` rows (`PINNED`'s "invariant_linear")."""
+    return pick(arch, "any", "invariant_linear", m)
 
 
 def attention_config(arch: str) -> TileConfig:
-    return _known(arch, ATTENTION, "attention")
+    """The attention forward's ONE tile (learner, prefill and decode alike)."""
+    return pick(arch, "any", "invariant_attention", 0)
 
 
 def attention_backward_configs(arch: str) -> tuple[TileConfig, TileConfig]:
-    return _known(arch, ATTENTION_BACKWARD, "attention backward")
+    """(dQ launch, dK/dV launch) tiles of the attention backward."""
+    return (pick(arch, "any", "invariant_attention_dq", 0),
+            pick(arch, "any", "invariant_attention_dkdv", 0))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------

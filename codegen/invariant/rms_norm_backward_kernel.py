@@ -30,6 +30,7 @@ import triton.language as tl
 
 from ..configs import pick_launch
 from ..runtime import check_kernel_device, interpreting
+from ..triton_helpers import round_bf16
 from .partial_sum_kernel import partial_sum
 
 
@@ -45,15 +46,6 @@ def tiling(hdim: int) -> tuple[int, int, int]:
 def tiles_per_program() -> int:
     """Tiles of rows one program walks (its partial dweight sums them: part of the bits)."""
     return pick_launch("any", "rms_norm_backward")["tiles_per_program"]
-
-
-@triton.jit
-def _round_to_bf16(x):
-    """FP32 -> nearest bf16 (ties to even), kept in FP32; integer ops (the interpreter's cast
-    truncates)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -83,7 +75,7 @@ def _rms_norm_backward_kernel(
         n = h * rstd[:, None]
         if HAS_W:
             if ROUND_N == 1:
-                n_q = _round_to_bf16(n)
+                n_q = round_bf16(n)
             elif ROUND_N == 2:
                 n_q = n.to(h_ptr.dtype.element_ty).to(tl.float32)
             else:

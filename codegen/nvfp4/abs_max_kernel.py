@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ..configs import pick_launch, warps_kwargs
-from ..runtime import arch_of, check_kernel_device, compile_options
+from ..runtime import KernelTarget, arch_of, check_kernel_device, compile_options, kernel_target
 
 
 @triton.jit
@@ -45,20 +45,20 @@ def _row_abs_max_kernel(x_ptr, out_ptr, R, K, stride_xr, BLOCK_R: tl.constexpr,
     tl.store(out_ptr + rows, tl.where(nan > 0, float("nan"), amax), mask=rmask)
 
 
-def row_abs_max(x2: torch.Tensor) -> torch.Tensor:
-    """x2 [R, K] with a unit stride along K -> max |x| per row, FP32 [R] (0 for K = 0)."""
-    check_kernel_device(x2, "x")
+def row_abs_max(x2: torch.Tensor, *, target: KernelTarget | None = None) -> torch.Tensor:
+    """x2 [R, K] with a unit stride along K -> max |x| per row, FP32 [R] (0 for K = 0).
+    `target`: the caller's `runtime.kernel_target` of x2 (looked up here without one)."""
+    target = target or kernel_target(x2, "x")
     if x2.dim() != 2 or (x2.shape[1] > 1 and x2.stride(1) != 1):
         raise ValueError(f"x must be [R, K] with a unit stride along K, got {tuple(x2.shape)}")
     r, k = x2.shape
     # every row is written when K > 0 (no memset to replay per call); zeros for K = 0
     out = (torch.empty if k else torch.zeros)(r, dtype=torch.float32, device=x2.device)
-    lc = pick_launch(arch_of(x2.device), "row_abs_max")
+    lc = pick_launch(target.arch, "row_abs_max")
     if r and k:
         _row_abs_max_kernel[(triton.cdiv(r, lc["block_r"]),)](
             x2, out, r, k, x2.stride(0), BLOCK_R=lc["block_r"], BLOCK_K=lc["block_k"],
-            **warps_kwargs(lc),
-            **compile_options(x2.device),
+            **warps_kwargs(lc), **target.options,
         )  # fmt: skip
     return out
 

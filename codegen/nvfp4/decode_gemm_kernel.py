@@ -42,7 +42,7 @@ import triton.language as tl
 
 from ..configs import check_decode_config, pick_decode
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
-from .expert_tiles import expert_row_tile
+from ..triton_helpers import expert_row_tile
 from .packed_layout import words_tile_k
 
 WEIGHT_SHIFT = 8  # w' = w * 2**-WEIGHT_SHIFT inside the kernel (see 3. above)

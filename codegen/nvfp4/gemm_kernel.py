@@ -29,8 +29,7 @@ import triton.language as tl
 
 from ..configs import decode_dispatch, pick, pick_launch, warps_kwargs
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
-from ..triton_helpers import e2m1_value
-from .expert_tiles import expert_row_tile
+from ..triton_helpers import e2m1_value, expert_row_tile
 from .packed_layout import words_tile_k
 
 

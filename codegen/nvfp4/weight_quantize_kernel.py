@@ -1,7 +1,7 @@
 """The weights' NVFP4 quantize (16x16 tiles, RNE, the global scale of each expert's amax or of
 the whole tensor's) in ONE persistent launch that reads each weight from HBM once.
 
-The two-step form (`quantize_kernel.global_stage`, then `_quantize_kernel`) reads every weight
+The two-step form (`quantize_kernel.global_stage`, then `codes_kernel`) reads every weight
 twice per learner step: once for the amaxes, once to quantize. On the H200 learner the amax
 read alone was 0.64 ms (2.4 GB of expert weights, `docs/learner_performance.md`). Here program
 p of P (all P resident at once) walks the tiles p, p + P, ... of expert e twice:
@@ -27,7 +27,7 @@ waits per program among P/G programs, G experts in L2 at once. `quantize_triton`
 per-expert weights here only where `configs.LAUNCH`'s weight_quantize_experts names a G for the
 architecture (0: the two-step form).
 
-Bitwise `_quantize_kernel` after `global_stage` (tests/codegen/nvfp4/test_weight_quantize.py). The
+Bitwise `codes_kernel` after `global_stage` (tests/codegen/nvfp4/test_weight_quantize.py). The
 wait needs every program resident at once: P = SMs x min(programs per SM, what fits on one
 SM), the fit computed from the compiled kernel's registers, shared memory and threads (the
 CUDA occupancy rules; one fewer than the estimate, and never below 1: one program per SM
@@ -43,7 +43,7 @@ import triton.language as tl
 
 from ...format import BLOCK_SIZE, NVFP4Tensor
 from ..configs import pick, pick_launch
-from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
+from ..runtime import KernelTarget, interpreting, kernel_target
 from ..triton_helpers import (
     ONE_SIXTH_F32,
     block_encode,
@@ -192,6 +192,7 @@ def quantize_weight_tiles(
     ongrid_dtype: torch.dtype = torch.bfloat16,
     programs_per_sm: int | None = None,
     expert_groups: int = 1,
+    target: KernelTarget | None = None,
 ):
     """16x16 RNE quantize of x with a data amax per expert (x [E, N, K], global_scale
     "per_expert") or per tensor (x [..., N, K], "per_tensor"), in one read of x. Returns what
@@ -200,10 +201,11 @@ def quantize_weight_tiles(
     ("both"). x must be contiguous and non-empty. expert_groups (per expert): the programs walk
     the experts in that many groups, each waiting on its own programs only (the same bits for
     any value; speed only). programs_per_sm: at most this many programs per SM (default:
-    `configs.LAUNCH`'s "weight_quantize" row; fewer where fewer fit)."""
+    `configs.LAUNCH`'s "weight_quantize" row; fewer where fewer fit). target: the caller's
+    `runtime.kernel_target` of x (looked up here without one)."""
     if not isinstance(expert_groups, int) or expert_groups < 1:
         raise ValueError(f"expert_groups must be an int >= 1, got {expert_groups!r}")
-    check_kernel_device(x, "x")
+    target = target or kernel_target(x, "x")
     if global_scale not in ("per_expert", "per_tensor"):
         raise ValueError(f"global_scale must be 'per_expert' or 'per_tensor', got {global_scale!r}")
     if out not in ("packed", "ongrid", "both"):
@@ -237,7 +239,7 @@ def quantize_weight_tiles(
     scales = torch.empty((e * n, k // BLOCK_SIZE) if packed else (0,), dtype=torch.uint8,
                          device=dev)  # fmt: skip
     ongrid = torch.empty((e * n, k) if ongrid_wanted else (0,), dtype=ongrid_dtype, device=dev)
-    arch = arch_of(dev)
+    arch = target.arch
     cfg = pick(arch, "any", "nvfp4_weight_quantize", n)
     two_launches = interpreting() or dev.type != "cuda"  # programs run one after the other
     lc = pick_launch("interpreter" if two_launches else arch, "weight_quantize")
@@ -247,7 +249,7 @@ def quantize_weight_tiles(
     flags = dict(ABS_MASK=0x7FFF if bits16 else 0x7FFFFFFF, BITS16=bits16, ONGRID=ongrid_wanted,
                  PACKED=packed, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
                  GROUPS=expert_groups if global_scale == "per_expert" else 1,
-                 **cfg.launch_kwargs(), **compile_options(dev))  # fmt: skip
+                 **cfg.launch_kwargs(), **target.options)  # fmt: skip
     if two_launches:
         grid = (max(lc["programs"], flags["GROUPS"]),)
         _weight_quantize_kernel[grid](*args, PHASE=_PHASE_AMAX, **flags)

@@ -292,10 +292,10 @@ def test_dense_wgrad_quantizes_the_transposes_in_place(grad, tokens, flat32, mon
     copies (`quantize_triton(pad_tokens(t.t().contiguous()))`) and the same GEMM; the operands
     themselves equal too; int and device-held seeds; given dY's amax or not; the segmented
     kernel's stochastic-rounding index in int32 (FLAT32, small tensors) and in int64."""
-    from fp4_compile.codegen.nvfp4 import quantize_kernel
+    from fp4_compile.codegen.nvfp4 import codes_kernel
 
     if not flat32:
-        monkeypatch.setattr(quantize_kernel, "FLAT32_LIMIT", 0)
+        monkeypatch.setattr(codes_kernel, "FLAT32_LIMIT", 0)
     from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
     from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
     from fp4_compile.recipe import QuantSpec
