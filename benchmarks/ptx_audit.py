@@ -329,8 +329,9 @@ def _attention_cases() -> list[KernelCase]:
     common = {"qs_ptr": ("*i64", 0), "kl_ptr": ("*i64", 0), "m_ptr": ("*i32", 0),
               "iv_ptr": ("*i32", 0), "ivf_ptr": ("*i32", 0), "lse_ptr": ("*fp32", 0),
               "Tq": (i32, t), "G": (i32, hq // hkv), "scale": ("fp32", 0.0), **strides}  # fmt: skip
-    fwd = cfgs.attention_config("sm_90")
-    dq_cfg, dkdv_cfg = cfgs.attention_backward_configs("sm_90")
+    fwd = cfgs.pick("sm_90", "any", "invariant_attention", 0)
+    dq_cfg = cfgs.pick("sm_90", "any", "invariant_attention_dq", 0)
+    dkdv_cfg = cfgs.pick("sm_90", "any", "invariant_attention_dkdv", 0)
     tensors = {n: (bf16, 0) for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "do_ptr", "dq_ptr",
                                        "dk_ptr", "dv_ptr")}  # fmt: skip
     out_strides = {"sob": (i32, hq * t * d), "soh": (i32, t * d), "sot": (i32, d)}

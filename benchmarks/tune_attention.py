@@ -126,7 +126,7 @@ def forward_section(rows, variant: str):
     sdpa = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
         q, k, v, is_causal=True, enable_gqa=True))  # fmt: skip
     ref = None
-    pinned_now = cfgs.attention_config(ARCH)
+    pinned_now = cfgs.pick(ARCH, "any", "invariant_attention", 0)
     for cfg in (pinned_now, *(c for c in FORWARD_CANDIDATES if c != pinned_now)):
         row = {"section": f"forward {variant}", "config": cfg.__dict__.copy(),
                "baseline_ms": sdpa}  # fmt: skip
@@ -192,14 +192,18 @@ def _label(cfg: TileConfig) -> dict:
     return cfg.__dict__.copy()
 
 
+def _pinned_backward():
+    return tuple(cfgs.pick(ARCH, "any", op, 0) for op in BACKWARD_OPS)
+
+
 def dq_section(rows, variant: str):
-    dq, dkdv = cfgs.attention_backward_configs(ARCH)
+    dq, dkdv = _pinned_backward()
     candidates = (dq, *(c for c in DQ_CANDIDATES if c != dq))
     _backward_sweep(rows, "dq", [({"dq": _label(c)}, (c, dkdv)) for c in candidates], variant)
 
 
 def dkdv_section(rows, variant: str):
-    dq, dkdv = cfgs.attention_backward_configs(ARCH)
+    dq, dkdv = _pinned_backward()
     candidates = (dkdv, *(c for c in DKDV_CANDIDATES if c != dkdv))
     _backward_sweep(rows, "dkdv", [({"dkdv": _label(c)}, (dq, c)) for c in candidates], variant)
 

@@ -3,7 +3,7 @@ helpers the backward kernels share (`visible`, `mask_args`, `mask_key_end`, `pos
 
 Shape legend: B sequences, Hq / Hkv heads, G = Hq / Hkv, Tq queries, Tk key slots, D head dim.
 
-Invariance: keys walked sequentially in fixed BLOCK_N blocks from key 0 (`configs.ATTENTION`,
+Invariance: keys walked sequentially in fixed BLOCK_N blocks from key 0 (`configs.PINNED`,
 one config for the learner, prefill and decode); rows never interact. Interpreter: operands are
 loaded as FP32 and the dot dtype is a constexpr (bf16 on CUDA, fp32 in the interpreter); P is
 rounded to bf16 with integer bit operations (`round_bf16`, exact on both paths).
@@ -249,7 +249,7 @@ def attention(q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float):
         raise ValueError(
             f"the Triton attention kernel needs a power-of-two head dim >= 16, got {d}"
         )
-    cfg = cfgs.attention_config(arch_of(q.device))
+    cfg = cfgs.pick(arch_of(q.device), "any", "invariant_attention", 0)
     # q is read through its own strides (it arrives as the transpose of [B, Tq, Hq, D] from
     # the projections: a contiguous copy was ~48 us per call), k and v through one shared set
     q = q if q.stride(-1) == 1 else q.contiguous()

@@ -3,7 +3,7 @@
 Shape legend: M rows, K in-features, N out-features.
 
 Invariance (see `invariant/api.py` for the contract): one output tile per program, the K loop
-sequential in BLOCK_K chunks from 0 (BLOCK_K one value per architecture: `configs.LINEAR`); rows
+sequential in BLOCK_K chunks from 0 (BLOCK_K one value per architecture: `configs.PINNED`); rows
 never interact. Interpreter: operands are loaded as FP32 and the dot dtype is a constexpr (bf16 on
 CUDA, fp32 in the interpreter, where bf16 `tl.dot` is wrong); the FP32 result is cast by torch.
 """
@@ -45,7 +45,7 @@ def linear(x_MK, w_NK, bias_N, out_dtype):
     check_kernel_device(x_MK, "x")
     m, k = x_MK.shape
     n = w_NK.shape[0]
-    cfg = cfgs.linear_config(arch_of(x_MK.device), m)
+    cfg = cfgs.pick(arch_of(x_MK.device), "any", "invariant_linear", m)
     store_dtype = torch.float32 if interpreting() else out_dtype
     y = torch.empty((m, n), dtype=store_dtype, device=x_MK.device)
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
