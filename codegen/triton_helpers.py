@@ -59,6 +59,15 @@ def e4m3_rne(d):
 
 
 @triton.jit
+def e4m3_value(byte):
+    """E4M3 byte (int32) -> exact FP32 value (non-negative scales; subnormals included)."""
+    e = (byte >> 3) & 15
+    m = byte & 7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    return tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
+
+
+@triton.jit
 def e2m1_value(code):
     """E2M1 code (int32 0..15) -> FP32 value, exact (code 8 -> -0.0)."""
     idx = code & 7

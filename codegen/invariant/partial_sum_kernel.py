@@ -33,8 +33,9 @@ import triton.language as tl
 
 from ..configs import pick_launch, warps_kwargs
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
+from .reference import PARTIAL_SUM_CHAINS as CHAINS  # the order of the sum (docstring above)
+from .reference import partial_sum as partial_sum_reference  # noqa: F401  (the order, as torch ops)
 
-CHAINS = 64  # part of the numerics: the order of the sum (module docstring)
 # the tile, warps and stages: speed only (no bit depends on them), `configs.LAUNCH`
 
 
@@ -88,20 +89,3 @@ def partial_sum(partial_PH: torch.Tensor, out_dtype: torch.dtype, *,
             **warps_kwargs(lc), **compile_options(p.device),
         )  # fmt: skip
     return out.to(out_dtype)
-
-
-def partial_sum_reference(partial_PH: torch.Tensor, out_dtype: torch.dtype, *,
-                          chains: int = CHAINS) -> torch.Tensor:  # fmt: skip
-    """`partial_sum`'s order as torch FP32 adds (any device): each chain a loop over its rows,
-    then the pairwise tree, then one cast."""
-    p = partial_PH.float()
-    nodes = []
-    for c in range(min(chains, p.shape[0])):
-        acc = p[c].clone()
-        for row in range(c + chains, p.shape[0], chains):
-            acc = acc + p[row]
-        nodes.append(acc)
-    while len(nodes) > 1:
-        pairs = [nodes[j : j + 2] for j in range(0, len(nodes), 2)]
-        nodes = [pair[0] + pair[1] if len(pair) == 2 else pair[0] for pair in pairs]
-    return nodes[0].to(out_dtype)

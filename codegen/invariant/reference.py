@@ -309,3 +309,24 @@ def silu_mul_backward(grad, a, b, row_mask=None):
     if row_mask is not None:
         grad_a, grad_b = grad_a.masked_fill(col, 0.0), grad_b.masked_fill(col, 0.0)
     return grad_a.contiguous(), grad_b.contiguous()
+
+
+# ---------------------------------------------------------------------------- partial sums
+PARTIAL_SUM_CHAINS = 64  # part of the numerics: the order of the sum (`partial_sum_kernel`)
+
+
+def partial_sum(partial_PH: torch.Tensor, out_dtype: torch.dtype, *,
+                chains: int = PARTIAL_SUM_CHAINS) -> torch.Tensor:  # fmt: skip
+    """`partial_sum_kernel.partial_sum`'s order as torch FP32 adds (any device): each chain a
+    loop over its rows, then the pairwise tree, then one cast."""
+    p = partial_PH.float()
+    nodes = []
+    for c in range(min(chains, p.shape[0])):
+        acc = p[c].clone()
+        for row in range(c + chains, p.shape[0], chains):
+            acc = acc + p[row]
+        nodes.append(acc)
+    while len(nodes) > 1:
+        pairs = [nodes[j : j + 2] for j in range(0, len(nodes), 2)]
+        nodes = [pair[0] + pair[1] if len(pair) == 2 else pair[0] for pair in pairs]
+    return nodes[0].to(out_dtype)
