@@ -59,12 +59,13 @@ def quantize_triton(
     the two-step form unless `configs.LAUNCH`'s weight_quantize_experts names expert groups for
     the architecture (one launch was slower there: `weight_quantize_kernel.py`'s docstring)."""
     target = _check_args(x, block, global_scale, rounding, seed, out, name)
-    groups = pick_launch(target.arch, "weight_quantize_experts")["expert_groups"]
-    if one_read_weights and _one_read(x, block, global_scale, rounding, groups):
-        from .weight_quantize_kernel import quantize_weight_tiles
+    if one_read_weights and block == "16x16" and rounding == "rne":  # a weight: one read of x?
+        groups = pick_launch(target.arch, "weight_quantize_experts")["expert_groups"]
+        if _one_read(x, global_scale, groups):
+            from .weight_quantize_kernel import quantize_weight_tiles
 
-        return quantize_weight_tiles(x, global_scale, out=out, ongrid_dtype=ongrid_dtype,
-                                     expert_groups=max(groups, 1), target=target)  # fmt: skip
+            return quantize_weight_tiles(x, global_scale, out=out, ongrid_dtype=ongrid_dtype,
+                                         expert_groups=max(groups, 1), target=target)  # fmt: skip
     shape, k = tuple(x.shape), x.shape[-1]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -185,14 +186,13 @@ def _check_args(x, block, global_scale, rounding, seed, out, name) -> KernelTarg
     return target
 
 
-def _one_read(x, block, global_scale, rounding, groups) -> bool:
-    """Whether `weight_quantize_kernel` takes this call: a 16x16 RNE quantize of a contiguous,
-    non-empty weight with a per-tensor data amax (or per expert, where expert groups are set)."""
+def _one_read(x, global_scale, groups) -> bool:
+    """Whether `weight_quantize_kernel` takes a 16x16 RNE quantize: a contiguous, non-empty
+    weight with a per-tensor data amax (or per expert, where expert groups are set)."""
     data_amax = isinstance(global_scale, str) and (
         global_scale == "per_tensor" or (global_scale == "per_expert" and groups > 0)
     )
-    return (data_amax and block == "16x16" and rounding == "rne" and x.numel() > 0
-            and x.is_contiguous())  # fmt: skip
+    return data_amax and x.numel() > 0 and x.is_contiguous()
 
 
 def _global_scales(x, x2, global_scale, target):
