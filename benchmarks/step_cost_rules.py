@@ -209,7 +209,7 @@ def _gemm_facts(n, g: _Graph, ctx, name, launches, read):
 def _attention_facts(n, g: _Graph, ctx, read):
     """Attention reads K / V over the filled length L when the graph tells the kernel where each
     row's keys end (a length tensor, or a mask: the kernel stops at the block holding the last
-    key a row sees, `codegen/invariant/forward_kernels.py`), else over the static cache (S);
+    key a row sees, `codegen/invariant/attention_kernel.py`), else over the static cache (S);
     FLOPs 4*B*H*Tq*keys*D."""
     q, k, v = (_val(a) for a in n.args[:3])
     slots = k.shape[-2]

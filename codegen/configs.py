@@ -1,40 +1,40 @@
-"""Pinned Triton tile configs, keyed by (architecture, operand dtype, op). No runtime autotuning.
+"""Every pinned launch constant of codegen/, and nothing else. No runtime autotuning.
 
-Why the bits do not depend on the batch (M), the contract the learner/rollout alignment rests on:
+Two kinds of table, each read by its function only: tiles bucketed by M (`PINNED`, keyed by
+(architecture, operand dtype, op), with its `NARROW_N` override, read by `pick`; the decode
+GEMM's `DECODE`, keyed by architecture, read by `pick_decode`), and `LAUNCH`, every other
+kernel's constants keyed by (architecture, op), read by `pick_launch`.
 
-1. Every output element is ONE program's FP32 accumulator, walked over K in a fixed order:
-   `for k in range(0, K, BLOCK_K): acc = tl.dot(a_tile, b_tile, acc)`. No split-K, no
-   stream-K, no atomics: the reduction order of element (m, n) is k = 0, 1, ..., K-1 in
-   BLOCK_K chunks, whatever M is.
-2. BLOCK_K is the same for every config of an op (asserted below), so the chunking of K never
-   follows M. Configs may change BLOCK_M / BLOCK_N / warps / stages with M (for speed).
-3. Changing BLOCK_M can change the MMA instruction on sm_90: mma.sync below 64 rows, wgmma at
-   64 and above. The two do NOT round alike: on the H200 a grouped call whose M bucket was 16
-   (mma.sync) and the per-expert call at 64 (wgmma) differed in 5 of 1088 outputs on
-   cancellation-heavy data (tests/codegen/test_nvfp4_kernels.py on CUDA), although
-   random-normal data at N = K = 8192 shows identical bits. So every sm_90 bucket has
-   BLOCK_M >= 64 (asserted below): one instruction family (wgmma m64nNk16) for every M.
-   BLOCK_N and the warp count may still follow M (and, for a dense GEMM, its output width N:
-   `NARROW_N`, a static weight shape); that, too, is measured, not guaranteed:
-   the CUDA run of tests/codegen (cancellation-heavy rows across every bucket) and
-   `benchmarks/nvfp4_gpu_check.py` re-check THESE configs and record the result.
+Why a GEMM's bits do not depend on the batch (M), the contract learner/rollout alignment rests on:
+1. Every output element is ONE program's FP32 accumulator walked over K in BLOCK_K chunks from 0
+   (`acc = tl.dot(a, b, acc)`): no split-K, no stream-K, no atomics, whatever M is.
+2. BLOCK_K is one value per op (asserted below); BLOCK_M / BLOCK_N / warps / stages may follow M.
+3. BLOCK_M picks the MMA on sm_90: mma.sync below 64 rows, wgmma from 64, and they do NOT round
+   alike (on the H200 a 16-row bucket and the per-expert call at 64 differed in 5 of 1088
+   outputs on cancellation-heavy data, tests/codegen/nvfp4/test_nvfp4_kernels.py on CUDA). So
+   every sm_90 bucket has BLOCK_M >= 64 (asserted). BLOCK_N and warps may still follow M (and
+   a dense GEMM's N: `NARROW_N`); measured, not guaranteed: the CUDA run of tests/codegen and
+   `tests/gpu/test_gpu_nvfp4.py` re-check THESE configs.
 4. Rows never interact: masked rows load zeros, and the epilogue is per element.
-
-5. The GEMM tables ("nvfp4_gemm" for packed B, "nvfp4_gemm_ongrid" for on-grid B,
-   "nvfp4_wgrad") share BLOCK_K (asserted below): packed and on-grid weights give the same bits,
-   so the learner (on-grid from 256 rows per weight, `gemm.ONGRID_FORWARD_MIN_ROWS`) and
-   the rollout's decode (packed) agree.
-
-What was verified where: on CPU, the interpreter configs (one per op) are checked for batch
-invariance by tests/codegen; on the H200 the sm_90 buckets are checked by the GPU script.
-The offline tuner `python -m benchmarks.tune_kernels` times candidates on the learner's shapes
+5. The GEMM tables ("nvfp4_gemm" packed B, "nvfp4_gemm_ongrid" on-grid B, "nvfp4_wgrad") share
+   BLOCK_K (asserted): packed and on-grid weights give the same bits, so the learner (on-grid
+   from `gemm.ONGRID_FORWARD_MIN_ROWS` rows) and the rollout's decode (packed) agree.
+On CPU the interpreter configs are checked for batch invariance by tests/codegen; on the H200 the
+sm_90 buckets by the GPU script. `python -m tools.tune_kernels` times candidates offline
 and counts the bytes each changes against the pinned config; a winner is copied here by hand.
-Nothing reads the tables at runtime except `pick`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NoReturn
+
+
+def _unpinned(what: str, key: str, known) -> NoReturn:
+    raise ValueError(
+        f"no pinned {what} for {key} (pinned: {sorted(known)}); add one to codegen/configs.py "
+        "(an untested architecture is not guessed)"
+    )
 
 
 @dataclass(frozen=True)
@@ -55,60 +55,45 @@ _GEMM_SM90 = (
     (None, TileConfig(128, 128, 64, num_warps=8, num_stages=3)),
 )
 _GEMM_INTERPRETER = ((None, TileConfig(16, 32, 32, num_warps=1, num_stages=1)),)
-# B on-grid BF16 (no in-register dequantize): at M > 64 a wide N tile in a 4-stage pipeline
-# (192 KiB of shared memory), the fastest at the learner's shapes on the H200 with 0 bytes
-# differing (benchmarks/results/2026-12-04_tune_kernels_deep_865d6a7.md).
+# B on-grid BF16: at M > 64 a wide N tile, 4 stages (192 KiB of shared memory), the fastest on
+# the H200, 0 bytes differing (benchmarks/results/2026-12-04_tune_kernels_deep_865d6a7.md).
 _GEMM_ONGRID_SM90 = (
     (64, TileConfig(64, 64, 64, num_warps=4, num_stages=4)),
     (None, TileConfig(128, 256, 64, num_warps=8, num_stages=4)),
 )
-# Weight gradients (learner only; the dense wgrad and the one-pass MoE wgrad share it, so the
-# MoE wgrad equals the per-expert loop by construction). A weight of <= 512 rows (the k / v
-# projections, 4 KV heads x 128) would give the 128x256 tile 32 programs on 132 SMs: 64x128
-# there (H200, 0 bytes differ: benchmarks/results/2026-12-04_tune_kernels_dense_6fdd573.md).
+# Weight gradients (dense and MoE share it: the MoE wgrad equals the per-expert loop). <= 512
+# rows (k / v projections) would give 128x256 32 programs on 132 SMs: 64x128 there (H200, 0
+# bytes differ: benchmarks/results/2026-12-04_tune_kernels_dense_6fdd573.md).
 _WGRAD_SM90 = (
     (512, TileConfig(64, 128, 64, num_warps=8, num_stages=4)),
     (None, TileConfig(128, 256, 64, num_warps=8, num_stages=3)),
 )
 
-# Narrow outputs (N <= max_n) of a dense, non-grouped GEMM, in place of the table's catch-all
-# bucket (M > 64): the 128x256 tile gives the k / v projections' forward (N = 512) 64 programs
-# at 4096 tokens. The config follows N, a weight's static shape, never the batch (H200, 0 bytes
-# differ, the same file as the wgrad's above); their dgrad (N = 2048) and the q / o GEMMs stay
-# at the tables' tiles.
-NARROW_N: dict[tuple[str, str, str], tuple[int, TileConfig]] = {
-    ("sm_90", "bf16", "nvfp4_gemm_ongrid"): (
-        512,
-        TileConfig(128, 128, 64, num_warps=8, num_stages=3),
-    ),
-}
+# Narrow outputs (N <= max_n, a weight's static shape) of a dense GEMM, in place of the catch-all
+# bucket: 128x256 gave the k / v projections' forward (N = 512) 64 programs at 4096 tokens (H200,
+# 0 bytes differ, the wgrad's file above). (max_n, config)
+_NARROW_ONGRID_SM90 = TileConfig(128, 128, 64, num_warps=8, num_stages=3)
+NARROW_N = {("sm_90", "bf16", "nvfp4_gemm_ongrid"): (512, _NARROW_ONGRID_SM90)}
 
-# Quantize: BLOCK_M rows x BLOCK_K columns per program (BLOCK_M a multiple of 16 for 16x16 tiles).
-# The fastest tiling at the learner's shapes on the H200, 0 bytes differ (every tiling within
-# 10%: the kernel is ALU-bound; benchmarks/results/2026-12-04_tune_kernels_f330937.md).
+# Quantize: BLOCK_M (a multiple of 16) rows x BLOCK_K columns per program; the fastest on the H200,
+# 0 bytes differ (all within 10%: benchmarks/results/2026-12-04_tune_kernels_f330937.md).
 _QUANT_SM90 = ((None, TileConfig(16, 0, 128, num_warps=2, num_stages=1)),)
 _QUANT_INTERPRETER = ((None, TileConfig(16, 0, 64, num_warps=1, num_stages=1)),)
-# The transposing (segmented) quantize of the wgrad operands, pinned apart: its strided token
-# loads want more programs in flight (H200, learner shapes, 0 bytes differ:
-# benchmarks/results/2026-12-04_tune_kernels_2c9e3e9.md).
+# The wgrad operands' transposing quantize, pinned apart (strided token loads; H200, 0 bytes
+# differ: benchmarks/results/2026-12-04_tune_kernels_2c9e3e9.md).
 _QUANT_SEGMENTS_SM90 = ((None, TileConfig(16, 0, 128, num_warps=2, num_stages=1)),)
 
-# The weights' one-launch quantize (`nvfp4/weight_quantize_kernel.py`): 4 warps, so that its
-# persistent grid (2 programs per SM) is resident whatever the register count; 32 x 128 elements
-# per tile keeps 32 per thread, as the tiling above.
+# The weights' one-launch quantize (`weight_quantize_kernel.py`): 4 warps, so its persistent grid
+# is resident whatever the register count; 32 x 128 tiles keep 32 elements per thread.
 _WEIGHT_QUANT_SM90 = ((None, TileConfig(32, 0, 128, num_warps=4, num_stages=1)),)
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
     """A tile of the few-row packed GEMM (`nvfp4/decode_gemm_kernel.py`): BLOCK_T tokens x
-    BLOCK_W weight rows (the MMA's left operand: >= 64 on sm_90, so wgmma as in the learner),
-    BLOCK_K along K, warps and software-pipeline stages; speed only, the same values. (The E2M1
-    placement is the kernel's word form, the fewest instructions per weight of the forms swept:
-    `benchmarks.decode_sass_audit`, `2026-12-05_decode_gemm_43f05e0.md`.) `weights_right`: the
-    learner's orientation (tokens the MMA's left operand, so BLOCK_T >= 64 on sm_90 as for the
-    learner's tiles; the decoded weights its right operand, through shared memory, no register
-    layout conversion) instead of the swapped one."""
+    BLOCK_W weight rows (the MMA's left operand: >= 64 on sm_90, wgmma as in the learner),
+    BLOCK_K, warps, stages; speed only. `weights_right`: the learner's orientation instead (tokens
+    the MMA's left operand, BLOCK_T >= 64 on sm_90; weights its right, through shared memory)."""
 
     block_t: int
     block_w: int
@@ -117,18 +102,14 @@ class DecodeConfig:
     num_stages: int = 4
     weights_right: bool = False
 
-    def launch_kwargs(self) -> dict:
-        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+    launch_kwargs = TileConfig.launch_kwargs
 
 
-# (max rows per weight inclusive, config). The packed forward GEMM of a weight seeing at most the
-# last bucket's rows (per expert for MoE) runs the decode kernel on these architectures; beyond,
-# the tables above. Bits: the same as the learner's GEMM (the kernel's docstring proves it; on
-# the H200 every config of the sweep gave the learner's bits, tests/gpu/test_gpu_decode_gemm.py
-# re-checks the pinned ones). Each bucket is the sweep's fastest on the grouped (MoE) decode
-# shapes, within 7% of its fastest dense 8192^2 (CUDA-graph timing, H200:
-# benchmarks/results/2026-12-05_decode_gemm_20848a7.md; BLOCK_K 512 is 6% faster on the dense
-# shape at <= 16 rows and 30% slower grouped).
+# (max rows per weight inclusive, config): a packed forward GEMM of at most the last bucket's rows
+# (per expert) runs the decode kernel; beyond, the tables above. The learner's bits (the kernel's
+# docstring; tests/gpu/test_gpu_decode_gemm.py). Each bucket the sweep's fastest on the grouped
+# decode shapes, within 7% of the fastest dense 8192^2 (H200, CUDA graphs:
+# benchmarks/results/2026-12-05_decode_gemm_20848a7.md).
 DECODE = {
     "sm_90": (
         (16, DecodeConfig(16, 64, 128, num_warps=4, num_stages=4)),
@@ -136,9 +117,8 @@ DECODE = {
     ),
     "interpreter": ((64, DecodeConfig(16, 32, 32, num_warps=1, num_stages=1)),),
 }
-# Where `launch_gemm` sends few-row packed GEMMs to the decode kernel. Not the interpreter: its
-# FP32 `tl.dot` is numpy's, whose summation order follows the operand layout, so there the
-# decode kernel is tested directly (tests/codegen/nvfp4/test_decode_gemm.py), not dispatched.
+# Where `launch_gemm` sends few-row packed GEMMs to the decode kernel. Not the interpreter (its
+# `tl.dot` sums in layout order): tests/codegen/nvfp4/test_decode_gemm.py calls it directly.
 DECODE_DISPATCH = ("sm_90",)
 
 
@@ -166,10 +146,7 @@ def pick_decode(arch: str, m: int) -> DecodeConfig | None:
     serve `m` (more rows than its last bucket). Unknown architectures raise."""
     table = DECODE.get(arch)
     if table is None:
-        raise ValueError(
-            f"no pinned decode GEMM config for arch={arch!r} (pinned: {sorted(DECODE)}); add "
-            "one to codegen/configs.py (an untested architecture is not guessed)"
-        )
+        _unpinned("decode GEMM config", f"arch={arch!r}", DECODE)
     for max_m, cfg in table:
         if m <= max_m:
             return cfg
@@ -179,6 +156,28 @@ def pick_decode(arch: str, m: int) -> DecodeConfig | None:
 def decode_dispatch(arch: str, m: int) -> DecodeConfig | None:
     """The decode config `launch_gemm` uses for a packed GEMM of `m` rows per weight, or None."""
     return pick_decode(arch, m) if arch in DECODE_DISPATCH else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The batch-invariant (non-NVFP4) ops' tiles, rows of PINNED (dtype "any"):
+# - linear: as the GEMMs (1.-3. above: one BLOCK_K, sequential K, BLOCK_M >= 64 on sm_90, all
+#   asserted); `tests/gpu/test_gpu_bucket_invariance.py` and the CUDA tests re-check THESE buckets.
+# - attention: ONE config for the learner's forward, prefill and decode. Not enough by itself:
+#   register layouts differ per kernel VARIANT (causal vs masked launch) and a `tl.sum` tree
+#   follows them (on the H200 1 in ~4096 outputs 1 bf16 ulp apart), so the row sum is an
+#   in-order FP32 dot. Backward: determinism only.
+
+_LINEAR_SM90 = (
+    (64, TileConfig(64, 64, 64, num_warps=4, num_stages=4)),
+    (None, TileConfig(128, 128, 64, num_warps=8, num_stages=3)),
+)
+_LINEAR_INTERPRETER = ((None, TileConfig(16, 32, 32, num_warps=1, num_stages=1)),)
+# attention: rows x keys per program (block_k unused: 0), no M bucket
+_ATTENTION_SM90 = ((None, TileConfig(64, 64, 0, num_warps=4, num_stages=2)),)
+_ATTENTION_INTERPRETER = ((None, TileConfig(16, 16, 0, num_warps=1, num_stages=1)),)
+# dQ and dK/dV launches (the fastest: benchmarks/results/2026-12-04_tune_attention_10bb871.md)
+_ATTENTION_DQ_SM90 = ((None, TileConfig(64, 64, 0, num_warps=4, num_stages=2)),)
+_ATTENTION_DKDV_SM90 = ((None, TileConfig(64, 64, 0, num_warps=4, num_stages=2)),)
 
 
 GEMM_OPS = ("nvfp4_gemm", "nvfp4_gemm_ongrid", "nvfp4_wgrad")
@@ -199,12 +198,21 @@ PINNED: dict[tuple[str, str, str], tuple] = {
     ("interpreter", "any", "nvfp4_quantize_segments"): _QUANT_INTERPRETER,
     ("sm_90", "any", "nvfp4_weight_quantize"): _WEIGHT_QUANT_SM90,
     ("interpreter", "any", "nvfp4_weight_quantize"): _QUANT_INTERPRETER,
+    # the batch-invariant ops (section above): BF16 linear, attention forward and backward
+    ("sm_90", "any", "invariant_linear"): _LINEAR_SM90,
+    ("interpreter", "any", "invariant_linear"): _LINEAR_INTERPRETER,
+    ("sm_90", "any", "invariant_attention"): _ATTENTION_SM90,
+    ("interpreter", "any", "invariant_attention"): _ATTENTION_INTERPRETER,
+    ("sm_90", "any", "invariant_attention_dq"): _ATTENTION_DQ_SM90,
+    ("interpreter", "any", "invariant_attention_dq"): _ATTENTION_INTERPRETER,
+    ("sm_90", "any", "invariant_attention_dkdv"): _ATTENTION_DKDV_SM90,
+    ("interpreter", "any", "invariant_attention_dkdv"): _ATTENTION_INTERPRETER,
 }
 
 for _key, _table in PINNED.items():
     assert len({c.block_k for _, c in _table}) == 1, f"{_key}: BLOCK_K must not depend on M"
     assert all(c.block_k % 32 == 0 and c.block_m % 16 == 0 for _, c in _table), _key
-    if _key[0] == "sm_90" and _key[2] in GEMM_OPS:  # one MMA family (wgmma), see 3. above
+    if _key[0] == "sm_90" and _key[2] in (*GEMM_OPS, "invariant_linear"):  # wgmma, see 3. above
         assert all(c.block_m >= 64 for _, c in _table), f"{_key}: BLOCK_M < 64 is mma.sync"
 for _key, (_max_n, _cfg) in NARROW_N.items():  # the same K chunk and MMA family as its table
     assert _cfg.block_k == PINNED[_key][0][1].block_k, f"{_key}: narrow BLOCK_K"
@@ -220,10 +228,8 @@ def pick(arch: str, dtype: str, op: str, m: int, n: int | None = None) -> TileCo
     (`NARROW_N`). Unknown keys raise."""
     table = PINNED.get((arch, dtype, op))
     if table is None:
-        known = sorted(k for k in PINNED if k[2] == op)
-        raise ValueError(
-            f"no pinned {op} config for arch={arch!r}, dtype={dtype!r} (pinned: {known}); "
-            "add one to codegen/configs.py (an untested architecture is not guessed)"
+        _unpinned(
+            f"{op} config", f"arch={arch!r}, dtype={dtype!r}", [k for k in PINNED if k[2] == op]
         )
     narrow = NARROW_N.get((arch, dtype, op))
     for max_m, cfg in table:
@@ -236,107 +242,101 @@ def pick(arch: str, dtype: str, op: str, m: int, n: int | None = None) -> TileCo
 
 
 # ---------------------------------------------------------------------------------------------
-# The batch-invariant (non-NVFP4) ops, keyed by architecture. What may and may not follow the batch:
-# - linear: BLOCK_K is one value per architecture (asserted), the K loop is sequential, no
-#   split-K; BLOCK_N and warps may follow M, BLOCK_M stays >= 64 on sm_90 (asserted): below 64
-#   rows Triton emits mma.sync, which rounds differently from wgmma on cancellation-heavy data
-#   (measured on the H200, see 3. above). `benchmarks/invariant_gpu_check.py` and the
-#   CUDA run of tests/codegen re-check THESE buckets (rows of op(x[:m]) == rows of op(x)).
-# - attention: ONE config for the learner's forward, prefill and decode. One config is not
-#   enough by itself: the compiler picks register layouts per kernel VARIANT (the learner's causal
-#   launch and the rollout's masked launch are two compiled kernels), and a `tl.sum` tree follows
-#   that layout. On the H200 the two variants summed the softmax row in different orders (1 in
-#   ~4096 attention outputs 1 bf16 ulp apart, enough to break strict alignment at batch >= 8);
-#   the row sum is therefore an in-order FP32 dot. `tl.max` is exact in any order.
-# - rms_norm / logprobs: one row per program; BLOCK_V is fixed per architecture.
-
-# (max_m inclusive, or None for "any larger", config)
-LINEAR = {
-    "sm_90": (
-        (64, TileConfig(64, 64, 64, num_warps=4, num_stages=4)),
-        (None, TileConfig(128, 128, 64, num_warps=8, num_stages=3)),
+# Launch constants of every other kernel (elementwise, reductions, the quantizer's stages), ONE
+# table: LAUNCH[(arch, op)] = {name: int}, read by `pick_launch(arch, op)` (`runtime.arch_of`'s
+# key; the "cuda" row serves every CUDA architecture without its own row, "any" every one).
+# `num_warps` is passed only where a row names it (`warps_kwargs`). Speed only, unless a comment
+# says the values are part of the bits (never retune those without the bitwise tests).
+LAUNCH: dict[tuple[str, str], dict[str, int]] = {
+    # nvfp4/abs_max_kernel (max: exact in any order) and the quantizer's per-row global stage:
+    # row_abs_max rows x column chunk; vector_abs_max one program's step; segment_column_abs_max
+    # BLOCK_D = min(max_block_d, pow2(D)) columns, BLOCK_T = tile_elements // BLOCK_D * 16 rows
+    ("cuda", "row_abs_max"): dict(block_r=4, block_k=1024, num_warps=4),
+    ("interpreter", "row_abs_max"): dict(block_r=4, block_k=64, num_warps=1),
+    ("cuda", "vector_abs_max"): dict(block=4096, num_warps=8),
+    ("interpreter", "vector_abs_max"): dict(block=256),
+    ("cuda", "segment_column_abs_max"): dict(max_block_d=256, tile_elements=512, num_warps=4),
+    ("interpreter", "segment_column_abs_max"): dict(max_block_d=32, tile_elements=64),
+    # nvfp4/global_scale_kernel: amaxes per program; rows per step of an expert's max
+    ("any", "amax_global"): dict(block=128, num_warps=1),
+    ("cuda", "expert_global"): dict(block=1024, num_warps=4),
+    ("interpreter", "expert_global"): dict(block=64),
+    # Expert weights: expert_groups 0 = the two-step quantize (amax pass, then codes), G > 0 =
+    # `weight_quantize_kernel.py`'s one read in G expert groups; the same bits (one group was
+    # 1.8x slower: benchmarks/results/2026-12-04_tune_kernels_weights_20b0dc2.md). Its persistent
+    # grid: at most programs_per_sm per SM (fewer where fewer fit); `programs` in the interpreter
+    ("any", "weight_quantize_experts"): dict(expert_groups=0),
+    ("cuda", "weight_quantize"): dict(programs_per_sm=8),
+    ("interpreter", "weight_quantize"): dict(programs=3),
+    # nvfp4/silu_mul_quantize_kernel: rows, SwiGLU and quantize column chunks (per-row math: no
+    # tiling changes a bit, tests/codegen/nvfp4/test_silu_mul_quantize.py); untuned
+    ("any", "silu_mul_quantize"): dict(block_r=8, block_c=256, block_k=256, num_warps=4),
+    # nvfp4/gemm_kernel.ongrid_weight (packed weight -> on-grid BF16): [block_r, block_k] tiles
+    ("cuda", "ongrid_weight"): dict(block_r=32, block_k=128, num_warps=4),
+    ("interpreter", "ongrid_weight"): dict(block_r=16, block_k=32),
+    # nvfp4/expert_gather_backward_kernel: [block_t, block_c] tiles; block_s per program of the
+    # inverse permutation
+    ("cuda", "expert_gather_backward"): dict(block_t=8, block_c=256, block_s=1024, num_warps=4),
+    ("interpreter", "expert_gather_backward"): dict(block_t=8, block_c=256, block_s=1024),
+    # nvfp4/segment_layout_kernel: BLOCK_E = min(max_block_e, pow2(E)) experts per step,
+    # BLOCK_C = max(16, tile_elements // BLOCK_E) columns per program
+    ("any", "segment_layout"): dict(max_block_e=128, tile_elements=2048),
+    # invariant/attention_kernel.mask_args: int32 words (32 keys each) per step of a mask row
+    ("cuda", "attention_mask_args"): dict(block_w=32),
+    ("interpreter", "attention_mask_args"): dict(block_w=1),
+    # invariant/logprobs_kernel: vocabulary entries per block (part of the bits: the sums walk
+    # fixed BLOCK_V blocks from entry 0); no row for other architectures (not guessed)
+    ("sm_90", "logprobs"): dict(block_v=4096, num_warps=8),
+    ("interpreter", "logprobs"): dict(block_v=256, num_warps=1),
+    # invariant/routing_kernel and routing_backward_kernel: BLOCK_E = pow2(E) lanes per row;
+    # `small_num_warps` where BLOCK_E <= small_block_e, else `num_warps`
+    ("any", "routing"): dict(small_block_e=256, small_num_warps=1, num_warps=4),
+    # invariant/rms_norm_kernel.rms_norm_launch (also the norm fused with its quantize):
+    # BLOCK_H = pow2(H); rows per program max(1, min(max_rows, row_elements // BLOCK_H)); warps
+    # min(max(BLOCK_H // columns_per_warp, 1), max_warps)
+    ("any", "rms_norm"): dict(row_elements=2048, max_rows=16, columns_per_warp=256, max_warps=8),
+    # invariant/rms_norm_backward_kernel.tiling: rows per tile max(1, min(max_tile_rows,
+    # tile_elements // pow2(H))), tiles_per_program per program, warps min(max(rows x pow2(H) //
+    # elements_per_warp, 1), max_warps). Part of dweight's bits (a program's partial sum).
+    ("any", "rms_norm_backward"): dict(
+        tile_elements=4096,
+        max_tile_rows=32,
+        tiles_per_program=4,
+        elements_per_warp=1024,
+        max_warps=8,
     ),
-    "interpreter": ((None, TileConfig(16, 32, 32, num_warps=1, num_stages=1)),),
+    # invariant/partial_sum_kernel: elements of a [BLOCK_H, CHAINS] tile, row-loop stages (an
+    # H200 sweep; CHAINS, the order, is the kernel's own); group_sum_kernel: columns per program
+    ("cuda", "partial_sum"): dict(tile_elements=1024, num_stages=4, num_warps=2),
+    ("interpreter", "partial_sum"): dict(tile_elements=1024, num_stages=4),
+    ("cuda", "group_sum"): dict(block=1024, num_warps=4),
+    ("interpreter", "group_sum"): dict(block=1024),
+    # invariant/silu_mul_kernel (forward and backward), invariant/gather_rows_kernel: tiles
+    ("any", "silu_mul"): dict(block_r=8, block_c=256, num_warps=4),
+    ("any", "gather_rows"): dict(block_r=4, block_c=512, num_warps=4),
+    # moe/combine_kernel: [block_t tokens, block_h columns] tiles; moe/row_scale_kernel: the
+    # forward's tiles, the backward's rows and most 64-column blocks per step (fewer where H is
+    # not a multiple of their width; every row's bits its own; the fastest, 0 bytes differing:
+    # benchmarks/results/2026-12-04_tune_kernels_rowscale_b168d97.md)
+    ("cuda", "moe_combine"): dict(block_t=4, block_h=512, num_warps=4),
+    ("interpreter", "moe_combine"): dict(block_t=4, block_h=512),
+    ("cuda", "row_scale"): dict(block_r=16, block_h=256, num_warps=4),
+    ("interpreter", "row_scale"): dict(block_r=16, block_h=256),
+    ("cuda", "row_scale_backward"): dict(block_r=8, num_warps=2, most_blocks=4),
+    ("interpreter", "row_scale_backward"): dict(block_r=8, most_blocks=4),
 }
-ATTENTION = {
-    "sm_90": TileConfig(64, 64, 0, num_warps=4, num_stages=2),
-    "interpreter": TileConfig(16, 16, 0, num_warps=1, num_stages=1),
-}
-# backward of attention (determinism only): (dQ launch: rows x keys, dK/dV launch: rows x keys)
-# (the fastest at the learner's shape: benchmarks/results/2026-12-04_tune_attention_10bb871.md)
-ATTENTION_BACKWARD = {
-    "sm_90": (
-        TileConfig(64, 64, 0, num_warps=4, num_stages=2),
-        TileConfig(64, 64, 0, num_warps=4, num_stages=2),
-    ),
-    "interpreter": (
-        TileConfig(16, 16, 0, num_warps=1, num_stages=1),
-        TileConfig(16, 16, 0, num_warps=1, num_stages=1),
-    ),
-}
-LOGPROBS_BLOCK_V = {"sm_90": 4096, "interpreter": 256}
-
-for _arch, _table in LINEAR.items():
-    assert len({c.block_k for _, c in _table}) == 1, f"{_arch}: linear BLOCK_K must not follow M"
-    if _arch.startswith("sm_9"):
-        assert all(c.block_m >= 64 for _, c in _table), f"{_arch}: BLOCK_M < 64 is mma.sync"
 
 
-def _known(arch: str, table: dict, op: str):
-    if arch not in table:
-        raise ValueError(
-            f"no pinned {op} config for arch={arch!r} (pinned: {sorted(table)}); add one to "
-            "codegen/configs.py (an untested architecture is not guessed)"
-        )
-    return table[arch]
+def pick_launch(arch: str, op: str) -> dict[str, int]:
+    """The launch constants of `op` on `arch` (a copy): its own row, else the "cuda" row for a
+    CUDA architecture, else the "any" row. Unknown keys raise."""
+    keys = [(arch, op)] + ([("cuda", op)] if arch.startswith("sm_") else []) + [("any", op)]
+    for key in keys:
+        if key in LAUNCH:
+            return dict(LAUNCH[key])
+    _unpinned(f"{op} launch constants", f"arch={arch!r}", [k[0] for k in LAUNCH if k[1] == op])
 
 
-def linear_config(arch: str, m: int) -> TileConfig:
-    for max_m, cfg in _known(arch, LINEAR, "linear"):
-        if max_m is None or m <= max_m:
-            return cfg
-    raise AssertionError("linear table has no catch-all bucket")
-
-
-def attention_config(arch: str) -> TileConfig:
-    return _known(arch, ATTENTION, "attention")
-
-
-def attention_backward_configs(arch: str) -> tuple[TileConfig, TileConfig]:
-    return _known(arch, ATTENTION_BACKWARD, "attention backward")
-
-
-def logprobs_block_v(arch: str) -> int:
-    return _known(arch, LOGPROBS_BLOCK_V, "logprobs")
-
-
-# ---------------------------------------------------------------------------------------------
-# Launch constants of the small elementwise / reduction kernels (no K reduction; exact in any
-# tiling unless a comment says otherwise).
-
-# abs_max (and the per-row global stage of the quantizer): (rows per program, column chunk,
-# warps) per architecture; an architecture without an entry uses the sm_90 tiling (max is exact
-# in any order: no bit can change).
-ABS_MAX = {"sm_90": (4, 1024, 4), "interpreter": (4, 64, 1)}
-
-# The expert weights' quantize: 0 = the two-step form (the per-expert amax pass, then the
-# quantize kernel: two reads of every expert weight), G > 0 = the one-read launch of
-# `weight_quantize_kernel.py` with its programs in G expert groups. The same bits either way.
-# sm_90 stays 0 until a measurement names a faster G (`python -m benchmarks.tune_kernels --only
-# weights`: the one-read launch with one group was 1.8x slower than the two-step form,
-# benchmarks/results/2026-12-04_tune_kernels_weights_20b0dc2.md).
-WEIGHT_QUANTIZE_EXPERT_GROUPS = {"sm_90": 0, "interpreter": 0}
-
-# silu_mul_halves_quantize (the experts' SwiGLU emitting the down GEMM's operand): (rows per
-# program, SwiGLU column chunk, quantize column chunk, warps) per architecture; an architecture
-# without an entry uses the sm_90 tiling. Elementwise and per-row math: no tiling changes a bit
-# (tests/codegen/test_silu_mul_quantize.py compares with the unfused kernels). Untuned: the
-# unfused silu_mul kernel's (8, 256) tile and warps.
-SILU_MUL_QUANTIZE = {"sm_90": (8, 256, 256, 4), "interpreter": (8, 256, 256, 4)}
-
-# row_scale's backward: (rows per program, warps, most 64-column blocks per loop step): speed
-# only, every row's bits are its own (the fastest tiling, 0 bytes differing, in
-# benchmarks/results/2026-12-04_tune_kernels_rowscale_b168d97.md). Blocks per step: at most
-# this many, fewer where H is not a multiple of their width (`blocks_per_step`): a step never
-# holds a block wholly past H.
-ROW_SCALE_BACKWARD_LAUNCH = (8, 2, 4)
+def warps_kwargs(row: dict[str, int]) -> dict[str, int]:
+    """The launch keywords of a LAUNCH row: num_warps where the row names it, else none."""
+    return {"num_warps": row["num_warps"]} if "num_warps" in row else {}

@@ -17,6 +17,7 @@ Interpreter traps this package works around (verified on Triton 3.7, CPU):
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -65,3 +66,21 @@ def row_mask_bytes(row_mask: torch.Tensor | None, rows: int) -> torch.Tensor | N
             f"row_mask must be bool with {rows} rows, got {m.dtype} {tuple(row_mask.shape)}"
         )
     return m.view(torch.uint8)
+
+
+@dataclass(frozen=True)
+class KernelTarget:
+    """Where one call's launches run, looked up once per call and handed to each of them: the
+    device, its config key (`arch_of`) and the launch options (`compile_options`)."""
+
+    device: torch.device
+    arch: str
+    options: dict
+
+
+def kernel_target(t: torch.Tensor, name: str | None = None) -> KernelTarget:
+    """The `KernelTarget` of tensor `t`'s device; with a `name`, `t` is first checked to be
+    where the kernels run (`check_kernel_device`)."""
+    if name is not None:
+        check_kernel_device(t, name)
+    return KernelTarget(t.device, arch_of(t.device), compile_options(t.device))

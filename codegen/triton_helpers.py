@@ -1,6 +1,8 @@
-"""Shared Triton helpers (`@triton.jit` functions and constants), inlined into the kernels of
-every family: BF16 rounding of FP32 values and the NVFP4 element/scale steps of the quantizer
-and the GEMM. Imports triton: import it only from kernel modules (which load lazily).
+"""The ONE module of shared Triton helpers (`@triton.jit` functions and constants), inlined into
+the kernels of every family: BF16 rounding of FP32 values, the NVFP4 element/scale steps of the
+quantizer and the GEMM, the stochastic-rounding stream (`sr_stream`'s, in registers) and the
+grouped GEMMs' expert row tiles. Imports triton: import it only from kernel modules (which load
+lazily).
 """
 
 from __future__ import annotations
@@ -9,7 +11,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .runtime import interpreting
+
 ONE_SIXTH_F32 = float(torch.tensor(1.0 / 6.0, dtype=torch.float32))  # fp32(1/6), exactly
+
+
+def dot_dtype():
+    """The `tl.dot` operand dtype of the BF16 kernels: bf16 on CUDA, fp32 in the interpreter
+    (where a bf16 `tl.dot` returns garbage; on-grid and bf16 values are exact in fp32)."""
+    return tl.float32 if interpreting() else tl.bfloat16
 
 
 @triton.jit
@@ -22,7 +32,7 @@ def round_bf16(x):
 
 @triton.jit
 def round_bf16_keep_nan(v):
-    """`forward_kernels.round_bf16`, NaN left as it is (its rounding add could carry a NaN
+    """`round_bf16`, NaN left as it is (its rounding add could carry a NaN
     payload into the sign bit); the store's conversion then gives a BF16 NaN."""
     return tl.where(v != v, v, round_bf16(v))
 
@@ -46,6 +56,15 @@ def e4m3_rne(d):
     val_s = q.to(tl.float32) * 0.001953125  # 2**-9, exact
     normal = d >= 0.015625
     return tl.where(normal, code_n, q), tl.where(normal, val_n, val_s)
+
+
+@triton.jit
+def e4m3_value(byte):
+    """E4M3 byte (int32) -> exact FP32 value (non-negative scales; subnormals included)."""
+    e = (byte >> 3) & 15
+    m = byte & 7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    return tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
 
 
 @triton.jit
@@ -154,3 +173,63 @@ def scales_from_amax(amax, is_nan, one_sixth, BLOCK: tl.constexpr):
     gd = tl.math.div_rn(tl.full((BLOCK,), 1.0, tl.float32), enc)
     mult = enc * one_sixth  # fp32(1/6): one rounding
     return tl.where(is_nan, float("nan"), gd), tl.where(is_nan, float("nan"), mult)
+
+
+# ------------------------------------------------------------- stochastic rounding stream
+@triton.jit
+def mix32(h):
+    """The "lowbias32" mixer on uint32 (products wrap mod 2^32), as `sr_stream.mix32`."""
+    h = h ^ (h >> 16)
+    h = h * 0x7FEB352D
+    h = h ^ (h >> 15)
+    h = h * 0x846CA68B
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def sr_uniform(flat, key, key_hi):
+    """`sr_stream.sr_uniforms` at int64 flat indices, in registers: bitwise the same stream
+    (one mixer round; a second where the index's high word is not zero)."""
+    lo = (flat & 0xFFFFFFFF).to(tl.uint32)
+    hi = (flat >> 32).to(tl.uint32)
+    h = mix32(lo ^ key)
+    h = tl.where(hi != 0, mix32(h ^ hi ^ key_hi), h)
+    return (h >> 8).to(tl.float32) * 5.9604644775390625e-08  # 2**-24, exact
+
+
+@triton.jit
+def sr_uniform32(flat, key):
+    """`sr_uniform` at flat indices below 2**31 held in int32 (their high word is 0): the
+    same bits without 64-bit index arithmetic, one mixer round."""
+    h = mix32(flat.to(tl.uint32) ^ key)
+    return (h >> 8).to(tl.float32) * 5.9604644775390625e-08  # 2**-24, exact
+
+
+@triton.jit
+def sr_key_of(s):
+    """`sr_stream.sr_key` of int64 seeds s >= 0, as uint32: the key a stream is drawn with."""
+    lo = (s & 0xFFFFFFFF).to(tl.uint32)
+    hi = (s >> 32).to(tl.uint32)
+    return mix32(mix32(lo) ^ hi ^ 0x9E3779B9)
+
+
+# ----------------------------------------------------------------- grouped GEMM row tiles
+@triton.jit
+def expert_row_tile(t, group_end_ptr, M, E, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Row tile t of a grouped GEMM: (its expert e, its BLOCK_M row indices, the expert's row
+    end). The experts' M tiles are laid end to end, tile_end[e] = the tiles of experts 0..e,
+    computed from the group ends (no per-call layout tensors); e == E: t is past the last
+    expert's tiles (the grid's spare programs, which return)."""
+    eidx = tl.arange(0, BLOCK_E)
+    emask = eidx < E
+    row_hi = tl.load(group_end_ptr + eidx, mask=emask, other=0)
+    row_lo = tl.load(group_end_ptr + eidx - 1, mask=emask & (eidx > 0), other=0)
+    tiles = tl.where(emask, (row_hi - row_lo + BLOCK_M - 1) // BLOCK_M, 0)
+    tile_end = tl.where(emask, tl.cumsum(tiles, 0), 2147483647)
+    e = tl.sum((tile_end <= t).to(tl.int32), axis=0)
+    is_e = eidx == e
+    tile_start = tl.sum(tl.where(is_e, tile_end - tiles, 0), axis=0)
+    row_start = tl.sum(tl.where(is_e, row_lo, 0), axis=0)
+    row_end = tl.minimum(tl.sum(tl.where(is_e, row_hi, 0), axis=0), M)
+    rows = row_start + (t - tile_start) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return e, rows, row_end

@@ -5,7 +5,7 @@ masked copy of x is not made:
 - `silu_mul(a, b)` with a and b the last-dim halves of y (`y.chunk(2, dim=-1)`, the gated
   experts' SwiGLU) -> the same halves of x, `silu_mul(a, b, row_mask=mask)`.
 Each op reads a masked row as zeros and gives it a +0.0 gradient (masked_fill's backward): the
-same bits forward and backward as the unfolded graph (`tests/codegen/test_row_masks.py`).
+same bits forward and backward as the unfolded graph (`tests/codegen/moe/test_row_masks.py`).
 transformers 5.17's grouped experts apply their expert-parallel sentinel mask to both expert
 GEMMs' outputs on every call (`proj_out.masked_fill(sentinel_mask, 0.0)`, an all-false mask
 without expert parallelism): two full passes over [T * k, 2I] and [T * k, H] forward and two

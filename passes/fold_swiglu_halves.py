@@ -4,7 +4,7 @@ experts' SwiGLU), and which is the halves' only reader, becomes `silu_mul_halves
 row_mask])`. The forward is the same kernel on the same halves; the backward writes ONE
 gradient of x instead of two halves' gradients that autograd then concatenates (a [S, 2C]
 copy per MoE layer: 0.09 ms of the H200 learner step). The same bits forward and backward
-(`tests/passes/test_folds.py`, `tests/codegen/test_silu_mul.py`). Halves in the other order,
+(`tests/passes/test_folds.py`, `tests/codegen/invariant/test_silu_mul.py`). Halves in the other order,
 a half read by anything else, or a write to x between the split and the op: left as they are."""
 
 from __future__ import annotations

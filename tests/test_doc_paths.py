@@ -29,16 +29,7 @@ SUFFIXES = {"py", "md", "sh", "json", "log", "txt", "png", "toml", "gz", "jsonl"
 # tolerated in those folders only; one that no file names dead any more fails
 # `test_pending_entries_are_still_dead`, so the list cannot go stale.
 PENDING_IN = ("codegen/", "fp4_compile/")
-PENDING = {
-    "benchmarks/nvfp4_gpu_check.py": "tests/gpu/test_gpu_nvfp4.py",
-    "benchmarks/invariant_gpu_check.py": "tests/gpu/test_gpu_bucket_invariance.py",
-    "benchmarks.tune_kernels": "tools.tune_kernels",
-    "benchmarks.decode_sass_audit": "tools.decode_sass_audit",
-    "benchmarks/localize_gpu.py": "tools/localize_gpu.py",
-    "benchmarks/ptx_audit.py": "tools/ptx_audit.py",
-    "tests/invariant/test_trig.py": "tests/codegen/test_trig.py",
-    "tests/test_readme_commands.py": "tests/rl/test_readme_commands.py",
-}
+PENDING: dict[str, str] = {}
 
 
 def _sources() -> list[Path]:

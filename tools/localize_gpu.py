@@ -307,8 +307,6 @@ def _single_bucket_configs() -> None:
 
     for key, table in list(configs.PINNED.items()):
         configs.PINNED[key] = ((None, table[-1][1]),)
-    for arch, table in list(configs.LINEAR.items()):
-        configs.LINEAR[arch] = ((None, table[-1][1]),)
 
 
 def main() -> None:

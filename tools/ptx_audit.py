@@ -204,12 +204,14 @@ def _fused_producer_cases() -> list[KernelCase]:
     RMSNorm over [4096, 2048] (compiled with the norm's options: FP contraction on) and the
     experts' SwiGLU over the halves of [32768, 1536], each with its per-row on-grid quantize."""
     from fp4_compile.codegen import configs
-    from fp4_compile.codegen.invariant.forward_kernels import rms_norm_launch
+    from fp4_compile.codegen.invariant.rms_norm_kernel import rms_norm_launch
     from fp4_compile.codegen.nvfp4 import rms_norm_quantize_kernel as rq
     from fp4_compile.codegen.nvfp4 import silu_mul_quantize_kernel as sq
 
     block, rows, warps = rms_norm_launch(2048)
-    block_r, block_c, block_k, silu_warps = configs.SILU_MUL_QUANTIZE["sm_90"]
+    silu = configs.pick_launch("sm_90", "silu_mul_quantize")
+    block_r, block_c, block_k = silu["block_r"], silu["block_c"], silu["block_k"]
+    silu_warps = silu["num_warps"]
     return [
         KernelCase(
             "rms_norm_quantize [4096, 2048]", rq._rms_norm_quantize_kernel,
@@ -242,7 +244,9 @@ def _row_scale_cases() -> list[KernelCase]:
             "gi_ptr": ("*i64", 0), "R": ("i32", 32768), "H": ("i32", 2048),
             "row_div": ("i32", 8)}  # fmt: skip
     cases = []
-    for block_r, warps, most in {configs.ROW_SCALE_BACKWARD_LAUNCH, (16, 4, 4)}:
+    pinned = configs.pick_launch("sm_90", "row_scale_backward")
+    for block_r, warps, most in {(pinned["block_r"], pinned["num_warps"], pinned["most_blocks"]),
+                                 (16, 4, 4)}:  # fmt: skip
         nb = rk.blocks_per_step(2048, most)
         flags = {"BLOCK_R": block_r, "BLOCK": 64, "NB": nb, "ROW_MASK": False, "G_GATHER": True}
         cases.append(KernelCase(f"row_scale backward ({block_r} rows, {warps} warps, {nb} "
@@ -274,7 +278,7 @@ def _quantize_cases() -> list[KernelCase]:
     a gradient (1x16, per tensor, SR with a device-held seed), a weight (16x16, on-grid only:
     the learner's GEMMs read nothing else), and the wgrad's transposing segmented quantize (SR)."""
     from fp4_compile.codegen import configs
-    from fp4_compile.codegen.nvfp4 import quantize_kernel as qk
+    from fp4_compile.codegen.nvfp4 import codes_kernel as qk
 
     q = configs.pick("sm_90", "any", "nvfp4_quantize", 4096)
     qs = configs.pick("sm_90", "any", "nvfp4_quantize_segments", 2048)
@@ -314,7 +318,7 @@ def _attention_cases() -> list[KernelCase]:
 
     from fp4_compile.codegen import configs as cfgs
     from fp4_compile.codegen.invariant import attention_backward_kernel as ab
-    from fp4_compile.codegen.invariant import forward_kernels as ik
+    from fp4_compile.codegen.invariant import attention_kernel as ik
 
     hq, hkv, t, d = 32, 4, 512, 128  # batch 8: only the strides below see it
     i32, bf16 = "i32", "*bf16"
@@ -325,8 +329,9 @@ def _attention_cases() -> list[KernelCase]:
     common = {"qs_ptr": ("*i64", 0), "kl_ptr": ("*i64", 0), "m_ptr": ("*i32", 0),
               "iv_ptr": ("*i32", 0), "ivf_ptr": ("*i32", 0), "lse_ptr": ("*fp32", 0),
               "Tq": (i32, t), "G": (i32, hq // hkv), "scale": ("fp32", 0.0), **strides}  # fmt: skip
-    fwd = cfgs.attention_config("sm_90")
-    dq_cfg, dkdv_cfg = cfgs.attention_backward_configs("sm_90")
+    fwd = cfgs.pick("sm_90", "any", "invariant_attention", 0)
+    dq_cfg = cfgs.pick("sm_90", "any", "invariant_attention_dq", 0)
+    dkdv_cfg = cfgs.pick("sm_90", "any", "invariant_attention_dkdv", 0)
     tensors = {n: (bf16, 0) for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "do_ptr", "dq_ptr",
                                        "dk_ptr", "dv_ptr")}  # fmt: skip
     out_strides = {"sob": (i32, hq * t * d), "soh": (i32, t * d), "sot": (i32, d)}

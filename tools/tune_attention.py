@@ -65,13 +65,20 @@ DKDV_CANDIDATES = (
 
 
 @contextlib.contextmanager
-def pinned(table: dict, value):
-    saved = table[ARCH]
-    table[ARCH] = value
+def pinned(ops: tuple[str, ...], configs: tuple[TileConfig, ...]):
+    """`configs.PINNED`'s tiles of `ops` on ARCH set to `configs` for the block."""
+    keys = [(ARCH, "any", op) for op in ops]
+    saved = [cfgs.PINNED[key] for key in keys]
+    for key, cfg in zip(keys, configs, strict=True):
+        cfgs.PINNED[key] = ((None, cfg),)
     try:
         yield
     finally:
-        table[ARCH] = saved
+        for key, table in zip(keys, saved, strict=True):
+            cfgs.PINNED[key] = table
+
+
+BACKWARD_OPS = ("invariant_attention_dq", "invariant_attention_dkdv")
 
 
 def launch_args(variant: str):
@@ -112,19 +119,19 @@ def forward_invariant(ik, q, k, v, out) -> bool:
 
 
 def forward_section(rows, variant: str):
-    from fp4_compile.codegen.invariant import forward_kernels as ik
+    from fp4_compile.codegen.invariant import attention_kernel as ik
 
     q, k, v, _, qs, kl = inputs()
     mask, causal = launch_args(variant)
     sdpa = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
         q, k, v, is_causal=True, enable_gqa=True))  # fmt: skip
     ref = None
-    pinned_now = cfgs.ATTENTION[ARCH]
+    pinned_now = cfgs.pick(ARCH, "any", "invariant_attention", 0)
     for cfg in (pinned_now, *(c for c in FORWARD_CANDIDATES if c != pinned_now)):
         row = {"section": f"forward {variant}", "config": cfg.__dict__.copy(),
                "baseline_ms": sdpa}  # fmt: skip
         try:
-            with pinned(cfgs.ATTENTION, cfg):
+            with pinned(("invariant_attention",), (cfg,)):
 
                 def run():
                     return ik.attention(q, k, v, qs, kl, mask, causal, D**-0.5)
@@ -145,7 +152,7 @@ def forward_section(rows, variant: str):
 
 
 def _backward_sweep(rows, section: str, variants, variant: str):
-    from fp4_compile.codegen.invariant import forward_kernels as ik
+    from fp4_compile.codegen.invariant import attention_kernel as ik
     from fp4_compile.codegen.invariant.attention_backward_kernel import attention_backward
 
     q, k, v, go, qs, kl = inputs()
@@ -164,7 +171,7 @@ def _backward_sweep(rows, section: str, variants, variant: str):
     for label, value in variants:
         row = {"section": f"{section} {variant}", "config": label, "baseline_ms": base}
         try:
-            with pinned(cfgs.ATTENTION_BACKWARD, value):
+            with pinned(BACKWARD_OPS, value):
 
                 def run():
                     return attention_backward(go, qd, kd, vd, out, lse, qs, kl, mask, causal,
@@ -185,14 +192,18 @@ def _label(cfg: TileConfig) -> dict:
     return cfg.__dict__.copy()
 
 
+def _pinned_backward():
+    return tuple(cfgs.pick(ARCH, "any", op, 0) for op in BACKWARD_OPS)
+
+
 def dq_section(rows, variant: str):
-    dq, dkdv = cfgs.ATTENTION_BACKWARD[ARCH]
+    dq, dkdv = _pinned_backward()
     candidates = (dq, *(c for c in DQ_CANDIDATES if c != dq))
     _backward_sweep(rows, "dq", [({"dq": _label(c)}, (c, dkdv)) for c in candidates], variant)
 
 
 def dkdv_section(rows, variant: str):
-    dq, dkdv = cfgs.ATTENTION_BACKWARD[ARCH]
+    dq, dkdv = _pinned_backward()
     candidates = (dkdv, *(c for c in DKDV_CANDIDATES if c != dkdv))
     _backward_sweep(rows, "dkdv", [({"dkdv": _label(c)}, (dq, c)) for c in candidates], variant)
 

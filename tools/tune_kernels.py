@@ -221,7 +221,7 @@ def weights_section(rows):
             sweep("weights", label, key, WEIGHT_QUANT_CANDIDATES, run, rows, baseline_ms=base_ms)
         if mode != "per_expert":
             continue
-        for groups in (2, 4, 8, 16):  # expert groups (`configs.WEIGHT_QUANTIZE_EXPERT_GROUPS`)
+        for groups in (2, 4, 8, 16):  # expert groups (`configs.LAUNCH`'s weight_quantize_experts)
             label = f"{case}, <= 8 programs per SM, {groups} expert groups"
             run = lambda groups=groups: wq.quantize_weight_tiles(  # noqa: E731
                 w, mode, out="ongrid", expert_groups=groups
@@ -251,10 +251,12 @@ def rowscale_section(rows):
     grad = torch.randn(TOKENS, h, device="cuda", dtype=torch.bfloat16)
     inverse = torch.randperm(s, device="cuda")
     copy_ms = bench(lambda: x.clone())
-    pinned_launch, ref = configs.ROW_SCALE_BACKWARD_LAUNCH, None
+    key = ("cuda", "row_scale_backward")
+    pinned_row, ref = configs.LAUNCH[key], None
+    pinned_launch = (pinned_row["block_r"], pinned_row["num_warps"], pinned_row["most_blocks"])
     try:
         for launch in (pinned_launch, *(c for c in ROW_SCALE_LAUNCHES if c != pinned_launch)):
-            configs.ROW_SCALE_BACKWARD_LAUNCH = launch
+            configs.LAUNCH[key] = dict(zip(("block_r", "num_warps", "most_blocks"), launch))
 
             def run():
                 return rk.row_scale_backward_triton(grad, x, w, 64, grad_rows=inverse, row_div=k)
@@ -270,7 +272,7 @@ def rowscale_section(rows):
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:
-        configs.ROW_SCALE_BACKWARD_LAUNCH = pinned_launch
+        configs.LAUNCH[key] = pinned_row
 
 
 def wgrad_section(rows):

@@ -1,5 +1,5 @@
 """Batch-invariant ops besides the NVFP4 GEMMs: linear, RMSNorm, attention, logprobs, routing, ...
-Layout: api.py (public functions), <op>.py (registration), reference.py (CPU), *_kernel(s).py.
+Layout: api.py (public functions), <op>.py (registration), reference.py (CPU), <op>_kernel.py.
 May import the core, ..runtime, ..configs and ..triton_helpers; never ..nvfp4 or ..moe.
 """
 

@@ -12,7 +12,7 @@ op, so the backward's group sum of dK / dV rounds once, to k's own dtype. The ba
 dK, dV per query head and sums each group in a fixed order (`reference.kv_group_sum`), the bits
 of the repeat-then-attend lowering it replaces.
 CPU: `invariant/reference.py` (invariant by construction). CUDA: the Triton kernel of
-`invariant/forward_kernels.py` (imported lazily); the backward two Triton launches
+`invariant/attention_kernel.py` (imported lazily); the backward two Triton launches
 (`attention_backward_kernel`) and the group sum.
 """
 
@@ -38,9 +38,9 @@ def invariant_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     k, v = k.to(q.dtype), v.to(q.dtype)  # FP32 k, v (a model held in FP32): rounded here
     if q.is_cuda:
-        from . import forward_kernels  # lazy: imports triton
+        from . import attention_kernel  # lazy: imports triton
 
-        out, lse = forward_kernels.attention(q, k, v, q_start, kv_len, mask, causal, scale)
+        out, lse = attention_kernel.attention(q, k, v, q_start, kv_len, mask, causal, scale)
     else:
         out, lse = cpu.attention(q, k, v, q_start, kv_len, mask, causal, scale)
     return out.contiguous(), lse.contiguous()  # the fake promises contiguous outputs

@@ -33,7 +33,7 @@ import triton.language as tl
 from .. import configs as cfgs
 from ..runtime import arch_of, check_kernel_device, interpreting
 from . import reference as cpu
-from .forward_kernels import mask_args, mask_key_end, positions_arg, visible
+from .attention_kernel import mask_args, mask_key_end, positions_arg, visible
 from .group_sum_kernel import KERNEL_DTYPES, group_sum
 
 
@@ -186,7 +186,9 @@ def attention_backward(
         raise ValueError(
             f"the Triton attention backward needs a power-of-two head dim >= 16, got {d}"
         )
-    cfg_dq, cfg_dkdv = cfgs.attention_backward_configs(arch_of(q.device))
+    arch = arch_of(q.device)
+    cfg_dq = cfgs.pick(arch, "any", "invariant_attention_dq", 0)
+    cfg_dkdv = cfgs.pick(arch, "any", "invariant_attention_dkdv", 0)
     # q, O, dO and dq are each read or written through their own strides, k and v through one
     # shared set, dk and dv (contiguous) another (q and k, v arrive as transposes of
     # [B, T, H, D] from the projections, dO as autograd's transpose: a copy of q or dO was

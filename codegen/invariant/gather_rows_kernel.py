@@ -15,11 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import check_kernel_device, compile_options
+from ..configs import pick_launch, warps_kwargs
+from ..runtime import arch_of, check_kernel_device, compile_options
 from ..triton_helpers import round_bf16_keep_nan
 from .reference import row_segments
-
-BLOCK_R, BLOCK_C = 4, 512
 
 
 @triton.jit
@@ -68,11 +67,12 @@ def gather_rows_backward_triton(grad: torch.Tensor, idx: torch.Tensor, num_rows:
     c = g2.shape[1]
     out = torch.empty((num_rows, *grad.shape[1:]), dtype=grad.dtype, device=grad.device)
     if num_rows and c:
-        grid = (triton.cdiv(num_rows, BLOCK_R) * triton.cdiv(c, BLOCK_C),)
+        lc = pick_launch(arch_of(grad.device), "gather_rows")
+        grid = (triton.cdiv(num_rows, lc["block_r"]) * triton.cdiv(c, lc["block_c"]),)
         _gather_rows_backward_kernel[grid](
             g2, order, starts, counts, out, num_rows, c, row_div,
             BF16=grad.dtype == torch.bfloat16,
-            BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C,
-            num_warps=4, **compile_options(grad.device),
+            BLOCK_R=lc["block_r"], BLOCK_C=lc["block_c"],
+            **warps_kwargs(lc), **compile_options(grad.device),
         )  # fmt: skip
     return out

@@ -10,7 +10,7 @@ Two roundings, bitwise the torch ops they replace:
 - ROUND_EACH (ordered_sum): every partial sum is rounded to x's dtype, as `acc = acc + x[:, n]`
   in BF16 (ATen adds BF16 in FP32 and rounds each result) or FP32 does;
 - otherwise (the GQA group sum): FP32 partial sums, one rounding to the output dtype at the end.
-BF16 rounding is done on the FP32 bits (round to nearest even, `forward_kernels.round_bf16`;
+BF16 rounding is done on the FP32 bits (round to nearest even, `triton_helpers.round_bf16`;
 NaN kept: NaN payloads follow no rule in ATen either), so the interpreter, whose fp32 -> bf16 casts truncate, stores
 exact values. FP32 and BF16 only: the launchers keep the torch ops for other dtypes. The torch
 ops launched N - 1 adds (each a full read and write of the partial sum) plus the casts; this
@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import check_kernel_device, compile_options, interpreting
+from ..configs import pick_launch, warps_kwargs
+from ..runtime import arch_of, check_kernel_device, compile_options
 from ..triton_helpers import round_bf16_keep_nan
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
@@ -61,11 +62,12 @@ def group_sum(x_ANC: torch.Tensor, *, round_each: bool, out_dtype: torch.dtype) 
     a, n, c = x.shape
     out = torch.empty((a, c), dtype=out_dtype, device=x.device)
     if a and c:
-        block = 1024
+        lc = pick_launch(arch_of(x.device), "group_sum")
+        block = lc["block"]
         to_bf16 = out_dtype == torch.bfloat16
         _group_sum_kernel[(a, triton.cdiv(c, block))](
             x, out, n, c, ROUND_EACH_BF16=round_each and to_bf16,
             ROUND_END_BF16=not round_each and to_bf16, BLOCK=block,
-            **({} if interpreting() else {"num_warps": 4}), **compile_options(x.device),
+            **warps_kwargs(lc), **compile_options(x.device),
         )  # fmt: skip
     return out

@@ -5,7 +5,7 @@ Shape legend: M rows, K in-features, N out-features.
 
 - invariant_linear(x, weight, bias, out_dtype) -> y;  invariant_linear_backward(...) -> (dx, dw, db)
 CPU: `invariant/reference.py` (invariant by construction). CUDA: the Triton kernel of
-`invariant/forward_kernels.py` (imported lazily); the backward in plain PyTorch.
+`invariant/linear_kernel.py` (imported lazily); the backward in plain PyTorch.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ def invariant_linear(
 ) -> torch.Tensor:
     x2 = _flat(x)
     if x.is_cuda:
-        from . import forward_kernels  # lazy: imports triton
+        from . import linear_kernel  # lazy: imports triton
 
-        y = forward_kernels.linear(x2, weight, bias, out_dtype)
+        y = linear_kernel.linear(x2, weight, bias, out_dtype)
     else:
         y = cpu.linear(x2, weight, bias, out_dtype)
     return y.reshape(*x.shape[:-1], weight.shape[0])

@@ -6,7 +6,7 @@ Shape legend: M rows, V vocabulary.
 - invariant_logprobs(logits, tokens, temperature) -> (logp, entropy);
   invariant_logprobs_backward(...) -> dlogits
 CPU: `invariant/reference.py` (invariant by construction). CUDA: the Triton kernel of
-`invariant/forward_kernels.py` (imported lazily); the backward in plain PyTorch.
+`invariant/logprobs_kernel.py` (imported lazily); the backward in plain PyTorch.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ def invariant_logprobs(
     logits: torch.Tensor, tokens: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if logits.is_cuda:
-        from . import forward_kernels  # lazy: imports triton
+        from . import logprobs_kernel  # lazy: imports triton
 
-        return forward_kernels.logprobs(logits, tokens, temperature)
+        return logprobs_kernel.logprobs(logits, tokens, temperature)
     return cpu.logprobs(logits, tokens, temperature)
 
 

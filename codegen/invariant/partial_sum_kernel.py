@@ -18,7 +18,7 @@ CHAINS = 1 is the plain sequential sum over rows 0, 1, ..., P - 1.
 Why chains: the plain sequential order (CHAINS = 1) keeps only H dependent chains of P loads
 and adds in flight, slower than torch's sum + cast at the learner's shapes on the H200; 64
 interleaved chains read one [BLOCK_H, 64] tile of consecutive rows per step (coalesced,
-software-pipelined by `NUM_STAGES`) and are several times faster than either (16 chains are
+software-pipelined: `configs.LAUNCH`) and are several times faster than either (16 chains are
 slower, 128 and 256 no faster).
 Error: every term passes through at most ceil(P / CHAINS) - 1 + ceil(log2(min(P, CHAINS))) FP32
 adds (an empty node adds nothing), never more than the sequential sum's P - 1: |error| <=
@@ -31,13 +31,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import check_kernel_device, compile_options, interpreting
+from ..configs import pick_launch, warps_kwargs
+from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
+from .reference import PARTIAL_SUM_CHAINS as CHAINS  # the order of the sum (docstring above)
+from .reference import partial_sum as partial_sum_reference  # noqa: F401  (the order, as torch ops)
 
-CHAINS = 64  # part of the numerics: the order of the sum (module docstring)
-# speed only (no bit depends on them), from a sweep on the H200 (module docstring)
-BLOCK_ELEMENTS = 1024  # elements of one [BLOCK_H, CHAINS] tile
-NUM_WARPS = 2
-NUM_STAGES = 4
+# the tile, warps and stages: speed only (no bit depends on them), `configs.LAUNCH`
 
 
 @triton.jit
@@ -82,27 +81,11 @@ def partial_sum(partial_PH: torch.Tensor, out_dtype: torch.dtype, *,
     interp = interpreting()
     out = torch.empty(hdim, dtype=torch.float32 if interp else out_dtype, device=p.device)
     if hdim:
-        block_h = min(max(BLOCK_ELEMENTS // chains, 1), triton.next_power_of_2(hdim))
+        lc = pick_launch(arch_of(p.device), "partial_sum")
+        block_h = min(max(lc["tile_elements"] // chains, 1), triton.next_power_of_2(hdim))
         _partial_sum_kernel[(triton.cdiv(hdim, block_h),)](
             p, out, num_programs, hdim, CHAINS=chains, LOG_CHAINS=chains.bit_length() - 1,
-            BLOCK_H=block_h, NUM_STAGES=NUM_STAGES,
-            **({} if interp else {"num_warps": NUM_WARPS}), **compile_options(p.device),
+            BLOCK_H=block_h, NUM_STAGES=lc["num_stages"],
+            **warps_kwargs(lc), **compile_options(p.device),
         )  # fmt: skip
     return out.to(out_dtype)
-
-
-def partial_sum_reference(partial_PH: torch.Tensor, out_dtype: torch.dtype, *,
-                          chains: int = CHAINS) -> torch.Tensor:  # fmt: skip
-    """`partial_sum`'s order as torch FP32 adds (any device): each chain a loop over its rows,
-    then the pairwise tree, then one cast."""
-    p = partial_PH.float()
-    nodes = []
-    for c in range(min(chains, p.shape[0])):
-        acc = p[c].clone()
-        for row in range(c + chains, p.shape[0], chains):
-            acc = acc + p[row]
-        nodes.append(acc)
-    while len(nodes) > 1:
-        pairs = [nodes[j : j + 2] for j in range(0, len(nodes), 2)]
-        nodes = [pair[0] + pair[1] if len(pair) == 2 else pair[0] for pair in pairs]
-    return nodes[0].to(out_dtype)

@@ -275,3 +275,58 @@ def gather_rows_backward_reference(grad: torch.Tensor, idx: torch.Tensor, num_ro
         rows = (counts > j).nonzero().squeeze(1)
         acc[rows] = acc[rows] + grad[order[starts[rows] + j]].to(torch.float32)
     return acc.to(grad.dtype)
+
+
+# ------------------------------------------------------------------------------------ silu_mul
+def _row_column(a: torch.Tensor, row_mask: torch.Tensor) -> torch.Tensor:
+    return row_mask.reshape(*a.shape[:-1], 1)
+
+
+def _rows_zeroed(t: torch.Tensor, row_mask: torch.Tensor) -> torch.Tensor:
+    """t with the masked rows +0.0, in t's own strides: ATen's CPU silu rounds differently on
+    a strided view than on a contiguous copy (FP32), and the unfolded graph hands it the
+    strided halves of the masked tensor."""
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return out.copy_(t).masked_fill_(_row_column(t, row_mask), 0.0)
+
+
+def silu_mul(a, b, row_mask=None):
+    """Eager `F.silu(a) * b` (ATen's ops, so its roundings), of a and b with the rows of
+    `row_mask` zeroed first; contiguous (the layout the op's fake promises, whatever a's is)."""
+    if row_mask is not None:
+        a, b = _rows_zeroed(a, row_mask), _rows_zeroed(b, row_mask)
+    return (torch.nn.functional.silu(a) * b).contiguous()
+
+
+def silu_mul_backward(grad, a, b, row_mask=None):
+    """Eager autograd's backward of F.silu(a) * b, as ATen ops (the CPU implementation); with
+    `row_mask`, of `F.silu(a_m) * b_m` through `masked_fill` (a_m = a.masked_fill(m, 0))."""
+    if row_mask is not None:
+        col = _row_column(a, row_mask)
+        a, b = _rows_zeroed(a, row_mask), _rows_zeroed(b, row_mask)
+    grad_b = grad * torch.nn.functional.silu(a)
+    grad_a = torch.ops.aten.silu_backward(grad * b, a)
+    if row_mask is not None:
+        grad_a, grad_b = grad_a.masked_fill(col, 0.0), grad_b.masked_fill(col, 0.0)
+    return grad_a.contiguous(), grad_b.contiguous()
+
+
+# ---------------------------------------------------------------------------- partial sums
+PARTIAL_SUM_CHAINS = 64  # part of the numerics: the order of the sum (`partial_sum_kernel`)
+
+
+def partial_sum(partial_PH: torch.Tensor, out_dtype: torch.dtype, *,
+                chains: int = PARTIAL_SUM_CHAINS) -> torch.Tensor:  # fmt: skip
+    """`partial_sum_kernel.partial_sum`'s order as torch FP32 adds (any device): each chain a
+    loop over its rows, then the pairwise tree, then one cast."""
+    p = partial_PH.float()
+    nodes = []
+    for c in range(min(chains, p.shape[0])):
+        acc = p[c].clone()
+        for row in range(c + chains, p.shape[0], chains):
+            acc = acc + p[row]
+        nodes.append(acc)
+    while len(nodes) > 1:
+        pairs = [nodes[j : j + 2] for j in range(0, len(nodes), 2)]
+        nodes = [pair[0] + pair[1] if len(pair) == 2 else pair[0] for pair in pairs]
+    return nodes[0].to(out_dtype)

@@ -6,7 +6,7 @@ Shape legend: M rows, H hidden.
 - invariant_rms_norm(x, weight, eps) -> y;  invariant_add_rms_norm(x, residual, weight, eps)
   -> (y, h = x + residual);  invariant_rms_norm_backward(grad_y, h, weight, eps) -> (dh, dw)
 CPU: `invariant/reference.py` (invariant by construction). CUDA: the Triton kernel of
-`invariant/forward_kernels.py` (imported lazily); the backward one Triton launch
+`invariant/rms_norm_kernel.py` (imported lazily); the backward one Triton launch
 (`rms_norm_backward_kernel`).
 """
 
@@ -21,9 +21,9 @@ _LIB = "fp4_compile"
 
 def _rms_forward(x, weight, residual, eps):
     if x.is_cuda:
-        from . import forward_kernels  # lazy: imports triton
+        from . import rms_norm_kernel  # lazy: imports triton
 
-        outs = forward_kernels.rms_norm(x, weight, residual, eps)
+        outs = rms_norm_kernel.rms_norm(x, weight, residual, eps)
     else:
         outs = cpu.rms_norm(x, weight, residual, eps)
     return tuple(o.contiguous() for o in outs)  # the fakes promise contiguous outputs

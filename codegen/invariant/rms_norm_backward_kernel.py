@@ -28,29 +28,24 @@ import torch
 import triton
 import triton.language as tl
 
+from ..configs import pick_launch
 from ..runtime import check_kernel_device, interpreting
+from ..triton_helpers import round_bf16
 from .partial_sum_kernel import partial_sum
-
-TILE_ELEMENTS = 4096  # elements of one tile: rows x next_power_of_2(H)
-MAX_TILE_ROWS = 32
-TILES_PER_PROGRAM = 4
 
 
 def tiling(hdim: int) -> tuple[int, int, int]:
     """(BLOCK_H, rows per tile, warps) for a row length H: a function of H only, so a row's
-    bits never depend on how many rows there are."""
+    bits never depend on how many rows there are (`configs.LAUNCH`'s "rms_norm_backward")."""
+    lc = pick_launch("any", "rms_norm_backward")
     block = triton.next_power_of_2(hdim)
-    rows = max(1, min(MAX_TILE_ROWS, TILE_ELEMENTS // block))
-    return block, rows, min(max(rows * block // 1024, 1), 8)
+    rows = max(1, min(lc["max_tile_rows"], lc["tile_elements"] // block))
+    return block, rows, min(max(rows * block // lc["elements_per_warp"], 1), lc["max_warps"])
 
 
-@triton.jit
-def _round_to_bf16(x):
-    """FP32 -> nearest bf16 (ties to even), kept in FP32; integer ops (the interpreter's cast
-    truncates)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
+def tiles_per_program() -> int:
+    """Tiles of rows one program walks (its partial dweight sums them: part of the bits)."""
+    return pick_launch("any", "rms_norm_backward")["tiles_per_program"]
 
 
 @triton.jit
@@ -80,7 +75,7 @@ def _rms_norm_backward_kernel(
         n = h * rstd[:, None]
         if HAS_W:
             if ROUND_N == 1:
-                n_q = _round_to_bf16(n)
+                n_q = round_bf16(n)
             elif ROUND_N == 2:
                 n_q = n.to(h_ptr.dtype.element_ty).to(tl.float32)
             else:
@@ -118,7 +113,8 @@ def rms_norm_backward(grad_y, h, weight, eps: float):
     interp = interpreting()
     dh = torch.empty(h2.shape, dtype=torch.float32 if interp else h.dtype, device=h.device)
     block, tile_r, warps = tiling(hdim)
-    rows_per_program = tile_r * TILES_PER_PROGRAM
+    tiles = tiles_per_program()
+    rows_per_program = tile_r * tiles
     programs = max(triton.cdiv(r, rows_per_program), 1)
     has_w = weight is not None
     partial = torch.empty((programs, hdim) if has_w else (1,), dtype=torch.float32,
@@ -132,7 +128,7 @@ def rms_norm_backward(grad_y, h, weight, eps: float):
     if r:
         _rms_norm_backward_kernel[(programs,)](
             g, h2, weight if has_w else h2, dh, partial, r, hdim, eps, d1, d2, s0, s1, s2,
-            HAS_W=has_w, ROUND_N=round_n, TILE_R=tile_r, TILES=TILES_PER_PROGRAM,
+            HAS_W=has_w, ROUND_N=round_n, TILE_R=tile_r, TILES=tiles,
             BLOCK_H=block, num_warps=warps,
         )  # fmt: skip
     elif has_w:

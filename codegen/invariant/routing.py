@@ -5,7 +5,7 @@ Shape legend: M rows, E experts.
 
 - invariant_routing(logits, top_k, norm_topk_prob) -> (weights, experts)
 CPU: `invariant/reference.py` (invariant by construction). CUDA: the Triton kernel of
-`invariant/forward_kernels.py` (imported lazily); the backward one Triton launch
+`invariant/routing_kernel.py` (imported lazily); the backward one Triton launch
 (`routing_backward_kernel`).
 """
 
@@ -23,9 +23,9 @@ def invariant_routing(
     logits: torch.Tensor, top_k: int, norm_topk_prob: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if logits.is_cuda:
-        from . import forward_kernels  # lazy: imports triton
+        from . import routing_kernel  # lazy: imports triton
 
-        return forward_kernels.routing(logits, top_k, norm_topk_prob)
+        return routing_kernel.routing(logits, top_k, norm_topk_prob)
     return cpu.routing(logits, top_k, norm_topk_prob)
 
 

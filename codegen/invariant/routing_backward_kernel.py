@@ -30,15 +30,10 @@ import triton
 import triton.language as tl
 
 from ..runtime import check_kernel_device, compile_options, interpreting
+from .routing_kernel import launch_shape
 
 MAX_EXPERTS = 4096  # a row lives in registers (the forward routing kernel's limit too)
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # logits and grad_w
-
-
-def launch_shape(num_experts: int) -> tuple[int, int, int]:
-    """(BLOCK_E, tree levels, warps): a function of E only (no autotuning, nothing from M)."""
-    block_e = max(triton.next_power_of_2(num_experts), 2)
-    return block_e, block_e.bit_length() - 1, 1 if block_e <= 256 else 4
 
 
 @triton.jit

@@ -17,9 +17,9 @@ one Triton pass each (`silu_mul_kernel`), the same operations as ATen's kernels.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-aten = torch.ops.aten
+from . import reference as cpu
+from .reference import silu_mul_backward as silu_mul_backward_reference
 
 
 def _check(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -43,18 +43,6 @@ def _check_mask(a: torch.Tensor, row_mask: torch.Tensor | None) -> None:
         )
 
 
-def _column(a: torch.Tensor, row_mask: torch.Tensor) -> torch.Tensor:
-    return row_mask.reshape(*a.shape[:-1], 1)
-
-
-def _rows_zeroed(t: torch.Tensor, row_mask: torch.Tensor) -> torch.Tensor:
-    """t with the masked rows +0.0, in t's own strides: ATen's CPU silu rounds differently on
-    a strided view than on a contiguous copy (FP32), and the unfolded graph hands it the
-    strided halves of the masked tensor."""
-    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-    return out.copy_(t).masked_fill_(_column(t, row_mask), 0.0)
-
-
 @torch.library.custom_op("fp4_compile::silu_mul", mutates_args=())
 def silu_mul(
     a: torch.Tensor, b: torch.Tensor, row_mask: torch.Tensor | None = None
@@ -68,9 +56,7 @@ def silu_mul(
 
         if kernel_applies(a, b):
             return silu_mul_triton(a, b, row_mask)
-    if row_mask is not None:
-        a, b = _rows_zeroed(a, row_mask), _rows_zeroed(b, row_mask)
-    return (F.silu(a) * b).contiguous()  # the layout the fake promises, whatever a's is
+    return cpu.silu_mul(a, b, row_mask)
 
 
 @silu_mul.register_fake
@@ -92,19 +78,6 @@ def silu_mul_backward(
         if kernel_applies(grad, a, b):
             return silu_mul_backward_triton(grad, a, b, row_mask)
     return silu_mul_backward_reference(grad, a, b, row_mask)
-
-
-def silu_mul_backward_reference(grad, a, b, row_mask=None):
-    """Eager autograd's backward of F.silu(a) * b, as ATen ops (the CPU implementation); with
-    `row_mask`, of `F.silu(a_m) * b_m` through `masked_fill` (a_m = a.masked_fill(m, 0))."""
-    if row_mask is not None:
-        col = _column(a, row_mask)
-        a, b = _rows_zeroed(a, row_mask), _rows_zeroed(b, row_mask)
-    grad_b = grad * F.silu(a)
-    grad_a = aten.silu_backward(grad * b, a)
-    if row_mask is not None:
-        grad_a, grad_b = grad_a.masked_fill(col, 0.0), grad_b.masked_fill(col, 0.0)
-    return grad_a.contiguous(), grad_b.contiguous()
 
 
 @silu_mul_backward.register_fake

@@ -12,7 +12,7 @@ every other product is rounded on its own (`compile_options`: no FMA contraction
   backward  grad_b = rnd(grad * s);  g = rnd(grad * b);  sig = 1 / (1 + exp(-a));
             grad_a = rnd((g * sig) * fma(a, 1 - sig, 1))
 rnd: to the tensor dtype (bf16: `round_bf16`, ties to even with integer ops; FP32: none).
-Equal to ATen's bits on the H200 (torch 2.11, Triton 3.6; tests/codegen/test_silu_mul.py on CUDA,
+Equal to ATen's bits on the H200 (torch 2.11, Triton 3.6; tests/codegen/invariant/test_silu_mul.py on CUDA,
 bf16 and FP32, contiguous 2M-element inputs and strided halves, forward and backward:
 `benchmarks/results/2026-12-04_pytest_cuda_2c9e3e9.log`); the op's contract (compiled == eager
 lowered, learner == rollout) would hold even where they differed: both sides call this kernel."""
@@ -24,11 +24,11 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from ..configs import pick_launch, warps_kwargs
 from ..runtime import check_kernel_device, compile_options, interpreting, row_mask_bytes
 from ..triton_helpers import round_bf16
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
-BLOCK_R, BLOCK_C = 8, 256
 
 
 @triton.jit
@@ -128,8 +128,11 @@ def _rows_view(t: torch.Tensor):
         return None
 
 
-def _grid(r: int, c: int):
-    return (triton.cdiv(r, BLOCK_R), triton.cdiv(c, BLOCK_C))
+def _launch(r: int, c: int):
+    """(grid, tile keywords, warps keywords) of both kernels: `configs.LAUNCH`'s "silu_mul"."""
+    lc = pick_launch("any", "silu_mul")
+    grid = (triton.cdiv(r, lc["block_r"]), triton.cdiv(c, lc["block_c"]))
+    return grid, {"BLOCK_R": lc["block_r"], "BLOCK_C": lc["block_c"]}, warps_kwargs(lc)
 
 
 def silu_mul_triton(a: torch.Tensor, b: torch.Tensor, row_mask=None) -> torch.Tensor:
@@ -138,10 +141,11 @@ def silu_mul_triton(a: torch.Tensor, b: torch.Tensor, row_mask=None) -> torch.Te
     r, c = a2.shape
     m = row_mask_bytes(row_mask, r)
     out = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-    _silu_mul_kernel[_grid(r, c)](
+    grid, tile, warps = _launch(r, c)
+    _silu_mul_kernel[grid](
         a2, b2, out, m if m is not None else out, r, c, a2.stride(0), b2.stride(0),
-        BF16=a.dtype == torch.bfloat16, INTERP=interpreting(), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C,
-        ROW_MASK=m is not None, num_warps=4, **compile_options(a.device),
+        BF16=a.dtype == torch.bfloat16, INTERP=interpreting(), **tile,
+        ROW_MASK=m is not None, **warps, **compile_options(a.device),
     )  # fmt: skip
     return out
 
@@ -159,11 +163,12 @@ def silu_mul_backward_triton(grad, a, b, row_mask=None, *, into_halves=False):
     else:
         grad_a = torch.empty(a.shape, dtype=a.dtype, device=a.device)
         grad_b = torch.empty(b.shape, dtype=b.dtype, device=b.device)
-    _silu_mul_backward_kernel[_grid(r, c)](
+    grid, tile, warps = _launch(r, c)
+    _silu_mul_backward_kernel[grid](
         g2, a2, b2, grad_a, grad_b, m if m is not None else grad_a, r, c, g2.stride(0),
         a2.stride(0), b2.stride(0), 2 * c if into_halves else c,
         BF16=a.dtype == torch.bfloat16, INTERP=interpreting(),
-        BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, ROW_MASK=m is not None, num_warps=4,
+        **tile, ROW_MASK=m is not None, **warps,
         **compile_options(a.device),
     )  # fmt: skip
     return whole if into_halves else (grad_a, grad_b)

@@ -10,7 +10,7 @@ plugin's flattened step) then differs from the learner's by an ulp on those elem
 the rare element where that ulp moves q or k across a BF16 rounding boundary, a log-prob differs
 (one of 512 in the Qwen3-MoE gap run; `tests/vllm_plugin/test_full_qwen3.py` keeps that request).
 ATen's CPU kernels give every element the same bits whatever its offset, stride or the tensor's
-length (checked in `tests/invariant/test_trig.py`), which is what a ragged rollout step needs.
+length (checked in `tests/codegen/invariant/test_trig.py`), which is what a ragged rollout step needs.
 
 Backward, eager autograd's formulas with these ops: d cos(x) = grad * -sin(x),
 d sin(x) = grad * cos(x)."""

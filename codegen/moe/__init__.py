@@ -1,5 +1,6 @@
 """MoE glue around the experts' GEMMs: the top-k combine, the routing weights' row scale, BF16 GEMM.
-Layout: <op>.py (registration, dispatch, its small *_reference), <op>_kernel.py (Triton kernel).
+Layout: reference.py (the CPU references), <op>.py (registration, fake, autograd, dispatch),
+<op>_kernel.py (Triton kernel and launcher).
 May import the core, ..runtime, ..configs, ..triton_helpers, ..invariant and ..nvfp4.
 """
 

@@ -19,11 +19,14 @@ from __future__ import annotations
 import torch
 
 from ..invariant.gather_rows import KERNEL_DTYPES as GATHER_KERNEL_DTYPES
-from ..invariant.ordered_sum import ordered_sum_torch
-from ..invariant.reference import gather_rows_backward_reference
-from .row_scale import BLOCK as ROW_SCALE_BLOCK
+from .reference import (
+    ROW_SCALE_BLOCK,
+    moe_combine_reference,
+    row_scale_backward_reference,
+    slot_grad_sums_reference,
+)
 from .row_scale import KERNEL_DTYPES as ROW_SCALE_KERNEL_DTYPES
-from .row_scale import row_scale_backward, row_scale_backward_reference
+from .row_scale import row_scale_backward
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -64,18 +67,6 @@ def _check(x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int, row_mask
         raise ValueError(f"k must be a positive int dividing S={x.shape[0]}, got {k!r}")
 
 
-def _rows_zeroed(x, row_mask):
-    return x if row_mask is None else x.masked_fill(row_mask.reshape(-1, 1), 0.0)
-
-
-def moe_combine_reference(x, w, idx, k, row_mask=None):
-    """The forward as the composition of the four ops' CPU implementations (on
-    `x.masked_fill(row_mask, 0)` where a row mask is given)."""
-    x = _rows_zeroed(x, row_mask)
-    y = (x * w)[idx]  # row_scale, then gather_rows (x[idx]: negatives wrap)
-    return ordered_sum_torch(y.reshape(x.shape[0] // k, k, x.shape[1]), 1, False)
-
-
 @torch.library.custom_op("fp4_compile::moe_combine", mutates_args=())
 def moe_combine(
     x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int,
@@ -102,13 +93,6 @@ def _(x, w, idx, k, row_mask=None, idx_inverse=None):
     _check(x, w, idx, k, row_mask)
     out_dtype = torch.promote_types(x.dtype, w.dtype)
     return x.new_empty((x.shape[0] // k, x.shape[1]), dtype=out_dtype)
-
-
-def slot_grad_sums_reference(grad: torch.Tensor, idx: torch.Tensor, k: int) -> torch.Tensor:
-    """The gradient of row_scale's output: `gather_rows` backward of the expanded grad."""
-    t, h = grad.shape
-    expanded = grad.unsqueeze(1).expand(t, k, h).reshape(t * k, h)
-    return gather_rows_backward_reference(expanded, idx, t * k)
 
 
 def slot_grad_sums_from_inverse(grad: torch.Tensor, idx_inverse: torch.Tensor, k: int):

@@ -17,10 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import check_kernel_device, compile_options, interpreting, row_mask_bytes
+from ..configs import pick_launch, warps_kwargs
+from ..runtime import arch_of, check_kernel_device, compile_options, interpreting, row_mask_bytes
 from ..triton_helpers import round_bf16_keep_nan
-
-BLOCK_T, BLOCK_H = 4, 512
 
 
 @triton.jit
@@ -71,10 +70,11 @@ def moe_combine_triton(x, w, idx, k, out_dtype, row_mask=None):
     interp = interpreting()  # its fp32 -> bf16 casts truncate: store FP32 (exact values)
     out = torch.empty((t, h), dtype=torch.float32 if interp else out_dtype, device=x.device)
     if t and h:
-        _moe_combine_kernel[(triton.cdiv(t, BLOCK_T), triton.cdiv(h, BLOCK_H))](
+        lc = pick_launch(arch_of(x.device), "moe_combine")
+        _moe_combine_kernel[(triton.cdiv(t, lc["block_t"]), triton.cdiv(h, lc["block_h"]))](
             x2, w1, idx1, out, m if m is not None else out, s, t, h, k,
-            BF16=out_dtype == torch.bfloat16, BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H,
-            ROW_MASK=m is not None, **({} if interp else {"num_warps": 4}),
+            BF16=out_dtype == torch.bfloat16, BLOCK_T=lc["block_t"], BLOCK_H=lc["block_h"],
+            ROW_MASK=m is not None, **warps_kwargs(lc),
             **compile_options(x.device),
         )  # fmt: skip
     return out.to(out_dtype)

@@ -18,13 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..invariant import linear  # noqa: F401  (registers invariant_linear)
-
-
-def _groups(offsets: torch.Tensor):
-    start = 0
-    for e, end in enumerate(offsets.tolist()):
-        yield e, start, end
-        start = end
+from .reference import expert_groups, grouped_mm_reference
 
 
 @torch.library.custom_op("fp4_compile::invariant_grouped_mm", mutates_args=())
@@ -37,13 +31,7 @@ def invariant_grouped_mm(
         )
     if x_TK.device.type == "cuda":
         return grouped_kernel(x_TK, w_ENK, offsets, out_dtype)
-    out = x_TK.new_zeros((x_TK.shape[0], w_ENK.shape[1]), dtype=out_dtype)
-    for e, start, end in _groups(offsets):
-        if end > start:
-            out[start:end] = torch.ops.fp4_compile.invariant_linear(
-                x_TK[start:end], w_ENK[e], None, out_dtype
-            )
-    return out
+    return grouped_mm_reference(x_TK, w_ENK, offsets, out_dtype)
 
 
 def grouped_kernel(x_TK, w_ENK, offsets, out_dtype) -> torch.Tensor:
@@ -69,7 +57,7 @@ def invariant_grouped_mm_backward(
     opaque op rather than traced autograd)."""
     dx = torch.zeros_like(x_TK)
     dw = torch.zeros_like(w_ENK)
-    for e, start, end in _groups(offsets):
+    for e, start, end in expert_groups(offsets):
         if end > start:
             g = grad[start:end].to(torch.float32)
             dx[start:end] = (g @ w_ENK[e].to(torch.float32)).to(x_TK.dtype)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ..invariant import fixed_order as im
+from .reference import ROW_SCALE_BLOCK as BLOCK
+from .reference import row_scale_backward_reference
 
-BLOCK = 64
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -51,21 +51,6 @@ def row_scale_backward(
 
         return row_scale_backward_triton(grad, x, w, BLOCK)
     return row_scale_backward_reference(grad, x, w)
-
-
-def row_scale_backward_reference(grad, x, w, row_mask=None):
-    """The backward's math as torch ops (the CPU implementation; the kernel's reference). With
-    `row_mask` (bool, x.shape[:-1] or [.., 1]): the backward of row_scale(x.masked_fill(m, 0),
-    w) through the masked_fill (masked rows: x read as zeros, grad_x +0.0)."""
-    col = None if row_mask is None else row_mask.reshape(*x.shape[:-1], 1)
-    if col is not None:
-        x = x.masked_fill(col, 0.0)
-    grad_x = (grad * w).to(x.dtype)
-    if col is not None:
-        grad_x = grad_x.masked_fill(col, 0.0)
-    prod = grad.to(torch.float32) * x.to(torch.float32)
-    grad_w = im.block_sum(prod, BLOCK)[..., None].to(w.dtype)
-    return grad_x, grad_w
 
 
 @row_scale_backward.register_fake

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .. import configs
-from ..runtime import check_kernel_device, compile_options, interpreting, row_mask_bytes
+from ..runtime import arch_of, check_kernel_device, compile_options, interpreting, row_mask_bytes
 
 
 @triton.jit
@@ -189,9 +189,10 @@ def row_scale_triton(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     interp = interpreting()
     y = torch.empty(x2.shape, dtype=torch.float32 if interp else out_dtype, device=x.device)
     if r and h:
-        grid = (triton.cdiv(r, 16), triton.cdiv(h, 256))
-        _row_scale_kernel[grid](x2, w1, y, r, h, BLOCK_R=16, BLOCK_H=256,
-                                **({} if interp else {"num_warps": 4}),
+        lc = configs.pick_launch(arch_of(x.device), "row_scale")
+        grid = (triton.cdiv(r, lc["block_r"]), triton.cdiv(h, lc["block_h"]))
+        _row_scale_kernel[grid](x2, w1, y, r, h, BLOCK_R=lc["block_r"], BLOCK_H=lc["block_h"],
+                                **configs.warps_kwargs(lc),
                                 **compile_options(x.device))  # fmt: skip
     return y.to(out_dtype).reshape(x.shape)
 
@@ -243,12 +244,13 @@ def row_scale_backward_triton(
     gw = torch.empty((r,), dtype=torch.float32, device=x.device)
     m = row_mask_bytes(row_mask, r)
     if r:
-        block_r, warps, most_blocks = configs.ROW_SCALE_BACKWARD_LAUNCH
+        lc = configs.pick_launch(arch_of(x.device), "row_scale_backward")
+        block_r, most_blocks = lc["block_r"], lc["most_blocks"]
         _row_scale_backward_kernel[(triton.cdiv(r, block_r),)](
             g2, x2, w1, gx, gw, m if m is not None else gw,
             grad_rows.contiguous() if grad_rows is not None else gw, r, h, row_div,
             BLOCK_R=block_r, BLOCK=block, NB=blocks_per_step(h, most_blocks),
             ROW_MASK=m is not None, G_GATHER=grad_rows is not None,
-            **({} if interp else {"num_warps": warps}), **compile_options(x.device),
+            **configs.warps_kwargs(lc), **compile_options(x.device),
         )  # fmt: skip
     return gx.to(x.dtype).reshape(x.shape), gw.to(w.dtype).reshape(w.shape)

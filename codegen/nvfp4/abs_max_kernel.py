@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import ABS_MAX
-from ..runtime import arch_of, check_kernel_device, compile_options
+from ..configs import pick_launch, warps_kwargs
+from ..runtime import KernelTarget, arch_of, check_kernel_device, compile_options, kernel_target
 
 
 @triton.jit
@@ -45,19 +45,20 @@ def _row_abs_max_kernel(x_ptr, out_ptr, R, K, stride_xr, BLOCK_R: tl.constexpr,
     tl.store(out_ptr + rows, tl.where(nan > 0, float("nan"), amax), mask=rmask)
 
 
-def row_abs_max(x2: torch.Tensor) -> torch.Tensor:
-    """x2 [R, K] with a unit stride along K -> max |x| per row, FP32 [R] (0 for K = 0)."""
-    check_kernel_device(x2, "x")
+def row_abs_max(x2: torch.Tensor, *, target: KernelTarget | None = None) -> torch.Tensor:
+    """x2 [R, K] with a unit stride along K -> max |x| per row, FP32 [R] (0 for K = 0).
+    `target`: the caller's `runtime.kernel_target` of x2 (looked up here without one)."""
+    target = target or kernel_target(x2, "x")
     if x2.dim() != 2 or (x2.shape[1] > 1 and x2.stride(1) != 1):
         raise ValueError(f"x must be [R, K] with a unit stride along K, got {tuple(x2.shape)}")
     r, k = x2.shape
     # every row is written when K > 0 (no memset to replay per call); zeros for K = 0
     out = (torch.empty if k else torch.zeros)(r, dtype=torch.float32, device=x2.device)
-    block_r, block_k, warps = ABS_MAX.get(arch_of(x2.device), ABS_MAX["sm_90"])
+    lc = pick_launch(target.arch, "row_abs_max")
     if r and k:
-        _row_abs_max_kernel[(triton.cdiv(r, block_r),)](
-            x2, out, r, k, x2.stride(0), BLOCK_R=block_r, BLOCK_K=block_k, num_warps=warps,
-            **compile_options(x2.device),
+        _row_abs_max_kernel[(triton.cdiv(r, lc["block_r"]),)](
+            x2, out, r, k, x2.stride(0), BLOCK_R=lc["block_r"], BLOCK_K=lc["block_k"],
+            **warps_kwargs(lc), **target.options,
         )  # fmt: skip
     return out
 
@@ -82,10 +83,10 @@ def vector_abs_max(v: torch.Tensor) -> torch.Tensor:
     if v.dim() != 1 or v.dtype != torch.float32 or not v.numel():
         raise ValueError(f"v must be a non-empty FP32 vector, got {v.dtype}{list(v.shape)}")
     out = torch.empty((), dtype=torch.float32, device=v.device)
-    interp = arch_of(v.device) == "interpreter"
+    lc = pick_launch(arch_of(v.device), "vector_abs_max")
     _vector_abs_max_kernel[(1,)](
-        v.contiguous(), out, v.numel(), BLOCK=256 if interp else 4096,
-        **({} if interp else {"num_warps": 8}), **compile_options(v.device),
+        v.contiguous(), out, v.numel(), BLOCK=lc["block"], **warps_kwargs(lc),
+        **compile_options(v.device),
     )  # fmt: skip
     return out
 
@@ -157,12 +158,12 @@ def segment_column_abs_max(x_TD: torch.Tensor, ends: torch.Tensor) -> torch.Tens
         raise ValueError(f"ends must be int32/int64 [E], got {ends.dtype}{list(ends.shape)}")
     num_experts, d = ends.shape[0], x_TD.shape[1]
     out = torch.empty((num_experts, d), dtype=torch.float32, device=x_TD.device)  # all written
-    interp = arch_of(x_TD.device) == "interpreter"
-    block_d = min(256 if not interp else 32, max(16, triton.next_power_of_2(d)))
-    block_t = (512 if not interp else 64) // block_d * 16  # rows per step: 16 x 512 / block_d
+    lc = pick_launch(arch_of(x_TD.device), "segment_column_abs_max")
+    block_d = min(lc["max_block_d"], max(16, triton.next_power_of_2(d)))
+    block_t = lc["tile_elements"] // block_d * 16  # rows per step: 16 x tile / block_d
     if num_experts and d:
         _segment_column_abs_max_kernel[(num_experts, triton.cdiv(d, block_d))](
             x_TD, ends, out, d, x_TD.stride(0), BLOCK_T=block_t, BLOCK_D=block_d,
-            **({} if interp else {"num_warps": 4}), **compile_options(x_TD.device),
+            **warps_kwargs(lc), **compile_options(x_TD.device),
         )  # fmt: skip
     return out

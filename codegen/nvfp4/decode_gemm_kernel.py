@@ -17,7 +17,9 @@ the weight stream cheap, none of which changes a bit:
 2. E2M1 by bit placement. A code nibble s|e1 e0 m placed as s -> bit 15, e1 e0 m -> bits 8..6
    of a 16-bit lane is the BF16 number code * 2**-126 (bits 8..7 are the low exponent bits, 6 the
    top mantissa bit; e1 e0 = 0 gives the BF16 subnormal m * 2**-127 = 0.5 * m * 2**-126, the
-   E2M1 subnormal): two masks and two shifts per code, no lookup, no convert.
+   E2M1 subnormal): two masks and two shifts per code, no lookup, no convert (the fewest
+   instructions per weight of the forms swept: `tools.decode_sass_audit`,
+   benchmarks/results/2026-12-05_decode_gemm_43f05e0.md).
 3. Scales folded once. The E4M3 block scale s is turned into the BF16 number s * 2**118 (exact:
    4 significant bits; 2**-9 * 2**118 .. 448 * 2**118 lies inside BF16's normal range) from its
    bits, once per 16 weights. One BF16 multiply gives w' = code * s * 2**-8: exact (at most 6
@@ -42,7 +44,7 @@ import triton.language as tl
 
 from ..configs import check_decode_config, pick_decode
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
-from .expert_tiles import expert_row_tile
+from ..triton_helpers import expert_row_tile
 from .packed_layout import words_tile_k
 
 WEIGHT_SHIFT = 8  # w' = w * 2**-WEIGHT_SHIFT inside the kernel (see 3. above)

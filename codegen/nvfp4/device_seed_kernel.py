@@ -4,7 +4,7 @@ Under CUDA graphs a replay runs no Python, so a backward's seed comes from a dev
 (`sr_stream.device_call_seed`: four ATen kernels, read-combine-advance). `next_device_seed` does
 the same in ONE launch and returns it as an `sr_stream.DeviceSeed`, whose sub-streams (`seed + 1`,
 the MoE wgrad's `seed + 1 + e`) are host offsets: the quantize kernel adds them and derives each
-stream key itself (`quantize_kernel._sr_key_of`), so no key tensors are computed per call either
+stream key itself (`triton_helpers.sr_key_of`), so no key tensors are computed per call either
 (they were about ten small kernels per backward GEMM call, replayed at every step).
 """
 

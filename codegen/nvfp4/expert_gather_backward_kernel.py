@@ -23,10 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..configs import pick_launch, warps_kwargs
 from ..invariant.gather_rows_kernel import store_row_sums
-from ..runtime import check_kernel_device, compile_options, interpreting
-
-BLOCK_T, BLOCK_C, BLOCK_S = 8, 256, 1024
+from ..runtime import arch_of, check_kernel_device, compile_options
 
 
 @triton.jit
@@ -100,16 +99,17 @@ def expert_gather_backward_triton(grad: torch.Tensor, x_index: torch.Tensor, per
     c = g2.shape[1]
     inv = torch.empty_like(perm)
     out = torch.empty((rows, c), dtype=grad.dtype, device=grad.device)
-    opts = {} if interpreting() else {"num_warps": 4}
+    lc = pick_launch(arch_of(grad.device), "expert_gather_backward")
+    opts = warps_kwargs(lc)
     if s:
-        _inverse_permutation_kernel[(triton.cdiv(s, BLOCK_S),)](
-            perm.contiguous(), inv, s, BLOCK=BLOCK_S, **opts, **compile_options(grad.device)
+        _inverse_permutation_kernel[(triton.cdiv(s, lc["block_s"]),)](
+            perm.contiguous(), inv, s, BLOCK=lc["block_s"], **opts, **compile_options(grad.device)
         )
     if rows and c:
-        grid = (triton.cdiv(rows, BLOCK_T) * triton.cdiv(c, BLOCK_C),)
+        grid = (triton.cdiv(rows, lc["block_t"]) * triton.cdiv(c, lc["block_c"]),)
         _slot_rows_sum_kernel[grid](
             g2, inv, x_index.contiguous(), out, rows, c, s, TOP_K=k,
             K_P2=triton.next_power_of_2(k), BF16=grad.dtype == torch.bfloat16,
-            BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C, **opts, **compile_options(grad.device),
+            BLOCK_T=lc["block_t"], BLOCK_C=lc["block_c"], **opts, **compile_options(grad.device),
         )  # fmt: skip
     return out

@@ -27,20 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import decode_dispatch, pick
+from ..configs import decode_dispatch, pick, pick_launch, warps_kwargs
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
-from ..triton_helpers import e2m1_value
-from .expert_tiles import expert_row_tile
+from ..triton_helpers import e2m1_value, e4m3_value, expert_row_tile
 from .packed_layout import words_tile_k
-
-
-@triton.jit
-def _e4m3_value(byte):
-    """E4M3 byte (int32) -> exact FP32 value (non-negative scales; subnormals included)."""
-    e = (byte >> 3) & 15
-    m = byte & 7
-    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
-    return tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
 
 
 @triton.jit
@@ -111,7 +101,7 @@ def _nvfp4_gemm_kernel(
                 ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
                 sbyte = tl.load(s_base + cols[:, None] * stride_sn + ks[None, :],
                                 mask=cmask[:, None] & (ks < K // 16)[None, :], other=0).to(tl.int32)  # fmt: skip
-            sval = _e4m3_value(sbyte)
+            sval = e4m3_value(sbyte)
             s_full = tl.reshape(tl.broadcast_to(sval[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)),
                                 (BLOCK_N, BLOCK_K))  # fmt: skip
             b = tl.trans(e2m1_value(codes) * s_full)  # [BK, BN], exact
@@ -148,7 +138,7 @@ def _ongrid_kernel(codes_ptr, scales_ptr, out_ptr, R, K, BLOCK_R: tl.constexpr,
     codes = tl.reshape(tl.join(byte & 15, byte >> 4), (BLOCK_R, BLOCK_K))
     sbyte = tl.load(scales_ptr + r64 * (K // 16) + ks[None, :],
                     mask=rmask & (ks < K // 16)[None, :], other=0).to(tl.int32)  # fmt: skip
-    sval = _e4m3_value(sbyte)
+    sval = e4m3_value(sbyte)
     s_full = tl.reshape(tl.broadcast_to(sval[:, :, None], (BLOCK_R, BLOCK_K // 16, 16)),
                         (BLOCK_R, BLOCK_K))  # fmt: skip
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -173,11 +163,11 @@ def ongrid_weight(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tenso
     out = torch.empty((*codes.shape[:-1], k), device=codes.device,
                       dtype=torch.float32 if interp else torch.bfloat16)  # fmt: skip
     if r and k:
-        block_k = 32 if interp else 128
-        grid = (triton.cdiv(r, 16 if interp else 32), triton.cdiv(k, block_k))
+        lc = pick_launch(arch_of(codes.device), "ongrid_weight")
+        grid = (triton.cdiv(r, lc["block_r"]), triton.cdiv(k, lc["block_k"]))
         _ongrid_kernel[grid](codes, scale_bytes.view(torch.uint8), out, r, k,
-                             BLOCK_R=16 if interp else 32, BLOCK_K=block_k,
-                             **({} if interp else {"num_warps": 4}))  # fmt: skip
+                             BLOCK_R=lc["block_r"], BLOCK_K=lc["block_k"],
+                             **warps_kwargs(lc))  # fmt: skip
     return out.to(torch.bfloat16) if interp else out
 
 

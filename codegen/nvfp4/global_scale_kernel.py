@@ -3,7 +3,8 @@ launch: per row amax = max |x|, then global_encode, global_decode and the block-
 
 In torch those steps are about nine launches (abs, amax, cast, full, divide, clamp, where, divide,
 multiply) per quantize call; on the H200 they were most of the host time of a decode-size NVFP4
-linear. Bitwise equal to `quantize_kernel.global_stage(x, "per_row")`:
+linear. Steps 1-2 of the scale chain that `quantize_kernel.quantize_triton` runs; bitwise the
+torch ops of `reference.quantize`'s global stage:
 - max is exact in any order, and |x| of a BF16/FP16/FP32 value is exact in FP32;
 - enc = min(2688 / amax, FLT_MAX) with an IEEE-rounded division (amax 0 -> inf -> FLT_MAX),
   enc 0 (amax inf) -> 1, gd = 1 / enc (IEEE division), mult = enc * fp32(1/6): one rounding each,
@@ -17,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import ABS_MAX
-from ..runtime import arch_of, compile_options
+from ..configs import pick_launch, warps_kwargs
+from ..runtime import KernelTarget, kernel_target
 from ..triton_helpers import ONE_SIXTH_F32, scales_from_amax
 from .abs_max_kernel import row_abs_max_nan
 
@@ -35,19 +36,21 @@ def _amax_global_kernel(amax_ptr, gd_ptr, mult_ptr, n, one_sixth, BLOCK: tl.cons
     tl.store(mult_ptr + i, mult, mask=live)
 
 
-def amax_global_stage(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def amax_global_stage(amax: torch.Tensor, *, target: KernelTarget | None = None):
     """FP32 amax (any shape) -> (global_decode, multiplier) of the same shape in ONE launch,
-    bitwise `reference.global_scales` (about seven torch launches otherwise)."""
+    bitwise `reference.global_scales` (about seven torch launches otherwise). `target` (here
+    and below): the caller's `runtime.kernel_target` (looked up here without one)."""
     if amax.dtype != torch.float32:
         raise TypeError(f"amax must be float32, got {amax.dtype}")
     flat = amax.reshape(-1).contiguous()
     gd = torch.empty_like(flat)
     mult = torch.empty_like(flat)
     if flat.numel():
-        block = 128
-        _amax_global_kernel[(triton.cdiv(flat.numel(), block),)](
-            flat, gd, mult, flat.numel(), ONE_SIXTH_F32, BLOCK=block, num_warps=1,
-            **compile_options(amax.device),
+        target = target or kernel_target(amax)
+        lc = pick_launch(target.arch, "amax_global")
+        _amax_global_kernel[(triton.cdiv(flat.numel(), lc["block"]),)](
+            flat, gd, mult, flat.numel(), ONE_SIXTH_F32, BLOCK=lc["block"], **warps_kwargs(lc),
+            **target.options,
         )  # fmt: skip
     return gd.reshape(amax.shape), mult.reshape(amax.shape)
 
@@ -65,19 +68,19 @@ def _row_global_kernel(
     tl.store(mult_ptr + rows, mult, mask=rmask)
 
 
-def row_global_stage(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def row_global_stage(x2: torch.Tensor, *, target: KernelTarget | None = None):
     """x2 [R, K] (unit stride along K) -> (global_decode [R], multiplier [R]), FP32."""
     if x2.dim() != 2 or (x2.shape[1] > 1 and x2.stride(1) != 1):
         raise ValueError(f"x2 must be [R, K] with a unit stride along K, got {tuple(x2.shape)}")
     r, k = x2.shape
     gd = torch.empty(r, dtype=torch.float32, device=x2.device)
     mult = torch.empty(r, dtype=torch.float32, device=x2.device)
-    arch = arch_of(x2.device)
-    block_r, block_k, warps = ABS_MAX.get(arch, ABS_MAX["sm_90"])
+    target = target or kernel_target(x2)
+    lc = pick_launch(target.arch, "row_abs_max")  # the tiling of `row_abs_max`: one read of x
     if r:
-        _row_global_kernel[(triton.cdiv(r, block_r),)](
+        _row_global_kernel[(triton.cdiv(r, lc["block_r"]),)](
             x2, gd, mult, r, k, x2.stride(0), ONE_SIXTH_F32,
-            BLOCK_R=block_r, BLOCK_K=block_k, num_warps=warps, **compile_options(x2.device),
+            BLOCK_R=lc["block_r"], BLOCK_K=lc["block_k"], **warps_kwargs(lc), **target.options,
         )  # fmt: skip
     return gd, mult
 
@@ -108,7 +111,8 @@ def _expert_global_kernel(rows_ptr, gd_ptr, mult_ptr, gd_rows_ptr, mult_rows_ptr
         tl.store(mult_rows_ptr + base + i, mult_b, mask=i < N)
 
 
-def expert_global_stage(row_amax: torch.Tensor, experts: int):
+def expert_global_stage(row_amax: torch.Tensor, experts: int, *,
+                        target: KernelTarget | None = None):  # fmt: skip
     """Row maxima of stacked expert weights (FP32 [E * N], `abs_max_kernel.row_abs_max` of [E * N, K])
     -> (global decode [E], multiplier [E], both repeated per row [E * N]) in ONE launch:
     each expert's amax (the max of its rows' maxima, NaN if one is NaN, as torch's amax), then
@@ -122,10 +126,10 @@ def expert_global_stage(row_amax: torch.Tensor, experts: int):
     gd, mult = (torch.empty(experts, dtype=torch.float32, device=dev) for _ in range(2))
     gd_rows, mult_rows = (torch.empty_like(row_amax) for _ in range(2))
     if experts and n:
-        interp = arch_of(dev) == "interpreter"
+        target = target or kernel_target(row_amax)
+        lc = pick_launch(target.arch, "expert_global")
         _expert_global_kernel[(experts,)](
             row_amax.contiguous(), gd, mult, gd_rows, mult_rows, n, ONE_SIXTH_F32,
-            BLOCK=64 if interp else 1024, **({} if interp else {"num_warps": 4}),
-            **compile_options(dev),
+            BLOCK=lc["block"], **warps_kwargs(lc), **target.options,
         )  # fmt: skip
     return gd, mult, gd_rows, mult_rows

@@ -44,7 +44,7 @@ def _grouped_wgrad_kernel(
     # pipelined 16-byte async copies: with the start alone the K-tail mask `kk < width` had
     # unknown granularity and every operand element was its own 2-byte load, with no software
     # pipeline (sm_90 PTX: 0 cp.async and 96-101 ld.global.b16 -> 36 cp.async.cg, 0 scalar;
-    # `benchmarks/ptx_audit.py`). Bits: the same masks, the same MMA sequence.
+    # `tools/ptx_audit.py`). Bits: the same masks, the same MMA sequence.
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.program_id(2)

@@ -4,7 +4,7 @@ Shape legend: M rows (tokens), H hidden (a multiple of 16), NB = BLOCK_H / 16 bl
 
 One program owns whole rows, so the row's amax, hence its per-row global scale, is known before
 any block is encoded. Per row:
-1. y = RMSNorm(x) * weight: `invariant.forward_kernels.rms_norm_row` itself, launched with the
+1. y = RMSNorm(x) * weight: `invariant.rms_norm_kernel.rms_norm_row` itself, launched with the
    norm's own (BLOCK_H, rows per program, warps) (`rms_norm_launch`): the same reduction, the
    same bits as `fp4_compile::invariant_rms_norm`; y is stored (the graph reads it too).
 2. After a barrier the program reads its rows of y back (from cache: it just wrote them) as
@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..invariant.forward_kernels import rms_norm_launch, rms_norm_row
+from ..invariant.rms_norm_kernel import rms_norm_launch, rms_norm_row
 from ..runtime import check_kernel_device, interpreting
 from ..triton_helpers import (
     ONE_SIXTH_F32,

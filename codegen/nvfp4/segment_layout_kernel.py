@@ -8,7 +8,7 @@ Expert e's tokens [ends[e-1], ends[e]) become the columns [start[e], start[e] + 
 [., C] operand, width[e] = its token count rounded up to 16, segments laid end to end; `src[c]`
 is the token of column c (-1: padding, read as zeros) and `block_group[b]` the expert of the
 16-column block b (the last expert for the tail after every segment). The same values as the
-torch ops `tests/codegen/test_segment_layout.py` holds as the reference (a cumsum, two
+torch ops `tests/codegen/nvfp4/test_segment_layout.py` holds as the reference (a cumsum, two
 searchsorted, gathers and a scatter: about 20 small kernels per MoE backward call, replayed at
 every step); here every program derives its columns' segment from the E group ends itself
 (a segment is found by counting the padded ends at or before the column, which is what
@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from ...format import BLOCK_SIZE
-from ..runtime import check_kernel_device
+from ..configs import pick_launch
+from ..runtime import arch_of, check_kernel_device
 
 
 @triton.jit
@@ -100,8 +101,9 @@ def segment_layout(
     width = torch.empty((num_experts,), dtype=torch.int64, device=dev)
     if cols >= 2**31:
         raise ValueError(f"{num_tokens} tokens over {num_experts} experts: more than 2**31 columns")
-    block_e = min(128, triton.next_power_of_2(num_experts))
-    block_c = max(BLOCK_SIZE, 2048 // block_e)
+    lc = pick_launch(arch_of(dev), "segment_layout")
+    block_e = min(lc["max_block_e"], triton.next_power_of_2(num_experts))
+    block_c = max(BLOCK_SIZE, lc["tile_elements"] // block_e)
     src_rows = torch.empty_like(src) if row_index is not None else None
     _segment_layout_kernel[(triton.cdiv(cols, block_c),)](
         offsets, src, group, start, width,

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import SILU_MUL_QUANTIZE
+from ..configs import pick_launch, warps_kwargs
 from ..invariant.silu_mul_kernel import silu_mul_values
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting, row_mask_bytes
 from ..triton_helpers import (
@@ -97,12 +97,13 @@ def silu_mul_quantize(a: torch.Tensor, b: torch.Tensor, row_mask: torch.Tensor |
     gd = torch.empty((r,), dtype=torch.float32, device=a.device)
     amax = torch.empty((r,), dtype=torch.float32, device=a.device)
     arch = arch_of(a.device)
-    block_r, block_c, block_k, warps = SILU_MUL_QUANTIZE.get(arch, SILU_MUL_QUANTIZE["sm_90"])
+    lc = pick_launch(arch, "silu_mul_quantize")
+    block_r, block_c, block_k = lc["block_r"], lc["block_c"], lc["block_k"]
     if r and c:
         _silu_mul_quantize_kernel[(triton.cdiv(r, block_r),)](
             a, b, out, ongrid, gd, amax, m if m is not None else gd, r, c, a.stride(0), b.stride(0),
             ONE_SIXTH_F32, BF16=a.dtype == torch.bfloat16, INTERP=interpreting(),
             ROW_MASK=m is not None, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_K=block_k,
-            num_warps=warps, **compile_options(a.device),
+            **warps_kwargs(lc), **compile_options(a.device),
         )  # fmt: skip
     return out, ongrid, gd.reshape(r, 1), amax

@@ -1,7 +1,7 @@
 """The weights' NVFP4 quantize (16x16 tiles, RNE, the global scale of each expert's amax or of
 the whole tensor's) in ONE persistent launch that reads each weight from HBM once.
 
-The two-step form (`quantize_kernel.global_stage`, then `_quantize_kernel`) reads every weight
+The two-step form (`quantize_kernel.global_stage`, then `codes_kernel`) reads every weight
 twice per learner step: once for the amaxes, once to quantize. On the H200 learner the amax
 read alone was 0.64 ms (2.4 GB of expert weights, `docs/learner_performance.md`). Here program
 p of P (all P resident at once) walks the tiles p, p + P, ... of expert e twice:
@@ -24,11 +24,11 @@ more than one expert's traffic (H200, the same bits in every row:
 benchmarks/results/2026-12-04_tune_kernels_weights_20b0dc2.md). `expert_groups` G splits the
 programs into G groups that walk the experts G apart, each waiting on its own programs only: E/G
 waits per program among P/G programs, G experts in L2 at once. `quantize_triton` routes
-per-expert weights here only where `configs.WEIGHT_QUANTIZE_EXPERT_GROUPS` names a G for the
+per-expert weights here only where `configs.LAUNCH`'s weight_quantize_experts names a G for the
 architecture (0: the two-step form).
 
-Bitwise `_quantize_kernel` after `global_stage` (tests/codegen/test_weight_quantize.py). The
-wait needs every program resident at once: P = SMs x min(`PROGRAMS_PER_SM`, what fits on one
+Bitwise `codes_kernel` after `global_stage` (tests/codegen/nvfp4/test_weight_quantize.py). The
+wait needs every program resident at once: P = SMs x min(programs per SM, what fits on one
 SM), the fit computed from the compiled kernel's registers, shared memory and threads (the
 CUDA occupancy rules; one fewer than the estimate, and never below 1: one program per SM
 always fits). The interpreter runs programs one after the other, so a wait would never end:
@@ -42,8 +42,8 @@ import triton
 import triton.language as tl
 
 from ...format import BLOCK_SIZE, NVFP4Tensor
-from ..configs import pick
-from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
+from ..configs import pick, pick_launch
+from ..runtime import KernelTarget, interpreting, kernel_target
 from ..triton_helpers import (
     ONE_SIXTH_F32,
     block_encode,
@@ -56,8 +56,6 @@ from ..triton_helpers import (
     tile16_max,
 )
 
-PROGRAMS_PER_SM = 8  # at most; fewer where fewer fit (`_resident_per_sm`); tune_kernels' best
-_INTERPRETER_PROGRAMS = 3  # several programs, so the tile striding is exercised on CPU too
 _PHASE_AMAX, _PHASE_QUANTIZE, _PHASE_BOTH = 0, 1, 2
 
 
@@ -192,8 +190,9 @@ def quantize_weight_tiles(
     *,
     out: str = "packed",
     ongrid_dtype: torch.dtype = torch.bfloat16,
-    programs_per_sm: int = PROGRAMS_PER_SM,
+    programs_per_sm: int | None = None,
     expert_groups: int = 1,
+    target: KernelTarget | None = None,
 ):
     """16x16 RNE quantize of x with a data amax per expert (x [E, N, K], global_scale
     "per_expert") or per tensor (x [..., N, K], "per_tensor"), in one read of x. Returns what
@@ -201,10 +200,12 @@ def quantize_weight_tiles(
     (out="packed"), (on-grid values, global decode) ("ongrid") or (NVFP4Tensor, on-grid)
     ("both"). x must be contiguous and non-empty. expert_groups (per expert): the programs walk
     the experts in that many groups, each waiting on its own programs only (the same bits for
-    any value; speed only)."""
+    any value; speed only). programs_per_sm: at most this many programs per SM (default:
+    `configs.LAUNCH`'s "weight_quantize" row; fewer where fewer fit). target: the caller's
+    `runtime.kernel_target` of x (looked up here without one)."""
     if not isinstance(expert_groups, int) or expert_groups < 1:
         raise ValueError(f"expert_groups must be an int >= 1, got {expert_groups!r}")
-    check_kernel_device(x, "x")
+    target = target or kernel_target(x, "x")
     if global_scale not in ("per_expert", "per_tensor"):
         raise ValueError(f"global_scale must be 'per_expert' or 'per_tensor', got {global_scale!r}")
     if out not in ("packed", "ongrid", "both"):
@@ -238,21 +239,25 @@ def quantize_weight_tiles(
     scales = torch.empty((e * n, k // BLOCK_SIZE) if packed else (0,), dtype=torch.uint8,
                          device=dev)  # fmt: skip
     ongrid = torch.empty((e * n, k) if ongrid_wanted else (0,), dtype=ongrid_dtype, device=dev)
-    cfg = pick(arch_of(dev), "any", "nvfp4_weight_quantize", n)
+    arch = target.arch
+    cfg = pick(arch, "any", "nvfp4_weight_quantize", n)
+    two_launches = interpreting() or dev.type != "cuda"  # programs run one after the other
+    lc = pick_launch("interpreter" if two_launches else arch, "weight_quantize")
     bits16 = x.element_size() == 2
     args = (x, x.view(bits_dtype[x.dtype]), state, gd, codes, scales, ongrid, e, n, k,
             ONE_SIXTH_F32)  # fmt: skip
     flags = dict(ABS_MASK=0x7FFF if bits16 else 0x7FFFFFFF, BITS16=bits16, ONGRID=ongrid_wanted,
                  PACKED=packed, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
                  GROUPS=expert_groups if global_scale == "per_expert" else 1,
-                 **cfg.launch_kwargs(), **compile_options(dev))  # fmt: skip
-    if interpreting() or dev.type != "cuda":
-        grid = (max(_INTERPRETER_PROGRAMS, flags["GROUPS"]),)
+                 **cfg.launch_kwargs(), **target.options)  # fmt: skip
+    if two_launches:
+        grid = (max(lc["programs"], flags["GROUPS"]),)
         _weight_quantize_kernel[grid](*args, PHASE=_PHASE_AMAX, **flags)
         _weight_quantize_kernel[grid](*args, PHASE=_PHASE_QUANTIZE, **flags)
     else:
         props = torch.cuda.get_device_properties(dev)
-        per_sm = min(programs_per_sm, _resident_per_sm(args, flags, props))
+        most = lc["programs_per_sm"] if programs_per_sm is None else programs_per_sm
+        per_sm = min(most, _resident_per_sm(args, flags, props))
         programs = props.multi_processor_count * per_sm
         if programs < flags["GROUPS"]:
             raise ValueError(f"expert_groups={expert_groups} exceeds the {programs} programs")

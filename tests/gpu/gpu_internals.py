@@ -32,8 +32,8 @@ def grouped_wgrad(*args, **kwargs):
 
 
 def invariant_linear_kernel(*args, **kwargs):
-    """The BF16 batch-invariant linear kernel's launcher (codegen/invariant/forward_kernels.py)."""
-    from fp4_compile.codegen.invariant.forward_kernels import linear
+    """The BF16 batch-invariant linear kernel's launcher (codegen/invariant/linear_kernel.py)."""
+    from fp4_compile.codegen.invariant.linear_kernel import linear
 
     return linear(*args, **kwargs)
 
@@ -53,8 +53,8 @@ def rms_norm_quantize_kernel(*args, **kwargs):
 
 
 def rms_norm_kernel(*args, **kwargs):
-    """The batch-invariant RMSNorm kernel's launcher (codegen/invariant/forward_kernels.py)."""
-    from fp4_compile.codegen.invariant.forward_kernels import rms_norm
+    """The batch-invariant RMSNorm kernel's launcher (codegen/invariant/rms_norm_kernel.py)."""
+    from fp4_compile.codegen.invariant.rms_norm_kernel import rms_norm
 
     return rms_norm(*args, **kwargs)
 

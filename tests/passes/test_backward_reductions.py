@@ -2,7 +2,7 @@
 chosen separately by eager ATen and by Inductor, and compiled gradients would stop matching the
 eager lowered graph bit for bit); grouped-query attention's repeat in particular is gone: the
 attention op reads the KV heads in place and its backward sums each group's dK / dV in a
-written-out order (tests/codegen/test_attention_gqa.py)."""
+written-out order (tests/codegen/invariant/test_attention_gqa.py)."""
 
 import collections
 

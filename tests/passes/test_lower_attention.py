@@ -2,7 +2,7 @@
 of K and V per query head) is dropped and the attention op reads the KV heads in place. In the
 exported rollout step (one graph for prefill and decode) the op's keys and values are the static
 cache itself: between the cache input and the op there are views only, no op that copies it.
-Contract: exact (graph structure); the bits are tests/codegen/test_attention_gqa.py's."""
+Contract: exact (graph structure); the bits are tests/codegen/invariant/test_attention_gqa.py's."""
 
 import pytest
 import torch

@@ -149,7 +149,7 @@ def test_kernel_forward_equals_repeat_then_attend(name, hq, hkv):
     """The forward kernel's rows hold a whole group (row = query * G + head): the same bits as
     one head per program on repeated k, v; a decode row visits only its own key blocks (the
     junk past kv_len is never read into a result)."""
-    from fp4_compile.codegen.invariant import forward_kernels as ik
+    from fp4_compile.codegen.invariant import attention_kernel as ik
 
     q, k, v, _, qs, kl, mask, causal = _case(name, hq, hkv, d=16)
     g = hq // hkv
@@ -166,7 +166,7 @@ def test_kernel_forward_equals_repeat_then_attend(name, hq, hkv):
 def test_kernel_backward_equals_repeat_then_attend(name, hq, hkv):
     """The backward launches read the KV head of each query head in place and sum the group
     after: the per-head kernels on repeated k, v followed by the ordered group sum, bitwise."""
-    from fp4_compile.codegen.invariant import forward_kernels as ik
+    from fp4_compile.codegen.invariant import attention_kernel as ik
     from fp4_compile.codegen.invariant.attention_backward_kernel import attention_backward
 
     q, k, v, go, qs, kl, mask, causal = _case(name, hq, hkv, d=16)

@@ -1,4 +1,4 @@
-"""Mask tensors in the Triton attention kernels (`forward_kernels.mask_args`): compiled on
+"""Mask tensors in the Triton attention kernels (`attention_kernel.mask_args`): compiled on
 CUDA, else in the Triton interpreter.
 
 Contracts: `mask_args` finds each row's [lo, hi) and flags exactly the masks whose rows are
@@ -27,7 +27,7 @@ B, HQ, HKV, T, D = 2, 4, 2, 40, 16
 def kernels():
     pytest.importorskip("triton")
     from fp4_compile.codegen.invariant import attention_backward_kernel as attention_backward
-    from fp4_compile.codegen.invariant import forward_kernels as invariant_kernels
+    from fp4_compile.codegen.invariant import attention_kernel as invariant_kernels
 
     return invariant_kernels, attention_backward
 

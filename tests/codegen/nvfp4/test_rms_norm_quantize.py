@@ -53,7 +53,7 @@ def test_kernel_equals_unfused_kernels_interpreter(hidden):
     kernels: y == the rms_norm kernel's; the on-grid operand and global decode ==
     quantize_triton(y, per_row); the row maxima's X^T operand == quantize_transposed_ongrid(y)
     (per-tensor). Rows per program > 1 at these widths, H not a power of two included."""
-    from fp4_compile.codegen.invariant.forward_kernels import rms_norm
+    from fp4_compile.codegen.invariant.rms_norm_kernel import rms_norm
     from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
     from fp4_compile.codegen.nvfp4.rms_norm_quantize_kernel import rms_norm_quantize
 

@@ -1,17 +1,12 @@
-"""Triton kernels of the batch-invariant ops, and their launchers (imports triton).
+"""Triton kernel of `fp4_compile::invariant_attention`'s forward, its launcher, and the mask
+helpers the backward kernels share (`visible`, `mask_args`, `mask_key_end`, `positions_arg`).
 
-Shape legend: M rows, K in-features, N out-features, H hidden, V vocabulary, B sequences,
-Hq / Hkv heads, G = Hq / Hkv, Tq queries, Tk key slots, D head dim.
+Shape legend: B sequences, Hq / Hkv heads, G = Hq / Hkv, Tq queries, Tk key slots, D head dim.
 
-Runs compiled on CUDA, or on CPU tensors under TRITON_INTERPRET=1 (tests). Interpreter traps
-handled here: operands are loaded as FP32 and the dot dtype is a constexpr (bf16 on CUDA, fp32 in
-the interpreter, where bf16 `tl.dot` is wrong); no fp32 -> bf16 cast happens inside a kernel in
-interpreter mode (they truncate there): the attention kernel rounds P to bf16 with integer bit
-operations (round to nearest even, exact on both paths), and the rms_norm kernel hands its FP32
-result to torch for the final roundings when interpreting.
-
-Invariance (see `invariant/api.py` for the contract): one output tile per program, reductions over K,
-keys and vocabulary walked sequentially in fixed-size blocks from 0; rows never interact.
+Invariance: keys walked sequentially in fixed BLOCK_N blocks from key 0 (`configs.PINNED`,
+one config for the learner, prefill and decode); rows never interact. Interpreter: operands are
+loaded as FP32 and the dot dtype is a constexpr (bf16 on CUDA, fp32 in the interpreter); P is
+rounded to bf16 with integer bit operations (`round_bf16`, exact on both paths).
 """
 
 from __future__ import annotations
@@ -21,128 +16,11 @@ import triton
 import triton.language as tl
 
 from .. import configs as cfgs
+from ..configs import pick_launch
 from ..runtime import arch_of, check_kernel_device, interpreting
-from ..triton_helpers import round_bf16
+from ..triton_helpers import dot_dtype, round_bf16
 
 
-def _dot_dtype():
-    return tl.float32 if interpreting() else tl.bfloat16
-
-
-# -------------------------------------------------------------------------------------- linear
-@triton.jit
-def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym, syn,
-                   HAS_BIAS: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):  # sequential K loop: the reduction order never follows M
-        kk = k0 + rk
-        a = tl.load(x_ptr + rm[:, None] * sxm + kk[None, :] * sxk,
-                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0).to(tl.float32)  # fmt: skip
-        b = tl.load(w_ptr + rn[None, :] * swn + kk[:, None] * swk,
-                    mask=(rn[None, :] < N) & (kk[:, None] < K), other=0.0).to(tl.float32)  # fmt: skip
-        acc = tl.dot(a.to(DOT), b.to(DOT), acc, input_precision="ieee")
-    if HAS_BIAS:
-        acc = acc + tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rm[:, None] * sym + rn[None, :] * syn, acc.to(y_ptr.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))  # fmt: skip
-
-
-def linear(x_MK, w_NK, bias_N, out_dtype):
-    check_kernel_device(x_MK, "x")
-    m, k = x_MK.shape
-    n = w_NK.shape[0]
-    cfg = cfgs.linear_config(arch_of(x_MK.device), m)
-    store_dtype = torch.float32 if interpreting() else out_dtype
-    y = torch.empty((m, n), dtype=store_dtype, device=x_MK.device)
-    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
-    _linear_kernel[grid](
-        x_MK, w_NK, bias_N if bias_N is not None else y, y, m, n, k,
-        x_MK.stride(0), x_MK.stride(1), w_NK.stride(0), w_NK.stride(1), y.stride(0), y.stride(1),
-        HAS_BIAS=bias_N is not None, DOT=_dot_dtype(), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, **cfg.launch_kwargs(),
-    )  # fmt: skip
-    return y.to(out_dtype)
-
-
-# ------------------------------------------------------------------------------------ rms_norm
-@triton.jit
-def rms_norm_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES: tl.constexpr,
-                 HAS_W: tl.constexpr, FINISH: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
-    cols = tl.arange(0, BLOCK_H)
-    live = (cols < H) & ((cols * 0 + row) < R)  # (row < R as a vector: the interpreter's masks)
-    h = tl.load(x_ptr + row * H + cols, mask=live, other=0.0)
-    if HAS_RES:  # sum in x's dtype, as the model adds it
-        h = (
-            h.to(tl.float32) + tl.load(r_ptr + row * H + cols, mask=live, other=0.0).to(tl.float32)
-        ).to(h.dtype)
-        tl.store(h_ptr + row * H + cols, h, mask=live)
-    h32 = h.to(tl.float32)
-    var = tl.sum(h32 * h32, axis=0) / H  # one row at a time: the order never follows M
-    y = h32 * (1.0 / tl.sqrt_rn(var + eps))
-    if FINISH:
-        y = y.to(y_ptr.dtype.element_ty)
-        if HAS_W:
-            w = tl.load(w_ptr + cols, mask=live, other=0.0)
-            y = (y.to(tl.float32) * w.to(tl.float32)).to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + row * H + cols, y, mask=live)
-
-
-@triton.jit
-def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, eps, HAS_RES: tl.constexpr,
-                     HAS_W: tl.constexpr, FINISH: tl.constexpr, BLOCK_H: tl.constexpr,
-                     ROWS: tl.constexpr = 1):  # fmt: skip
-    # ROWS rows per program, one after the other with the one-row code (the same reduction,
-    # instruction for instruction; short rows such as the q / k norms' 128 columns otherwise
-    # make one tiny program per row: [131072, 128] took 80 us on the H200)
-    for r in tl.static_range(ROWS):
-        row = tl.program_id(0).to(tl.int64) * ROWS + r
-        rms_norm_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES, HAS_W,
-                     FINISH, BLOCK_H)  # fmt: skip
-
-
-def rms_norm_rows_per_program(block: int) -> int:
-    """Rows per RMSNorm program: 1 for rows of >= 2048 columns, more for short rows (up to 16,
-    so that a program holds ~2048 elements)."""
-    return max(1, min(16, 2048 // block))
-
-
-def rms_norm_launch(hdim: int) -> tuple[int, int, int]:
-    """(BLOCK_H, rows per program, warps) of the RMSNorm kernels for rows of `hdim` columns:
-    one value per row length, so every kernel that runs `rms_norm_row` with it (the norm, and
-    the norm fused with its GEMM operand's quantize) reduces a row in the same order."""
-    block = triton.next_power_of_2(hdim)
-    return block, rms_norm_rows_per_program(block), min(max(block // 256, 1), 8)
-
-
-def rms_norm(x, weight, residual, eps: float):
-    check_kernel_device(x, "x")
-    hdim = x.shape[-1]
-    x2 = x.reshape(-1, hdim).contiguous()
-    interp = interpreting()
-    if interp and residual is not None:  # the kernel's bf16 store would truncate here
-        x2, residual = (x2 + residual.reshape(-1, hdim)).contiguous(), None
-    h = torch.empty_like(x2) if residual is not None else x2
-    r2 = residual.reshape(-1, hdim).contiguous() if residual is not None else x2
-    y = torch.empty(x2.shape, dtype=torch.float32 if interp else x.dtype, device=x.device)
-    block, rows, warps = rms_norm_launch(hdim)
-    _rms_norm_kernel[(triton.cdiv(x2.shape[0], rows),)](
-        x2, r2, weight if weight is not None else x2, y, h, x2.shape[0], hdim, eps,
-        HAS_RES=residual is not None, HAS_W=weight is not None, FINISH=not interp, BLOCK_H=block,
-        ROWS=rows, num_warps=warps,
-    )  # fmt: skip
-    if interp:
-        y = y.to(x.dtype)
-        if weight is not None:
-            y = weight * y
-    return y.reshape(x.shape), h.reshape(x.shape)
-
-
-# ----------------------------------------------------------------------------------- attention
 @triton.jit
 def visible(j, key_live, row_live, pos, qi, hq, b, m_ptr, smb, smh, smt, iv_ptr, iv_ok,
             CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):  # fmt: skip
@@ -217,8 +95,9 @@ def mask_args(mask: torch.Tensor, b: int, h: int, tq: int, tk: int):
     iv = torch.empty((rows, 2), dtype=torch.int32, device=m.device)
     iv_ok = torch.ones(1, dtype=torch.int32, device=m.device)
     if rows:
+        block_w = pick_launch(arch_of(m.device), "attention_mask_args")["block_w"]
         _mask_args_kernel[(rows,)](m.view(torch.uint8), packed, iv, iv_ok, tk, words,
-                                   BLOCK_W=32 if not interpreting() else 1)  # fmt: skip
+                                   BLOCK_W=block_w)  # fmt: skip
     strides = ((mh * tq if mb > 1 else 0), (tq if mh > 1 else 0))
     return packed, strides, iv, iv_ok
 
@@ -296,7 +175,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr
     # order fixed by the instruction, whatever register layout the compiler picks for this
     # kernel variant (a `tl.sum` tree follows that layout: on the H200 the causal and the masked
     # variant summed in different orders, 1 in ~4096 outputs 1 ulp apart, learner vs rollout;
-    # benchmarks/localize_gpu.py). FP32 p enters as bf16 p + bf16(p - bf16 p), so l is the sum
+    # tools/localize_gpu.py). FP32 p enters as bf16 p + bf16(p - bf16 p), so l is the sum
     # of p to ~2^-17, not of its bf16 rounding. All 16 columns of l_acc are equal.
     ones = tl.full((BLOCK_N, 16), 1.0, DOT)
     l_acc = tl.zeros((BLOCK_M, 16), tl.float32)
@@ -370,7 +249,7 @@ def attention(q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float):
         raise ValueError(
             f"the Triton attention kernel needs a power-of-two head dim >= 16, got {d}"
         )
-    cfg = cfgs.attention_config(arch_of(q.device))
+    cfg = cfgs.pick(arch_of(q.device), "any", "invariant_attention", 0)
     # q is read through its own strides (it arrives as the transpose of [B, Tq, Hq, D] from
     # the projections: a contiguous copy was ~48 us per call), k and v through one shared set
     q = q if q.stride(-1) == 1 else q.contiguous()
@@ -391,108 +270,7 @@ def attention(q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float):
         iv, iv_ok,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         out.stride(0), out.stride(1), out.stride(2), *sm, tq, g, scale,
-        CAUSAL=causal, HAS_MASK=mask is not None, DOT=_dot_dtype(), D=d,
+        CAUSAL=causal, HAS_MASK=mask is not None, DOT=dot_dtype(), D=d,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **cfg.launch_kwargs(),
     )  # fmt: skip
     return out.to(q.dtype), lse
-
-
-# ------------------------------------------------------------------------------------ logprobs
-@triton.jit
-def _logprobs_kernel(x_ptr, t_ptr, lp_ptr, ent_ptr, V, sx, temperature,
-                     BLOCK_V: tl.constexpr):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    base = x_ptr + row * sx
-    cols = tl.arange(0, BLOCK_V)
-    m_vec = tl.full((BLOCK_V,), float("-inf"), tl.float32)
-    for v0 in range(0, V, BLOCK_V):  # pass 1: the row max (exact in any order)
-        z = tl.load(base + v0 + cols, mask=v0 + cols < V, other=float("-inf")).to(tl.float32)
-        m_vec = tl.maximum(m_vec, z / temperature)
-    m = tl.max(m_vec, axis=0)
-    l_sum = 0.0
-    ez_sum = 0.0
-    for v0 in range(0, V, BLOCK_V):  # pass 2: sums over fixed vocabulary blocks, in order
-        live = v0 + cols < V
-        zm = tl.load(base + v0 + cols, mask=live, other=0.0).to(tl.float32) / temperature - m
-        e = tl.where(live, tl.exp(zm), 0.0)
-        l_sum += tl.sum(e, axis=0)
-        ez_sum += tl.sum(e * zm, axis=0)
-    tok = tl.load(t_ptr + row)
-    z_tok = tl.load(base + tok).to(tl.float32) / temperature - m
-    log_l = tl.log(l_sum)
-    tl.store(lp_ptr + row, z_tok - log_l)
-    tl.store(ent_ptr + row, log_l - ez_sum / l_sum)
-
-
-def logprobs(logits_MV, tokens_M, temperature: float):
-    check_kernel_device(logits_MV, "logits")
-    m, vocab = logits_MV.shape
-    logits_MV = logits_MV if logits_MV.stride(1) == 1 else logits_MV.contiguous()
-    lp = torch.empty(m, dtype=torch.float32, device=logits_MV.device)
-    ent = torch.empty_like(lp)
-    block_v = cfgs.logprobs_block_v(arch_of(logits_MV.device))
-    _logprobs_kernel[(m,)](
-        logits_MV, tokens_M.contiguous(), lp, ent, vocab, logits_MV.stride(0),
-        float(temperature), BLOCK_V=block_v, num_warps=8 if block_v >= 2048 else 1,
-    )  # fmt: skip
-    return lp, ent
-
-
-# ------------------------------------------------------------------------------------- routing
-@triton.jit
-def _routing_kernel(x_ptr, w_ptr, i_ptr, E, sx, TOP_K: tl.constexpr, K_P2: tl.constexpr,
-                    NORM: tl.constexpr, BLOCK_E: tl.constexpr, LEVELS: tl.constexpr):  # fmt: skip
-    """One row per program: softmax in FP32 (the row sum by an explicit pairwise tree of halves,
-    the tree of `fixed_order.tree_sum`), top-k by repeated max (ties: the lower expert, as
-    a stable descending sort), renormalized by the sum of the k values in order."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_E)
-    live = cols < E
-    z = tl.load(x_ptr + row * sx + cols, mask=live, other=float("-inf")).to(tl.float32)
-    e = tl.where(live, tl.exp(z - tl.max(z, axis=0)), 0.0)
-    s = e
-    for lvl in tl.static_range(LEVELS):  # [2, half] rows = first / second half: s[:h] + s[h:]
-        s = tl.sum(tl.reshape(s, (2, BLOCK_E >> (lvl + 1))), axis=0)
-    total = tl.sum(s, axis=0)  # one element left
-    p = tl.math.div_rn(e, tl.full((BLOCK_E,), 1.0, tl.float32) * total)
-    q = tl.where(live, p, -1.0)
-    kcols = tl.arange(0, K_P2)
-    vals = tl.zeros((K_P2,), dtype=tl.float32)
-    idxs = tl.zeros((K_P2,), dtype=tl.int64)
-    acc = 0.0
-    for j in tl.static_range(TOP_K):
-        v = tl.max(q, axis=0)
-        pick = tl.min(tl.where(q == v, cols, BLOCK_E), axis=0)
-        vals = tl.where(kcols == j, v, vals)
-        idxs = tl.where(kcols == j, pick.to(tl.int64), idxs)
-        acc = acc + v  # 0.0 + v == v: the sum starts at the first value, as on the CPU
-        q = tl.where(cols == pick, -2.0, q)
-    if NORM:
-        vals = tl.math.div_rn(vals, tl.full((K_P2,), 1.0, tl.float32) * acc)
-    kmask = kcols < TOP_K
-    tl.store(w_ptr + row * TOP_K + kcols, vals, mask=kmask)
-    tl.store(i_ptr + row * TOP_K + kcols, idxs, mask=kmask)
-
-
-def routing(logits_ME, top_k: int, norm_topk_prob: bool):
-    """Qwen3-MoE routing in ONE launch (the torch construction of `reference.routing` was
-    ~50 launches, about 1 ms of host time per call on the H200). Same definition, GPU exp:
-    softmax(float32 logits), stable top-k, optional renormalization. -> (weights FP32 [M, k],
-    experts int64 [M, k])."""
-    check_kernel_device(logits_ME, "logits")
-    m, num_experts = logits_ME.shape
-    if not 0 < top_k <= num_experts:
-        raise ValueError(f"top_k must be in 1..{num_experts} (experts), got {top_k}")
-    if num_experts > 4096:
-        raise ValueError(f"routing kernel supports up to 4096 experts, got {num_experts}")
-    x = logits_ME if logits_ME.stride(1) == 1 else logits_ME.contiguous()
-    w = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
-    idx = torch.empty((m, top_k), dtype=torch.int64, device=x.device)
-    block_e = max(triton.next_power_of_2(num_experts), 2)
-    if m:
-        _routing_kernel[(m,)](
-            x, w, idx, num_experts, x.stride(0), TOP_K=top_k,
-            K_P2=max(triton.next_power_of_2(top_k), 2), NORM=bool(norm_topk_prob),
-            BLOCK_E=block_e, LEVELS=block_e.bit_length() - 1, num_warps=1 if block_e <= 256 else 4,
-        )  # fmt: skip
-    return w, idx

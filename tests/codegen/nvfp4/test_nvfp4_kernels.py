@@ -292,10 +292,10 @@ def test_dense_wgrad_quantizes_the_transposes_in_place(grad, tokens, flat32, mon
     copies (`quantize_triton(pad_tokens(t.t().contiguous()))`) and the same GEMM; the operands
     themselves equal too; int and device-held seeds; given dY's amax or not; the segmented
     kernel's stochastic-rounding index in int32 (FLAT32, small tensors) and in int64."""
-    from fp4_compile.codegen.nvfp4 import quantize_kernel
+    from fp4_compile.codegen.nvfp4 import codes_kernel
 
     if not flat32:
-        monkeypatch.setattr(quantize_kernel, "FLAT32_LIMIT", 0)
+        monkeypatch.setattr(codes_kernel, "FLAT32_LIMIT", 0)
     from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
     from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
     from fp4_compile.recipe import QuantSpec
@@ -356,7 +356,7 @@ def test_invariant_grouped_kernel_equals_per_expert_linear():
     """Bitwise: the one-launch BF16 grouped GEMM (the bf16 recipe's MoE experts on CUDA) == a
     loop of the invariant linear kernel per expert, empty experts included; and its rows do not
     depend on the other rows (one expert's rows alone give the same bits)."""
-    from fp4_compile.codegen.invariant import forward_kernels as ik
+    from fp4_compile.codegen.invariant import linear_kernel as ik
     from fp4_compile.codegen.moe.grouped_mm import grouped_kernel
 
     w = _x(4, 48, 64, dtype=torch.float32, seed=41).to(torch.bfloat16)

@@ -110,7 +110,7 @@ def test_forward_kernel_equals_the_multiply(dtype, wdtype):
 )
 @pytest.mark.parametrize("variant", ["plain", "row-mask", "grad-rows"])
 def test_backward_blocks_per_step_keep_the_bits(monkeypatch, most, rows, h, variant):
-    """Several 64-column blocks per loop step (`configs.ROW_SCALE_BACKWARD_LAUNCH[2]`, more bytes in flight) give
+    """Several 64-column blocks per loop step (`configs.LAUNCH`'s most_blocks, more bytes in flight) give
     the one-block kernel's bits, grad_x and grad_w: the block sums are still added one by one
     in block order (all -0.0 rows keep their sign). H = 384 with 8 per step takes 2 (the
     widest width dividing H), H = 200 takes 1."""
@@ -133,9 +133,10 @@ def test_backward_blocks_per_step_keep_the_bits(monkeypatch, most, rows, h, vari
         kw = {"grad_rows": torch.randperm(rows, generator=g), "row_div": 1}
     args = [a.to(dev) if isinstance(a, torch.Tensor) else a for a in args]
     kw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
-    monkeypatch.setattr(configs, "ROW_SCALE_BACKWARD_LAUNCH", (16, 4, 1))
+    key = (rk.arch_of(torch.device(dev)), "row_scale_backward")
+    monkeypatch.setitem(configs.LAUNCH, key, {"block_r": 16, "num_warps": 4, "most_blocks": 1})
     want = rk.row_scale_backward_triton(*args, **kw)
-    monkeypatch.setattr(configs, "ROW_SCALE_BACKWARD_LAUNCH", (16, 4, most))
+    monkeypatch.setitem(configs.LAUNCH, key, {"block_r": 16, "num_warps": 4, "most_blocks": most})
     got = rk.row_scale_backward_triton(*args, **kw)
     assert_bitwise_equal(got[0], want[0], "grad x")
     assert_bitwise_equal(got[1], want[1], "grad w")

@@ -64,13 +64,13 @@ def test_rms_norm_backward_kernel_matches_exact_math(dtype, hdim):
 
 def test_rms_norm_backward_kernel_rows_are_invariant_and_dweight_deterministic():
     from fp4_compile.codegen.invariant.rms_norm_backward_kernel import (
-        TILES_PER_PROGRAM,
         rms_norm_backward,
+        tiles_per_program,
         tiling,
     )
 
     tile = tiling(96)[1]
-    per_program = tile * TILES_PER_PROGRAM
+    per_program = tile * tiles_per_program()
     gy, h, w = _inputs(2 * per_program + 5, 96, torch.bfloat16, seed=3)
     dh, dw = rms_norm_backward(gy, h, w, 1e-6)
     # across tile and program boundaries
@@ -156,8 +156,10 @@ def test_partial_sum_within_fp32_error_of_float64_and_deterministic(monkeypatch)
     (P - 1) * eps32 * sum|terms| (eps32 = 2**-23 covers gamma_{P-1}), plus the final cast's half
     ulp of the stored value. Bitwise the same on a rerun, from a fresh copy, for a column
     alone, and with another column tiling (a speed setting, not part of the order)."""
+    from fp4_compile.codegen import configs
     from fp4_compile.codegen.invariant import partial_sum_kernel
     from fp4_compile.codegen.invariant.partial_sum_kernel import partial_sum
+    from fp4_compile.codegen.runtime import arch_of
 
     num_programs, hdim = 300, 200
     x = _partials(num_programs, hdim, seed=7)
@@ -173,7 +175,9 @@ def test_partial_sum_within_fp32_error_of_float64_and_deterministic(monkeypatch)
         narrow = partial_sum(x[:, :37].contiguous().to(DEV), dtype).cpu()
         assert_bitwise_equal(narrow, got[:37], "columns alone")
         with monkeypatch.context() as m:
-            m.setattr(partial_sum_kernel, "BLOCK_ELEMENTS", 4 * partial_sum_kernel.CHAINS)
+            key = (arch_of(torch.device(DEV)), "partial_sum")
+            tile = {**configs.pick_launch(*key), "tile_elements": 4 * partial_sum_kernel.CHAINS}
+            m.setitem(configs.LAUNCH, key, tile)
             assert_bitwise_equal(partial_sum(x.to(DEV), dtype).cpu(), got, "other tiling")
 
 

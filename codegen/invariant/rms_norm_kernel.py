@@ -1,0 +1,94 @@
+"""Triton kernel of `fp4_compile::invariant_rms_norm` / `invariant_add_rms_norm`'s forward, and
+its launcher; `rms_norm_row` is also the first step of `nvfp4/rms_norm_quantize_kernel.py`.
+
+Shape legend: R rows, H hidden.
+
+Invariance: one row at a time (ROWS rows per program, one after the other), the row's sum of
+squares one `tl.sum` whose order depends on BLOCK_H only, a function of H (`rms_norm_launch`).
+Interpreter: the kernel hands its FP32 result to torch for the final roundings (fp32 -> bf16
+casts truncate there).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..configs import pick_launch
+from ..runtime import check_kernel_device, interpreting
+
+
+@triton.jit
+def rms_norm_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES: tl.constexpr,
+                 HAS_W: tl.constexpr, FINISH: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+    cols = tl.arange(0, BLOCK_H)
+    live = (cols < H) & ((cols * 0 + row) < R)  # (row < R as a vector: the interpreter's masks)
+    h = tl.load(x_ptr + row * H + cols, mask=live, other=0.0)
+    if HAS_RES:  # sum in x's dtype, as the model adds it
+        h = (
+            h.to(tl.float32) + tl.load(r_ptr + row * H + cols, mask=live, other=0.0).to(tl.float32)
+        ).to(h.dtype)
+        tl.store(h_ptr + row * H + cols, h, mask=live)
+    h32 = h.to(tl.float32)
+    var = tl.sum(h32 * h32, axis=0) / H  # one row at a time: the order never follows M
+    y = h32 * (1.0 / tl.sqrt_rn(var + eps))
+    if FINISH:
+        y = y.to(y_ptr.dtype.element_ty)
+        if HAS_W:
+            w = tl.load(w_ptr + cols, mask=live, other=0.0)
+            y = (y.to(tl.float32) * w.to(tl.float32)).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + row * H + cols, y, mask=live)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, eps, HAS_RES: tl.constexpr,
+                     HAS_W: tl.constexpr, FINISH: tl.constexpr, BLOCK_H: tl.constexpr,
+                     ROWS: tl.constexpr = 1):  # fmt: skip
+    # ROWS rows per program, one after the other with the one-row code (the same reduction,
+    # instruction for instruction; short rows such as the q / k norms' 128 columns otherwise
+    # make one tiny program per row: [131072, 128] took 80 us on the H200)
+    for r in tl.static_range(ROWS):
+        row = tl.program_id(0).to(tl.int64) * ROWS + r
+        rms_norm_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES, HAS_W,
+                     FINISH, BLOCK_H)  # fmt: skip
+
+
+def rms_norm_rows_per_program(block: int) -> int:
+    """Rows per RMSNorm program: 1 for rows of >= 2048 columns, more for short rows (up to 16,
+    so that a program holds ~2048 elements: `configs.LAUNCH`'s "rms_norm" row)."""
+    lc = pick_launch("any", "rms_norm")
+    return max(1, min(lc["max_rows"], lc["row_elements"] // block))
+
+
+def rms_norm_launch(hdim: int) -> tuple[int, int, int]:
+    """(BLOCK_H, rows per program, warps) of the RMSNorm kernels for rows of `hdim` columns:
+    one value per row length, so every kernel that runs `rms_norm_row` with it (the norm, and
+    the norm fused with its GEMM operand's quantize) reduces a row in the same order."""
+    lc = pick_launch("any", "rms_norm")
+    block = triton.next_power_of_2(hdim)
+    warps = min(max(block // lc["columns_per_warp"], 1), lc["max_warps"])
+    return block, rms_norm_rows_per_program(block), warps
+
+
+def rms_norm(x, weight, residual, eps: float):
+    check_kernel_device(x, "x")
+    hdim = x.shape[-1]
+    x2 = x.reshape(-1, hdim).contiguous()
+    interp = interpreting()
+    if interp and residual is not None:  # the kernel's bf16 store would truncate here
+        x2, residual = (x2 + residual.reshape(-1, hdim)).contiguous(), None
+    h = torch.empty_like(x2) if residual is not None else x2
+    r2 = residual.reshape(-1, hdim).contiguous() if residual is not None else x2
+    y = torch.empty(x2.shape, dtype=torch.float32 if interp else x.dtype, device=x.device)
+    block, rows, warps = rms_norm_launch(hdim)
+    _rms_norm_kernel[(triton.cdiv(x2.shape[0], rows),)](
+        x2, r2, weight if weight is not None else x2, y, h, x2.shape[0], hdim, eps,
+        HAS_RES=residual is not None, HAS_W=weight is not None, FINISH=not interp, BLOCK_H=block,
+        ROWS=rows, num_warps=warps,
+    )  # fmt: skip
+    if interp:
+        y = y.to(x.dtype)
+        if weight is not None:
+            y = weight * y
+    return y.reshape(x.shape), h.reshape(x.shape)

@@ -1,0 +1,81 @@
+"""CPU references of the MoE glue ops (plain PyTorch, no Triton): each op's CPU implementation
+and the bits its CUDA kernel must reproduce.
+
+Shape legend: S = T * k slots (the experts' rows sorted by expert), H hidden, T tokens,
+k experts per token, E experts, K in-features, N out-features.
+
+- `moe_combine_reference`: row_scale, gather_rows and ordered_sum composed, in that order: each
+  slot's product x[p] * w[p] rounded to promote(x, w), then summed over a token's k slots in
+  slot order from slot 0's value, every partial sum rounded to that dtype.
+- `slot_grad_sums_reference`: the gradient of row_scale's output, `gather_rows`' backward
+  (a position-ordered FP32 sum) of the expanded token gradient.
+- `row_scale_backward_reference`: grad_x = grad * w rounded to x's dtype; grad_w = the FP32
+  products grad * x summed over H by `fixed_order.block_sum` in blocks of `ROW_SCALE_BLOCK`
+  (a fixed tree order, whatever the batch), rounded to w's dtype.
+- `grouped_mm_reference`: per expert, `invariant_linear` of its rows (so every row's bits are
+  its own and its expert weight's).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..invariant import fixed_order as im
+from ..invariant.ordered_sum import ordered_sum_torch
+from ..invariant.reference import gather_rows_backward_reference
+
+ROW_SCALE_BLOCK = 64  # columns per block of row_scale's grad_w sum (part of its bits)
+
+
+def rows_zeroed(x, row_mask):
+    """x with the rows where `row_mask` (bool [S] / [S, 1]) is true set to zero (or x itself)."""
+    return x if row_mask is None else x.masked_fill(row_mask.reshape(-1, 1), 0.0)
+
+
+def moe_combine_reference(x, w, idx, k, row_mask=None):
+    """The forward as the composition of the four ops' CPU implementations (on
+    `x.masked_fill(row_mask, 0)` where a row mask is given)."""
+    x = rows_zeroed(x, row_mask)
+    y = (x * w)[idx]  # row_scale, then gather_rows (x[idx]: negatives wrap)
+    return ordered_sum_torch(y.reshape(x.shape[0] // k, k, x.shape[1]), 1, False)
+
+
+def slot_grad_sums_reference(grad: torch.Tensor, idx: torch.Tensor, k: int) -> torch.Tensor:
+    """The gradient of row_scale's output: `gather_rows` backward of the expanded grad."""
+    t, h = grad.shape
+    expanded = grad.unsqueeze(1).expand(t, k, h).reshape(t * k, h)
+    return gather_rows_backward_reference(expanded, idx, t * k)
+
+
+def row_scale_backward_reference(grad, x, w, row_mask=None):
+    """The backward's math as torch ops (the CPU implementation; the kernel's reference). With
+    `row_mask` (bool, x.shape[:-1] or [.., 1]): the backward of row_scale(x.masked_fill(m, 0),
+    w) through the masked_fill (masked rows: x read as zeros, grad_x +0.0)."""
+    col = None if row_mask is None else row_mask.reshape(*x.shape[:-1], 1)
+    if col is not None:
+        x = x.masked_fill(col, 0.0)
+    grad_x = (grad * w).to(x.dtype)
+    if col is not None:
+        grad_x = grad_x.masked_fill(col, 0.0)
+    prod = grad.to(torch.float32) * x.to(torch.float32)
+    grad_w = im.block_sum(prod, ROW_SCALE_BLOCK)[..., None].to(w.dtype)
+    return grad_x, grad_w
+
+
+def expert_groups(offsets: torch.Tensor):
+    """(expert, first row, end row) of each expert's rows, from int32 group-end offsets."""
+    start = 0
+    for e, end in enumerate(offsets.tolist()):
+        yield e, start, end
+        start = end
+
+
+def grouped_mm_reference(x_TK, w_ENK, offsets, out_dtype):
+    """The BF16 experts' GEMM: each expert's rows through `invariant_linear` (its reference)."""
+    out = x_TK.new_zeros((x_TK.shape[0], w_ENK.shape[1]), dtype=out_dtype)
+    for e, start, end in expert_groups(offsets):
+        if end > start:
+            out[start:end] = torch.ops.fp4_compile.invariant_linear(
+                x_TK[start:end], w_ENK[e], None, out_dtype
+            )
+    return out
