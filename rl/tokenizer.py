@@ -55,13 +55,29 @@ class Tokenizer(Protocol):
     def to_dict(self) -> dict: ...
 
 
-def make_tokenizer(model: str = "", task: Task | None = None) -> Tokenizer:
+def make_tokenizer(
+    model: str = "", task: Task | None = None, *, system_prompt: str | None = None
+) -> Tokenizer:
     """The run's tokenizer: the built-in `CharTokenizer` (extended by `task.alphabet`), or for
-    `model=DIR` that checkpoint's own (`HFTokenizer`)."""
+    `model=DIR` that checkpoint's own (`HFTokenizer`), whose chat template renders the system
+    turn `system_prompt` (None: `task.system_prompt`; "": none) before every prompt. A system
+    prompt needs a chat template: text given for a tokenizer without one is a ValueError."""
+    if system_prompt is not None and not isinstance(system_prompt, str):
+        raise TypeError(f"system_prompt must be a str or None, got {system_prompt!r}")
     if model:
         from .hf_tokenizer import HFTokenizer
 
-        return HFTokenizer(model)
+        tok = HFTokenizer(model)
+        if system_prompt is None:
+            system_prompt = task.system_prompt if task is not None and tok.chat_template else ""
+        tok.set_system_prompt(system_prompt)
+        return tok
+    if system_prompt:
+        raise ValueError(
+            f"system_prompt={system_prompt!r} needs a chat template; the built-in character "
+            "tokenizer (model='') has none: its prompts are the question alone (set "
+            "system_prompt='' or leave it unset, or train a model=DIR checkpoint)"
+        )
     return CharTokenizer(extra_characters=task.alphabet if task is not None else "")
 
 
