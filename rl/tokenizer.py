@@ -35,6 +35,8 @@ class Tokenizer(Protocol):
 
     pad_id: int
     eos_id: int
+    system_prompt: str
+    """The system turn every prompt starts with ("" = none; only a chat template renders one)."""
 
     @property
     def vocab_size(self) -> int:
@@ -97,6 +99,7 @@ class CharTokenizer:
         self.tokens: tuple[str, ...] = SPECIAL_TOKENS + tuple(self.characters)
         self._to_id = {t: i for i, t in enumerate(self.tokens)}
         self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
+        self.system_prompt = ""  # no chat template: a prompt is the question alone
 
     @property
     def vocab_size(self) -> int:
