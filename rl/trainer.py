@@ -31,7 +31,7 @@ from ..rollout import RolloutEngine, token_logprobs
 from ..sr_stream import set_sr_state, sr_state
 from ..vllm_plugin.engine import VLLMRolloutEngine
 from . import distributed as ddp
-from .batching import learner_width, pack_batch
+from .batching import learner_width, pack_batch, width_buckets
 from .checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -103,6 +103,7 @@ class GRPOTrainer:
         else:
             self.model = build_model(cfg, self.tok.padded_vocab_size(16))
         self.step = 0
+        self.learner_widths: set[int] = set()  # the learner widths met so far (one compile each)
         self.warm_start: dict = {}
         state = None
         if resume_from is not None:
@@ -253,6 +254,13 @@ class GRPOTrainer:
         for the gathered diagnostics)."""
         longest = max(len(p) + len(gen) for p, gen in zip(prompts, out.tokens))
         width = learner_width(ddp.all_reduce_max(longest), self.width)
+        if width not in self.learner_widths:
+            if self.learner_widths and self.cfg.compile:
+                self.log(
+                    f"learner: first batch of width {width} (of at most "
+                    f"{len(width_buckets(self.width))} widths, rl/batching.py): compiling it once"
+                )
+            self.learner_widths.add(width)
         ids, mask, rollout_logp = pack_batch(
             prompts, out.tokens, out.logprobs, pad_id=self.tok.pad_id, width=width
         )
