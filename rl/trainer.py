@@ -104,6 +104,7 @@ class GRPOTrainer:
             self.model = build_model(cfg, self.tok.padded_vocab_size(16))
         self.step = 0
         self.learner_widths: set[int] = set()  # the learner widths met so far (one compile each)
+        self.last_rollout: dict = {}  # the last step's problems, prompts, output, completions, rewards
         self.warm_start: dict = {}
         state = None
         if resume_from is not None:
