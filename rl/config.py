@@ -88,8 +88,9 @@ class TrainConfig:
     max_new_tokens: int = 0
     """The response budget: tokens the rollout may generate per sequence, each sequence stopping
     at its own EOS. 0 = the task's longest answer with its EOS (`token_budget`), room for a model
-    that answers at once; a model that reasons first needs more. TRL: max_completion_length;
-    verl: data.max_response_length."""
+    that answers at once; a model that reasons first needs more. The learner's batch is only as
+    wide as its longest real sequence (rl/batching.py), so an unused budget costs no learner
+    work. TRL: max_completion_length; verl: data.max_response_length (docs/settings.md)."""
 
     # ---- GRPO ----------------------------------------------------------------------------
     steps: int = 40
