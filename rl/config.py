@@ -67,6 +67,14 @@ class TrainConfig:
     task: str = "addition"
     """"addition", "sort", "mix" (built in, rl/tasks.py) or a reasoning-gym family "rg:<name>"
     (rl/rg_tasks.py; needs the extra `minite[tasks]`)."""
+    system_prompt: str | None = None
+    """The system turn before every prompt, where prompts go through a chat template (a
+    `model=DIR` checkpoint whose tokenizer has one): the chat is [system, user], rendered with
+    `add_generation_prompt=True`. None = the task's own: the reasoning-gym families ask the model
+    to think, then answer inside <answer></answer> (rl/rg_tasks.py SYSTEM_PROMPT); the built-in
+    tasks have none. "" = no system turn. Without a chat template (the built-in character
+    tokenizer, or a checkpoint without one) prompts are the question alone: None and "" then
+    mean the same and any other text is refused."""
     num_digits: int = 2
     """Operand digits of the built-in tasks (the rg: families pin their own sizes)."""
     partial_credit: float = 0.0
@@ -80,8 +88,9 @@ class TrainConfig:
     max_new_tokens: int = 0
     """The response budget: tokens the rollout may generate per sequence, each sequence stopping
     at its own EOS. 0 = the task's longest answer with its EOS (`token_budget`), room for a model
-    that answers at once; a model that reasons first needs more. TRL: max_completion_length;
-    verl: data.max_response_length."""
+    that answers at once; a model that reasons first needs more. The learner's batch is only as
+    wide as its longest real sequence (rl/batching.py), so an unused budget costs no learner
+    work. TRL: max_completion_length; verl: data.max_response_length (docs/settings.md)."""
 
     # ---- GRPO ----------------------------------------------------------------------------
     steps: int = 40

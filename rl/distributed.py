@@ -116,6 +116,19 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def all_reduce_max(value: int) -> int:
+    """The largest `value` over ranks (itself in a single process)."""
+    dist = _dist()
+    if not dist:
+        return value
+    import torch
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def _global_order(per_rank: list, num_groups: int, group: int) -> list[int]:
     """Indices into the concatenation of every rank's local rows that put them back in the
     single-process order (rank r holds groups r, r + world, ..., `group` rows each)."""

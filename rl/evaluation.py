@@ -13,7 +13,8 @@ The evaluation leaves the run's state as it found it: the global RNG streams and
 stochastic-rounding counters are saved and restored around it, so a run's training records are
 the same bits with evaluation on or off.
 
-    eval/accuracy  share of held-out problems whose greedy answer is exactly right
+    eval/accuracy  share of held-out problems whose greedy answer (`task.extract_answer` of the
+                   completion) is exactly the reference answer
     eval/reward    mean task reward of those answers (partial credit included)
 """
 
@@ -59,7 +60,7 @@ def evaluate(
     finally:
         set_rng_state(saved_rng)
         set_sr_state(saved_sr)
-    exact = [float(c == p.answer) for p, c in zip(problems, completions)]
+    exact = [float(task.extract_answer(c) == p.answer) for p, c in zip(problems, completions)]
     rewards = [task.reward(p, c) for p, c in zip(problems, completions)]
     return {
         "eval/accuracy": sum(exact) / len(exact),

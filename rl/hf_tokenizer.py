@@ -7,8 +7,9 @@ checkpoint's own tokenizer, for `minite train PRESET model=DIR`.
     tok.decode(ids)                # text up to the first EOS, special tokens dropped
 
 Prompts go through the tokenizer's chat template when it has one
-(`apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)`),
-else through the tokenizer itself (its special tokens, e.g. BOS, included). EOS is the
+(`apply_chat_template([{"role": "system", "content": system_prompt}, {"role": "user", "content":
+prompt}], add_generation_prompt=True)`, the system turn left out when `system_prompt` is ""),
+else through the tokenizer itself (its special tokens, e.g. BOS, included; no system turn). EOS is the
 tokenizer's `eos_token_id`; a tokenizer without one is refused (a rollout could never end).
 Padding uses `pad_token_id`, or EOS when there is none (padded positions are masked out).
 """
@@ -41,6 +42,18 @@ class HFTokenizer:
         pad = self.hf.pad_token_id
         self.pad_id = self.eos_id if pad is None else int(pad)
         self.chat_template = bool(getattr(self.hf, "chat_template", None))
+        self.system_prompt = ""
+
+    def set_system_prompt(self, text: str) -> None:
+        """The system turn rendered before every prompt ("" = none); needs a chat template."""
+        if not isinstance(text, str):
+            raise TypeError(f"system_prompt must be a str, got {text!r}")
+        if text and not self.chat_template:
+            raise ValueError(
+                f"system_prompt={text!r} needs a chat template; the tokenizer of model="
+                f"{self.path!r} has none (set system_prompt='' or add a chat_template)"
+            )
+        self.system_prompt = text
 
     @property
     def vocab_size(self) -> int:
@@ -49,6 +62,8 @@ class HFTokenizer:
     def encode_prompt(self, prompt: str) -> list[int]:
         if self.chat_template:
             messages = [{"role": "user", "content": prompt}]
+            if self.system_prompt:
+                messages.insert(0, {"role": "system", "content": self.system_prompt})
             ids = self.hf.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True, return_dict=False
             )
@@ -103,6 +118,8 @@ class HFTokenizer:
             "special": {k: str(v) for k, v in sorted(self.hf.special_tokens_map.items())},
             "chat_template": getattr(self.hf, "chat_template", None),
         }
+        if self.system_prompt:  # what every prompt starts with (absent: none, as before)
+            content["system_prompt"] = self.system_prompt
         blob = json.dumps(content, sort_keys=True, default=str).encode()
         return {
             "kind": "hf",

@@ -22,6 +22,15 @@ Families and their verifiers:
 - `rg:count_bits`: "How many 1 bits are there in the binary representation of the number 200?"
   -> "3" (numbers 1-999). Verified with math-verify, as chain_sum.
 
+Answer extraction (`extract_answer`), so a model that reasons before answering is scored on its
+answer, not on its reasoning: the verifier sees the content of the completion's LAST
+`<answer>...</answer>` block (reasoning-gym's own `extract_answer`, stripped); without such a
+block, the completion's last non-empty line, stripped (a model that answers at once: the whole
+completion). What the verifier then demands is unchanged: for math-verify, the extracted text
+alone must be the number ("<answer>38</answer>" and "...\n38" count; "<answer>38 apples</answer>"
+does not). The default system prompt of these families (`SYSTEM_PROMPT`, used where prompts go
+through a chat template: `TrainConfig.system_prompt`) asks for exactly that format.
+
 Splits: as for every task (rl/task_base.py `split_of`), a problem whose question text hashes
 into bucket 0 of `EVAL_BUCKETS` (sha256) is reserved for the held-out set (`split="eval"`);
 training and warm-start problems (`split="train"`) skip it, so no held-out problem is ever
@@ -47,6 +56,12 @@ from .task_base import (
     positional_accuracy,
     split_of,
 )
+
+SYSTEM_PROMPT = (
+    "Think step by step. Then give only the final answer inside <answer></answer>, "
+    "e.g. <answer>42</answer>."
+)
+"""The reasoning-gym families' system prompt (prompts rendered through a chat template)."""
 
 EXTRA = "pip install 'minite[tasks]'  (reasoning-gym>=0.1.25, math-verify>=0.9)"
 
@@ -115,6 +130,18 @@ RG_FAMILIES = {
 }
 
 
+def extract_answer(completion: str) -> str:
+    """The answer part of a completion: the last `<answer>...</answer>` block's content, else
+    the last non-empty line; stripped either way ("" for an empty completion)."""
+    from reasoning_gym.utils import extract_answer as tagged
+
+    inside = tagged(completion)
+    if inside is not None:
+        return inside
+    lines = [line.strip() for line in completion.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 def _import(module: str):
     import importlib
 
@@ -125,8 +152,11 @@ def _import(module: str):
 
 
 class ReasoningGymTask(Task):
-    """A reasoning-gym family (`RG_FAMILIES`) as a `Task`. reward: the verifier's score (1.0 for
-    the exact answer), raised to `partial_credit` x positional accuracy when that is higher."""
+    """A reasoning-gym family (`RG_FAMILIES`) as a `Task`. reward: the verifier's score of the
+    extracted answer (`extract_answer`; 1.0 for the exact answer), raised to `partial_credit` x
+    positional accuracy of the extracted answer when that is higher."""
+
+    system_prompt = SYSTEM_PROMPT
 
     def __init__(self, name: str, *, partial_credit: float = 0.0) -> None:
         if name not in RG_FAMILIES:
@@ -177,25 +207,30 @@ class ReasoningGymTask(Task):
     def sample(self, rng):
         raise TypeError(f"{self.name} draws through problems(num, seed=...), not sample()")
 
+    def extract_answer(self, completion: str) -> str:
+        return extract_answer(completion)
+
     def verify(self, problem: Problem, completion: str) -> float:
-        """The family's verifier alone (no partial credit): 1.0 means right."""
-        if completion == problem.answer:
+        """The family's verifier of the extracted answer (no partial credit): 1.0 means right."""
+        answer = extract_answer(completion)
+        if answer == problem.answer:
             return 1.0
         if self.family.verifier == "math-verify":
             mv = self._math_verify
-            parsed = mv.parse(completion)
-            # parse() extracts a number from any text; the completion must be that number alone
-            if not parsed or str(parsed[-1]).strip() != completion.strip():
+            parsed = mv.parse(answer)
+            # parse() extracts a number from any text; the answer must be that number alone
+            if not parsed or str(parsed[-1]).strip() != answer:
                 return 0.0
             return float(mv.verify(mv.parse(problem.answer), parsed))
         entry = {"question": problem.prompt, "answer": problem.answer}
-        return float(self._dataset.score_answer(completion, entry))
+        return float(self._dataset.score_answer(answer, entry))
 
     def reward(self, problem: Problem, completion: str) -> float:
         score = self.verify(problem, completion)
         if score >= 1.0:
             return 1.0
-        return max(score, self.partial_credit * positional_accuracy(completion, problem.answer))
+        answer = extract_answer(completion)
+        return max(score, self.partial_credit * positional_accuracy(answer, problem.answer))
 
     @property
     def max_prompt_chars(self) -> int:

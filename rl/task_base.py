@@ -65,8 +65,18 @@ class Task:
         self.num_digits = num_digits
         self.partial_credit = float(partial_credit)
 
+    system_prompt = ""
+    """The system turn a chat template renders before this task's prompts by default
+    (`TrainConfig.system_prompt=None`); "" = none. The built-in tasks have none: their compact
+    prompts ("s:3142>") are answered at once."""
+
     def sample(self, rng: random.Random) -> Problem:
         raise NotImplementedError
+
+    def extract_answer(self, completion: str) -> str:
+        """The part of a completion the verifier scores: the built-in tasks score the whole
+        completion (the reasoning-gym families extract it, rl/rg_tasks.py)."""
+        return completion
 
     def reward(self, problem: Problem, completion: str) -> float:
         if completion == problem.answer:

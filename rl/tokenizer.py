@@ -35,6 +35,8 @@ class Tokenizer(Protocol):
 
     pad_id: int
     eos_id: int
+    system_prompt: str
+    """The system turn every prompt starts with ("" = none; only a chat template renders one)."""
 
     @property
     def vocab_size(self) -> int:
@@ -55,13 +57,29 @@ class Tokenizer(Protocol):
     def to_dict(self) -> dict: ...
 
 
-def make_tokenizer(model: str = "", task: Task | None = None) -> Tokenizer:
+def make_tokenizer(
+    model: str = "", task: Task | None = None, *, system_prompt: str | None = None
+) -> Tokenizer:
     """The run's tokenizer: the built-in `CharTokenizer` (extended by `task.alphabet`), or for
-    `model=DIR` that checkpoint's own (`HFTokenizer`)."""
+    `model=DIR` that checkpoint's own (`HFTokenizer`), whose chat template renders the system
+    turn `system_prompt` (None: `task.system_prompt`; "": none) before every prompt. A system
+    prompt needs a chat template: text given for a tokenizer without one is a ValueError."""
+    if system_prompt is not None and not isinstance(system_prompt, str):
+        raise TypeError(f"system_prompt must be a str or None, got {system_prompt!r}")
     if model:
         from .hf_tokenizer import HFTokenizer
 
-        return HFTokenizer(model)
+        tok = HFTokenizer(model)
+        if system_prompt is None:
+            system_prompt = task.system_prompt if task is not None and tok.chat_template else ""
+        tok.set_system_prompt(system_prompt)
+        return tok
+    if system_prompt:
+        raise ValueError(
+            f"system_prompt={system_prompt!r} needs a chat template; the built-in character "
+            "tokenizer (model='') has none: its prompts are the question alone (set "
+            "system_prompt='' or leave it unset, or train a model=DIR checkpoint)"
+        )
     return CharTokenizer(extra_characters=task.alphabet if task is not None else "")
 
 
@@ -81,6 +99,7 @@ class CharTokenizer:
         self.tokens: tuple[str, ...] = SPECIAL_TOKENS + tuple(self.characters)
         self._to_id = {t: i for i, t in enumerate(self.tokens)}
         self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
+        self.system_prompt = ""  # no chat template: a prompt is the question alone
 
     @property
     def vocab_size(self) -> int:

@@ -2,10 +2,12 @@
 advantages, the learner (the model compiled with backend="minite") recomputing the sequence
 log-probs, the clipped loss, AdamW on FP32 master weights, then `engine.update_weights`.
 
-Shape legend: P prompts per step, G samples per prompt, N = P*G sequences, W the fixed sequence
-width (longest prompt + max new tokens, both in tokens from `tok.token_budget(task)`; every batch
-is padded to it, so the compiled learner sees ONE shape and compiles once), T = W - 1 target
-positions.
+Shape legend: P prompts per step, G samples per prompt, N = P*G sequences, W the full sequence
+width (longest prompt + the response budget `max_new_tokens`, the prompt part from
+`tok.token_budget(task)`: the most a sequence can hold, the engine's cache length), W' the
+learner's width for this batch (rl/batching.py: the longest real sequence, each ending at its own
+EOS, rounded up to one of at most 8 fixed width buckets, so the learner compiles at most 8
+times and does no work on the padding past the longest sequence), T' = W' - 1 target positions.
 
 The model is a random-init Qwen3 / Qwen3-MoE with the character tokenizer, or (`model=DIR`) a
 local transformers checkpoint with its own tokenizer and chat template (rl/hf_tokenizer.py).
@@ -24,10 +26,12 @@ from pathlib import Path
 
 import torch
 
+from ..dynamo_guard import no_silent_eager_fallback
 from ..rollout import RolloutEngine, token_logprobs
 from ..sr_stream import set_sr_state, sr_state
 from ..vllm_plugin.engine import VLLMRolloutEngine
 from . import distributed as ddp
+from .batching import learner_width, pack_batch, width_buckets
 from .checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -66,7 +70,7 @@ class GRPOTrainer:
         self.task = make_task(
             cfg.task, num_digits=cfg.num_digits, partial_credit=cfg.partial_credit
         )
-        self.tok = make_tokenizer(cfg.model, self.task)
+        self.tok = make_tokenizer(cfg.model, self.task, system_prompt=cfg.system_prompt)
         self.rank, self.world = ddp.rank_world()
         if cfg.prompts_per_step % self.world:
             raise ValueError(
@@ -91,13 +95,16 @@ class GRPOTrainer:
                 f"model: {cfg.model} ({type(self.model).__name__}, {num_params:,} parameters, "
                 f"FP32 master weights); the preset's architecture fields are ignored. Tokenizer: "
                 f"{type(self.tok.hf).__name__}, chat template "
-                f"{'used' if self.tok.chat_template else 'absent'}, EOS id {self.tok.eos_id}; "
+                f"{'used' if self.tok.chat_template else 'absent'}, system prompt "
+                f"{self.tok.system_prompt!r}, EOS id {self.tok.eos_id}; "
                 f"sequence width {self.width} ({self.max_prompt_tokens} prompt + "
                 f"{self.max_new_tokens} new tokens)"
             )
         else:
             self.model = build_model(cfg, self.tok.padded_vocab_size(16))
         self.step = 0
+        self.learner_widths: set[int] = set()  # the learner widths met so far (one compile each)
+        self.last_rollout: dict = {}  # the last step's problems, prompts, output, completions, rewards
         self.warm_start: dict = {}
         state = None
         if resume_from is not None:
@@ -242,23 +249,31 @@ class GRPOTrainer:
     def _pack(
         self, prompts: list[list[int]], out
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """-> ids [N, W] (prompt, generated tokens, pad), mask [N, T] of generated targets,
-        rollout log-probs [N, T] aligned with the targets."""
-        n, w = len(prompts), self.width
-        ids = torch.full((n, w), self.tok.pad_id, dtype=torch.long)
-        mask = torch.zeros((n, w - 1), dtype=torch.float32)
-        rollout_logp = torch.zeros((n, w - 1), dtype=torch.float32)
-        for i, (p, gen, lp) in enumerate(zip(prompts, out.tokens, out.logprobs)):
-            seq = p + gen
-            ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            mask[i, len(p) - 1 : len(seq) - 1] = 1.0
-            rollout_logp[i, len(p) - 1 : len(seq) - 1] = lp
+        """-> ids [N, W'] (prompt, generated tokens up to the sequence's EOS, pad), mask [N, T']
+        of generated targets, rollout log-probs [N, T'] aligned with the targets. W' is the
+        learner width of the longest real sequence (over every rank: their batches must agree
+        for the gathered diagnostics)."""
+        longest = max(len(p) + len(gen) for p, gen in zip(prompts, out.tokens))
+        width = learner_width(ddp.all_reduce_max(longest), self.width)
+        if width not in self.learner_widths:
+            if self.learner_widths and self.cfg.compile:
+                self.log(
+                    f"learner: first batch of width {width} (of at most "
+                    f"{len(width_buckets(self.width))} widths, rl/batching.py): compiling it once"
+                )
+            self.learner_widths.add(width)
+        ids, mask, rollout_logp = pack_batch(
+            prompts, out.tokens, out.logprobs, pad_id=self.tok.pad_id, width=width
+        )
         return ids.to(self.device), mask.to(self.device), rollout_logp.to(self.device)
 
     def _logprobs(self, model, ids_NW: torch.Tensor) -> torch.Tensor:
         """The learner's sequence log-probs: ONE forward over the whole padded batch, then the
-        shared log-prob op at every target position -> [N, T] FP32 (as `sequence_logprobs`)."""
-        logits = model(input_ids=ids_NW, use_cache=False).logits
+        shared log-prob op at every target position -> [N, T] FP32 (as `sequence_logprobs`).
+        A new learner width recompiles; hitting Dynamo's recompile limit is an error, never a
+        silent eager (non-NVFP4) forward."""
+        with no_silent_eager_fallback():
+            logits = model(input_ids=ids_NW, use_cache=False).logits
         return token_logprobs(logits[:, :-1], ids_NW[:, 1:], self.cfg.temperature)
 
     def train_step(self) -> dict:
@@ -288,8 +303,11 @@ class GRPOTrainer:
             eos_token_id=tok.eos_id,
         )  # fmt: skip
         t_rollout = time.perf_counter() - t_start
-        completions = [tok.decode(t) for t in out.tokens]
+        completions = [tok.decode(t) for t in out.tokens]  # each up to its own EOS
+        # the verifier scores the answer the task extracts from each completion
         rewards = [self.task.reward(problems[i // group], c) for i, c in enumerate(completions)]
+        self.last_rollout = {"problems": problems, "prompts": prompts, "output": out,
+                             "completions": completions, "rewards": rewards}  # fmt: skip
 
         t_learn = time.perf_counter()
         ids, mask, rollout_logp = self._pack(prompts, out)
@@ -340,20 +358,25 @@ class GRPOTrainer:
         t_end = time.perf_counter()
 
         # host-side results of every rank, back in the single-process order
-        local = [(len(t), len(p), r, c, f) for t, p, r, c, f in
+        local = [(len(t), len(p), r, c, f, self.task.extract_answer(c)) for t, p, r, c, f in
                  zip(out.tokens, prompts, rewards, completions, out.finish_reasons)]  # fmt: skip
         gathered = ddp.gather_group_objects(local, self.local_groups, group)
         gen_tokens = sum(g[0] for g in gathered)
         real_tokens = sum(g[1] for g in gathered) + gen_tokens
         rewards_all = [g[2] for g in gathered]
-        exact = [float(g[3] == all_problems[i // group].answer) for i, g in enumerate(gathered)]
+        # exact: the extracted answer is the reference string itself
+        exact = [float(g[5] == all_problems[i // group].answer) for i, g in enumerate(gathered)]
         record = {"step": step}
         record["reward/mean"] = sum(rewards_all) / len(rewards_all)
         record["reward/exact_frac"] = sum(exact) / len(exact)
         for name in sorted({p.task for p in all_problems}):
             idx = [i for i in range(self.num_seqs) if all_problems[i // group].task == name]
             record[f"reward/{name}"] = sum(rewards_all[i] for i in idx) / len(idx)
+        lengths = [g[0] for g in gathered]
         record["rollout/mean_new_tokens"] = gen_tokens / self.num_seqs
+        record["rollout/min_new_tokens"] = min(lengths)
+        record["rollout/max_new_tokens"] = max(lengths)
+        record["perf/learner_width"] = ids.shape[1]
         record["rollout/eos_frac"] = [g[4] for g in gathered].count("eos") / self.num_seqs
         record.update(zip(names, values))
         record["perf/rollout_s"] = t_rollout

@@ -16,8 +16,10 @@ two of its underscore methods (`_get_per_token_logps_and_entropies`,
   per-token log-probs (old, reference and the loss's), runs the model compiled with the `minite`
   backend and the user's recipe, on rows re-packed to start at position 0 (TRL left-pads prompts
   and passes no position ids; the engine puts every prompt at positions 0..p-1) and right-padded
-  to one fixed width (one compiled shape), then minite's log-prob op at TRL's temperature. So the
-  learner's log-probs equal the rollout's bit for bit under a strict recipe.
+  to the micro-batch's longest sequence rounded up to a width bucket (`fp4_compile.rl.batching`:
+  at most 8 widths, so at most 8 compiled shapes; no work past the longest sequence), then
+  minite's log-prob op at TRL's temperature. So the learner's log-probs equal the rollout's bit
+  for bit under a strict recipe.
 - metrics: after each generation the learner's log-probs of the generated tokens (no gradient,
   the weights that sampled them) are compared with the engine's and logged under TRL's names,
   `sampling/sampling_logp_difference/{mean,max}` and `sampling/importance_sampling_ratio/
@@ -31,7 +33,8 @@ transformers generation, a user `rollout_func`, tools and environments, PEFT, vi
 processors, several processes).
 
 Shape legend: B rows, P prompt columns (TRL's left-padded block), C completion columns
-(`logits_to_keep`), W the learner's fixed width, V vocabulary.
+(`logits_to_keep`), W the full width (max_prompt_length + max_completion_length), W' <= W a
+micro-batch's learner width, V vocabulary.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import torch
 from ..codegen import logprobs as shared_logprobs
 from ..dynamo_guard import no_silent_eager_fallback
 from ..recipe import NVFP4Recipe, as_recipe
+from ..rl.batching import learner_width
 from ..rl.config import derive_seed
 from ..rl.diagnostics import mismatch_metrics
 from ..rollout import RolloutEngine
@@ -161,8 +165,8 @@ class MiniteGRPOTrainer(GRPOTrainer):
 
     recipe: the NVFP4 recipe of learner AND engine (an `NVFP4Recipe`, its dict, a preset name).
     max_prompt_length: the longest tokenized prompt accepted; with `max_completion_length` it
-        sets the engine's KV-cache length and the learner's fixed width W (every learner batch
-        is right-padded to W tokens, so the compiled learner sees one shape).
+        sets the engine's KV-cache length and the learner's full width W (a learner micro-batch
+        is right-padded to the width bucket of its longest sequence, at most W).
     device: where the engine runs (default: the model's device).
 
     `model` must be an instantiated causal LM (its weights are copied into the engine and, for
@@ -305,8 +309,9 @@ class MiniteGRPOTrainer(GRPOTrainer):
     # ---- the learner ---------------------------------------------------------------------
     def _pack(self, input_ids_BL, attention_mask_BL, logits_to_keep: int):
         """TRL's rows (prompt left-padded in P columns, completion right-padded in C) -> rows
-        that start at position 0, right-padded to W; for each completion column, its target
-        index in the [B, W - 1] log-prob grid and whether it is a real token; [B, W] real."""
+        that start at position 0, right-padded to W' (the width bucket of the longest row); for
+        each completion column, its target index in the [B, W' - 1] log-prob grid and whether
+        it is a real token; [B, W'] real."""
         num_rows, width_in = input_ids_BL.shape
         prompt_cols = width_in - logits_to_keep
         mask = attention_mask_BL.bool()
@@ -325,7 +330,8 @@ class MiniteGRPOTrainer(GRPOTrainer):
                 f"a sequence of {int(n_B.max())} tokens exceeds the learner width "
                 f"{self.learner_width} (max_prompt_length + max_completion_length)"
             )
-        t = torch.arange(self.learner_width, device=mask.device)
+        width = learner_width(int(n_B.max()), self.learner_width)
+        t = torch.arange(width, device=mask.device)
         src = (prompt_cols - p_B[:, None] + t).clamp(max=width_in - 1)
         ids_BW = torch.where(
             t < n_B[:, None],
@@ -333,7 +339,7 @@ class MiniteGRPOTrainer(GRPOTrainer):
             torch.full_like(src, self.processing_class.pad_token_id),
         )
         j = torch.arange(logits_to_keep, device=mask.device)
-        target_BC = (p_B[:, None] - 1 + j).clamp(min=0, max=self.learner_width - 2)
+        target_BC = (p_B[:, None] - 1 + j).clamp(min=0, max=width - 2)
         real_BC = j < c_B[:, None]
         return ids_BW, target_BC, real_BC, t < n_B[:, None]
 

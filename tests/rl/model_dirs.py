@@ -19,13 +19,25 @@ TEMPLATE = (
 )
 
 
-def save_tokenizer(folder, *, chat_template=TEMPLATE):
+# renders a system turn too: "sys:TEXT\nq:QUESTION a:"
+SYSTEM_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}sys:{{ m['content'] }}\n"
+    "{% else %}q:{{ m['content'] }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %} a:{% endif %}"
+)
+PRINTABLE = "".join(chr(c) for c in range(32, 127)) + "\n"
+"""Every printable ASCII character and the newline: enough for reasoning-gym questions, system
+prompts and completions that reason before an <answer></answer>."""
+
+
+def save_tokenizer(folder, *, chat_template=TEMPLATE, characters=CHARACTERS):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", *CHARACTERS])}
+    vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", *characters])}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one per character
+    # one token per character (newlines included)
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tk.decoder = decoders.Fuse()
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>"
