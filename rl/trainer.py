@@ -51,10 +51,10 @@ from .tokenizer import make_tokenizer
 from .warm_start import load_or_warm_start
 
 
-def _compile(model, recipe):
+def _compile(model, recipe, *, quantize_weights: str = "every_call"):
     from ..compile_api import compile as minite_compile
 
-    return minite_compile(model, recipe=recipe, dynamic=False)
+    return minite_compile(model, recipe=recipe, dynamic=False, quantize_weights=quantize_weights)
 
 
 class GRPOTrainer:
@@ -178,7 +178,11 @@ class GRPOTrainer:
         self.learner = _compile(self.model, self.recipe) if cfg.compile else self.model
         self.ref = None
         if self.ref_model is not None:
-            self.ref = _compile(self.ref_model, self.recipe) if cfg.compile else self.ref_model
+            # frozen: its NVFP4 weights quantized once, not in every forward (one process; the
+            # same bits, tests/test_learner_weight_store.py)
+            once = "on_change" if self.world == 1 else "every_call"
+            self.ref = (_compile(self.ref_model, self.recipe, quantize_weights=once)
+                        if cfg.compile else self.ref_model)  # fmt: skip
 
     # ---- checkpoints ---------------------------------------------------------------------
     def _identity(self) -> dict:
