@@ -10,7 +10,7 @@ Variants (each a `minite train` run; `VARIANTS` below maps them to the CLI):
 - `strict`: NVFP4 W4A4, batch-invariant; the rollout is minite's engine: learner == rollout
   log-probs, bitwise (gap 0 at every step).
 - `mismatch`: the SAME learner and the same NVFP4 weights, but the rollout computes the way a
-  stock engine does (`rollout_engine=stock`, rl/stock_rollout.py: minite's exported NVFP4 bytes
+  stock engine does (`rollout_engine=stock`, rl/train/stock_rollout.py: minite's exported NVFP4 bytes
   decoded, W4A16 in BF16 eager transformers with a KV cache, as vLLM serves an NVFP4 checkpoint
   on Hopper); no correction: the PPO ratio's "old" log-probs are the learner's, the samples the
   stock engine's.
@@ -44,7 +44,7 @@ from pathlib import Path
 
 from benchmarks.common import environment, result_stem, run_train, write_results
 from benchmarks.grpo_evidence import EDGE_STEPS, read_records, summarize
-from fp4_compile.rl.presets import get_preset
+from fp4_compile.rl.train.presets import get_preset
 
 VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "strict": ("strict", ()),
@@ -286,7 +286,7 @@ def markdown(env: dict, args, extra: list[str], rows: list[dict], agg: list[dict
         "answers, on problems training never draws (through each variant's own rollout engine). "
         f"Reward: mean sampled reward of the first / last {EDGE_STEPS} steps (partial credit "
         "included). Mismatch: max |logp_learner - logp_rollout| over a step's tokens and the k3 "
-        "KL(rollout || learner) per step (rl/diagnostics.py). Each cell: mean over seeds "
+        "KL(rollout || learner) per step (rl/diagnostics/mismatch.py). Each cell: mean over seeds "
         "[min, max].",
         "",
         "| variant | setting | seeds | held-out acc start | held-out acc end | gain | reward "

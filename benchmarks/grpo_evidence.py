@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 
 from benchmarks.common import environment, median, result_stem, run_train, write_results
-from fp4_compile.rl.presets import get_preset
-from fp4_compile.rl.train_logging import step_records
+from fp4_compile.rl.train.presets import get_preset
+from fp4_compile.rl.train.run_log import step_records
 
 VARIANTS = ("strict", "bf16", "te")
 RESERVE_S = 25.0
@@ -129,7 +129,7 @@ def markdown(env: dict, args, overrides: list[str], rows: list[dict], verdicts: 
         f"presets {args.presets}; variants {args.variants}; settings replaced: "
         f"{' '.join(overrides) or '(none)'}. NVFP4 on Hopper is emulated NVFP4 (sm_90). "
         "Held-out accuracy: greedy, exact answers, on problems from the split training never "
-        "draws from (rl/evaluation.py). Reward: mean over the first / last "
+        "draws from (rl/train/evaluation.py). Reward: mean over the first / last "
         f"{EDGE_STEPS} steps (partial credit included).",
         "",
         "| preset | variant | steps | held-out acc before -> after (best) | reward first -> last "

@@ -119,7 +119,7 @@ def main() -> None:
     env = environment()
     # Every config compiles the same code objects; the row-alone check below calls them at another
     # shape, and with automatic dynamic shapes each LATER config would compile with symbolic
-    # sizes. Static shapes: every config is measured as it compiles alone (as rl/trainer.py
+    # sizes. Static shapes: every config is measured as it compiles alone (as rl/train/trainer.py
     # compiles the learner).
     torch._dynamo.config.automatic_dynamic_shapes = False
     device = "cuda"

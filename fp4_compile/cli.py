@@ -59,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--temperature", type=float, default=1.0)
     diag.add_argument("--seed", type=int, default=0)
     diag.add_argument("--out", default="runs/diagnose")
-    from .rl.cli_export import add_export_parser
-    from .rl.cli_train import add_train_parser
+    from fp4_compile.rl.cli.export import add_export_parser
+    from fp4_compile.rl.cli.train import add_train_parser
 
     add_train_parser(sub)
     add_export_parser(sub)
@@ -70,15 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "train":
-        from .rl.cli_train import run_train
+        from fp4_compile.rl.cli.train import run_train
 
         return run_train(args)
     if args.command == "export":
-        from .rl.cli_export import run_export
+        from fp4_compile.rl.cli.export import run_export
 
         return run_export(args)
     if args.command == "diagnose":
-        from .rl.diagnose import run_diagnose
+        from fp4_compile.rl.diagnostics.gap_report import run_diagnose
 
         run_diagnose(
             model=args.model,

@@ -1,5 +1,5 @@
 """The alignment ablation (benchmarks/alignment_ablation.py) and its deliberate mismatch
-(rl/stock_rollout.py), on the CPU.
+(rl/train/stock_rollout.py), on the CPU.
 
 Contracts: the stock rollout holds exactly the learner's NVFP4 weights (decoded from the bytes
 `minite export` writes), yet its log-probs differ from the learner's (gap > 0), while minite's
@@ -18,7 +18,7 @@ from fp4_compile.checkpoints.load import decode_weight
 from fp4_compile.checkpoints.plan import plan_export
 from fp4_compile.models import tiny_qwen3
 from fp4_compile.rl import RolloutEngine, sequence_logprobs
-from fp4_compile.rl.stock_rollout import StockRolloutEngine
+from fp4_compile.rl.train.stock_rollout import StockRolloutEngine
 from fp4_compile.testing import assert_bitwise_equal
 
 

@@ -258,8 +258,8 @@ def test_cli_export_of_a_grpo_checkpoint(tmp_path):
     from safetensors.torch import load_file
 
     from fp4_compile.cli import main
-    from fp4_compile.rl.checkpoint import save_checkpoint, step_path
-    from fp4_compile.rl.config import TrainConfig, build_model
+    from fp4_compile.rl.train.checkpoint import save_checkpoint, step_path
+    from fp4_compile.rl.train.config import TrainConfig, build_model
 
     cfg = TrainConfig(arch="qwen3_moe", layers=1, device="cpu")
     model = build_model(cfg, 32)

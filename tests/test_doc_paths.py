@@ -61,7 +61,7 @@ def _exists(path: str, base: Path = ROOT) -> bool:
     head, _, last = path.rpartition("/")
     module, _, attr = last.partition(".")
     if attr and attr.split(".")[-1] not in SUFFIXES and (base / head / f"{module}.py").is_file():
-        return True  # a module and one of its names: rl/train_logging.summary
+        return True  # a module and one of its names: rl/train/run_log.summary
     for alt in _alternatives(path):
         if "*" in alt:
             if not any(base.glob(alt.rstrip("/"))):

@@ -6,7 +6,12 @@ import math
 import pytest
 import torch
 
-from fp4_compile.rl.diagnostics import METRIC_NAMES, mismatch_metrics, pack_ragged, warnings_for
+from fp4_compile.rl.diagnostics.mismatch import (
+    METRIC_NAMES,
+    mismatch_metrics,
+    pack_ragged,
+    warnings_for,
+)
 
 
 def test_identical_logprobs_give_contract_values():

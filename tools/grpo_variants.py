@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from benchmarks.common import environment, median, run_train, write_results
-from fp4_compile.rl.train_logging import step_records
+from fp4_compile.rl.train.run_log import step_records
 
 VARIANTS = ("strict", "te", "bf16")
 

@@ -25,7 +25,7 @@ import torch
 from benchmarks.common import environment, write_results
 from fp4_compile import NVFP4Recipe
 from fp4_compile.backend import lowering_only_backend
-from fp4_compile.rl.localize import (
+from fp4_compile.rl.diagnostics.localize import (
     compare_states,
     learner_hidden_states,
     rollout_hidden_states,

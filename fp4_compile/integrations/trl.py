@@ -16,14 +16,14 @@ two of its underscore methods (`_get_per_token_logps_and_entropies`,
   per-token log-probs (old, reference and the loss's), runs the model compiled with the `minite`
   backend and the user's recipe, on rows re-packed to start at position 0 (TRL left-pads prompts
   and passes no position ids; the engine puts every prompt at positions 0..p-1) and right-padded
-  to the micro-batch's longest sequence rounded up to a width bucket (`fp4_compile.rl.batching`:
+  to the micro-batch's longest sequence rounded up to a width bucket (`fp4_compile.rl.train.batching`:
   at most 8 widths, so at most 8 compiled shapes; no work past the longest sequence), then
   minite's log-prob op at TRL's temperature. So the learner's log-probs equal the rollout's bit
   for bit under a strict recipe.
 - metrics: after each generation the learner's log-probs of the generated tokens (no gradient,
   the weights that sampled them) are compared with the engine's and logged under TRL's names,
   `sampling/sampling_logp_difference/{mean,max}` and `sampling/importance_sampling_ratio/
-  {min,mean,max}` (TRL logs them only with vLLM), and under minite's (`fp4_compile.rl.diagnostics`:
+  {min,mean,max}` (TRL logs them only with vLLM), and under minite's (`fp4_compile.rl.diagnostics.mismatch`:
   `mismatch/max_abs_dlogp`, `mismatch/frac_bitwise_equal`, `rollout_corr/*`, ...).
 
 Refused, with the setting named (`check_args`, `check_dropout`): what breaks the bits (bf16 /
@@ -44,12 +44,13 @@ from collections import defaultdict
 
 import torch
 
+from fp4_compile.rl.diagnostics.mismatch import mismatch_metrics
+from fp4_compile.rl.train.batching import learner_width
+from fp4_compile.rl.train.config import derive_seed
+
 from ..codegen import logprobs as shared_logprobs
 from ..dynamo_guard import no_silent_eager_fallback
 from ..recipe import NVFP4Recipe, as_recipe
-from ..rl.batching import learner_width
-from ..rl.config import derive_seed
-from ..rl.diagnostics import mismatch_metrics
 from ..rollout import RolloutEngine
 
 try:

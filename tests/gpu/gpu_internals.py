@@ -8,7 +8,7 @@ from fp4_compile.backend import lowering_only_backend  # noqa: F401
 from fp4_compile.codegen.invariant import reference as invariant_reference  # noqa: F401
 from fp4_compile.codegen.nvfp4 import gemm as nvfp4_gemm  # noqa: F401
 from fp4_compile.codegen.nvfp4 import linear as nvfp4_linear_op  # noqa: F401
-from fp4_compile.rl.localize import (  # noqa: F401
+from fp4_compile.rl.diagnostics.localize import (  # noqa: F401
     compare_states,
     learner_hidden_states,
     rollout_hidden_states,

@@ -27,7 +27,7 @@ from trl import GRPOConfig  # noqa: E402
 
 from fp4_compile.integrations.trl import TRL_METRIC_NAMES, MiniteGRPOTrainer  # noqa: E402
 from fp4_compile.models import tiny_qwen3, tiny_qwen3_moe  # noqa: E402
-from fp4_compile.rl.tokenizer import CHARACTERS  # noqa: E402
+from fp4_compile.rl.tasks.tokenizer import CHARACTERS  # noqa: E402
 from fp4_compile.testing import assert_bitwise_equal  # noqa: E402
 
 # equal-length prompts: the engine's prefill compiles once

@@ -2,7 +2,7 @@
 
 Contract, exact (integer tensors): TRL's rows (prompt left-padded, completion right-padded) come
 out starting at position 0, right-padded to the width bucket of the micro-batch's longest
-sequence (`fp4_compile.rl.batching.learner_width`), not to max_prompt_length +
+sequence (`fp4_compile.rl.train.batching.learner_width`), not to max_prompt_length +
 max_completion_length, so padding past the longest sequence costs no learner work; each
 completion token's target index points at its own column. Needs TRL (skipped without it)."""
 
@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("trl", reason="needs TRL: pip install 'minite[trl]'")
 
 from fp4_compile.integrations.trl import MiniteGRPOTrainer  # noqa: E402
-from fp4_compile.rl.batching import learner_width  # noqa: E402
+from fp4_compile.rl.train.batching import learner_width  # noqa: E402
 
 PAD = 0
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from fp4_compile.models import tiny_qwen3
-from fp4_compile.rl import distributed as ddp
+from fp4_compile.rl.train import distributed as ddp
 from fp4_compile.rollout.weight_sync import full_tensor
 
 

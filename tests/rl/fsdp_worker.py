@@ -13,7 +13,7 @@ from fp4_compile import NVFP4Recipe
 from fp4_compile.models import tiny_qwen3
 from fp4_compile.reference import quantize
 from fp4_compile.rl import RolloutEngine
-from fp4_compile.rl.distributed import (
+from fp4_compile.rl.train.distributed import (
     full_parameters,
     global_token_count,
     rank_groups,

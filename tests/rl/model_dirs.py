@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from fp4_compile.rl.checkpoint import save_checkpoint, step_path
-from fp4_compile.rl.config import build_model
-from fp4_compile.rl.presets import get_preset
-from fp4_compile.rl.tokenizer import CHARACTERS
+from fp4_compile.rl.tasks.tokenizer import CHARACTERS
+from fp4_compile.rl.train.checkpoint import save_checkpoint, step_path
+from fp4_compile.rl.train.config import build_model
+from fp4_compile.rl.train.presets import get_preset
 
 TEMPLATE = (
     "{% for m in messages %}q:{{ m['content'] }}{% endfor %}"

@@ -1,4 +1,4 @@
-"""Answer extraction of the reasoning-gym tasks (rl/rg_tasks.py `extract_answer`).
+"""Answer extraction of the reasoning-gym tasks (rl/tasks/reasoning_gym.py `extract_answer`).
 
 Contract, exact (strings and rewards are computed in Python): the verifier scores the answer the
 completion ends with, the last <answer>...</answer> block, else the last non-empty line, so a
@@ -11,7 +11,7 @@ import importlib.util
 
 import pytest
 
-from fp4_compile.rl.tasks import make_task
+from fp4_compile.rl.tasks.builtin import make_task
 
 needs_extra = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("reasoning_gym", "math_verify")),
@@ -21,7 +21,7 @@ needs_extra = pytest.mark.skipif(
 
 @needs_extra
 def test_extract_answer_takes_the_last_block_else_the_last_line():
-    from fp4_compile.rl.rg_tasks import extract_answer
+    from fp4_compile.rl.tasks.reasoning_gym import extract_answer
 
     assert extract_answer("38") == "38"
     assert extract_answer("  38 \n") == "38"

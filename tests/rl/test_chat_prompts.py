@@ -18,12 +18,12 @@ import pytest
 import torch
 from model_dirs import PRINTABLE, SYSTEM_TEMPLATE, save_tokenizer
 
-from fp4_compile.rl.batching import learner_width
-from fp4_compile.rl.config import TrainConfig, derive_seed
-from fp4_compile.rl.presets import get_preset
-from fp4_compile.rl.tasks import make_task
-from fp4_compile.rl.tokenizer import make_tokenizer
-from fp4_compile.rl.trainer import GRPOTrainer
+from fp4_compile.rl.tasks.builtin import make_task
+from fp4_compile.rl.tasks.tokenizer import make_tokenizer
+from fp4_compile.rl.train.batching import learner_width
+from fp4_compile.rl.train.config import TrainConfig, derive_seed
+from fp4_compile.rl.train.presets import get_preset
+from fp4_compile.rl.train.trainer import GRPOTrainer
 from fp4_compile.rollout.engine import RolloutOutput
 
 needs_extra = pytest.mark.skipif(
@@ -47,7 +47,7 @@ def chat_model_dir(tmp_path_factory):
 
 @needs_extra
 def test_system_and_user_turns_through_the_chat_template(chat_model_dir):
-    from fp4_compile.rl.rg_tasks import SYSTEM_PROMPT
+    from fp4_compile.rl.tasks.reasoning_gym import SYSTEM_PROMPT
 
     rg = make_task("rg:chain_sum", num_digits=2)
     question = rg.problems(1, seed=0)[0].prompt

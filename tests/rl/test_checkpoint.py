@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from fp4_compile.rl import checkpoint as ck
-from fp4_compile.rl.checkpoint import (
+from fp4_compile.rl.train import checkpoint as ck
+from fp4_compile.rl.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     load_checkpoint,

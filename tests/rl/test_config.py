@@ -4,8 +4,8 @@ variants select the recipe presets."""
 import pytest
 
 from fp4_compile import NVFP4Recipe
-from fp4_compile.rl.config import TrainConfig
-from fp4_compile.rl.presets import PRESETS, get_preset
+from fp4_compile.rl.train.config import TrainConfig
+from fp4_compile.rl.train.presets import PRESETS, get_preset
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

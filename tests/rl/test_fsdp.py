@@ -2,7 +2,7 @@
 the single-process ones bitwise; the delivered weights and their NVFP4 bytes are identical on
 every rank; learner == rollout log-probs stay bitwise equal under strict; the weights after one
 step agree with the single-process step within a stated tolerance (not bitwise: the gradient's
-reduction order and the NVFP4 wgrad's per-rank amax differ, see rl/distributed.py)."""
+reduction order and the NVFP4 wgrad's per-rank amax differ, see rl/train/distributed.py)."""
 
 import json
 import os

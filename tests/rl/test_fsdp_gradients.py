@@ -9,7 +9,7 @@ batch split over 2 ranks, through the minite-compiled learner (bf16 recipe: no q
 the only difference left is the order of the gradient sums and each rank's BF16 rounding of its
 partial sums, measured 0.0020 relative in tests/rl/test_fsdp.py), and in eager FP32 (equal to
 FP32 rounding of the reduction order). A dropped all-gather would give gradients of other
-weights (relative error ~1) or a failed backward. rl/distributed.py silences exactly that
+weights (relative error ~1) or a failed backward. rl/train/distributed.py silences exactly that
 warning and names this test."""
 
 import os
@@ -56,7 +56,7 @@ def test_only_the_view_warning_is_silenced():
     """The filter drops FSDP2's view-tensor warning (its torch 2.13 text) and nothing else."""
     import warnings
 
-    from fp4_compile.rl.distributed import ignore_fsdp_view_warning
+    from fp4_compile.rl.train.distributed import ignore_fsdp_view_warning
 
     view = (
         "FSDP2-wrapped module (FSDPQwen3DecoderLayer) returned a view tensor. An in-place op on "

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from fp4_compile.rl.grpo import group_advantages, policy_loss, rollout_correction
+from fp4_compile.rl.train.grpo import group_advantages, policy_loss, rollout_correction
 
 
 def test_group_advantages_hand_case():
@@ -50,7 +50,7 @@ def test_group_advantages_errors(kwargs, match):
 def _oracle_loss(
     logp, old, adv, mask, *, clip_low, clip_high, aggregation, weight=None, ref=None, kl_coef=0.0
 ):
-    """Per-token float64 loop of the formulas in rl/grpo.py's docstring."""
+    """Per-token float64 loop of the formulas in rl/train/grpo.py's docstring."""
     per_seq, total, count = [], 0.0, 0
     for i in range(logp.shape[0]):
         s, n = 0.0, 0

@@ -1,4 +1,4 @@
-"""The first step's compilation is not silent: `Heartbeat` (rl/train_logging.py), which `train`
+"""The first step's compilation is not silent: `Heartbeat` (rl/train/run_log.py), which `train`
 wraps around the first step, logs a "still compiling (N s)" line every `every_s` seconds while
 its block runs and none after it ends."""
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from fp4_compile.rl.train_logging import Heartbeat
+from fp4_compile.rl.train.run_log import Heartbeat
 
 
 def test_heartbeat_logs_while_the_block_runs():

@@ -1,4 +1,4 @@
-"""The held-out split of every task (rl/task_base.py `split_of`, rl/evaluation.py).
+"""The held-out split of every task (rl/tasks/base.py `split_of`, rl/train/evaluation.py).
 
 Contract, exact (prompts are strings computed in Python): the held-out set and the training
 stream are DISJOINT. Every task reserves the prompts whose sha256 falls into bucket 0 of
@@ -13,10 +13,10 @@ import random
 
 import pytest
 
-from fp4_compile.rl.config import derive_seed
-from fp4_compile.rl.evaluation import heldout_problems
-from fp4_compile.rl.task_base import EVAL_BUCKETS, split_of
-from fp4_compile.rl.tasks import RG_TASK_NAMES, AdditionTask, SortTask, make_task
+from fp4_compile.rl.tasks.base import EVAL_BUCKETS, split_of
+from fp4_compile.rl.tasks.builtin import RG_TASK_NAMES, AdditionTask, SortTask, make_task
+from fp4_compile.rl.train.config import derive_seed
+from fp4_compile.rl.train.evaluation import heldout_problems
 
 HAS_RG = all(importlib.util.find_spec(m) is not None for m in ("reasoning_gym", "math_verify"))
 # (task, num_digits): the built-in tasks at the sizes the presets use, and small spaces

@@ -5,7 +5,7 @@ import torch
 
 from fp4_compile import NVFP4Recipe
 from fp4_compile.models import tiny_qwen3
-from fp4_compile.rl.localize import (
+from fp4_compile.rl.diagnostics.localize import (
     compare_states,
     learner_hidden_states,
     localize_divergence,

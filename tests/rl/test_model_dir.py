@@ -1,4 +1,4 @@
-"""`model=DIR` folders minite cannot train are refused before any work (rl/model_dir.py).
+"""`model=DIR` folders minite cannot train are refused before any work (rl/train/model_dir.py).
 
 Contract: each of these folders, built here with `save_pretrained` (no downloads), makes
 `minite train tiny model=DIR ...` exit 2 in under 15 s with ONE line on stderr that names the
@@ -16,7 +16,7 @@ import pytest
 from model_dirs import save_model_dir
 
 from fp4_compile.cli import main
-from fp4_compile.rl.model_dir import SUPPORTED_MODEL_TYPES, check_model_dir
+from fp4_compile.rl.train.model_dir import SUPPORTED_MODEL_TYPES, check_model_dir
 
 
 def _refused(capsys, tmp_path, folder, *expected):
@@ -93,7 +93,7 @@ def test_diagnose_takes_a_model_dir(tiny_model_dir, capsys):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from fp4_compile.rl.diagnose import build_model
+    from fp4_compile.rl.diagnostics.gap_report import build_model
 
     model = build_model(str(tiny_model_dir))
     want = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))

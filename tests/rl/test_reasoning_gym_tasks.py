@@ -1,4 +1,4 @@
-"""reasoning-gym tasks (rl/rg_tasks.py) and the held-out evaluation (rl/evaluation.py).
+"""reasoning-gym tasks (rl/tasks/reasoning_gym.py) and the held-out evaluation (rl/train/evaluation.py).
 
 Contracts, exact (strings and rewards are computed in Python): a family's problems are a pure
 function of the seed, fit the widths and alphabet it declares, and its verifier gives the exact
@@ -12,13 +12,13 @@ import sys
 
 import pytest
 
-from fp4_compile.rl.config import TrainConfig, derive_seed
-from fp4_compile.rl.evaluation import heldout_problems
-from fp4_compile.rl.presets import get_preset
-from fp4_compile.rl.tasks import RG_TASK_NAMES, make_task
-from fp4_compile.rl.tokenizer import VOCAB_VERSION, CharTokenizer, make_tokenizer
-from fp4_compile.rl.train_logging import step_records
-from fp4_compile.rl.trainer import train
+from fp4_compile.rl.tasks.builtin import RG_TASK_NAMES, make_task
+from fp4_compile.rl.tasks.tokenizer import VOCAB_VERSION, CharTokenizer, make_tokenizer
+from fp4_compile.rl.train.config import TrainConfig, derive_seed
+from fp4_compile.rl.train.evaluation import heldout_problems
+from fp4_compile.rl.train.presets import get_preset
+from fp4_compile.rl.train.run_log import step_records
+from fp4_compile.rl.train.trainer import train
 
 needs_extra = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("reasoning_gym", "math_verify")),
@@ -36,7 +36,7 @@ def _run_cfg(tmp_path, **over):
 
 
 def test_rg_names_match_the_families_and_unknown_names_list_them():
-    from fp4_compile.rl.rg_tasks import RG_FAMILIES
+    from fp4_compile.rl.tasks.reasoning_gym import RG_FAMILIES
 
     assert set(RG_TASK_NAMES) == set(RG_FAMILIES)
     with pytest.raises(ValueError, match="rg:chain_sum"):
@@ -141,7 +141,7 @@ def test_heldout_set_is_fixed_and_from_its_own_seed_stream(name):
 def test_rg_heldout_problems_are_never_trained_on(name):
     """The rg: tasks, like every task, reserve 1/EVAL_BUCKETS of the problem space for the held-out set: no
     warm-start or GRPO prompt is a held-out one, even where the space is small."""
-    from fp4_compile.rl.task_base import EVAL_BUCKETS, split_of
+    from fp4_compile.rl.tasks.base import EVAL_BUCKETS, split_of
 
     task = make_task(name, num_digits=2)
     heldout = {p.prompt for p in heldout_problems(task, seed=0, size=64)}

@@ -1,4 +1,4 @@
-"""The response budget `max_new_tokens` of `minite train` (rl/config.py, rl/trainer.py).
+"""The response budget `max_new_tokens` of `minite train` (rl/train/config.py, rl/train/trainer.py).
 
 Contracts: 0 keeps the task's answer length (`token_budget`); a positive budget sets the tokens
 each rollout sequence may generate, independent of the answer length, and the learner's batch
@@ -8,9 +8,9 @@ exactly 0) with the wider rows; a negative budget is a ValueError naming the set
 
 import pytest
 
-from fp4_compile.rl.presets import get_preset
-from fp4_compile.rl.train_logging import step_records
-from fp4_compile.rl.trainer import GRPOTrainer, train
+from fp4_compile.rl.train.presets import get_preset
+from fp4_compile.rl.train.run_log import step_records
+from fp4_compile.rl.train.trainer import GRPOTrainer, train
 
 
 def _cfg(tmp_path, **over):

@@ -1,6 +1,6 @@
 """minite's own loop as RL users configure it: a response budget independent of the answer
 length, each sequence stopping at its own EOS, rewards from the extracted answers, and a learner
-that computes on the real lengths (rl/batching.py).
+that computes on the real lengths (rl/train/batching.py).
 
 Contracts. Exact (integers, strings): the learner's width buckets are few, ascending, end at the
 full width and hold every length; a packed batch's mask covers each completion up to and
@@ -17,10 +17,10 @@ import importlib.util
 import pytest
 import torch
 
-from fp4_compile.rl.batching import NUM_BUCKETS, learner_width, pack_batch, width_buckets
-from fp4_compile.rl.presets import get_preset
-from fp4_compile.rl.train_logging import step_records
-from fp4_compile.rl.trainer import train
+from fp4_compile.rl.train.batching import NUM_BUCKETS, learner_width, pack_batch, width_buckets
+from fp4_compile.rl.train.presets import get_preset
+from fp4_compile.rl.train.run_log import step_records
+from fp4_compile.rl.train.trainer import train
 
 needs_extra = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("reasoning_gym", "math_verify")),

@@ -1,4 +1,4 @@
-"""Run folders of `minite train` (rl/run_dir.py). Contract: the same command run twice just
+"""Run folders of `minite train` (rl/train/run_dir.py). Contract: the same command run twice just
 works, each run in its own folder (Lightning's version_N habit: runs/tiny-strict, then
 runs/tiny-strict-2), and nothing an earlier run wrote is touched; `--resume` without out_dir=
 continues the newest; `model=DIR` gets a folder named after the model, never the preset's; an
@@ -10,9 +10,9 @@ import time
 import pytest
 
 from fp4_compile.cli import main
-from fp4_compile.rl.checkpoint import CheckpointError
-from fp4_compile.rl.presets import get_preset
-from fp4_compile.rl.run_dir import default_out_dir, out_dir_given, resolve_run_dir
+from fp4_compile.rl.train.checkpoint import CheckpointError
+from fp4_compile.rl.train.presets import get_preset
+from fp4_compile.rl.train.run_dir import default_out_dir, out_dir_given, resolve_run_dir
 
 # the quick-start command, cut to seconds: eager FP32 (no compile), one GRPO step
 CHEAP = ["steps=1", "warm_start_steps=1", "warm_start_batch=4", "prompts_per_step=2",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fp4_compile.rl.config import TrainConfig
+from fp4_compile.rl.train.config import TrainConfig
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 KNOBS = {

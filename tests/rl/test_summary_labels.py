@@ -1,8 +1,8 @@
-"""The run summary (rl/train_logging.summary) labels each learner/rollout mismatch metric with the
+"""The run summary (rl/train/run_log.summary) labels each learner/rollout mismatch metric with the
 value identical engines give, so a perfect `token_mult_prob_error` of 1 does not read as an
 error, and reports the worst end of each (min for the bitwise-equal fraction)."""
 
-from fp4_compile.rl.train_logging import summary
+from fp4_compile.rl.train.run_log import summary
 
 
 def test_mismatch_lines_say_what_identical_is():

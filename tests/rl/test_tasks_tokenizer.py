@@ -4,8 +4,14 @@ import random
 
 import pytest
 
-from fp4_compile.rl.tasks import AdditionTask, Problem, SortTask, make_task, positional_accuracy
-from fp4_compile.rl.tokenizer import CHARACTERS, CharTokenizer
+from fp4_compile.rl.tasks.builtin import (
+    AdditionTask,
+    Problem,
+    SortTask,
+    make_task,
+    positional_accuracy,
+)
+from fp4_compile.rl.tasks.tokenizer import CHARACTERS, CharTokenizer
 
 
 def test_tokenizer_round_trip_every_character():

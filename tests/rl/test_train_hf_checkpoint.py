@@ -14,11 +14,11 @@ import pytest
 import torch
 from model_dirs import TEMPLATE, save_tokenizer
 
-from fp4_compile.rl.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from fp4_compile.rl.cli_export import policy_from_checkpoint
-from fp4_compile.rl.presets import get_preset
-from fp4_compile.rl.train_logging import step_records
-from fp4_compile.rl.trainer import train
+from fp4_compile.rl.cli.export import policy_from_checkpoint
+from fp4_compile.rl.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from fp4_compile.rl.train.presets import get_preset
+from fp4_compile.rl.train.run_log import step_records
+from fp4_compile.rl.train.trainer import train
 
 
 @pytest.fixture(scope="module", params=["untied", "tied"])
@@ -106,7 +106,7 @@ def test_model_must_be_a_checkpoint_dir(tmp_path, bad):
 
 
 def test_tokenizer_without_eos_is_refused(tmp_path):
-    from fp4_compile.rl.hf_tokenizer import HFTokenizer
+    from fp4_compile.rl.tasks.hf_tokenizer import HFTokenizer
 
     hf = save_tokenizer(tmp_path)
     hf.eos_token = None

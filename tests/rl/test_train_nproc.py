@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from fp4_compile.rl.checkpoint import latest_checkpoint, load_checkpoint
-from fp4_compile.rl.train_logging import step_records
+from fp4_compile.rl.train.checkpoint import latest_checkpoint, load_checkpoint
+from fp4_compile.rl.train.run_log import step_records
 
 ARGS = ["steps=2", "warm_start_steps=10", "prompts_per_step=4", "checkpoint_every=2"]
 # keys whose values are not a function of the numbers alone, or that differ by design
@@ -54,7 +54,7 @@ def test_two_processes_match_one_process(tmp_path):
     w0 = load_checkpoint(next((tmp_path / "cache").glob("warm_start-*.ckpt")), kind="warm_start")
     assert s2["world"] == 2 and s1["model"].keys() == s2["model"].keys()
     # the weight UPDATES of the two runs (both start from the same cached warm start): two
-    # Adam steps on gradients that differ by ~0.25 (rl/distributed.py) differ by 0.41 relative
+    # Adam steps on gradients that differ by ~0.25 (rl/train/distributed.py) differ by 0.41 relative
     # (measured; Adam's first steps are close to lr * sign(g), so small gradients flip)
     num = den = 0.0
     for k, w in s1["model"].items():
@@ -77,7 +77,7 @@ def test_two_processes_match_one_process(tmp_path):
 
 
 def test_global_order_restores_single_process_order():
-    from fp4_compile.rl.distributed import _global_order
+    from fp4_compile.rl.train.distributed import _global_order
 
     # rank 0 holds groups 0, 2; rank 1 holds 1, 3 (2 rows each): back to 0, 1, 2, 3
     assert _global_order([4, 4], 4, 2) == [0, 1, 4, 5, 2, 3, 6, 7]

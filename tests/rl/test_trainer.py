@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 
-from fp4_compile.rl.checkpoint import CheckpointError, latest_checkpoint
-from fp4_compile.rl.cli_train import add_train_parser, run_train
-from fp4_compile.rl.presets import get_preset
-from fp4_compile.rl.train_logging import step_records
-from fp4_compile.rl.trainer import train
+from fp4_compile.rl.cli.train import add_train_parser, run_train
+from fp4_compile.rl.train.checkpoint import CheckpointError, latest_checkpoint
+from fp4_compile.rl.train.presets import get_preset
+from fp4_compile.rl.train.run_log import step_records
+from fp4_compile.rl.train.trainer import train
 
 
 def _cfg(tmp_path, **over):

@@ -20,8 +20,8 @@ pytestmark = pytest.mark.vllm
 import torch  # noqa: E402
 
 from fp4_compile.codegen import quantize_weight  # noqa: E402
-from fp4_compile.rl.presets import get_preset  # noqa: E402
-from fp4_compile.rl.trainer import train  # noqa: E402
+from fp4_compile.rl.train.presets import get_preset  # noqa: E402
+from fp4_compile.rl.train.trainer import train  # noqa: E402
 from fp4_compile.testing import assert_bitwise_equal  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """What every task is: a `Problem` (prompt, its one correct answer, the task's name) and a `Task`
-that draws problems from a seed and scores completions (rl/tasks.py: the built-in tasks and
-`make_task`; rl/rg_tasks.py: the reasoning-gym families).
+that draws problems from a seed and scores completions (rl/tasks/builtin.py: the built-in tasks and
+`make_task`; rl/tasks/reasoning_gym.py: the reasoning-gym families).
 
 Splits: every task's problem space is cut in two by the prompt text. A prompt whose sha256 falls
 into bucket 0 of `EVAL_BUCKETS` belongs to the held-out split ("eval"), every other prompt to
@@ -75,7 +75,7 @@ class Task:
 
     def extract_answer(self, completion: str) -> str:
         """The part of a completion the verifier scores: the built-in tasks score the whole
-        completion (the reasoning-gym families extract it, rl/rg_tasks.py)."""
+        completion (the reasoning-gym families extract it, rl/tasks/reasoning_gym.py)."""
         return completion
 
     def reward(self, problem: Problem, completion: str) -> float:

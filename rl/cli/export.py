@@ -14,8 +14,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from .checkpoint import latest_checkpoint, load_checkpoint
-from .config import TrainConfig, build_model
+from fp4_compile.rl.train.checkpoint import latest_checkpoint, load_checkpoint
+from fp4_compile.rl.train.config import TrainConfig, build_model
 
 FORMATS = ("compressed-tensors", "modelopt")
 

@@ -1,5 +1,5 @@
 """`TrainConfig`: every setting of a GRPO run in one frozen dataclass (the named presets in
-`rl/presets.py` fill it in; `key=value` on the command line replaces single fields)."""
+`rl/train/presets.py` fill it in; `key=value` on the command line replaces single fields)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from ..recipe import NVFP4Recipe
-from .grpo import ADVANTAGE_SCALES, AGGREGATIONS
-from .tasks import TASK_NAMES
+from fp4_compile.recipe import NVFP4Recipe
+from fp4_compile.rl.tasks.builtin import TASK_NAMES
+from fp4_compile.rl.train.grpo import ADVANTAGE_SCALES, AGGREGATIONS
 
 VARIANTS = ("strict", "te", "bf16")
 ARCHS = ("qwen3", "qwen3_moe")
@@ -65,13 +65,13 @@ class TrainConfig:
 
     # ---- task ----------------------------------------------------------------------------
     task: str = "addition"
-    """"addition", "sort", "mix" (built in, rl/tasks.py) or a reasoning-gym family "rg:<name>"
-    (rl/rg_tasks.py; needs the extra `minite[tasks]`)."""
+    """"addition", "sort", "mix" (built in, rl/tasks/builtin.py) or a reasoning-gym family "rg:<name>"
+    (rl/tasks/reasoning_gym.py; needs the extra `minite[tasks]`)."""
     system_prompt: str | None = None
     """The system turn before every prompt, where prompts go through a chat template (a
     `model=DIR` checkpoint whose tokenizer has one): the chat is [system, user], rendered with
     `add_generation_prompt=True`. None = the task's own: the reasoning-gym families ask the model
-    to think, then answer inside <answer></answer> (rl/rg_tasks.py SYSTEM_PROMPT); the built-in
+    to think, then answer inside <answer></answer> (rl/tasks/reasoning_gym.py SYSTEM_PROMPT); the built-in
     tasks have none. "" = no system turn. Without a chat template (the built-in character
     tokenizer, or a checkpoint without one) prompts are the question alone: None and "" then
     mean the same and any other text is refused."""
@@ -89,7 +89,7 @@ class TrainConfig:
     """The response budget: tokens the rollout may generate per sequence, each sequence stopping
     at its own EOS. 0 = the task's longest answer with its EOS (`token_budget`), room for a model
     that answers at once; a model that reasons first needs more. The learner's batch is only as
-    wide as its longest real sequence (rl/batching.py), so an unused budget costs no learner
+    wide as its longest real sequence (rl/train/batching.py), so an unused budget costs no learner
     work. TRL: max_completion_length; verl: data.max_response_length (docs/settings.md)."""
 
     # ---- GRPO ----------------------------------------------------------------------------
@@ -143,7 +143,7 @@ class TrainConfig:
     paged cache, log-probs), else minite's linears only. "vllm_full": the model class or an
     error. "vllm_linears" (an explicit choice): minite's linears and weights as NVFP4 bytes,
     vLLM's attention, norms and sampler (close, not bitwise). docs/vllm.md.
-    "stock" (the alignment ablation's deliberate mismatch, rl/stock_rollout.py): an eager BF16
+    "stock" (the alignment ablation's deliberate mismatch, rl/train/stock_rollout.py): an eager BF16
     transformers rollout on the learner's decoded NVFP4 weights, activations unquantized (W4A16,
     as vLLM serves an NVFP4 checkpoint on Hopper): the same weights, not the same numerics.
     docs/alignment.md."""
@@ -196,7 +196,7 @@ class TrainConfig:
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.model:  # refused in milliseconds, before any work, naming file and fix
-            from .model_dir import check_model_dir
+            from fp4_compile.rl.train.model_dir import check_model_dir
 
             check_model_dir(self.model)
         if self.rollout_engine not in ROLLOUT_ENGINES:

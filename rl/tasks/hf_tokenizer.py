@@ -1,4 +1,4 @@
-"""`HFTokenizer`: the `Tokenizer` interface (rl/tokenizer.py) over a local transformers
+"""`HFTokenizer`: the `Tokenizer` interface (rl/tasks/tokenizer.py) over a local transformers
 checkpoint's own tokenizer, for `minite train PRESET model=DIR`.
 
     tok = HFTokenizer("qwen3-0.6b")
@@ -20,7 +20,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from .tasks import Task
+from fp4_compile.rl.tasks.builtin import Task
 
 BUDGET_SAMPLES = 4096
 """Problems drawn (seed `BUDGET_SEED`) to measure a task's token budget."""

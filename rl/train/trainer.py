@@ -5,17 +5,17 @@ log-probs, the clipped loss, AdamW on FP32 master weights, then `engine.update_w
 Shape legend: P prompts per step, G samples per prompt, N = P*G sequences, W the full sequence
 width (longest prompt + the response budget `max_new_tokens`, the prompt part from
 `tok.token_budget(task)`: the most a sequence can hold, the engine's cache length), W' the
-learner's width for this batch (rl/batching.py: the longest real sequence, each ending at its own
+learner's width for this batch (rl/train/batching.py: the longest real sequence, each ending at its own
 EOS, rounded up to one of at most 8 fixed width buckets, so the learner compiles at most 8
 times and does no work on the padding past the longest sequence), T' = W' - 1 target positions.
 
 The model is a random-init Qwen3 / Qwen3-MoE with the character tokenizer, or (`model=DIR`) a
-local transformers checkpoint with its own tokenizer and chat template (rl/hf_tokenizer.py).
+local transformers checkpoint with its own tokenizer and chat template (rl/tasks/hf_tokenizer.py).
 
 Every step logs reward, the learner/rollout mismatch (`rl.diagnostics` names), the rollout
 correction's effect, tokens/s of rollout and learner and the step time. Device-side metrics are
 gathered into one tensor and synced once per step. `train` also scores the policy on a fixed
-held-out set, greedily (rl/evaluation.py): before GRPO, every `eval_every` steps and at the end.
+held-out set, greedily (rl/train/evaluation.py): before GRPO, every `eval_every` steps and at the end.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from pathlib import Path
 
 import torch
 
-from ..dynamo_guard import no_silent_eager_fallback
-from ..rollout import RolloutEngine, token_logprobs
-from ..sr_stream import set_sr_state, sr_state
-from ..vllm_plugin.engine import VLLMRolloutEngine
-from . import distributed as ddp
-from .batching import learner_width, pack_batch, width_buckets
-from .checkpoint import (
+from fp4_compile.dynamo_guard import no_silent_eager_fallback
+from fp4_compile.rl.diagnostics.mismatch import mismatch_tensors
+from fp4_compile.rl.tasks.builtin import make_task
+from fp4_compile.rl.tasks.tokenizer import make_tokenizer
+from fp4_compile.rl.train import distributed as ddp
+from fp4_compile.rl.train.batching import learner_width, pack_batch, width_buckets
+from fp4_compile.rl.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     load_checkpoint,
@@ -42,17 +42,17 @@ from .checkpoint import (
     set_rng_state,
     step_path,
 )
-from .config import TrainConfig, build_model, derive_seed, model_dir_identity
-from .diagnostics import mismatch_tensors
-from .evaluation import evaluate, heldout_problems
-from .grpo import group_advantages, policy_loss, rollout_correction
-from .tasks import make_task
-from .tokenizer import make_tokenizer
-from .warm_start import load_or_warm_start
+from fp4_compile.rl.train.config import TrainConfig, build_model, derive_seed, model_dir_identity
+from fp4_compile.rl.train.evaluation import evaluate, heldout_problems
+from fp4_compile.rl.train.grpo import group_advantages, policy_loss, rollout_correction
+from fp4_compile.rl.train.warm_start import load_or_warm_start
+from fp4_compile.rollout import RolloutEngine, token_logprobs
+from fp4_compile.sr_stream import set_sr_state, sr_state
+from fp4_compile.vllm_plugin.engine import VLLMRolloutEngine
 
 
 def _compile(model, recipe, *, quantize_weights: str = "every_call"):
-    from ..compile_api import compile as minite_compile
+    from fp4_compile.compile_api import compile as minite_compile
 
     return minite_compile(model, recipe=recipe, dynamic=False, quantize_weights=quantize_weights)
 
@@ -148,7 +148,7 @@ class GRPOTrainer:
                 temperature=cfg.temperature,
             )  # fmt: skip
         elif cfg.rollout_engine == "stock":  # the alignment ablation's mismatched rollout
-            from .stock_rollout import StockRolloutEngine
+            from fp4_compile.rl.train.stock_rollout import StockRolloutEngine
 
             if self.world > 1:
                 raise ValueError("rollout_engine='stock' runs in one process")
@@ -263,7 +263,7 @@ class GRPOTrainer:
             if self.learner_widths and self.cfg.compile:
                 self.log(
                     f"learner: first batch of width {width} (of at most "
-                    f"{len(width_buckets(self.width))} widths, rl/batching.py): compiling it once"
+                    f"{len(width_buckets(self.width))} widths, rl/train/batching.py): compiling it once"
                 )
             self.learner_widths.add(width)
         ids, mask, rollout_logp = pack_batch(
@@ -406,7 +406,7 @@ def train(
     Returns {"records", "summary", "plots", "out_dir", "trainer"}."""
     from contextlib import nullcontext
 
-    from .train_logging import Heartbeat, ProgressBar, RunLogger, summary, write_plots
+    from fp4_compile.rl.train.run_log import Heartbeat, ProgressBar, RunLogger, summary, write_plots
 
     out_dir = Path(cfg.out_dir)
     ckpt_dir = out_dir / "checkpoints"

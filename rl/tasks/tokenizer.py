@@ -4,7 +4,7 @@ tasks use, three special tokens). No files, no downloads; the vocabulary is fixe
 are stable across versions (changing it changes `VOCAB_VERSION`, which checkpoints record). A
 task whose alphabet is larger (the reasoning-gym tasks) gets the characters it lacks appended,
 sorted, after the built-in ones: the built-in ids never move, and `to_dict()` lists every token.
-The other implementation, `rl/hf_tokenizer.py`, adapts a transformers checkpoint's tokenizer.
+The other implementation, `rl/tasks/hf_tokenizer.py`, adapts a transformers checkpoint's tokenizer.
 
     tok = CharTokenizer()
     ids = tok.encode("12+34=")          # [BOS, '1', '2', '+', '3', '4', '=']
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .tasks import Task
+from fp4_compile.rl.tasks.builtin import Task
 
 VOCAB_VERSION = 1
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
@@ -67,7 +67,7 @@ def make_tokenizer(
     if system_prompt is not None and not isinstance(system_prompt, str):
         raise TypeError(f"system_prompt must be a str or None, got {system_prompt!r}")
     if model:
-        from .hf_tokenizer import HFTokenizer
+        from fp4_compile.rl.tasks.hf_tokenizer import HFTokenizer
 
         tok = HFTokenizer(model)
         if system_prompt is None:

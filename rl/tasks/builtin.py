@@ -6,10 +6,10 @@ correct answer; the verifier scores a completion string.
   the compiled graphs see one shape).
 - `sort`: "s:3142>" -> "1234" (`num_digits` random digits, sorted ascending).
 - `mix`: alternates the two, so one policy learns both.
-- `rg:<family>`: a reasoning-gym generator pinned to short problems (rl/rg_tasks.py; the
+- `rg:<family>`: a reasoning-gym generator pinned to short problems (rl/tasks/reasoning_gym.py; the
   optional extra `minite[tasks]`).
 
-Held-out split (rl/task_base.py): 1/8 of each task's prompts, chosen by a hash of the prompt
+Held-out split (rl/tasks/base.py): 1/8 of each task's prompts, chosen by a hash of the prompt
 text, form the held-out set; training and warm-start draws skip them, so no held-out problem is
 ever trained on.
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import random
 
-from .task_base import Problem, Task, check_split_request
-from .task_base import positional_accuracy as positional_accuracy  # re-exported
+from fp4_compile.rl.tasks.base import Problem, Task, check_split_request
+from fp4_compile.rl.tasks.base import positional_accuracy as positional_accuracy  # re-exported
 
 
 class AdditionTask(Task):
@@ -102,14 +102,18 @@ class MixTask(Task):
         return max(t.max_answer_chars for t in self.tasks)
 
 
-RG_TASK_NAMES = ("rg:chain_sum", "rg:spell_backward", "rg:count_bits")  # rl/rg_tasks.py RG_FAMILIES
+RG_TASK_NAMES = (
+    "rg:chain_sum",
+    "rg:spell_backward",
+    "rg:count_bits",
+)  # rl/tasks/reasoning_gym.py RG_FAMILIES
 TASK_NAMES = ("addition", "sort", "mix") + RG_TASK_NAMES
 
 
 def make_task(name: str, *, num_digits: int, partial_credit: float = 0.0) -> Task:
     """A task by name (`num_digits` sizes the built-in ones; the rg: families pin their own)."""
     if name in RG_TASK_NAMES:
-        from .rg_tasks import ReasoningGymTask
+        from fp4_compile.rl.tasks.reasoning_gym import ReasoningGymTask
 
         return ReasoningGymTask(name, partial_credit=partial_credit)
     if name == "addition":

@@ -31,7 +31,7 @@ alone must be the number ("<answer>38</answer>" and "...\n38" count; "<answer>38
 does not). The default system prompt of these families (`SYSTEM_PROMPT`, used where prompts go
 through a chat template: `TrainConfig.system_prompt`) asks for exactly that format.
 
-Splits: as for every task (rl/task_base.py `split_of`), a problem whose question text hashes
+Splits: as for every task (rl/tasks/base.py `split_of`), a problem whose question text hashes
 into bucket 0 of `EVAL_BUCKETS` (sha256) is reserved for the held-out set (`split="eval"`);
 training and warm-start problems (`split="train"`) skip it, so no held-out problem is ever
 trained on, however small the problem space. `problems(num, seed=s,
@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .task_base import (
+from fp4_compile.rl.tasks.base import (
     MAX_DRAWS_PER_PROBLEM,
     Problem,
     Task,
