@@ -21,8 +21,8 @@ from ... import reference as ref
 from ...sr_stream import site_seed
 from ..invariant.gather_rows import gather_rows_backward
 from . import gemm as impl
+from .gemm_call import input_grads, needs_input_grad, op_inputs
 from .linear import backward_seed
-from .op_args import GemmArg as Arg
 
 _LIB = "fp4_compile"
 
@@ -212,26 +212,31 @@ def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, offsets, w_ongrid
     return dx, dw
 
 
-def _grouped_setup_context(ctx, inputs, output):
-    x, weight, w_codes, w_scales, w_gd, offsets, x_amax, recipe, w_ongrid, site, x_index, x_perm = (
-        inputs)  # fmt: skip
-    ctx.save_for_backward(x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, x_index, x_perm)
-    ctx.recipe = recipe
-    ctx.site = site
-    ctx.weight_dtype = weight.dtype
+def grouped_setup_context(ctx, inputs, output, *, op_name: str = "nvfp4_grouped_mm"):
+    """Autograd's context of `op_name` (nvfp4_grouped_mm or its `_quantized` twin, whose
+    backward is this one's)."""
+    a = op_inputs(op_name, inputs)
+    ctx.save_for_backward(*(a[n] for n in ("x", "weight", "w_codes", "w_scales",
+                                           "w_global_decode", "offsets", "w_ongrid", "x_index",
+                                           "x_perm")))  # fmt: skip
+    ctx.recipe = a["recipe"]
+    ctx.site = a["site"]
+    ctx.weight_dtype = a["weight"].dtype
+    ctx.op_name = op_name
 
 
-def _grouped_backward(ctx, grad_out):
+def grouped_backward(ctx, grad_out):
+    """The gradients of x and the master weight (`nvfp4_grouped_mm_backward`), by name."""
     x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, x_index, x_perm = ctx.saved_tensors
-    needs = ctx.needs_input_grad
+    needs = needs_input_grad(ctx.op_name, ctx.needs_input_grad)
     rec = impl.op_recipe(ctx.recipe)
     dx, dw = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(
         grad_out, x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, ctx.recipe,
-        site_seed(rec.seed, ctx.site), needs[Arg.X], needs[Arg.WEIGHT], x_index, x_perm,
+        site_seed(rec.seed, ctx.site), needs["x"], needs["weight"], x_index, x_perm,
     )  # fmt: skip
-    dx = dx if needs[Arg.X] else None
-    dw = dw.to(ctx.weight_dtype) if needs[Arg.WEIGHT] else None
-    return dx, dw, None, None, None, None, None, None, None, None, None, None
+    dx = dx if needs["x"] else None
+    dw = dw.to(ctx.weight_dtype) if needs["weight"] else None
+    return input_grads(ctx.op_name, x=dx, weight=dw)
 
 
-nvfp4_grouped_mm.register_autograd(_grouped_backward, setup_context=_grouped_setup_context)
+nvfp4_grouped_mm.register_autograd(grouped_backward, setup_context=grouped_setup_context)

@@ -7,7 +7,7 @@ in-features, N out-features, E experts.
 
 nvfp4_grouped_mm_quantized(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax,
 recipe, w_ongrid, site, x_index, x_perm, x_ongrid, x_gd) -> y: the first twelve arguments are
-`nvfp4_grouped_mm`'s at the same positions (`op_args.GemmArg`); x_ongrid (BF16 [M, K]) and x_gd
+`nvfp4_grouped_mm`'s at the same positions (`gemm_call.OP_ARGS`); x_ongrid (BF16 [M, K]) and x_gd
 (FP32 [M, 1]) are x's 1x16 per-row quantization, exactly what `nvfp4_grouped_mm` computes for
 itself under per-row activation scales (a gathered row's quantization is its source row's: the
 blocks and the scale are row-local), so the bits are the same. Per-row recipes only. The
@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from ...sr_stream import site_seed
 from . import gemm as impl
-from .op_args import GemmArg as Arg
+from .grouped_linear import grouped_backward, grouped_setup_context
 
 _LIB = "fp4_compile"
 
@@ -94,25 +93,7 @@ def _(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax, recipe, w_
 
 
 def _setup(ctx, inputs, output):
-    x, weight, w_codes, w_scales, w_gd, offsets, _, recipe, w_ongrid, site, x_index, x_perm = (
-        inputs[: Arg.X_PERM + 1])  # fmt: skip
-    ctx.save_for_backward(x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, x_index, x_perm)
-    ctx.recipe = recipe
-    ctx.site = site
-    ctx.weight_dtype = weight.dtype
+    grouped_setup_context(ctx, inputs, output, op_name="nvfp4_grouped_mm_quantized")
 
 
-def _backward(ctx, grad_out):
-    x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, x_index, x_perm = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    rec = impl.op_recipe(ctx.recipe)
-    dx, dw = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(
-        grad_out, x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, ctx.recipe,
-        site_seed(rec.seed, ctx.site), needs[Arg.X], needs[Arg.WEIGHT], x_index, x_perm,
-    )  # fmt: skip
-    dx = dx if needs[Arg.X] else None
-    dw = dw.to(ctx.weight_dtype) if needs[Arg.WEIGHT] else None
-    return (dx, dw, *([None] * 12))
-
-
-nvfp4_grouped_mm_quantized.register_autograd(_backward, setup_context=_setup)
+nvfp4_grouped_mm_quantized.register_autograd(grouped_backward, setup_context=_setup)
