@@ -182,7 +182,8 @@ def _fuse_expert_inputs(graph: fx.Graph, recipe: NVFP4Recipe, report: LoweringRe
         if fused is None:
             continue
         operands = ActivationOperands(_output(graph, fused, 1), _output(graph, fused, 2))
-        replace_gemm(graph, node, call._replace(x_operands=operands))
+        # read again: fusing the producer moved the node's x to the fused op's output
+        replace_gemm(graph, node, GemmCall.of(node)._replace(x_operands=operands))
         report.count(f"expert_input_from_{source}")
 
 
@@ -208,7 +209,8 @@ def _fuse_dense_swiglu(graph: fx.Graph, recipe: NVFP4Recipe, report: LoweringRep
         silu.replace_all_uses_with(y)
         graph.erase_node(silu)
         operands = ActivationOperands(*(_output(graph, fused, i) for i in range(1, 5)))
-        replace_gemm(graph, node, call._replace(x_operands=operands))
+        # read again: fusing the producer moved the node's x to the fused op's output
+        replace_gemm(graph, node, GemmCall.of(node)._replace(x_operands=operands))
         report.count("silu_mul_quantize_fused")
 
 
