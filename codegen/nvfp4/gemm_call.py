@@ -7,8 +7,9 @@ The four GEMM ops of the `fp4_compile::` namespace take one argument list, `OP_A
 - nvfp4_grouped_mm:           x [T, K], a weight [E, N, K], offsets [E]      (MoE experts)
 - nvfp4_linear_quantized:     nvfp4_linear + x's operands (x_ongrid, x_gd, xt_ongrid, xt_gd)
 - nvfp4_grouped_mm_quantized: nvfp4_grouped_mm + x's per-row operand (x_ongrid, x_gd)
-Their schemas do not change with this module (stored rollout artifacts hold them;
-tests/codegen/nvfp4/test_gemm_call.py checks `OP_ARGS` against the registered schemas).
+All four are registered from this table (`register_gemm`: schema, implementation and fake
+handed a `GemmCall`, autograd); their schemas are the ones stored rollout artifacts hold
+(tests/codegen/nvfp4/test_gemm_call.py pins them).
 
 Code that calls an op, inserts a node of one, or reads one builds or reads a `GemmCall`:
 
@@ -43,6 +44,24 @@ OP_ARGS: dict[str, tuple[str, ...]] = {
 # the trailing arguments nvfp4_linear / nvfp4_grouped_mm may leave out, and their defaults
 DEFAULTS = {"w_ongrid": None, "site": 0, "x_index": None, "x_perm": None}
 GEMM_OPS = tuple(OP_ARGS)
+# each argument's schema type (`site` an int, SymInt as custom_op infers it)
+ARG_TYPES = {"x": "Tensor", "weight": "Tensor", "w_codes": "Tensor", "w_scales": "Tensor",
+             "w_global_decode": "Tensor", "bias": "Tensor?", "offsets": "Tensor",
+             "x_amax": "Tensor?", "recipe": "str", "w_ongrid": "Tensor?", "site": "SymInt",
+             "x_index": "Tensor?", "x_perm": "Tensor?", "x_ongrid": "Tensor", "x_gd": "Tensor",
+             "xt_ongrid": "Tensor", "xt_gd": "Tensor"}  # fmt: skip
+
+
+def op_schema(op_name: str) -> str:
+    """The registered schema of GEMM op `op_name`, from the table (the `_quantized` ops take
+    every argument; the base ops default their trailing `DEFAULTS`)."""
+    args = []
+    for name in OP_ARGS[op_name]:
+        arg = f"{ARG_TYPES[name]} {name}"
+        if name in DEFAULTS and not op_name.endswith("_quantized"):
+            arg += f"={DEFAULTS[name]}"
+        args.append(arg)
+    return f"({', '.join(args)}) -> Tensor"
 
 
 def encode_recipe(recipe: NVFP4Recipe) -> str:
@@ -247,6 +266,25 @@ class GemmCall(NamedTuple):
         if getattr(node, "op", None) != "call_function" or name is None:
             raise ValueError(f"{node} is not a call of an NVFP4 GEMM op ({GEMM_OPS})")
         return cls.from_args(name, tuple(node.args), dict(node.kwargs))
+
+
+def register_gemm(op_name: str, forward, fake, *, setup_context, backward):
+    """Register GEMM op `fp4_compile::<op_name>` from the table: its schema (`op_schema`), its
+    device implementation `forward(call)` and fake `fake(call)`, both handed the `GemmCall`
+    (recipe decoded once, `decode_recipe`), and its autograd formula. Returns the op."""
+
+    def run(*args, **kwargs):
+        return forward(GemmCall.from_args(op_name, args, kwargs))
+
+    def run_fake(*args, **kwargs):
+        return fake(GemmCall.from_args(op_name, args, kwargs))
+
+    run.__name__ = run_fake.__name__ = op_name
+    op = torch.library.custom_op(f"fp4_compile::{op_name}", run, mutates_args=(),
+                                 schema=op_schema(op_name))  # fmt: skip
+    op.register_fake(run_fake)
+    op.register_autograd(backward, setup_context=setup_context)
+    return op
 
 
 def op_inputs(op_name: str, inputs: tuple) -> dict[str, Any]:

@@ -6,6 +6,7 @@ Shape legend: M tokens, K in-features, N out-features.
 Ops (each a `torch.library.custom_op`: opaque to Dynamo and Inductor, which keeps one registered
 boundary per GEMM and compiles on CPU, where `triton_op`/`wrap_triton` cannot):
 - nvfp4_linear(x, weight, w_codes, w_scales, w_global_decode, bias, x_amax, recipe, w_ongrid, site) -> y
+  registered from `gemm_call`'s table (`register_gemm`): its forward and fake take a `GemmCall`;
 - nvfp4_linear_backward: the backward GEMMs (autograd calls it).
 `site` (`sr_stream.site_id` of the GEMM's module path, set by the lowering) keys the backward's
 stochastic-rounding streams; it does not change the forward. `w_scales` holds the E4M3 scale
@@ -23,7 +24,7 @@ import torch
 
 from ...sr_stream import DeviceSeed, call_seed, site_seed
 from . import gemm as impl
-from .gemm_call import input_grads, needs_input_grad, op_inputs
+from .gemm_call import GemmCall, input_grads, needs_input_grad, op_inputs, register_gemm
 
 _LIB = "fp4_compile"
 
@@ -53,20 +54,9 @@ def backward_seed(site_key: int, device: torch.device) -> int | DeviceSeed:
 # nvfp4_linear
 
 
-@torch.library.custom_op(f"{_LIB}::nvfp4_linear", mutates_args=())
-def nvfp4_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    w_codes: torch.Tensor,
-    w_scales: torch.Tensor,
-    w_global_decode: torch.Tensor,
-    bias: torch.Tensor | None,
-    x_amax: torch.Tensor | None,
-    recipe: str,
-    w_ongrid: torch.Tensor | None = None,
-    site: int = 0,
-) -> torch.Tensor:
-    rec = impl.op_recipe(recipe)
+def _linear_forward(call: GemmCall) -> torch.Tensor:
+    x, bias, x_amax, w_ongrid, rec = call.x, call.bias, call.x_amax, call.w_ongrid, call.recipe
+    w_codes, w_scales, w_global_decode = call.weight_operand()
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
                              w_ongrid=w_ongrid)  # fmt: skip
     x2 = _flat(x)
@@ -78,10 +68,9 @@ def nvfp4_linear(
     return y.reshape(*x.shape[:-1], n)
 
 
-@nvfp4_linear.register_fake
-def _(x, weight, w_codes, w_scales, w_global_decode, bias, x_amax, recipe, w_ongrid=None, site=0):
-    n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
-                             w_ongrid=w_ongrid)  # fmt: skip
+def _linear_fake(call: GemmCall) -> torch.Tensor:
+    x = call.x
+    n, _ = impl.check_weight(x, *call.weight_operand(), experts=False, w_ongrid=call.w_ongrid)
     return x.new_empty((*x.shape[:-1], n))
 
 
@@ -165,4 +154,5 @@ def _linear_backward(ctx, grad_out):
     return input_grads("nvfp4_linear", x=dx, weight=dw, bias=db)
 
 
-nvfp4_linear.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+nvfp4_linear = register_gemm("nvfp4_linear", _linear_forward, _linear_fake,
+                             setup_context=_linear_setup_context, backward=_linear_backward)  # fmt: skip

@@ -13,7 +13,7 @@ Ops (`torch.library.custom_op`s, as `linear.py`'s):
   `nvfp4_linear` quantizes for itself (`gemm.cpu_activation_operands`, `gemm.cuda_activation_operands`). Not differentiable:
   the lowering feeds it a detached x.
 - nvfp4_linear_quantized(x, weight, w_codes, w_scales, w_global_decode, bias, x_amax, recipe,
-  w_ongrid, site, x_ongrid, x_gd, xt_ongrid, xt_gd) -> y: `nvfp4_linear` (the same first ten
+  w_ongrid, site, x_ongrid, x_gd, xt_ongrid, xt_gd) -> y (registered from `gemm_call`'s table): `nvfp4_linear` (the same first ten
   arguments, `gemm_call.OP_ARGS`) reading x's operands instead of quantizing
   x; x itself is an input so autograd returns dX (straight-through, as for the weight). Bitwise
   `nvfp4_linear`: the same quantizer, the same exact CPU dot products, the same CUDA GEMM launch.
@@ -27,7 +27,7 @@ import torch
 
 from ...sr_stream import site_seed
 from . import gemm as impl
-from .gemm_call import input_grads, needs_input_grad, op_inputs
+from .gemm_call import GemmCall, input_grads, needs_input_grad, op_inputs, register_gemm
 from .linear import backward_seed
 
 _LIB = "fp4_compile"
@@ -105,24 +105,10 @@ def _check_operands(x, x_ongrid, x_gd, xt_ongrid, xt_gd) -> None:
         )
 
 
-@torch.library.custom_op(f"{_LIB}::nvfp4_linear_quantized", mutates_args=())
-def nvfp4_linear_quantized(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    w_codes: torch.Tensor,
-    w_scales: torch.Tensor,
-    w_global_decode: torch.Tensor,
-    bias: torch.Tensor | None,
-    x_amax: torch.Tensor | None,
-    recipe: str,
-    w_ongrid: torch.Tensor | None,
-    site: int,
-    x_ongrid: torch.Tensor,
-    x_gd: torch.Tensor,
-    xt_ongrid: torch.Tensor,
-    xt_gd: torch.Tensor,
-) -> torch.Tensor:
-    impl.op_recipe(recipe)
+def _linear_quantized_forward(call: GemmCall) -> torch.Tensor:
+    x, bias, w_ongrid = call.x, call.bias, call.w_ongrid
+    w_codes, w_scales, w_global_decode = call.weight_operand()
+    x_ongrid, x_gd, xt_ongrid, xt_gd = call.x_operands
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
                              w_ongrid=w_ongrid)  # fmt: skip
     _check_operands(x, x_ongrid, x_gd, xt_ongrid, xt_gd)
@@ -135,11 +121,9 @@ def nvfp4_linear_quantized(
     return y.reshape(*x.shape[:-1], n)
 
 
-@nvfp4_linear_quantized.register_fake
-def _(x, weight, w_codes, w_scales, w_global_decode, bias, x_amax, recipe, w_ongrid, site,
-      x_ongrid, x_gd, xt_ongrid, xt_gd):  # fmt: skip
-    n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
-                             w_ongrid=w_ongrid)  # fmt: skip
+def _linear_quantized_fake(call: GemmCall) -> torch.Tensor:
+    x = call.x
+    n, _ = impl.check_weight(x, *call.weight_operand(), experts=False, w_ongrid=call.w_ongrid)
     return x.new_empty((*x.shape[:-1], n))
 
 
@@ -236,4 +220,10 @@ def _backward(ctx, grad_out):
     return input_grads("nvfp4_linear_quantized", x=dx, weight=dw, bias=db)
 
 
-nvfp4_linear_quantized.register_autograd(_backward, setup_context=_setup_context)
+nvfp4_linear_quantized = register_gemm(
+    "nvfp4_linear_quantized",
+    _linear_quantized_forward,
+    _linear_quantized_fake,
+    setup_context=_setup_context,
+    backward=_backward,
+)

@@ -16,6 +16,7 @@ from fp4_compile.codegen.nvfp4.gemm_call import (
     decode_recipe,
     gemm_op_name,
     is_gemm,
+    op_schema,
 )
 from fp4_compile.recipe import NVFP4Recipe
 from fp4_compile.testing import assert_bitwise_equal
@@ -28,6 +29,32 @@ def test_table_is_the_registered_schema(name):
     op = getattr(torch.ops.fp4_compile, name)
     assert tuple(a.name for a in op.default._schema.arguments) == OP_ARGS[name]
     assert gemm_op_name(op.default) == name and gemm_op_name(op) == name
+
+
+# The registered schemas, as stored rollout artifacts (ARTIFACT_VERSION 3) hold them: the table
+# that registers the ops (`gemm_call.op_schema`) must keep making exactly these.
+PINNED_SCHEMAS = {
+    "nvfp4_linear": "(Tensor x, Tensor weight, Tensor w_codes, Tensor w_scales, Tensor "
+    "w_global_decode, Tensor? bias, Tensor? x_amax, str recipe, Tensor? w_ongrid=None, SymInt "
+    "site=0) -> Tensor",
+    "nvfp4_grouped_mm": "(Tensor x, Tensor weight, Tensor w_codes, Tensor w_scales, Tensor "
+    "w_global_decode, Tensor offsets, Tensor? x_amax, str recipe, Tensor? w_ongrid=None, SymInt "
+    "site=0, Tensor? x_index=None, Tensor? x_perm=None) -> Tensor",
+    "nvfp4_linear_quantized": "(Tensor x, Tensor weight, Tensor w_codes, Tensor w_scales, "
+    "Tensor w_global_decode, Tensor? bias, Tensor? x_amax, str recipe, Tensor? w_ongrid, SymInt "
+    "site, Tensor x_ongrid, Tensor x_gd, Tensor xt_ongrid, Tensor xt_gd) -> Tensor",
+    "nvfp4_grouped_mm_quantized": "(Tensor x, Tensor weight, Tensor w_codes, Tensor w_scales, "
+    "Tensor w_global_decode, Tensor offsets, Tensor? x_amax, str recipe, Tensor? w_ongrid, "
+    "SymInt site, Tensor? x_index, Tensor? x_perm, Tensor x_ongrid, Tensor x_gd) -> Tensor",
+}
+
+
+@pytest.mark.parametrize("name", sorted(OP_ARGS))
+def test_registered_schema_is_the_stored_one(name):
+    assert op_schema(name) == PINNED_SCHEMAS[name]
+    assert str(getattr(torch.ops.fp4_compile, name).default._schema) == (
+        f"fp4_compile::{name}{PINNED_SCHEMAS[name]}"
+    )
 
 
 def test_other_targets_are_not_gemms():
