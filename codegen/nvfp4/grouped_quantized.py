@@ -6,10 +6,9 @@ Shape legend: M rows of x, T tokens sorted by expert (x_index: T gathered rows o
 in-features, N out-features, E experts.
 
 nvfp4_grouped_mm_quantized(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax,
-recipe, w_ongrid, site, x_index, x_perm, x_ongrid, x_gd) -> y (registered from `gemm_call`'s
-table): the first twelve arguments are
-`nvfp4_grouped_mm`'s at the same positions (`gemm_call.OP_ARGS`); x_ongrid (BF16 [M, K]) and x_gd
-(FP32 [M, 1]) are x's 1x16 per-row quantization, exactly what `nvfp4_grouped_mm` computes for
+recipe, w_ongrid, site, x_index, x_perm, x_ongrid, x_gd) -> y, registered from `gemm_call`'s
+table: the first twelve arguments are `nvfp4_grouped_mm`'s at the same positions
+(`gemm_call.OP_ARGS`); x_ongrid (BF16 [M, K]) and x_gd (FP32 [M, 1]) are x's 1x16 per-row quantization, exactly what `nvfp4_grouped_mm` computes for
 itself under per-row activation scales (a gathered row's quantization is its source row's: the
 blocks and the scale are row-local), so the bits are the same. Per-row recipes only. The
 backward is `nvfp4_grouped_mm_backward` unchanged (it reads x; the forward operand plays no part).
