@@ -118,23 +118,11 @@ def _ops():
     return torch.ops.fp4_compile
 
 
-def gemm_overloads(*names: str) -> tuple:
-    """The `.default` overloads of the named GEMM ops (all four by default)."""
-    for name in names:
-        if name not in OP_ARGS:
-            raise ValueError(f"{name!r} is not an NVFP4 GEMM op; one of {GEMM_OPS}")
-    return tuple(getattr(_ops(), n).default for n in (names or GEMM_OPS))
-
-
 def gemm_op_name(target) -> str | None:
     """The GEMM op name of a node target (an overload or the op packet), else None."""
-    schema = getattr(target, "_schema", None)
-    if schema is None:
-        schemas = getattr(target, "_qualified_op_name", None)
-        name = schemas if isinstance(schemas, str) else None
-    else:
-        name = schema.name
-    if not name or not name.startswith("fp4_compile::"):
+    schema = getattr(target, "_schema", None)  # an overload
+    name = getattr(schema, "name", None) or getattr(target, "_qualified_op_name", None)
+    if not isinstance(name, str) or not name.startswith("fp4_compile::"):
         return None
     name = name.split("::", 1)[1]
     return name if name in OP_ARGS else None
