@@ -25,4 +25,3 @@ def test_quantize_positions_match_schemas():
             assert quantize[name.lower()] == pos, name
     assert len(ops.quantize_with_ongrid.default._schema.returns) == QuantizeOut.ONGRID + 1
     assert len(ops.quantize.default._schema.returns) == QuantizeOut.ONGRID
-
