@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.fx as fx
 
+from fp4_compile.codegen.nvfp4.gemm_call import GemmCall
+
 # H200 device copy, read + write: `benchmarks/results/2026-12-05_decode_gemm_20848a7.md`
 # ("Device copy: 4254 GB/s (read + write)").
 COPY_BYTES_PER_S = 4254e9
@@ -158,12 +160,13 @@ def _fp4_cost(n: fx.Node, g: _Graph, ctx: dict) -> OpCost:
     name = _short(n)
     args = _tensor_args(n)
     launches, note, flops, kv = 1 + EXTRA_LAUNCHES.get(name, 0), "", 0, ""
-    skip = set()
+    skip = []  # the master weight (autograd only), and x where the op reads x's operands instead
     if name in _NVFP4_GEMMS:
-        skip = {1} | ({0} if name.endswith("_quantized") else set())
+        call = GemmCall.of(n)
+        skip = [call.weight] + ([call.x] if call.x_operands is not None else [])
     read = 0
-    for i, x in args:
-        if i in skip:
+    for _, x in args:
+        if any(x is s for s in skip):
             continue
         b = g.read_bytes(x)
         if name in _GROUPED and g.from_weight(x):
@@ -187,21 +190,22 @@ def _fp4_cost(n: fx.Node, g: _Graph, ctx: dict) -> OpCost:
 
 def _gemm_facts(n, g: _Graph, ctx, name, launches, read):
     """FLOPs and the per-call on-grid dequantize of an NVFP4 GEMM at >= ONGRID rows per weight."""
-    x = n.args[0]
+    call = GemmCall.of(n) if name in _NVFP4_GEMMS else None
+    x = n.args[0] if call is None else call.x  # the BF16 GEMMs' x: their first argument
     out = _outputs(n)[0]
     k = _val(x).shape[-1]
     flops = 2 * int(out.numel()) * int(k)
     note = ""
-    if name in _NVFP4_GEMMS and (len(n.args) <= 8 or n.args[8] is None):
+    if call is not None and call.w_ongrid is None:
         from fp4_compile.codegen.nvfp4.gemm import ONGRID_FORWARD_MIN_ROWS
 
-        codes = _val(n.args[2])
+        codes = _val(call.w.codes)
         experts = codes.shape[0] if codes.dim() == 3 else 1
         rows = -(-(int(out.numel()) // int(out.shape[-1])) // experts)
         if rows >= ONGRID_FORWARD_MIN_ROWS:
             full = int(codes.numel()) * 4  # BF16 copy of every weight: 2 values per code byte
             launches += 1
-            read += _nbytes(codes) + _nbytes(_val(n.args[3])) + full  # dequantize + GEMM reads
+            read += _nbytes(codes) + _nbytes(_val(call.w.scales)) + full  # dequantize + GEMM reads
             note = f"dequantizes its packed weight per call ({rows} rows per weight)"
     return flops, note, launches, read
 

@@ -75,19 +75,11 @@ def prepare_graph_seeds(gm: torch.fx.GraphModule, device: torch.device) -> int:
     """Make the device stochastic-rounding counter of every NVFP4 GEMM site of the lowered graph
     (their backward draws its seeds from it inside a CUDA-graph capture, `sr_stream`); returns
     how many sites."""
-    from .codegen.nvfp4.op_args import GemmArg
+    from .codegen.nvfp4.gemm_call import GemmCall, is_gemm
     from .sr_stream import prepare_device_counters, site_seed
 
-    ops = torch.ops.fp4_compile
-    targets = (ops.nvfp4_linear.default, ops.nvfp4_linear_quantized.default,
-               ops.nvfp4_grouped_mm.default, ops.nvfp4_grouped_mm_quantized.default)  # fmt: skip
-    keys = {
-        site_seed(
-            NVFP4Recipe.from_numerics_key(n.args[GemmArg.NUMERICS]).seed, n.args[GemmArg.SITE]
-        )
-        for n in gm.graph.nodes
-        if n.op == "call_function" and n.target in targets
-    }
+    calls = [GemmCall.of(n) for n in gm.graph.nodes if is_gemm(n)]
+    keys = {site_seed(call.recipe.seed, call.site) for call in calls}
     prepare_device_counters(sorted(keys), device)
     return len(keys)
 

@@ -55,7 +55,7 @@ def explain(
     BF16. Runs the lowered graph once (eagerly, no Inductor). Returns the list of reports, one
     per captured graph."""
     from .backend import lowering_only_backend
-    from .passes.report import LoweringReport
+    from .passes import LoweringReport
 
     recipe = as_recipe(recipe)
     reports: list[LoweringReport] = []

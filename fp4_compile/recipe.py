@@ -82,7 +82,7 @@ class NVFP4Recipe:
 
     shared_weight_scale: bool = True
     """One weight global scale per group of linears that inference engines fuse into one layer
-    (q/k/v of one attention, gate/up of one MLP; `passes/weight_groups.py`): each member is
+    (q/k/v of one attention, gate/up of one MLP; `weight_policy.py`): each member is
     quantized with the global scale of the group's amax (the max of the members' amaxes), so an
     exported checkpoint's shards carry equal global scales and an engine that keeps ONE scale per
     fused layer (vLLM) decodes the learner's bytes exactly. Weights only: still batch-invariant.
@@ -213,8 +213,8 @@ class NVFP4Recipe:
 
     # ---- the ops' string argument ----------------------------------------------------------
     # `recipe.numerics_key` (a str attribute set at construction, not a field): this recipe as the
-    # string the `fp4_compile::` NVFP4 ops take (their schema's `recipe` argument, named NUMERICS
-    # in codegen/nvfp4/op_args.py): compact JSON of `to_dict`, keys sorted.
+    # string the `fp4_compile::` NVFP4 ops take (their schema's `recipe` argument; encoded and
+    # decoded in one place, `codegen/nvfp4/gemm_call.py`): compact JSON of `to_dict`, keys sorted.
 
     @classmethod
     def from_numerics_key(cls, key: str) -> NVFP4Recipe:

@@ -83,6 +83,7 @@ def learner_weight_bytes(model, recipe, *inputs, **kwargs) -> dict[str, tuple[to
     """{parameter name: (codes, E4M3 block scales, global decode)} exactly as the learner's
     lowered graph quantizes each weight, from one forward of `model` on these inputs (Dynamo and
     the pass pipeline, the lowered graph run eagerly, every weight-quantize node's output kept)."""
+    from .codegen.nvfp4.op_args import QuantizeArg, QuantizeOut
     from .passes import run_pipeline
 
     ops = torch.ops.fp4_compile
@@ -92,9 +93,11 @@ def learner_weight_bytes(model, recipe, *inputs, **kwargs) -> dict[str, tuple[to
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n):
             out = super().run_node(n)
-            if n.op == "call_function" and n.target in quantizes and n.args[1] == "16x16":
-                x = self.env[n.args[0]]
-                codes, scales, gd = out[:3]
+            if (n.op == "call_function" and n.target in quantizes
+                    and n.args[QuantizeArg.BLOCK] == "16x16"):  # fmt: skip
+                x = self.env[n.args[QuantizeArg.X]]
+                codes = out[QuantizeOut.CODES]
+                scales, gd = out[QuantizeOut.BLOCK_SCALES], out[QuantizeOut.GLOBAL_DECODE]
                 seen[x.data_ptr()] = (codes.clone(), scales.view(torch.float8_e4m3fn).clone(),
                                       gd.clone())  # fmt: skip
             return out

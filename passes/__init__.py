@@ -12,6 +12,7 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .attach_combine_inverse import attach_combine_inverse
+from .bind_weight_inputs import QuantizeSpec, bind_weight_inputs, weight_quantize_sites
 from .drop_ongrid_weights import drop_ongrid_weights
 from .fold_expert_gathers import fold_expert_gathers
 from .fold_moe_combine import fold_moe_combine
@@ -36,6 +37,7 @@ from .select_gemms import select_gemms
 from .share_activation_quantize import share_activation_quantize
 from .skip_unread_packed_weights import skip_unread_packed_weights
 from .stable_sorts import stable_sorts
+from .targets import quantized_weight_inputs
 from .verify import LoweringError, op_census, verify
 
 PIPELINE = (
@@ -89,6 +91,8 @@ def run_pipeline(
     return report
 
 
+# The entry points code outside passes/ may import (tests/test_import_rules.py): the pipeline,
+# its report, and the graph reading and binding of an exported rollout program's weights.
 __all__ = [
     "PIPELINE",
     "QUANTIZE_FUSIONS",
@@ -98,4 +102,8 @@ __all__ = [
     "LoweringReport",
     "op_census",
     "run_pipeline",
+    "QuantizeSpec",
+    "bind_weight_inputs",
+    "quantized_weight_inputs",
+    "weight_quantize_sites",
 ]

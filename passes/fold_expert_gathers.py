@@ -18,23 +18,21 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from ..codegen.nvfp4.gemm_call import GemmCall, is_gemm
 from ..recipe import NVFP4Recipe
 from .graph_utils import (
     fake,
     insert_call,
     known_equal,
-    replace_with_call,
     size_arg,
     written_args,
     written_between,
 )
 from .patterns import floordiv_of_sort_permutation, is_cast, is_masked_fill, row_zero_mask
 from .report import LoweringReport
+from .targets import replace_gemm
 
 aten = torch.ops.aten
-
-X_INDEX_ARG = 10  # of fp4_compile::nvfp4_grouped_mm, after site
-_DEFAULTS = (None, 0)  # w_ongrid (arg 8) and site (arg 9), when the call leaves them out
 
 
 def _source(x: fx.Node, gemm: fx.Node):
@@ -74,14 +72,14 @@ def _source(x: fx.Node, gemm: fx.Node):
 
 
 def fold_expert_gathers(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
-    ops = torch.ops.fp4_compile
     graph = gm.graph
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not ops.nvfp4_grouped_mm.default:
+        if not is_gemm(node, "nvfp4_grouped_mm") or node.kwargs:
             continue
-        if len(node.args) > X_INDEX_ARG or node.kwargs:
+        call = GemmCall.of(node)
+        if call.x_index is not None or call.x_perm is not None:
             continue
-        found = _source(node.args[0], node)
+        found = _source(call.x, node)
         if found is None:
             continue
         gathered, chain, mask = found
@@ -105,9 +103,7 @@ def fold_expert_gathers(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Lowerin
             rows_mask = insert_call(graph, aten.squeeze.dim, (mask, -1), before=node, like=node)
             idx = insert_call(graph, aten.where.ScalarSelf, (rows_mask, -1, idx), before=node,
                               like=node)  # fmt: skip
-        args = (*node.args, *_DEFAULTS[len(node.args) - 8 :])  # the 8 required, then defaults
-        replace_with_call(graph, node, node.target,
-                          (h, *args[1:], idx) + (() if perm is None else (perm,)))  # fmt: skip
+        replace_gemm(graph, node, call._replace(x=h, x_index=idx, x_perm=perm))
         if perm is not None:
             report.count("expert_gather_perm_attached")
         for dead in chain:  # GEMM side first: each one's only reader is gone

@@ -23,11 +23,12 @@ import operator
 import torch
 import torch.fx as fx
 
-from ..codegen.nvfp4.op_args import GemmArg
+from ..codegen.nvfp4.gemm_call import ActivationOperands, GemmCall, encode_recipe, is_gemm
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, insert_call
 from .report import LoweringReport
 from .share_activation_quantize import needs_transposed
+from .targets import replace_gemm
 
 
 def _ops():
@@ -40,13 +41,13 @@ def _is(node, target) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_function" and node.target is target
 
 
-def fusable_norm(q: fx.Node) -> fx.Node | None:
+def fusable_norm(q: fx.Node, recipe: NVFP4Recipe) -> fx.Node | None:
     """The invariant_rms_norm node whose (detached) output quantize_activation node q reads,
     when the recipe scales activations per row and q takes no static amax; else None."""
-    det, numerics, x_amax, _ = q.args
+    det, _, x_amax, _ = q.args
     if x_amax is not None or not _is(det, torch.ops.aten.detach.default):
         return None
-    if NVFP4Recipe.from_numerics_key(numerics).activation.global_scale != "per_row":
+    if recipe.activation.global_scale != "per_row":
         return None
     norm = det.args[0]
     return norm if _is(norm, _ops().invariant_rms_norm.default) else None
@@ -71,15 +72,15 @@ def _output(graph: fx.Graph, fused: fx.Node, index: int) -> fx.Node:
     return insert_call(graph, operator.getitem, (fused, index), after=fused, like=fused)
 
 
-def _fuse_shared_quantizes(graph: fx.Graph, report: LoweringReport) -> None:
+def _fuse_shared_quantizes(graph: fx.Graph, recipe: NVFP4Recipe, report: LoweringReport) -> None:
     """quantize_activation(detach(rms_norm)) -> the outputs 1..4 of rms_norm_quantize."""
     quantizes = [n for n in graph.nodes if _is(n, _ops().quantize_activation.default)]
     for q in quantizes:
-        norm = fusable_norm(q)
+        norm = fusable_norm(q, recipe)
         if norm is None or not all(_is(u, operator.getitem) for u in q.users):
             continue
-        det, numerics, _, transposed = q.args
-        fused = _fuse(graph, norm, numerics, transposed)
+        det, _, _, transposed = q.args
+        fused = _fuse(graph, norm, encode_recipe(recipe), transposed)
         for item in list(q.users):
             item.replace_all_uses_with(_output(graph, fused, item.args[1] + 1))
             graph.erase_node(item)
@@ -164,65 +165,59 @@ def _silu_source(graph: fx.Graph, x, numerics: str, report: LoweringReport):
     return fused
 
 
-def _fuse_expert_inputs(graph: fx.Graph, report: LoweringReport) -> None:
+def _fuse_expert_inputs(graph: fx.Graph, recipe: NVFP4Recipe, report: LoweringReport) -> None:
     """nvfp4_grouped_mm reading a norm's output (the MoE block's normed X, gathered through
     x_index) or the SwiGLU's (the down GEMM) -> nvfp4_grouped_mm_quantized on that producer's
     operand."""
-    grouped = [n for n in graph.nodes if _is(n, _ops().nvfp4_grouped_mm.default)]
-    for node in grouped:
-        numerics = node.args[GemmArg.NUMERICS]
-        if node.args[GemmArg.X_AMAX] is not None or node.kwargs:
+    if recipe.activation.global_scale != "per_row":
+        return
+    numerics = encode_recipe(recipe)
+    for node in [n for n in graph.nodes if is_gemm(n, "nvfp4_grouped_mm")]:
+        call = GemmCall.of(node)
+        if call.x_amax is not None or node.kwargs:
             continue
-        if NVFP4Recipe.from_numerics_key(numerics).activation.global_scale != "per_row":
-            continue
-        x = node.args[GemmArg.X]
-        fused, source = _norm_source(graph, x, numerics, report), "norm"
+        fused, source = _norm_source(graph, call.x, numerics, report), "norm"
         if fused is None:
-            fused, source = _silu_source(graph, x, numerics, report), "silu_mul"
+            fused, source = _silu_source(graph, call.x, numerics, report), "silu_mul"
         if fused is None:
             continue
-        operands = (_output(graph, fused, 1), _output(graph, fused, 2))
-        args = (*node.args, *([None] * (GemmArg.X_PERM + 1 - len(node.args))))
-        new = insert_call(graph, _ops().nvfp4_grouped_mm_quantized.default, (*args, *operands),
-                          before=node, like=node)  # fmt: skip
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
+        operands = ActivationOperands(_output(graph, fused, 1), _output(graph, fused, 2))
+        # read again: fusing the producer moved the node's x to the fused op's output
+        replace_gemm(graph, node, GemmCall.of(node)._replace(x_operands=operands))
         report.count(f"expert_input_from_{source}")
 
 
-def _fuse_dense_swiglu(graph: fx.Graph, report: LoweringReport) -> None:
+def _fuse_dense_swiglu(graph: fx.Graph, recipe: NVFP4Recipe, report: LoweringReport) -> None:
     """nvfp4_linear reading `silu_mul` (a dense MLP's down projection) -> nvfp4_linear_quantized
     on the operands of `silu_mul_quantize` (X^T's too where an NVFP4 wgrad reads it)."""
-    linears = [n for n in graph.nodes if _is(n, _ops().nvfp4_linear.default)]
-    for node in linears:
-        numerics = node.args[GemmArg.NUMERICS]
-        if node.args[GemmArg.X_AMAX] is not None or node.kwargs:
+    if recipe.activation.global_scale != "per_row":
+        return
+    numerics = encode_recipe(recipe)
+    for node in [n for n in graph.nodes if is_gemm(n, "nvfp4_linear")]:
+        call = GemmCall.of(node)
+        if call.x_amax is not None or node.kwargs:
             continue
-        if NVFP4Recipe.from_numerics_key(numerics).activation.global_scale != "per_row":
-            continue
-        silu = _same_tensor(node.args[GemmArg.X])
+        silu = _same_tensor(call.x)
         val = fake(silu) if _is(silu, _ops().silu_mul.default) else None
         if val is None or val.dtype not in (torch.bfloat16, torch.float32) or silu.kwargs:
             continue
         a, b, row_mask = (*silu.args, None)[:3]
-        transposed = needs_transposed([node])
+        transposed = needs_transposed([node], recipe)
         fused = insert_call(graph, _ops().silu_mul_quantize.default,
                             (a, b, row_mask, numerics, transposed), before=silu, like=silu)  # fmt: skip
         y = insert_call(graph, operator.getitem, (fused, 0), before=silu, like=silu)
         silu.replace_all_uses_with(y)
         graph.erase_node(silu)
-        operands = tuple(_output(graph, fused, i) for i in range(1, 5))
-        new = insert_call(graph, _ops().nvfp4_linear_quantized.default,
-                          (*node.args[: GemmArg.SITE + 1], *operands), before=node, like=node)  # fmt: skip
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
+        operands = ActivationOperands(*(_output(graph, fused, i) for i in range(1, 5)))
+        # read again: fusing the producer moved the node's x to the fused op's output
+        replace_gemm(graph, node, GemmCall.of(node)._replace(x_operands=operands))
         report.count("silu_mul_quantize_fused")
 
 
 def fuse_quantize_into_producers(
     gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport
 ) -> None:
-    _fuse_shared_quantizes(gm.graph, report)
-    _fuse_expert_inputs(gm.graph, report)
-    _fuse_dense_swiglu(gm.graph, report)
+    _fuse_shared_quantizes(gm.graph, recipe, report)
+    _fuse_expert_inputs(gm.graph, recipe, report)
+    _fuse_dense_swiglu(gm.graph, recipe, report)
     gm.recompile()

@@ -11,7 +11,6 @@ _ROOT = re.compile(r"^L\['[^']*'\](\[\d+\])*\.?")
 _GETATTR = re.compile(r"getattr\(([^,]+), '([^']+)'\)")
 _MODULES = re.compile(r"\._modules\['([^']*)'\]")
 _ORIG = re.compile(r"(^|\.)_orig_mod(\.|$)")
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
 
 def clean_module_path(raw: str) -> str:
@@ -32,11 +31,6 @@ def module_path(node: fx.Node) -> str:
         return ""
     raw = list(stack.values())[-1][0]
     return clean_module_path(raw)
-
-
-def layer_index(path: str) -> int | None:
-    m = _LAYER.search(path)
-    return int(m.group(1)) if m else None
 
 
 def fake(node) -> torch.Tensor | None:

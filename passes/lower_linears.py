@@ -4,13 +4,14 @@ quantize-weight node shared by every use of that weight in the graph (once per f
 once per weight version within a step); every BF16-marked linear becomes the batch-invariant BF16
 linear. The master weight stays an input of the op so autograd returns its gradient
 (straight-through). With `recipe.shared_weight_scale`, the weights of a fused group (q/k/v,
-gate/up: `weight_groups.py`) are quantized together under the group's one global scale."""
+gate/up: `fp4_compile/weight_policy.py`) are quantized together under the group's one global scale."""
 
 from __future__ import annotations
 
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
+from ..weight_policy import shared_scale_groups
 from .patterns import is_linear, scalar_arg
 from .report import LoweringReport
 from .targets import (
@@ -20,7 +21,6 @@ from .targets import (
     emit_quantize_weight,
     emit_quantize_weight_group,
 )
-from .weight_groups import shared_scale_groups
 
 
 def quantized_weight_node(

@@ -16,10 +16,11 @@ import operator
 import torch
 import torch.fx as fx
 
-from ..codegen.nvfp4.op_args import GemmArg
+from ..codegen.nvfp4.gemm_call import ActivationOperands, GemmCall, encode_recipe, is_gemm
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, insert_call, module_path
 from .report import LoweringReport
+from .targets import replace_gemm
 
 
 def _ops():
@@ -28,38 +29,39 @@ def _ops():
     return torch.ops.fp4_compile
 
 
-def needs_transposed(linears: list[fx.Node]) -> bool:
+def needs_transposed(linears: list[fx.Node], recipe: NVFP4Recipe) -> bool:
     """Whether the readers' backward quantizes X^T: an NVFP4 wgrad in a graph that tracks the
     gradient of one of their weights (an inference graph, e.g. the exported rollout, does not)."""
-    numerics = linears[0].args[GemmArg.NUMERICS]
-    if NVFP4Recipe.from_numerics_key(numerics).wgrad == "bf16":
+    if recipe.wgrad == "bf16":
         return False
-    weights = (fake(n.args[GemmArg.WEIGHT]) for n in linears)
+    weights = (fake(GemmCall.of(n).weight) for n in linears)
     return any(w is not None and w.requires_grad for w in weights) and torch.is_grad_enabled()
 
 
 def shared_readers(graph: fx.Graph) -> list[list[fx.Node]]:
     """The groups (in graph order, two or more each) of nvfp4_linear nodes with the same X,
-    static amax and numerics."""
+    static amax and recipe."""
     groups: dict[tuple, list[fx.Node]] = {}
-    target = _ops().nvfp4_linear.default
     for node in graph.nodes:
-        if node.op == "call_function" and node.target is target:
-            key = tuple(node.args[i] for i in (GemmArg.X, GemmArg.X_AMAX, GemmArg.NUMERICS))
+        if is_gemm(node, "nvfp4_linear"):
+            call = GemmCall.of(node)
+            key = (call.x, call.x_amax, encode_recipe(call.recipe))
             groups.setdefault(key, []).append(node)
     return [g for g in groups.values() if len(g) > 1]
 
 
-def emit_quantize_activation(graph: fx.Graph, readers: list[fx.Node], transposed: bool):
+def emit_quantize_activation(
+    graph: fx.Graph, readers: list[fx.Node], transposed: bool, recipe: NVFP4Recipe
+) -> ActivationOperands:
     """detach(X) -> quantize_activation -> its four outputs, before the first reader."""
     first = readers[0]
-    x, x_amax = first.args[GemmArg.X], first.args[GemmArg.X_AMAX]
-    numerics = first.args[GemmArg.NUMERICS]
-    det = insert_call(graph, torch.ops.aten.detach.default, (x,), before=first, like=first)
+    call = GemmCall.of(first)
+    det = insert_call(graph, torch.ops.aten.detach.default, (call.x,), before=first, like=first)
     q = insert_call(graph, _ops().quantize_activation.default,
-                    (det, numerics, x_amax, bool(transposed)), before=first, like=first)  # fmt: skip
-    return tuple(
-        insert_call(graph, operator.getitem, (q, i), before=first, like=first) for i in range(4)
+                    (det, encode_recipe(recipe), call.x_amax, bool(transposed)), before=first,
+                    like=first)  # fmt: skip
+    return ActivationOperands(
+        *(insert_call(graph, operator.getitem, (q, i), before=first, like=first) for i in range(4))
     )
 
 
@@ -68,13 +70,10 @@ def share_activation_quantize(
 ) -> None:
     graph = gm.graph
     for readers in shared_readers(graph):
-        operands = emit_quantize_activation(graph, readers, needs_transposed(readers))
+        transposed = needs_transposed(readers, recipe)
+        operands = emit_quantize_activation(graph, readers, transposed, recipe)
         for node in readers:
-            new = insert_call(graph, _ops().nvfp4_linear_quantized.default,
-                              (*node.args[: GemmArg.SITE + 1], *operands), before=node,
-                              like=node)  # fmt: skip
-            node.replace_all_uses_with(new)
-            graph.erase_node(node)
+            replace_gemm(graph, node, GemmCall.of(node)._replace(x_operands=operands))
         report.count("activation_quantize_shared")
         report.count("activation_quantize_saved", len(readers) - 1)
         names = ", ".join(module_path(n) or "<root>" for n in readers)

@@ -15,7 +15,8 @@ import operator
 import torch
 import torch.fx as fx
 
-from ..codegen.nvfp4.op_args import GemmArg, QuantizeArg
+from ..codegen.nvfp4.gemm_call import GemmCall, is_gemm
+from ..codegen.nvfp4.op_args import QuantizeArg
 from ..codegen.nvfp4.op_args import QuantizeOut as Out
 from ..recipe import NVFP4Recipe
 from .graph_utils import propagate_val
@@ -31,12 +32,15 @@ def _getitems(node: fx.Node) -> dict[int, list[fx.Node]]:
     return out
 
 
+# the GEMMs a weight's on-grid copy is handed to (`targets.emit_ongrid_weight`)
+GEMMS = ("nvfp4_linear", "nvfp4_grouped_mm")
+
+
 def _only_gemms_with(readers, copy: fx.Node, gemms) -> bool:
-    return all(u.op == "call_function" and u.target in gemms and u.args[GemmArg.W_ONGRID] is copy
-               for u in readers)  # fmt: skip
+    return all(is_gemm(u, *gemms) and GemmCall.of(u).w_ongrid is copy for u in readers)
 
 
-def packed_bytes_unread(q: fx.Node, gemms) -> bool:
+def packed_bytes_unread(q: fx.Node, gemms=GEMMS) -> bool:
     """Whether no node reads the packed codes / scales of `quantize_with_ongrid` node q: every
     reader of codes, and of the scales' uint8 view, is an NVFP4 GEMM also given q's copy."""
     items = _getitems(q)
@@ -78,13 +82,12 @@ def set_packed(q: fx.Node, packed: bool) -> None:
 
 def skip_unread_packed_weights(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport):
     ops = torch.ops.fp4_compile
-    gemms = (ops.nvfp4_linear.default, ops.nvfp4_grouped_mm.default)
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not ops.quantize_with_ongrid.default:
             continue
         if is_ongrid_only(node):
             continue
-        if packed_bytes_unread(node, gemms):
+        if packed_bytes_unread(node):
             set_packed(node, False)
             report.count("packed_weight_skipped")
     gm.recompile()

@@ -9,22 +9,19 @@ from __future__ import annotations
 import operator
 
 import torch
+import torch.fx as fx
 
+from ..codegen.nvfp4.gemm_call import GemmCall, QuantizedWeight
 from ..codegen.nvfp4.op_args import QuantizeOut
 from ..recipe import NVFP4Recipe
-from .graph_utils import fake, insert_call, propagate_val
+from ..weight_policy import weight_quantize_mode
+from .graph_utils import fake, insert_call, propagate_val, replace_with_call
 
 
 def _ops():
     from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
 
     return torch.ops.fp4_compile
-
-
-def weight_quantize_mode(recipe: NVFP4Recipe, weight_dim: int) -> str:
-    if recipe.weight.global_scale == "static":
-        raise NotImplementedError("static weight scales are not lowered by the pass pipeline yet")
-    return "per_expert" if weight_dim == 3 else "per_tensor"
 
 
 def emit_quantize_weight(graph, weight, recipe: NVFP4Recipe):
@@ -128,18 +125,31 @@ def emit_ongrid_weight(graph, node, x, wq, num_experts: int | None = None):
     return made[codes]
 
 
+def emit_gemm(graph, call: GemmCall, *, before, like) -> fx.Node:
+    """A node of the GEMM op `call` makes (its fields: nodes of the graph), before `before`."""
+    return insert_call(graph, call.overload(), call.args(), before=before, like=like)
+
+
+def replace_gemm(graph, node, call: GemmCall) -> fx.Node:
+    """Replace GEMM node `node` by a node of `call` in its place (readers moved, node erased)."""
+    return replace_with_call(graph, node, call.overload(), call.args())
+
+
 def emit_nvfp4_linear(graph, node, x, weight, wq, bias, recipe: NVFP4Recipe, site: int = 0):
-    codes, scales, gd = wq
+    """nvfp4_linear(x, weight quantized as wq = (codes, scale bytes, global decode), bias)."""
     ongrid = emit_ongrid_weight(graph, node, x, wq)
-    args = (x, weight, codes, scales, gd, bias, None, recipe.numerics_key, ongrid, site)
-    return insert_call(graph, _ops().nvfp4_linear.default, args, before=node, like=node)
+    call = GemmCall(x=x, weight=weight, w=QuantizedWeight(*wq), recipe=recipe, bias=bias,
+                    w_ongrid=ongrid, site=site)  # fmt: skip
+    return emit_gemm(graph, call, before=node, like=node)
 
 
 def emit_nvfp4_grouped(graph, node, x, weight, wq, offsets, recipe: NVFP4Recipe, site: int = 0):
-    codes, scales, gd = wq
+    """nvfp4_grouped_mm(x, weight quantized as wq, offsets)."""
+    codes = wq[0]
     ongrid = emit_ongrid_weight(graph, node, x, wq, num_experts=fake(codes).shape[0])
-    args = (x, weight, codes, scales, gd, offsets, None, recipe.numerics_key, ongrid, site)
-    return insert_call(graph, _ops().nvfp4_grouped_mm.default, args, before=node, like=node)
+    call = GemmCall(x=x, weight=weight, w=QuantizedWeight(*wq), recipe=recipe, offsets=offsets,
+                    w_ongrid=ongrid, site=site)  # fmt: skip
+    return emit_gemm(graph, call, before=node, like=node)
 
 
 def _cast(graph, node, value, dtype, like):
@@ -274,16 +284,3 @@ def quantized_weight_inputs(program) -> list[tuple[str, bool, list[str]]]:
                     )
             out.append((name, fake(node.args[0]).dim() == 3, group))
     return out
-
-
-def quantize_weight_bytes(
-    weight: torch.Tensor, recipe: NVFP4Recipe, *, experts: bool, group: list | None = None
-):
-    """The exact bytes the graph's quantize-weight nodes produce for this weight; `group`: the
-    tensors of its shared-scale group (weight among them), when it has one."""
-    if group:
-        amax = _ops().weight_group_amax.default([w.detach() for w in group])
-        return _ops().quantize.default(weight.detach(), "16x16", "shared", amax, "rne", 0)
-    mode = weight_quantize_mode(recipe, 3 if experts else 2)
-    codes, scales, gd = _ops().quantize.default(weight.detach(), "16x16", mode, None, "rne", 0)
-    return codes, scales, gd

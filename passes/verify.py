@@ -11,9 +11,9 @@ import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
+from ..weight_policy import SHAPE_REASON
 from .graph_utils import fake, module_path, op_name
 from .report import LoweringReport
-from .select_gemms import SHAPE_REASON
 
 aten = torch.ops.aten
 

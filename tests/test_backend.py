@@ -147,7 +147,7 @@ def test_graph_seed_counters_cover_every_nvfp4_site(monkeypatch):
     (the keys the backward draws with), for linears and MoE experts alike."""
     from fp4_compile import sr_stream
     from fp4_compile.backend import prepare_graph_seeds
-    from fp4_compile.codegen.nvfp4.op_args import GemmArg
+    from fp4_compile.codegen.nvfp4.gemm_call import GemmCall
     from fp4_compile.models import tiny_qwen3_moe
     from fp4_compile.passes import run_pipeline
 
@@ -162,9 +162,7 @@ def test_graph_seed_counters_cover_every_nvfp4_site(monkeypatch):
         grouped = (ops.nvfp4_grouped_mm.default, ops.nvfp4_grouped_mm_quantized.default)
         gemms = (ops.nvfp4_linear.default, ops.nvfp4_linear_quantized.default, *grouped)
         seen["sites"] = {
-            sr_stream.site_seed(
-                NVFP4Recipe.from_numerics_key(n.args[GemmArg.NUMERICS]).seed, n.args[GemmArg.SITE]
-            )
+            sr_stream.site_seed(GemmCall.of(n).recipe.seed, GemmCall.of(n).site)
             for n in gm.graph.nodes
             if n.target in gemms
         }

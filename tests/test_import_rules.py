@@ -7,6 +7,8 @@
   runtime (fp4_compile/rollout/) and the checkpoint formats (fp4_compile/checkpoints/) never
   import rl/; the vLLM plugin (fp4_compile/vllm_plugin/) never imports rl/; the core imports rl/
   only from the CLI.
+- passes/ is graph code, reached from outside only through its entry (`fp4_compile.passes`,
+  the names of its `__all__`); the weight policy is core (`fp4_compile/weight_policy.py`).
 """
 
 from __future__ import annotations
@@ -165,5 +167,48 @@ def test_core_imports_rl_only_from_the_cli():
         if name != "fp4_compile.cli"
         for module, imported, line in _imports(name)
         if module.startswith("fp4_compile.rl") or (module == "fp4_compile" and imported == "rl")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def _passes_entry() -> set[str]:
+    """The names `passes/__init__.py` lists in `__all__`: the pipeline entry."""
+    tree = ast.parse(MODULES["fp4_compile.passes"].read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("passes/__init__.py has no __all__")
+
+
+def test_passes_are_reached_only_through_the_pipeline_entry():
+    """passes/ is graph code: outside it, code imports `fp4_compile.passes` itself (the names in
+    its `__all__`: the pipeline, its report, the exported program's weight binding), never a
+    pass's module. The weight policy (which GEMMs are NVFP4, their groups, their bytes) is the
+    numerics contract and lives beside the recipe, in `fp4_compile/weight_policy.py`."""
+    entry = _passes_entry()
+    bad = [
+        f"{MODULES[name].relative_to(ROOT)}:{line} imports {module}"
+        + (f".{imported}" if imported else "")
+        for name in MODULES
+        if not (name == "fp4_compile.passes" or name.startswith("fp4_compile.passes."))
+        for module, imported, line in _imports(name)
+        if module.startswith("fp4_compile.passes.")
+        or (module == "fp4_compile.passes" and imported not in entry)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_weight_policy_is_core_not_graph_code():
+    policy = {"gemm_precision", "quantize_weight_bytes", "shared_scale_groups"}
+    tree = ast.parse(MODULES["fp4_compile.weight_policy"].read_text())
+    assert policy <= {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    bad = [
+        f"{MODULES[name].relative_to(ROOT)} defines {n.name}"
+        for name in MODULES
+        if name.startswith("fp4_compile.passes")
+        for n in ast.walk(ast.parse(MODULES[name].read_text()))
+        if isinstance(n, ast.FunctionDef) and n.name in policy
     ]
     assert not bad, "\n".join(bad)

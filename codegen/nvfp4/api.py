@@ -15,6 +15,7 @@ import torch
 
 from ...format import NVFP4Tensor
 from ...recipe import NVFP4Recipe, as_recipe
+from .gemm_call import GemmCall
 
 
 def _static_amax(amax, name: str) -> torch.Tensor | None:
@@ -116,10 +117,8 @@ def nvfp4_linear(
     decides x's quantization (x_amax for a static recipe)."""
     rec = as_recipe(recipe)
     wq = _weight_q(weight, rec, w_q)
-    return torch.ops.fp4_compile.nvfp4_linear(
-        x, weight, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, bias,
-        _static_amax(x_amax, "x_amax"), rec.numerics_key, w_ongrid,
-    )  # fmt: skip
+    return GemmCall(x=x, weight=weight, w=wq, recipe=rec, bias=bias, w_ongrid=w_ongrid,
+                    x_amax=_static_amax(x_amax, "x_amax")).run()  # fmt: skip
 
 
 def nvfp4_grouped_linear(
@@ -138,8 +137,8 @@ def nvfp4_grouped_linear(
     rec = as_recipe(recipe)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 3:
         raise ValueError(f"weight must be [E, N, K], got {getattr(weight, 'shape', weight)}")
+    if not isinstance(offsets, torch.Tensor):
+        raise TypeError(f"offsets must be an int32 tensor, got {type(offsets).__name__}")
     wq = _weight_q(weight, rec, w_q)
-    return torch.ops.fp4_compile.nvfp4_grouped_mm(
-        x, weight, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, offsets,
-        _static_amax(x_amax, "x_amax"), rec.numerics_key, w_ongrid,
-    )  # fmt: skip
+    return GemmCall(x=x, weight=weight, w=wq, recipe=rec, offsets=offsets, w_ongrid=w_ongrid,
+                    x_amax=_static_amax(x_amax, "x_amax")).run()  # fmt: skip

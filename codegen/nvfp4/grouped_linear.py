@@ -6,7 +6,7 @@ Shape legend: T tokens sorted by expert, K in-features, N out-features, E expert
 Ops (each a `torch.library.custom_op`: opaque to Dynamo and Inductor, which keeps one registered
 boundary per GEMM and compiles on CPU, where `triton_op`/`wrap_triton` cannot):
 - nvfp4_grouped_mm(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax, recipe, w_ongrid,
-  site, x_index, x_perm) -> y
+  site, x_index, x_perm) -> y, registered from `gemm_call`'s table (`register_gemm`)
 - nvfp4_grouped_mm_backward: the backward GEMMs (autograd calls it).
 Arguments as `linear.nvfp4_linear`'s (`site`, `recipe`, `w_scales`, `weight`, `w_ongrid`), plus the
 int32 group-end `offsets` [E]. CPU implementations are the reference; CUDA ones the Triton kernels
@@ -21,8 +21,8 @@ from ... import reference as ref
 from ...sr_stream import site_seed
 from ..invariant.gather_rows import gather_rows_backward
 from . import gemm as impl
+from .gemm_call import GemmCall, input_grads, needs_input_grad, op_inputs, register_gemm
 from .linear import backward_seed
-from .op_args import GemmArg as Arg
 
 _LIB = "fp4_compile"
 
@@ -59,22 +59,8 @@ def _groups(offsets: torch.Tensor):
         start = end
 
 
-@torch.library.custom_op(f"{_LIB}::nvfp4_grouped_mm", mutates_args=())
-def nvfp4_grouped_mm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    w_codes: torch.Tensor,
-    w_scales: torch.Tensor,
-    w_global_decode: torch.Tensor,
-    offsets: torch.Tensor,
-    x_amax: torch.Tensor | None,
-    recipe: str,
-    w_ongrid: torch.Tensor | None = None,
-    site: int = 0,
-    x_index: torch.Tensor | None = None,
-    x_perm: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The experts' GEMM over tokens sorted by expert: x [T, K], or (x_index given) the rows
+def _grouped_forward(call: GemmCall) -> torch.Tensor:
+    """`nvfp4_grouped_mm`: the experts' GEMM over tokens sorted by expert: x [T, K], or (x_index given) the rows
     x[x_index], a zero row where x_index < 0 (the MoE token gather and its masked rows folded
     in, `passes/fold_expert_gathers.py`: bitwise the op on the gathered copy, its backward
     returning the gradient of x with `gather_rows`' position-ordered sums). `x_perm`: the sort
@@ -82,7 +68,15 @@ def nvfp4_grouped_mm(
     x_index[q] >= 0, k = S / T): the forward does not read it; the backward finds each row's
     positions through its inverse instead of sorting x_index (`expert_gather_backward_kernel.py`),
     the same bits."""
-    rec = impl.op_recipe(recipe)
+    x, offsets, x_amax, w_ongrid, rec = (
+        call.x,
+        call.offsets,
+        call.x_amax,
+        call.w_ongrid,
+        call.recipe,
+    )
+    x_index, x_perm = call.x_index, call.x_perm
+    w_codes, w_scales, w_global_decode = call.weight_operand()
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
                              w_ongrid=w_ongrid)  # fmt: skip
     _check_grouped(x, offsets, w_codes.shape[0], x_index, x_perm)
@@ -99,12 +93,10 @@ def nvfp4_grouped_mm(
     return ref.nvfp4_grouped_mm(xq, w, offsets).to(x.dtype)
 
 
-@nvfp4_grouped_mm.register_fake
-def _(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax, recipe, w_ongrid=None,
-      site=0, x_index=None, x_perm=None):  # fmt: skip
-    n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
-                             w_ongrid=w_ongrid)  # fmt: skip
-    _check_grouped(x, offsets, w_codes.shape[0], x_index, x_perm, data=False)
+def _grouped_fake(call: GemmCall) -> torch.Tensor:
+    x, x_index, w = call.x, call.x_index, call.weight_operand()
+    n, _ = impl.check_weight(x, *w, experts=True, w_ongrid=call.w_ongrid)
+    _check_grouped(x, call.offsets, w.codes.shape[0], x_index, call.x_perm, data=False)
     return x.new_empty((x.shape[0] if x_index is None else x_index.shape[0], n))
 
 
@@ -212,26 +204,32 @@ def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, offsets, w_ongrid
     return dx, dw
 
 
-def _grouped_setup_context(ctx, inputs, output):
-    x, weight, w_codes, w_scales, w_gd, offsets, x_amax, recipe, w_ongrid, site, x_index, x_perm = (
-        inputs)  # fmt: skip
-    ctx.save_for_backward(x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, x_index, x_perm)
-    ctx.recipe = recipe
-    ctx.site = site
-    ctx.weight_dtype = weight.dtype
+def grouped_setup_context(ctx, inputs, output, *, op_name: str = "nvfp4_grouped_mm"):
+    """Autograd's context of `op_name` (nvfp4_grouped_mm or its `_quantized` twin, whose
+    backward is this one's)."""
+    a = op_inputs(op_name, inputs)
+    ctx.save_for_backward(*(a[n] for n in ("x", "weight", "w_codes", "w_scales",
+                                           "w_global_decode", "offsets", "w_ongrid", "x_index",
+                                           "x_perm")))  # fmt: skip
+    ctx.recipe = a["recipe"]
+    ctx.site = a["site"]
+    ctx.weight_dtype = a["weight"].dtype
+    ctx.op_name = op_name
 
 
-def _grouped_backward(ctx, grad_out):
+def grouped_backward(ctx, grad_out):
+    """The gradients of x and the master weight (`nvfp4_grouped_mm_backward`), by name."""
     x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, x_index, x_perm = ctx.saved_tensors
-    needs = ctx.needs_input_grad
+    needs = needs_input_grad(ctx.op_name, ctx.needs_input_grad)
     rec = impl.op_recipe(ctx.recipe)
     dx, dw = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(
         grad_out, x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, ctx.recipe,
-        site_seed(rec.seed, ctx.site), needs[Arg.X], needs[Arg.WEIGHT], x_index, x_perm,
+        site_seed(rec.seed, ctx.site), needs["x"], needs["weight"], x_index, x_perm,
     )  # fmt: skip
-    dx = dx if needs[Arg.X] else None
-    dw = dw.to(ctx.weight_dtype) if needs[Arg.WEIGHT] else None
-    return dx, dw, None, None, None, None, None, None, None, None, None, None
+    dx = dx if needs["x"] else None
+    dw = dw.to(ctx.weight_dtype) if needs["weight"] else None
+    return input_grads(ctx.op_name, x=dx, weight=dw)
 
 
-nvfp4_grouped_mm.register_autograd(_grouped_backward, setup_context=_grouped_setup_context)
+nvfp4_grouped_mm = register_gemm("nvfp4_grouped_mm", _grouped_forward, _grouped_fake,
+                                 setup_context=grouped_setup_context, backward=grouped_backward)  # fmt: skip

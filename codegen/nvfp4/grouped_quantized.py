@@ -6,9 +6,9 @@ Shape legend: M rows of x, T tokens sorted by expert (x_index: T gathered rows o
 in-features, N out-features, E experts.
 
 nvfp4_grouped_mm_quantized(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax,
-recipe, w_ongrid, site, x_index, x_perm, x_ongrid, x_gd) -> y: the first twelve arguments are
-`nvfp4_grouped_mm`'s at the same positions (`op_args.GemmArg`); x_ongrid (BF16 [M, K]) and x_gd
-(FP32 [M, 1]) are x's 1x16 per-row quantization, exactly what `nvfp4_grouped_mm` computes for
+recipe, w_ongrid, site, x_index, x_perm, x_ongrid, x_gd) -> y, registered from `gemm_call`'s
+table: the first twelve arguments are `nvfp4_grouped_mm`'s at the same positions
+(`gemm_call.OP_ARGS`); x_ongrid (BF16 [M, K]) and x_gd (FP32 [M, 1]) are x's 1x16 per-row quantization, exactly what `nvfp4_grouped_mm` computes for
 itself under per-row activation scales (a gathered row's quantization is its source row's: the
 blocks and the scale are row-local), so the bits are the same. Per-row recipes only. The
 backward is `nvfp4_grouped_mm_backward` unchanged (it reads x; the forward operand plays no part).
@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import torch
 
-from ...sr_stream import site_seed
 from . import gemm as impl
-from .op_args import GemmArg as Arg
+from .gemm_call import GemmCall, register_gemm
+from .grouped_linear import grouped_backward, grouped_setup_context
 
-_LIB = "fp4_compile"
 
-
-def _check(x, recipe, x_ongrid, x_gd, offsets, num_experts, x_index):
+def _check(x, rec, x_ongrid, x_gd, offsets, num_experts, x_index):
     if x.dim() != 2:
         raise ValueError(f"x must be [M, K], got {tuple(x.shape)}")
     if not isinstance(offsets, torch.Tensor) or offsets.dtype != torch.int32:
@@ -38,7 +36,6 @@ def _check(x, recipe, x_ongrid, x_gd, offsets, num_experts, x_index):
         raise ValueError(
             f"x_index must be int32/int64 [T], got {x_index.dtype}{list(x_index.shape)}"
         )
-    rec = impl.op_recipe(recipe)
     if rec.activation.global_scale != "per_row":
         raise ValueError(
             "nvfp4_grouped_mm_quantized needs per-row activation scales (recipe.activation."
@@ -57,26 +54,13 @@ def _check(x, recipe, x_ongrid, x_gd, offsets, num_experts, x_index):
     return rec
 
 
-@torch.library.custom_op(f"{_LIB}::nvfp4_grouped_mm_quantized", mutates_args=())
-def nvfp4_grouped_mm_quantized(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    w_codes: torch.Tensor,
-    w_scales: torch.Tensor,
-    w_global_decode: torch.Tensor,
-    offsets: torch.Tensor,
-    x_amax: torch.Tensor | None,
-    recipe: str,
-    w_ongrid: torch.Tensor | None,
-    site: int,
-    x_index: torch.Tensor | None,
-    x_perm: torch.Tensor | None,
-    x_ongrid: torch.Tensor,
-    x_gd: torch.Tensor,
-) -> torch.Tensor:
+def _forward(call: GemmCall) -> torch.Tensor:
+    x, offsets, w_ongrid, x_index = call.x, call.offsets, call.w_ongrid, call.x_index
+    w_codes, w_scales, w_global_decode = call.weight_operand()
+    x_ongrid, x_gd = call.x_operands[:2]
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
                              w_ongrid=w_ongrid)  # fmt: skip
-    _check(x, recipe, x_ongrid, x_gd, offsets, w_codes.shape[0], x_index)
+    _check(x, call.recipe, x_ongrid, x_gd, offsets, w_codes.shape[0], x_index)
     if x.device.type == "cuda":
         return impl.cuda_grouped_quantized(x_ongrid, x_gd, w_codes, w_scales, w_global_decode,
                                            w_ongrid, offsets, x.dtype, x_index)  # fmt: skip
@@ -84,35 +68,17 @@ def nvfp4_grouped_mm_quantized(
     return impl.cpu_grouped_quantized(x_ongrid, x_gd, w, offsets, x_index).to(x.dtype)
 
 
-@nvfp4_grouped_mm_quantized.register_fake
-def _(x, weight, w_codes, w_scales, w_global_decode, offsets, x_amax, recipe, w_ongrid, site,
-      x_index, x_perm, x_ongrid, x_gd):  # fmt: skip
-    n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
-                             w_ongrid=w_ongrid)  # fmt: skip
-    _check(x, recipe, x_ongrid, x_gd, offsets, w_codes.shape[0], x_index)
+def _fake(call: GemmCall) -> torch.Tensor:
+    x, x_index, w = call.x, call.x_index, call.weight_operand()
+    n, _ = impl.check_weight(x, *w, experts=True, w_ongrid=call.w_ongrid)
+    _check(x, call.recipe, *call.x_operands[:2], call.offsets, w.codes.shape[0], x_index)
     return x.new_empty((x.shape[0] if x_index is None else x_index.shape[0], n))
 
 
 def _setup(ctx, inputs, output):
-    x, weight, w_codes, w_scales, w_gd, offsets, _, recipe, w_ongrid, site, x_index, x_perm = (
-        inputs[: Arg.X_PERM + 1])  # fmt: skip
-    ctx.save_for_backward(x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, x_index, x_perm)
-    ctx.recipe = recipe
-    ctx.site = site
-    ctx.weight_dtype = weight.dtype
+    grouped_setup_context(ctx, inputs, output, op_name="nvfp4_grouped_mm_quantized")
 
 
-def _backward(ctx, grad_out):
-    x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, x_index, x_perm = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    rec = impl.op_recipe(ctx.recipe)
-    dx, dw = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(
-        grad_out, x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, ctx.recipe,
-        site_seed(rec.seed, ctx.site), needs[Arg.X], needs[Arg.WEIGHT], x_index, x_perm,
-    )  # fmt: skip
-    dx = dx if needs[Arg.X] else None
-    dw = dw.to(ctx.weight_dtype) if needs[Arg.WEIGHT] else None
-    return (dx, dw, *([None] * 12))
-
-
-nvfp4_grouped_mm_quantized.register_autograd(_backward, setup_context=_setup)
+nvfp4_grouped_mm_quantized = register_gemm(
+    "nvfp4_grouped_mm_quantized", _forward, _fake, setup_context=_setup, backward=grouped_backward
+)

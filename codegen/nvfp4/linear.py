@@ -6,11 +6,12 @@ Shape legend: M tokens, K in-features, N out-features.
 Ops (each a `torch.library.custom_op`: opaque to Dynamo and Inductor, which keeps one registered
 boundary per GEMM and compiles on CPU, where `triton_op`/`wrap_triton` cannot):
 - nvfp4_linear(x, weight, w_codes, w_scales, w_global_decode, bias, x_amax, recipe, w_ongrid, site) -> y
+  registered from `gemm_call`'s table (`register_gemm`): its forward and fake take a `GemmCall`;
 - nvfp4_linear_backward: the backward GEMMs (autograd calls it).
 `site` (`sr_stream.site_id` of the GEMM's module path, set by the lowering) keys the backward's
 stochastic-rounding streams; it does not change the forward. `w_scales` holds the E4M3 scale
-BYTES as uint8; `recipe` is the recipe's numerics key (`NVFP4Recipe.numerics_key`; position
-`op_args.GemmArg.NUMERICS`); `weight` is the high-precision master weight, passed so that autograd
+BYTES as uint8; `recipe` is the encoded recipe (`gemm_call.encode_recipe`; the arguments by name:
+`gemm_call.GemmCall`); `weight` is the high-precision master weight, passed so that autograd
 returns its gradient (straight-through); `w_ongrid` optionally holds the on-grid BF16 copy of the
 quantized weight (same values, faster GEMM on CUDA; `quantize.ongrid_weight`).
 CPU implementations are the reference; CUDA ones the Triton kernels (imported lazily). The
@@ -23,7 +24,7 @@ import torch
 
 from ...sr_stream import DeviceSeed, call_seed, site_seed
 from . import gemm as impl
-from .op_args import GemmArg as Arg
+from .gemm_call import GemmCall, input_grads, needs_input_grad, op_inputs, register_gemm
 
 _LIB = "fp4_compile"
 
@@ -53,20 +54,9 @@ def backward_seed(site_key: int, device: torch.device) -> int | DeviceSeed:
 # nvfp4_linear
 
 
-@torch.library.custom_op(f"{_LIB}::nvfp4_linear", mutates_args=())
-def nvfp4_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    w_codes: torch.Tensor,
-    w_scales: torch.Tensor,
-    w_global_decode: torch.Tensor,
-    bias: torch.Tensor | None,
-    x_amax: torch.Tensor | None,
-    recipe: str,
-    w_ongrid: torch.Tensor | None = None,
-    site: int = 0,
-) -> torch.Tensor:
-    rec = impl.op_recipe(recipe)
+def _linear_forward(call: GemmCall) -> torch.Tensor:
+    x, bias, x_amax, w_ongrid, rec = call.x, call.bias, call.x_amax, call.w_ongrid, call.recipe
+    w_codes, w_scales, w_global_decode = call.weight_operand()
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
                              w_ongrid=w_ongrid)  # fmt: skip
     x2 = _flat(x)
@@ -78,10 +68,9 @@ def nvfp4_linear(
     return y.reshape(*x.shape[:-1], n)
 
 
-@nvfp4_linear.register_fake
-def _(x, weight, w_codes, w_scales, w_global_decode, bias, x_amax, recipe, w_ongrid=None, site=0):
-    n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
-                             w_ongrid=w_ongrid)  # fmt: skip
+def _linear_fake(call: GemmCall) -> torch.Tensor:
+    x = call.x
+    n, _ = impl.check_weight(x, *call.weight_operand(), experts=False, w_ongrid=call.w_ongrid)
     return x.new_empty((*x.shape[:-1], n))
 
 
@@ -141,27 +130,29 @@ def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, w_ongrid, recipe,
 
 
 def _linear_setup_context(ctx, inputs, output):
-    x, weight, w_codes, w_scales, w_gd, bias, x_amax, recipe, w_ongrid, site = inputs
-    ctx.save_for_backward(x, weight, w_codes, w_scales, w_gd, w_ongrid)
-    ctx.recipe = recipe
-    ctx.site = site
-    ctx.weight_dtype = weight.dtype
-    ctx.bias_dtype = None if bias is None else bias.dtype
+    a = op_inputs("nvfp4_linear", inputs)
+    ctx.save_for_backward(a["x"], a["weight"], a["w_codes"], a["w_scales"], a["w_global_decode"],
+                          a["w_ongrid"])  # fmt: skip
+    ctx.recipe = a["recipe"]
+    ctx.site = a["site"]
+    ctx.weight_dtype = a["weight"].dtype
+    ctx.bias_dtype = None if a["bias"] is None else a["bias"].dtype
 
 
 def _linear_backward(ctx, grad_out):
     x, weight, w_codes, w_scales, w_gd, w_ongrid = ctx.saved_tensors
-    needs = ctx.needs_input_grad
+    needs = needs_input_grad("nvfp4_linear", ctx.needs_input_grad)
     rec = impl.op_recipe(ctx.recipe)
     dx, dw, db = torch.ops.fp4_compile.nvfp4_linear_backward(
         grad_out, x, weight, w_codes, w_scales, w_gd, w_ongrid, ctx.recipe,
-        site_seed(rec.seed, ctx.site), needs[Arg.X], needs[Arg.WEIGHT],
-        needs[Arg.BIAS] and ctx.bias_dtype is not None,
+        site_seed(rec.seed, ctx.site), needs["x"], needs["weight"],
+        needs["bias"] and ctx.bias_dtype is not None,
     )  # fmt: skip
-    dx = dx if needs[Arg.X] else None
-    dw = dw.to(ctx.weight_dtype) if needs[Arg.WEIGHT] else None
-    db = db.to(ctx.bias_dtype) if (needs[Arg.BIAS] and ctx.bias_dtype is not None) else None
-    return dx, dw, None, None, None, db, None, None, None, None
+    dx = dx if needs["x"] else None
+    dw = dw.to(ctx.weight_dtype) if needs["weight"] else None
+    db = db.to(ctx.bias_dtype) if (needs["bias"] and ctx.bias_dtype is not None) else None
+    return input_grads("nvfp4_linear", x=dx, weight=dw, bias=db)
 
 
-nvfp4_linear.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+nvfp4_linear = register_gemm("nvfp4_linear", _linear_forward, _linear_fake,
+                             setup_context=_linear_setup_context, backward=_linear_backward)  # fmt: skip

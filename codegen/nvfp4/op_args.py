@@ -1,11 +1,8 @@
-"""Argument and output positions of the NVFP4 ops' schemas, named once for the ops, the passes and
-the backend (graph nodes carry positional args). The schemas themselves live in `quantize.py`,
-`linear.py` and `grouped_linear.py` and do not change (exported artifacts and the op census depend
-on them); tests/codegen/nvfp4/test_op_args.py checks every position here against the registered
-schemas.
-
-The GEMMs' string argument is the recipe's numerics key (`NVFP4Recipe.numerics_key`, decoded by
-`NVFP4Recipe.from_numerics_key`); the schema calls it `recipe`, Python calls its position NUMERICS.
+"""Argument and output positions of the NVFP4 quantize ops' schemas, named once for the ops, the
+passes and the backend (graph nodes carry positional args). The schemas themselves live in
+`quantize.py` and do not change (exported artifacts and the op census depend on them);
+tests/codegen/nvfp4/test_op_args.py checks every position here against the registered schemas.
+The GEMM ops' arguments are ordered in one place of their own, `gemm_call.GemmCall`.
 """
 
 
@@ -28,25 +25,3 @@ class QuantizeOut:
     BLOCK_SCALES = 1
     GLOBAL_DECODE = 2
     ONGRID = 3
-
-
-class GemmArg:
-    """`fp4_compile::nvfp4_linear` and `::nvfp4_grouped_mm` (the same positions but 5)."""
-
-    X = 0
-    WEIGHT = 1
-    W_CODES = 2
-    W_SCALES = 3
-    W_GLOBAL_DECODE = 4
-    BIAS = 5  # nvfp4_linear
-    OFFSETS = 5  # nvfp4_grouped_mm
-    X_AMAX = 6
-    NUMERICS = 7  # the schema's `recipe`: the recipe's numerics key
-    W_ONGRID = 8
-    SITE = 9
-    X_INDEX = 10  # nvfp4_grouped_mm only
-    X_PERM = 11  # nvfp4_grouped_mm only
-
-
-# Python name -> the schema's argument name, where they differ.
-SCHEMA_NAMES = {"NUMERICS": "recipe"}

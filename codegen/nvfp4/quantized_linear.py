@@ -13,8 +13,8 @@ Ops (`torch.library.custom_op`s, as `linear.py`'s):
   `nvfp4_linear` quantizes for itself (`gemm.cpu_activation_operands`, `gemm.cuda_activation_operands`). Not differentiable:
   the lowering feeds it a detached x.
 - nvfp4_linear_quantized(x, weight, w_codes, w_scales, w_global_decode, bias, x_amax, recipe,
-  w_ongrid, site, x_ongrid, x_gd, xt_ongrid, xt_gd) -> y: `nvfp4_linear` (the same first ten
-  arguments at the same positions, `op_args.GemmArg`) reading x's operands instead of quantizing
+  w_ongrid, site, x_ongrid, x_gd, xt_ongrid, xt_gd) -> y (registered from `gemm_call`'s table): `nvfp4_linear` (the same first ten
+  arguments, `gemm_call.OP_ARGS`) reading x's operands instead of quantizing
   x; x itself is an input so autograd returns dX (straight-through, as for the weight). Bitwise
   `nvfp4_linear`: the same quantizer, the same exact CPU dot products, the same CUDA GEMM launch.
   Its backward reads X^T's operand when given (else quantizes X^T itself, as `nvfp4_linear`).
@@ -27,8 +27,8 @@ import torch
 
 from ...sr_stream import site_seed
 from . import gemm as impl
+from .gemm_call import GemmCall, input_grads, needs_input_grad, op_inputs, register_gemm
 from .linear import backward_seed
-from .op_args import GemmArg as Arg
 
 _LIB = "fp4_compile"
 
@@ -105,24 +105,10 @@ def _check_operands(x, x_ongrid, x_gd, xt_ongrid, xt_gd) -> None:
         )
 
 
-@torch.library.custom_op(f"{_LIB}::nvfp4_linear_quantized", mutates_args=())
-def nvfp4_linear_quantized(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    w_codes: torch.Tensor,
-    w_scales: torch.Tensor,
-    w_global_decode: torch.Tensor,
-    bias: torch.Tensor | None,
-    x_amax: torch.Tensor | None,
-    recipe: str,
-    w_ongrid: torch.Tensor | None,
-    site: int,
-    x_ongrid: torch.Tensor,
-    x_gd: torch.Tensor,
-    xt_ongrid: torch.Tensor,
-    xt_gd: torch.Tensor,
-) -> torch.Tensor:
-    impl.op_recipe(recipe)
+def _linear_quantized_forward(call: GemmCall) -> torch.Tensor:
+    x, bias, w_ongrid = call.x, call.bias, call.w_ongrid
+    w_codes, w_scales, w_global_decode = call.weight_operand()
+    x_ongrid, x_gd, xt_ongrid, xt_gd = call.x_operands
     n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
                              w_ongrid=w_ongrid)  # fmt: skip
     _check_operands(x, x_ongrid, x_gd, xt_ongrid, xt_gd)
@@ -135,11 +121,9 @@ def nvfp4_linear_quantized(
     return y.reshape(*x.shape[:-1], n)
 
 
-@nvfp4_linear_quantized.register_fake
-def _(x, weight, w_codes, w_scales, w_global_decode, bias, x_amax, recipe, w_ongrid, site,
-      x_ongrid, x_gd, xt_ongrid, xt_gd):  # fmt: skip
-    n, _ = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
-                             w_ongrid=w_ongrid)  # fmt: skip
+def _linear_quantized_fake(call: GemmCall) -> torch.Tensor:
+    x = call.x
+    n, _ = impl.check_weight(x, *call.weight_operand(), experts=False, w_ongrid=call.w_ongrid)
     return x.new_empty((*x.shape[:-1], n))
 
 
@@ -208,31 +192,38 @@ def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, w_ongrid, xt_ongr
 
 
 def _setup_context(ctx, inputs, output):
-    (x, weight, w_codes, w_scales, w_gd, bias, x_amax, recipe, w_ongrid, site,
-     x_ongrid, x_gd, xt_ongrid, xt_gd) = inputs  # fmt: skip
+    a = op_inputs("nvfp4_linear_quantized", inputs)
+    x, weight, bias, xt_ongrid = a["x"], a["weight"], a["bias"], a["xt_ongrid"]
     # with X^T's operand given the backward reads only x's shape, dtype and device: a
     # zero-stride stand-in, so that autograd keeps the operand alive instead of x as well
     x_kept = x.new_zeros(()).expand(x.shape) if xt_ongrid.numel() else x
-    ctx.save_for_backward(x_kept, weight, w_codes, w_scales, w_gd, w_ongrid, xt_ongrid, xt_gd)
-    ctx.recipe = recipe
-    ctx.site = site
+    ctx.save_for_backward(x_kept, weight, a["w_codes"], a["w_scales"], a["w_global_decode"],
+                          a["w_ongrid"], xt_ongrid, a["xt_gd"])  # fmt: skip
+    ctx.recipe = a["recipe"]
+    ctx.site = a["site"]
     ctx.weight_dtype = weight.dtype
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
 def _backward(ctx, grad_out):
     x, weight, w_codes, w_scales, w_gd, w_ongrid, xt_ongrid, xt_gd = ctx.saved_tensors
-    needs = ctx.needs_input_grad
+    needs = needs_input_grad("nvfp4_linear_quantized", ctx.needs_input_grad)
     rec = impl.op_recipe(ctx.recipe)
     dx, dw, db = torch.ops.fp4_compile.nvfp4_linear_quantized_backward(
         grad_out, x, weight, w_codes, w_scales, w_gd, w_ongrid, xt_ongrid, xt_gd, ctx.recipe,
-        site_seed(rec.seed, ctx.site), needs[Arg.X], needs[Arg.WEIGHT],
-        needs[Arg.BIAS] and ctx.bias_dtype is not None,
+        site_seed(rec.seed, ctx.site), needs["x"], needs["weight"],
+        needs["bias"] and ctx.bias_dtype is not None,
     )  # fmt: skip
-    dx = dx if needs[Arg.X] else None
-    dw = dw.to(ctx.weight_dtype) if needs[Arg.WEIGHT] else None
-    db = db.to(ctx.bias_dtype) if (needs[Arg.BIAS] and ctx.bias_dtype is not None) else None
-    return dx, dw, None, None, None, db, None, None, None, None, None, None, None, None
+    dx = dx if needs["x"] else None
+    dw = dw.to(ctx.weight_dtype) if needs["weight"] else None
+    db = db.to(ctx.bias_dtype) if (needs["bias"] and ctx.bias_dtype is not None) else None
+    return input_grads("nvfp4_linear_quantized", x=dx, weight=dw, bias=db)
 
 
-nvfp4_linear_quantized.register_autograd(_backward, setup_context=_setup_context)
+nvfp4_linear_quantized = register_gemm(
+    "nvfp4_linear_quantized",
+    _linear_quantized_forward,
+    _linear_quantized_fake,
+    setup_context=_setup_context,
+    backward=_backward,
+)

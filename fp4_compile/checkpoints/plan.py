@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..recipe import NVFP4Recipe
+from ..weight_policy import FUSED_GROUPS, gemm_precision, quantize_weight_bytes, shared_scale_groups
 
 EXPERT_PARAMS = ("gate_up_proj", "down_proj")
 
@@ -52,7 +53,6 @@ def _layers(model) -> int:
 def _linear(
     name: str, weight: torch.Tensor, recipe: NVFP4Recipe, group: list[torch.Tensor]
 ) -> QuantizedLinear:
-    from ..passes.targets import quantize_weight_bytes
 
     codes, scales, gd = quantize_weight_bytes(weight, recipe, experts=False, group=group)
     return QuantizedLinear(
@@ -62,8 +62,6 @@ def _linear(
 
 def _experts(path: str, module, recipe: NVFP4Recipe, num_layers: int, plan: ExportPlan):
     """Split fused expert weights into per-expert linears (quantized or dense)."""
-    from ..passes.select_gemms import gemm_precision
-    from ..passes.targets import quantize_weight_bytes
 
     extra = sorted(n for n, _ in module.named_parameters(recurse=False) if n not in EXPERT_PARAMS)
     if extra:
@@ -103,9 +101,7 @@ def _experts(path: str, module, recipe: NVFP4Recipe, num_layers: int, plan: Expo
 
 def plan_export(model, recipe: NVFP4Recipe) -> ExportPlan:
     """Quantize every linear the recipe quantizes, with the learner's quantizer (and its
-    shared-scale groups: `passes/weight_groups.py`)."""
-    from ..passes.select_gemms import gemm_precision
-    from ..passes.weight_groups import shared_scale_groups
+    shared-scale groups: `weight_policy.shared_scale_groups`)."""
 
     model = getattr(model, "_orig_mod", model)
     num_layers = _layers(model)
@@ -159,7 +155,6 @@ def fused_mismatches(quantized: list[QuantizedLinear], kept: list[str]) -> list[
     """Fused groups (q/k/v, gate/up) whose shards an engine cannot load as one NVFP4 layer
     exactly: different global scales (vLLM keeps the max of the shards'), or shards in
     different precisions."""
-    from ..passes.weight_groups import FUSED_GROUPS
 
     by_name = {q.name: q for q in quantized}
     kept_set = set(kept)

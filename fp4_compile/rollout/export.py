@@ -115,7 +115,8 @@ def _example_inputs(model, *, batch: int, tokens: int, max_seq_len: int, device)
 
 def _quantized_weights(program, recipe: NVFP4Recipe) -> dict[str, torch.Tensor]:
     """The learner's quantized bytes of every weight the lowering quantizes (same quantizer)."""
-    from ..passes.targets import quantize_weight_bytes, quantized_weight_inputs
+    from ..passes import quantized_weight_inputs
+    from ..weight_policy import quantize_weight_bytes
 
     state = program.state_dict
     out = {}

@@ -21,7 +21,7 @@ import weakref
 import torch
 import torch.fx as fx
 
-from ..passes.bind_weight_inputs import QuantizeSpec, bind_weight_inputs, weight_quantize_sites
+from ..passes import QuantizeSpec, bind_weight_inputs, weight_quantize_sites
 
 
 def _ops():

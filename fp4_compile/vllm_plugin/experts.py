@@ -20,22 +20,24 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
 
-from ..passes.select_gemms import gemm_precision
+from ..codegen.nvfp4.gemm_call import GemmCall, QuantizedWeight
+from ..recipe import NVFP4Recipe
+from ..weight_policy import gemm_precision
 from .buffers import expert_buffers, write_buffers
 
 # vLLM's expert weight -> the learner's parameter under the experts module
 LEARNER_PARAMS = {"w13": "gate_up_proj", "w2": "down_proj"}
 
 
-def expert_linear(x_TK, layer, name: str, e: int, numerics: str) -> torch.Tensor:
+def expert_linear(x_TK, layer, name: str, e: int, recipe: NVFP4Recipe) -> torch.Tensor:
+    """Expert e's `name` GEMM ("w13" gate_up, "w2" down) on its tokens x_TK: `nvfp4_linear`
+    with the expert's bytes."""
     codes = getattr(layer, f"minite_{name}_codes")[e]
     n, k = codes.shape[0], x_TK.shape[-1]
     stand_in = x_TK.new_zeros(()).expand(n, k)  # the op's master weight: unused here
-    return torch.ops.fp4_compile.nvfp4_linear(
-        x_TK, stand_in, codes, getattr(layer, f"minite_{name}_scales")[e],
-        getattr(layer, f"minite_{name}_global_decode")[e].reshape(()), None, None, numerics,
-        None,
-    )  # fmt: skip
+    w = QuantizedWeight(codes=codes, scales=getattr(layer, f"minite_{name}_scales")[e],
+                        global_decode=getattr(layer, f"minite_{name}_global_decode")[e].reshape(()))  # fmt: skip
+    return GemmCall(x=x_TK, weight=stand_in, w=w, recipe=recipe).run()
 
 
 class MiniteExpertsMethod(UnquantizedFusedMoEMethod):
@@ -78,12 +80,12 @@ class MiniteExpertsMethod(UnquantizedFusedMoEMethod):
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
         if shared_experts is not None:
             raise ValueError(f"{self.prefix!r}: shared experts are not supported by the plugin")
-        numerics = self.config.recipe.numerics_key
+        recipe = self.config.recipe
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         for e in torch.unique(topk_ids).tolist():
             rows, slot = (topk_ids == e).nonzero(as_tuple=True)
-            gate_up = expert_linear(x[rows], layer, "w13", e, numerics)
+            gate_up = expert_linear(x[rows], layer, "w13", e, recipe)
             gate, up = (t.contiguous() for t in gate_up.chunk(2, dim=-1))
-            y = expert_linear(torch.ops.fp4_compile.silu_mul(gate, up), layer, "w2", e, numerics)
+            y = expert_linear(torch.ops.fp4_compile.silu_mul(gate, up), layer, "w2", e, recipe)
             out.index_add_(0, rows, y.float() * topk_weights[rows, slot, None].float())
         return out.to(x.dtype)

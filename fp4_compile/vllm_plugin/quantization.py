@@ -10,7 +10,7 @@ Per linear layer, after loading (`process_weights_after_loading`), the layer hol
   (16x16 tiles, the recipe's weight global scale), as the learner quantizes its separate
   q_proj / k_proj / v_proj / gate_proj / up_proj;
 - `minite_shards`: the shards' output sizes, and `minite_precision` ("nvfp4" or "bf16", the
-  learner's own per-module decision, `passes.select_gemms.gemm_precision`).
+  learner's own per-module decision, `weight_policy.gemm_precision`).
 `apply` runs one `fp4_compile::nvfp4_linear` per shard and concatenates along N (each output
 element is one shard's dot product: the same bits as the learner's separate projections).
 BF16 layers and the lm_head run `fp4_compile::invariant_linear` on BF16 operands with the
@@ -43,9 +43,10 @@ from vllm.model_executor.utils import set_weight_attrs
 
 from ..checkpoints.scales import decode_for_encode
 from ..codegen.invariant.api import linear as invariant_linear
+from ..codegen.nvfp4.gemm_call import GemmCall, QuantizedWeight
 from ..format import BLOCK_SIZE
-from ..passes.select_gemms import gemm_precision
 from ..recipe import NVFP4Recipe
+from ..weight_policy import gemm_precision
 from .buffers import linear_buffers, write_buffers
 from .experts import MiniteExpertsMethod
 from .model_folder import QUANTIZATION_NAME, RECIPE_KEY
@@ -296,17 +297,8 @@ def nvfp4_apply(layer, x_MK: torch.Tensor, bias, recipe: NVFP4Recipe) -> torch.T
         n = rows.stop - rows.start
         # the op's `weight` (the master, for autograd) is unused here: a zero-stride stand-in
         stand_in = x_MK.new_zeros(()).expand(n, k)
-        outs.append(
-            torch.ops.fp4_compile.nvfp4_linear(
-                x_MK,
-                stand_in,
-                layer.minite_codes[rows],
-                layer.minite_scales[rows],
-                layer.minite_global_decode[i].reshape(()),
-                None if bias is None else bias[rows],
-                None,
-                recipe.numerics_key,
-                None,
-            )  # fmt: skip
-        )
+        w = QuantizedWeight(codes=layer.minite_codes[rows], scales=layer.minite_scales[rows],
+                            global_decode=layer.minite_global_decode[i].reshape(()))  # fmt: skip
+        bias_n = None if bias is None else bias[rows]
+        outs.append(GemmCall(x=x_MK, weight=stand_in, w=w, recipe=recipe, bias=bias_n).run())
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)

@@ -59,14 +59,14 @@ class MiniteQwen3MoeForCausalLM(Qwen3MoeForCausalLM):
         logits = bf16_linear(x_TH, mlp.gate.weight, None)
         w_Tk, ids_Tk = route(logits, self.minite_top_k, norm_topk_prob=self.minite_norm_topk)
         layer = routed_experts(mlp)
-        numerics = layer.quant_method.config.recipe.numerics_key
+        recipe = layer.quant_method.config.recipe
         y_TkH = x_TH.new_zeros((*ids_Tk.shape, x_TH.shape[-1]))
         for e in torch.unique(ids_Tk).tolist():
             rows, slot = (ids_Tk == e).nonzero(as_tuple=True)
-            gate_up = expert_linear(x_TH[rows], layer, "w13", e, numerics)
+            gate_up = expert_linear(x_TH[rows], layer, "w13", e, recipe)
             gate, up = (t.contiguous() for t in gate_up.chunk(2, dim=-1))
             y_TkH[rows, slot] = expert_linear(
-                torch.ops.fp4_compile.silu_mul(gate, up), layer, "w2", e, numerics
+                torch.ops.fp4_compile.silu_mul(gate, up), layer, "w2", e, recipe
             )
         dtype = torch.promote_types(x_TH.dtype, w_Tk.dtype)
         out = (y_TkH[:, 0] * w_Tk[:, 0, None]).to(dtype)

@@ -92,11 +92,10 @@ def test_moe_experts_run_the_learners_nvfp4_bytes():
             g, u = (t.contiguous() for t in gu.chunk(2, dim=-1))
             h = torch.ops.fp4_compile.silu_mul(g, u)
             got = nvfp4_linear(h, down[e], recipe=RECIPE, w_q=quantize_weight(down[e], RECIPE))
-            gu2 = expert_linear(x[r : r + 1], layer, "w13", e, RECIPE.numerics_key)
+            gu2 = expert_linear(x[r : r + 1], layer, "w13", e, RECIPE)
             assert_bitwise_equal(gu2, gu, f"{name} expert {e} gate_up row {r}")
             g2, u2 = (t.contiguous() for t in gu2.chunk(2, dim=-1))
-            y2 = expert_linear(torch.ops.fp4_compile.silu_mul(g2, u2), layer, "w2", e,
-                               RECIPE.numerics_key)  # fmt: skip
+            y2 = expert_linear(torch.ops.fp4_compile.silu_mul(g2, u2), layer, "w2", e, RECIPE)
             assert_bitwise_equal(y2, got, f"{name} expert {e} down row {r}")
         assert checked > 0
 

@@ -1,10 +1,11 @@
-"""The NVFP4 ops' argument positions named in `codegen/nvfp4/op_args.py` are those of the
-registered schemas (bitwise tier not applicable: a contract on names and positions)."""
+"""The NVFP4 quantize ops' argument positions named in `codegen/nvfp4/op_args.py` are those of
+the registered schemas (the GEMM ops': test_gemm_call.py) (bitwise tier not applicable: a
+contract on names and positions)."""
 
 import torch
 
 from fp4_compile import codegen  # noqa: F401  (registers the ops)
-from fp4_compile.codegen.nvfp4.op_args import SCHEMA_NAMES, GemmArg, QuantizeArg, QuantizeOut
+from fp4_compile.codegen.nvfp4.op_args import QuantizeArg, QuantizeOut
 
 
 def _positions(cls) -> dict[str, int]:
@@ -24,13 +25,3 @@ def test_quantize_positions_match_schemas():
             assert quantize[name.lower()] == pos, name
     assert len(ops.quantize_with_ongrid.default._schema.returns) == QuantizeOut.ONGRID + 1
     assert len(ops.quantize.default._schema.returns) == QuantizeOut.ONGRID
-
-
-def test_gemm_positions_match_schemas():
-    ops = torch.ops.fp4_compile
-    linear, grouped = _schema_index(ops.nvfp4_linear), _schema_index(ops.nvfp4_grouped_mm)
-    only = {"BIAS": (linear,), "OFFSETS": (grouped,), "X_INDEX": (grouped,), "X_PERM": (grouped,)}
-    for name, pos in _positions(GemmArg).items():
-        schema_name = SCHEMA_NAMES.get(name, name.lower())
-        for schema in only.get(name, (linear, grouped)):
-            assert schema[schema_name] == pos, name

@@ -12,7 +12,7 @@ import torch
 from fp4_compile import NVFP4Recipe
 from fp4_compile import reference as ref
 from fp4_compile.codegen.nvfp4 import gemm as impl
-from fp4_compile.codegen.nvfp4.op_args import GemmArg
+from fp4_compile.codegen.nvfp4.gemm_call import OP_ARGS
 from fp4_compile.sr_stream import set_sr_state
 from fp4_compile.testing import assert_bitwise_equal
 
@@ -121,10 +121,10 @@ def test_opcheck():
 
 def test_gemm_positions_shared_with_nvfp4_linear():
     """The first arguments of nvfp4_linear_quantized are nvfp4_linear's, at the same positions
-    (`op_args.GemmArg`: what passes and the backend read off any NVFP4 linear node)."""
+    (`gemm_call.OP_ARGS`: what `GemmCall.of` reads off any NVFP4 linear node)."""
     plain = [a.name for a in ops.nvfp4_linear.default._schema.arguments]
     shared = [a.name for a in ops.nvfp4_linear_quantized.default._schema.arguments]
-    assert shared[: GemmArg.SITE + 1] == plain
+    assert shared[: len(OP_ARGS["nvfp4_linear"])] == plain
 
 
 def test_bad_operands_name_the_argument():

@@ -1,0 +1,211 @@
+"""The CUDA side of the NVFP4 GEMM ops: quantize the operands and launch the Triton GEMMs
+(`gemm_kernel.py`), following the math written out in `gemm.py` (the CPU reference).
+
+Shape legend: M tokens (x's leading dims flattened), T tokens sorted by expert, K in-features,
+N out-features, E experts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .gemm_operands import act_global, no_transposed_operand, weight_nk
+
+# Rows per weight (per expert for MoE) from which the forward dequantizes a packed weight once
+# into its on-grid BF16 copy and runs the on-grid GEMM: decoding E2M1 x E4M3 in registers is
+# ALU-bound and is repeated for every BLOCK_M rows; below this many rows the one dequantize
+# costs more than it saves (H200: benchmarks/results/2026-12-02_grouped_gemm.md).
+# Packed and on-grid GEMMs give the same bits on CUDA (same operand values, same K order;
+# tests/codegen re-checks it on cancellation-heavy rows on both sides of this threshold): the
+# rollout's decode (packed, few rows) and the learner (on-grid) stay equal. Not in the Triton
+# interpreter, whose FP32 `tl.dot` is numpy's and sums a transposed operand in another order.
+ONGRID_FORWARD_MIN_ROWS = 256
+
+
+def forward_uses_ongrid(device_type: str, rows: int) -> bool:
+    """Whether the forward of a weight seeing `rows` rows (per expert for MoE) runs the on-grid
+    GEMM (so a lowered graph may dequantize that weight once, `fp4_compile::ongrid_weight`, and
+    hand the copy to the forward and the backward alike)."""
+    return device_type == "cuda" and rows >= ONGRID_FORWARD_MIN_ROWS
+
+
+def gathered_row_abs_max(x2, x_index):
+    """max |row| of each row of `gather_zero_rows(x2, x_index)` (FP32), from one read of x2's
+    rows (a gathered row's max is its source row's; a zero row's is 0)."""
+    from .abs_max_kernel import row_abs_max
+
+    rows = row_abs_max(x2)[x_index.clamp(min=0)]
+    return torch.where(x_index >= 0, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+
+
+def gathered_global_scale(x2, x_index, recipe, x_amax):
+    """The activation global-scale argument of `quantize` for the rows
+    `gather_zero_rows(x2, x_index)`, when x2 itself is what gets quantized (per row: the rows'
+    own scales; per tensor: the amax of the gathered rows only, from x2's row maxima, exact:
+    max is a per-row then any-order max)."""
+    gs = act_global(recipe, x_amax)
+    if isinstance(gs, str) and gs == "per_tensor":
+        if x_index.numel() == 0:
+            return torch.zeros((), dtype=torch.float32, device=x2.device)
+        from .abs_max_kernel import vector_abs_max
+
+        return vector_abs_max(gathered_row_abs_max(x2, x_index))
+    return gs
+
+
+def cuda_linear(x2, w_codes, w_scales, w_gd, w_ongrid, bias, recipe, x_amax, offsets=None,
+                x_index=None):  # fmt: skip
+    """The forward GEMM. `x_index` (MoE): the product's rows are x2[x_index] (a zero row where
+    x_index < 0: `gather_zero_rows`); x2 is quantized
+    once per row (1x16 blocks are row-local, so a gathered row's quantization is its source
+    row's) and the GEMM gathers the on-grid rows in its operand load: bitwise
+    `cuda_linear(x2[x_index], ...)` without the gathered copy or quantizing each token top-k
+    times."""
+    from .gemm_kernel import launch_gemm, ongrid_weight
+    from .quantize_kernel import quantize_triton
+
+    gs = act_global(recipe, x_amax) if x_index is None else gathered_global_scale(
+        x2, x_index, recipe, x_amax)  # fmt: skip
+    a, gd_a = quantize_triton(x2, block="1x16", global_scale=gs, out="ongrid")
+    m = x2.shape[0] if x_index is None else x_index.shape[0]
+    rows = m if offsets is None else max(1, -(-m // w_codes.shape[0]))
+    if w_ongrid is None and forward_uses_ongrid(x2.device.type, rows):
+        w_ongrid = ongrid_weight(w_codes, w_scales)
+    b = w_ongrid if w_ongrid is not None else (w_codes, w_scales)
+    return launch_gemm(a, gd_a, b, w_gd, bias=bias, out_dtype=x2.dtype, offsets=offsets,
+                       rows_per_group=rows, a_rows=x_index)  # fmt: skip
+
+
+def _ongrid_weight(w_codes, w_scales, w_gd, w_ongrid, n, k):
+    from .gemm_kernel import ongrid_weight
+
+    if w_ongrid is not None:
+        return w_ongrid
+    return ongrid_weight(w_codes, w_scales)
+
+
+def grad_amax(dy2, recipe):
+    """The gradient's per-tensor amax (FP32 []) when the recipe scales it per tensor, else None:
+    dgrad and wgrad quantize the same dY (along N and along T), so one read serves both."""
+    if recipe.grad.global_scale != "per_tensor":
+        return None
+    from .abs_max_kernel import tensor_abs_max
+
+    return tensor_abs_max(dy2)
+
+
+def cuda_dgrad(dy2, w_codes, w_scales, w_gd, w_ongrid, weight, recipe, seed, offsets=None, *,
+               out_dtype=torch.float32, dy_amax=None):  # fmt: skip
+    """dX [T, K] in `out_dtype`: the GEMM stores it directly (its FP32 epilogue, then one
+    round-to-nearest-even cast, as `.to(out_dtype)` would). `dy_amax`: dY's per-tensor amax
+    when the caller has it (`grad_amax`)."""
+    from .gemm_kernel import launch_gemm
+    from .quantize_kernel import quantize_triton
+
+    n, k = weight_nk(w_codes, w_ongrid)
+    if recipe.dgrad == "bf16":
+        if offsets is not None:
+            raise NotImplementedError("grouped dgrad in bf16 is done per expert by the caller")
+        return torch.mm(dy2.to(torch.bfloat16), weight.to(torch.bfloat16)).to(out_dtype)
+    scale = recipe.grad.global_scale if dy_amax is None else dy_amax
+    a, gd_a = quantize_triton(dy2, block="1x16", global_scale=scale,
+                              rounding=recipe.grad.rounding, seed=seed, out="ongrid")  # fmt: skip
+    w_t = _ongrid_weight(w_codes, w_scales, w_gd, w_ongrid, n, k).transpose(-1, -2)  # view
+    rows = None if offsets is None else max(1, -(-dy2.shape[0] // w_codes.shape[0]))
+    return launch_gemm(a, gd_a, w_t, w_gd, out_dtype=out_dtype, offsets=offsets,
+                       rows_per_group=rows)  # fmt: skip
+
+
+def quantize_transposed_ongrid(t_TD, *, global_scale, rounding="rne", seed=None):
+    """1x16 on-grid quantize of t^T zero-padded to a multiple of 16 tokens, [D, T16], and its
+    global decode ([] per tensor, [D, 1] per row): bitwise `quantize_triton(pad_tokens(
+    t.t().contiguous()), ...)`, without writing the transposed copy (the segmented quantizer
+    reads t strided, as ONE segment: `grouped_wgrad`'s path with one expert, its layout derived
+    in the kernel).
+    global_scale: "per_tensor", "per_row", or the FP32 amax [] of t; seed an int or an int64
+    [1] device tensor or `sr_stream.DeviceSeed` (stochastic rounding)."""
+    from .quantize_kernel import quantize_tokens_transposed_ongrid
+
+    d = t_TD.shape[1]
+    per_row = isinstance(global_scale, str) and global_scale == "per_row"
+    if isinstance(global_scale, torch.Tensor):
+        amax = global_scale.reshape(1).to(torch.float32)
+    elif per_row:  # of t^T's rows: max over tokens, exact in any order
+        amax = t_TD.abs().amax(dim=0).to(torch.float32).reshape(1, d)
+    elif global_scale == "per_tensor":
+        from .abs_max_kernel import tensor_abs_max
+
+        amax = tensor_abs_max(t_TD).reshape(1)
+    else:
+        raise ValueError(
+            f"global_scale must be 'per_tensor', 'per_row' or an amax, got {global_scale!r}"
+        )
+    if rounding == "stochastic" and seed is None:
+        raise ValueError("rounding='stochastic' needs a seed")
+    ongrid, gd = quantize_tokens_transposed_ongrid(
+        t_TD, amax, seed=seed if rounding == "stochastic" else None
+    )
+    return ongrid, (gd.reshape(d, 1) if per_row else gd.reshape(()))
+
+
+def cuda_wgrad(dy2, x2, recipe, seed, *, out_dtype=torch.float32, dy_amax=None):
+    """dW [N, K] in `out_dtype` (stored directly by the GEMM, as in cuda_dgrad). dY^T and X^T
+    are quantized straight from dY and X (no transposed copies)."""
+    from .gemm_kernel import launch_gemm
+
+    if recipe.wgrad == "bf16":
+        return torch.mm(dy2.to(torch.bfloat16).t(), x2.to(torch.bfloat16)).to(out_dtype)
+    scale = recipe.grad.global_scale if dy_amax is None else dy_amax  # zero padding: same amax
+    a, gd_a = quantize_transposed_ongrid(dy2, global_scale=scale,
+                                         rounding=recipe.grad.rounding, seed=seed)  # fmt: skip
+    b, gd_b = quantize_transposed_ongrid(x2, global_scale="per_tensor")
+    return launch_gemm(a, gd_a, b, gd_b, out_dtype=out_dtype, config_op="nvfp4_wgrad")
+
+
+def cuda_activation_operands(x2, recipe, x_amax, *, transposed: bool):
+    """`cpu_activation_operands` from the Triton kernels: the operands `cuda_linear` and
+    `cuda_wgrad` quantize for themselves, by the same calls."""
+    from .quantize_kernel import quantize_triton
+
+    gs = act_global(recipe, x_amax)
+    a, gd_a = quantize_triton(x2, block="1x16", global_scale=gs, out="ongrid")
+    if not transposed:
+        return a, gd_a, *no_transposed_operand(x2)
+    return a, gd_a, *quantize_transposed_ongrid(x2, global_scale="per_tensor")
+
+
+def cuda_linear_quantized(x_ongrid, x_gd, w_codes, w_scales, w_gd, w_ongrid, bias, out_dtype):
+    """`cuda_linear` (x_index None) with x's quantization given: the same GEMM launch."""
+    from .gemm_kernel import launch_gemm, ongrid_weight
+
+    rows = x_ongrid.shape[0]
+    if w_ongrid is None and forward_uses_ongrid(x_ongrid.device.type, rows):
+        w_ongrid = ongrid_weight(w_codes, w_scales)
+    b = w_ongrid if w_ongrid is not None else (w_codes, w_scales)
+    return launch_gemm(x_ongrid, x_gd, b, w_gd, bias=bias, out_dtype=out_dtype,
+                       rows_per_group=rows)  # fmt: skip
+
+
+def cuda_wgrad_quantized(dy2, xt_ongrid, xt_gd, recipe, seed, *, out_dtype, dy_amax=None):
+    """`cuda_wgrad` (NVFP4) with X^T's quantization given: the same GEMM launch."""
+    from .gemm_kernel import launch_gemm
+
+    scale = recipe.grad.global_scale if dy_amax is None else dy_amax
+    a, gd_a = quantize_transposed_ongrid(dy2, global_scale=scale,
+                                         rounding=recipe.grad.rounding, seed=seed)  # fmt: skip
+    return launch_gemm(a, gd_a, xt_ongrid, xt_gd, out_dtype=out_dtype, config_op="nvfp4_wgrad")
+
+
+def cuda_grouped_quantized(x_ongrid, x_gd, w_codes, w_scales, w_gd, w_ongrid, offsets, out_dtype,
+                           x_index=None):  # fmt: skip
+    """`cuda_linear` with offsets (and x_index) given x's per-row quantization: the same GEMM
+    launch."""
+    from .gemm_kernel import launch_gemm, ongrid_weight
+
+    m = x_ongrid.shape[0] if x_index is None else x_index.shape[0]
+    rows = max(1, -(-m // w_codes.shape[0]))
+    if w_ongrid is None and forward_uses_ongrid(x_ongrid.device.type, rows):
+        w_ongrid = ongrid_weight(w_codes, w_scales)
+    b = w_ongrid if w_ongrid is not None else (w_codes, w_scales)
+    return launch_gemm(x_ongrid, x_gd, b, w_gd, out_dtype=out_dtype, offsets=offsets,
+                       rows_per_group=rows, a_rows=x_index)  # fmt: skip

@@ -1,0 +1,130 @@
+"""The weight policy of a recipe: which GEMM weights are NVFP4, how they group under one global
+scale, and the exact bytes their quantization makes. Part of the numerics contract beside the
+recipe: the lowering (passes/), the rollout export, the checkpoint export and the vLLM plugin all
+ask this module, so a weight is quantized the same way wherever it is read.
+
+Shape legend: N out-features, K in-features, E experts.
+
+- `gemm_precision` / `decide`: "nvfp4" or "bf16" (with the reason) for a GEMM of module path
+  `path` and weight [N, K]: the recipe (quantize=False), a `bf16_modules` name pattern, the
+  first/last N decoder layers, or a shape that cannot be quantized (K or N not a multiple of 16:
+  reported, never padded).
+- `shared_scale_groups`: the linears an inference engine fuses into one layer and gives ONE
+  weight global scale (vLLM's QKVParallelLinear and MergedColumnParallelLinear: q/k/v of one
+  attention, gate/up of one MLP) when `recipe.shared_weight_scale`; only members the recipe
+  quantizes count, a group needs at least two.
+- `quantize_weight_bytes`: (codes, E4M3 scales, global decode) exactly as the lowered graph's
+  weight-quantize nodes make them (16x16 tiles; per tensor, per expert, or the group's shared
+  scale).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable
+
+import torch
+
+from .recipe import NVFP4Recipe
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+
+# the reason recorded for a GEMM that stays BF16 because of its shape; `verify` refuses it in a
+# batch-invariant NVFP4 recipe unless `bf16_modules` names the module
+SHAPE_REASON = "shape: K or N not a multiple of 16, cannot be NVFP4 (not padded)"
+
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def layer_index(path: str) -> int | None:
+    """The decoder layer index of a module path ("model.layers.3.mlp" -> 3), or None."""
+    m = _LAYER.search(path)
+    return int(m.group(1)) if m else None
+
+
+def decide(
+    recipe: NVFP4Recipe, path: str, n: int, k: int, layer: int | None, num_layers: int
+) -> tuple[str, str]:
+    """("nvfp4" | "bf16", reason) of a GEMM of module `path` (decoder layer `layer` of
+    `num_layers`) with weight [N, K]."""
+    if not recipe.quantize:
+        return "bf16", "recipe: quantize=False"
+    for pattern in recipe.bf16_modules:
+        if fnmatch.fnmatchcase(path, pattern):
+            return "bf16", f"bf16_modules pattern {pattern!r}"
+    if layer is not None and layer < recipe.bf16_first_layers:
+        return "bf16", f"layer {layer} < bf16_first_layers={recipe.bf16_first_layers}"
+    if layer is not None and layer >= num_layers - recipe.bf16_last_layers:
+        return "bf16", f"layer {layer} in bf16_last_layers={recipe.bf16_last_layers}"
+    if k % 16 or n % 16:
+        return "bf16", f"{SHAPE_REASON} (N={n}, K={k})"
+    return "nvfp4", ""
+
+
+def gemm_precision(
+    recipe: NVFP4Recipe, path: str, *, n: int, k: int, num_layers: int
+) -> tuple[str, str]:
+    """("nvfp4" | "bf16", reason) of a GEMM of module `path` with weight [N, K]: the decision the
+    lowering makes for a traced site (`passes/select_gemms.py`), for code that walks modules
+    instead of a graph (the checkpoint export, the vLLM plugin)."""
+    return decide(recipe, path, n, k, layer_index(path), num_layers)
+
+
+def fused_group(path: str) -> str | None:
+    """The fused group a module path belongs to, named by its parent and the group's leaves
+    ("model.layers.0.self_attn.{q_proj,k_proj,v_proj}"), or None."""
+    parent, _, leaf = path.rpartition(".")
+    for group in FUSED_GROUPS:
+        if leaf in group:
+            return f"{parent}.{{{','.join(group)}}}" if parent else f"{{{','.join(group)}}}"
+    return None
+
+
+def _leaf_rank(path: str) -> int:
+    leaf = path.rpartition(".")[2]
+    return next(g.index(leaf) for g in FUSED_GROUPS if leaf in g)
+
+
+def shared_scale_groups(nvfp4_paths: Iterable[str], recipe: NVFP4Recipe) -> dict[str, list[str]]:
+    """{group name: its member paths in group order (q, k, v / gate, up)} over the module paths
+    the recipe quantizes to NVFP4, for every group with at least two of them; {} when the
+    recipe's `shared_weight_scale` is off."""
+    if not recipe.shared_weight_scale:
+        return {}
+    groups: dict[str, set[str]] = {}
+    for path in nvfp4_paths:
+        name = fused_group(path)
+        if name is not None:
+            groups.setdefault(name, set()).add(path)
+    return {
+        name: sorted(members, key=_leaf_rank)
+        for name, members in sorted(groups.items())
+        if len(members) > 1
+    }
+
+
+def weight_quantize_mode(recipe: NVFP4Recipe, weight_dim: int) -> str:
+    """The global-scale mode of a weight's quantize: per expert for [E, N, K], else per tensor."""
+    if recipe.weight.global_scale == "static":
+        raise NotImplementedError("static weight scales are not lowered by the pass pipeline yet")
+    return "per_expert" if weight_dim == 3 else "per_tensor"
+
+
+def _ops():
+    from . import codegen  # noqa: F401  (registers the fp4_compile ops)
+
+    return torch.ops.fp4_compile
+
+
+def quantize_weight_bytes(
+    weight: torch.Tensor, recipe: NVFP4Recipe, *, experts: bool, group: list | None = None
+):
+    """The exact bytes the graph's quantize-weight nodes produce for this weight; `group`: the
+    tensors of its shared-scale group (weight among them), when it has one."""
+    if group:
+        amax = _ops().weight_group_amax.default([w.detach() for w in group])
+        return _ops().quantize.default(weight.detach(), "16x16", "shared", amax, "rne", 0)
+    mode = weight_quantize_mode(recipe, 3 if experts else 2)
+    codes, scales, gd = _ops().quantize.default(weight.detach(), "16x16", mode, None, "rne", 0)
+    return codes, scales, gd
