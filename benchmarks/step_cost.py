@@ -5,11 +5,8 @@ and decode graphs.
     python -m benchmarks.step_cost --model qwen3-30b-a3b --batch 64 --context 512 --recipe strict
     python -m benchmarks.step_cost --model path/to/config.json --batch 1 --context 512 --json
     python -m benchmarks.step_cost --all          # the committed tables (benchmarks/results/)
-    python -m benchmarks.step_cost --step learner --model qwen3-30b-a3b --batch 8 --seq 512
-    python -m benchmarks.step_cost --step learner --all    # the learner step's committed table
 
-`--step learner`: forward + backward + AdamW of `benchmarks/learner.py`'s step, its rules in
-`benchmarks/step_cost_learner.py`.
+The learner step (forward + backward + AdamW): `python -m benchmarks.step_cost_learner`.
 
 The graph is the rollout step (`fp4_compile.rollout.step.RolloutStep`) captured with
 `torch.export` on meta tensors and put through the same pass pipeline and recipe as the engine
@@ -356,13 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=None, help="override the layer count")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--all", action="store_true", help="write the committed result files")
-    parser.add_argument("--step", choices=("rollout", "learner"), default="rollout")
-    parser.add_argument("--seq", type=int, default=512, help="learner: tokens per sequence")
     args = parser.parse_args(argv)
-    if args.step == "learner":
-        from benchmarks.step_cost_learner import learner_main
-
-        return learner_main(args, parser)
     if args.all:
         for path in write_all():
             print(path)

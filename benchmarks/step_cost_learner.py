@@ -2,7 +2,8 @@
 and AdamW of `benchmarks/learner.py`'s step (loss = logsumexp of the logits), per op and per
 step: launches, bytes, FLOPs, roofline on the H200.
 
-    python -m benchmarks.step_cost --step learner --model qwen3-30b-a3b --batch 8 --seq 512
+    python -m benchmarks.step_cost_learner --model qwen3-30b-a3b --batch 8 --seq 512 [--json]
+    python -m benchmarks.step_cost_learner --all     # the committed table (benchmarks/results/)
 
 The forward and backward graphs are the ones Inductor receives: Dynamo's graph through minite's
 pass pipeline (`--recipe stock`: none), then aot_autograd, captured on meta tensors. The rules
@@ -329,13 +330,22 @@ def learner_text_report(res: dict) -> str:
     return "\n".join(out)
 
 
-def learner_main(args, parser) -> None:
-    """`python -m benchmarks.step_cost --step learner ...` (see `benchmarks/step_cost.py`)."""
+def main(argv: list[str] | None = None) -> None:
+    import argparse
     import json
     import sys
 
-    from benchmarks.step_cost import build_model
+    from benchmarks.step_cost import BUILTIN_NOTES, build_model
 
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help=f"built-in {sorted(BUILTIN_NOTES)}, config.json or folder")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=512, help="tokens per sequence")
+    parser.add_argument("--recipe", choices=("strict", "bf16", "stock"), default="strict")
+    parser.add_argument("--layers", type=int, default=None, help="override the layer count")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--all", action="store_true", help="write the committed result files")
+    args = parser.parse_args(argv)
     if args.all:
         for path in write_learner_table():
             print(path)
@@ -371,8 +381,8 @@ def write_learner_table(batch: int = 8, seq: int = 512) -> list:
         "",
         "Cost-model figures: computed on the CPU from the forward and backward graphs Inductor "
         "receives (meta tensors); no kernel ran. Rules: `benchmarks/step_cost_rules.py` and "
-        "`benchmarks/step_cost_learner.py`; regenerate with `python -m benchmarks.step_cost "
-        f"--step learner --all`. Roofline on the H200 as the rollout table "
+        "`benchmarks/step_cost_learner.py`; regenerate with `python -m benchmarks.step_cost_learner "
+        f"--all`. Roofline on the H200 as the rollout table "
         f"(copy {constants()['copy_bytes_per_s'] / 1e12:.3f} TB/s, BF16 "
         f"{constants()['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s). Measured: `{MEASURED}` "
         "(H200, CUDA graphs; stock = torch.compile Inductor BF16).",
@@ -405,3 +415,7 @@ def write_learner_table(batch: int = 8, seq: int = 512) -> list:
                   f"{a['flops'] / 1e9:.1f} | {a['roofline_us']:.0f} |")  # fmt: skip
     payload = {"env": env, "constants": constants(), "batch": batch, "seq": seq, "runs": runs}
     return write_results("step_cost_learner", payload, "\n".join(md) + "\n")
+
+
+if __name__ == "__main__":
+    main()

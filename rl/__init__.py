@@ -4,8 +4,8 @@ May import anything of fp4_compile (core, rollout runtime, checkpoints); nothing
 the log-prob functions are re-exported for RL code.
 """
 
-from fp4_compile.rollout import RolloutEngine, RolloutOutput, sequence_logprobs, token_logprobs
-from fp4_compile.vllm_plugin.engine import VLLMRolloutEngine
+from ..rollout import RolloutEngine, RolloutOutput, sequence_logprobs, token_logprobs
+from ..vllm_plugin.engine import VLLMRolloutEngine
 
 __all__ = [
     "RolloutEngine",

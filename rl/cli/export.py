@@ -14,8 +14,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from fp4_compile.rl.train.checkpoint import latest_checkpoint, load_checkpoint
-from fp4_compile.rl.train.config import TrainConfig, build_model
+from ..train.checkpoint import latest_checkpoint, load_checkpoint
+from ..train.config import TrainConfig, build_model
 
 FORMATS = ("compressed-tensors", "modelopt")
 
@@ -65,7 +65,7 @@ def resolve_checkpoint(source: str | Path) -> Path:
 
 def policy_from_checkpoint(path: str | Path):
     """(model with the checkpoint's policy weights on CPU, recipe, tokenizer dict or None)."""
-    from fp4_compile.recipe import NVFP4Recipe
+    from ...recipe import NVFP4Recipe
 
     state = load_checkpoint(path, kind="grpo")
     cfg = TrainConfig.from_dict(state["config"])
@@ -112,7 +112,7 @@ def prepare_out(out: Path, *, overwrite: bool) -> None:
 
 
 def run_export(args) -> int:
-    from fp4_compile.checkpoints import export_checkpoint
+    from ...checkpoints import export_checkpoint
 
     ckpt = resolve_checkpoint(args.source)
     out = Path(args.out) if args.out else default_out(ckpt, args.format)

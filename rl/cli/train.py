@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from fp4_compile.rl.train.config import VARIANTS
-from fp4_compile.rl.train.presets import PRESETS
+from ..train.config import VARIANTS
+from ..train.presets import PRESETS
 
 
 def _add_options(p: argparse.ArgumentParser, *, defaults: bool = True) -> None:
@@ -94,8 +94,8 @@ def _parse_rest(args: argparse.Namespace) -> argparse.Namespace:
 def run_train(args: argparse.Namespace) -> int:
     import json
 
-    from fp4_compile.rl.train.presets import get_preset
-    from fp4_compile.rl.train.run_dir import out_dir_given, resolve_run_dir
+    from ..train.presets import get_preset
+    from ..train.run_dir import out_dir_given, resolve_run_dir
 
     args = _parse_rest(args)
     if args.nproc < 1:
@@ -119,8 +119,8 @@ def run_train(args: argparse.Namespace) -> int:
                 f"{args.nproc}: every process trains on whole GRPO groups"
             )
         return _launch(args, out_dir=cfg.out_dir)
-    from fp4_compile.rl.train.distributed import init_from_env, rank_world
-    from fp4_compile.rl.train.trainer import train
+    from ..train.distributed import init_from_env, rank_world
+    from ..train.trainer import train
 
     init_from_env(cfg.device)
     try:
@@ -142,7 +142,7 @@ def _launch(args: argparse.Namespace, *, out_dir: str) -> int:
     import subprocess
     import sys
 
-    from fp4_compile.rl.train.distributed import NCCL_ENV
+    from ..train.distributed import NCCL_ENV
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={args.nproc}", "-m", "fp4_compile.cli", "train", args.preset,

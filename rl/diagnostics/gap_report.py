@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from fp4_compile.recipe import NVFP4Recipe
-from fp4_compile.rl.diagnostics.mismatch import METRIC_NAMES, mismatch_metrics, pack_ragged
-from fp4_compile.rollout import RolloutEngine, sequence_logprobs
+from ...recipe import NVFP4Recipe
+from ...rollout import RolloutEngine, sequence_logprobs
+from .mismatch import METRIC_NAMES, mismatch_metrics, pack_ragged
 
 # metric -> what a perfect pair of engines shows (the legend printed under the table)
 SHOWN = {
@@ -35,7 +35,7 @@ def build_model(spec: str, dtype=torch.float32, *, log=None):
     """tiny-qwen3 / tiny-qwen3-moe (random init), a local transformers checkpoint folder (its
     weights; refused, naming the cause, if minite cannot run it: rl/train/model_dir.py), or a
     config.json path (random weights of that config: `log` says so)."""
-    from fp4_compile.models import tiny_qwen3, tiny_qwen3_moe
+    from ...models import tiny_qwen3, tiny_qwen3_moe
 
     if spec == "tiny-qwen3":
         return tiny_qwen3(layers=2, dtype=dtype)
@@ -50,7 +50,7 @@ def build_model(spec: str, dtype=torch.float32, *, log=None):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if path.is_dir():
-        from fp4_compile.rl.train.model_dir import check_model_dir
+        from ..train.model_dir import check_model_dir
 
         check_model_dir(path)
         model = AutoModelForCausalLM.from_pretrained(

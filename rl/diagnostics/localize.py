@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from fp4_compile.recipe import NVFP4Recipe, as_recipe
-from fp4_compile.rollout.kv_cache import StaticKVCache
-from fp4_compile.rollout.logprobs import pad_right
-from fp4_compile.rollout.step import RolloutStep
+from ...recipe import NVFP4Recipe, as_recipe
+from ...rollout.kv_cache import StaticKVCache
+from ...rollout.logprobs import pad_right
+from ...rollout.step import RolloutStep
 
 States = list[list[torch.Tensor]]
 """states[i][layer] = [T_i, H] (or [T_i, V] for the logits) of sequence i."""

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import random
 
-from fp4_compile.rl.tasks.base import Problem, Task, check_split_request
-from fp4_compile.rl.tasks.base import positional_accuracy as positional_accuracy  # re-exported
+from .base import Problem, Task, check_split_request
+from .base import positional_accuracy as positional_accuracy  # re-exported
 
 
 class AdditionTask(Task):
@@ -113,7 +113,7 @@ TASK_NAMES = ("addition", "sort", "mix") + RG_TASK_NAMES
 def make_task(name: str, *, num_digits: int, partial_credit: float = 0.0) -> Task:
     """A task by name (`num_digits` sizes the built-in ones; the rg: families pin their own)."""
     if name in RG_TASK_NAMES:
-        from fp4_compile.rl.tasks.reasoning_gym import ReasoningGymTask
+        from .reasoning_gym import ReasoningGymTask
 
         return ReasoningGymTask(name, partial_credit=partial_credit)
     if name == "addition":

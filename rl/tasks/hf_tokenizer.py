@@ -20,7 +20,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from fp4_compile.rl.tasks.builtin import Task
+from .builtin import Task
 
 BUDGET_SAMPLES = 4096
 """Problems drawn (seed `BUDGET_SEED`) to measure a task's token budget."""

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fp4_compile.rl.tasks.base import (
+from .base import (
     MAX_DRAWS_PER_PROBLEM,
     Problem,
     Task,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from fp4_compile.rl.tasks.builtin import Task
+from .builtin import Task
 
 VOCAB_VERSION = 1
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
@@ -67,7 +67,7 @@ def make_tokenizer(
     if system_prompt is not None and not isinstance(system_prompt, str):
         raise TypeError(f"system_prompt must be a str or None, got {system_prompt!r}")
     if model:
-        from fp4_compile.rl.tasks.hf_tokenizer import HFTokenizer
+        from .hf_tokenizer import HFTokenizer
 
         tok = HFTokenizer(model)
         if system_prompt is None:

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from fp4_compile.recipe import NVFP4Recipe
-from fp4_compile.rl.tasks.builtin import TASK_NAMES
-from fp4_compile.rl.train.grpo import ADVANTAGE_SCALES, AGGREGATIONS
+from ...recipe import NVFP4Recipe
+from ..tasks.builtin import TASK_NAMES
+from .grpo import ADVANTAGE_SCALES, AGGREGATIONS
 
 VARIANTS = ("strict", "te", "bf16")
 ARCHS = ("qwen3", "qwen3_moe")
@@ -196,7 +196,7 @@ class TrainConfig:
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.model:  # refused in milliseconds, before any work, naming file and fix
-            from fp4_compile.rl.train.model_dir import check_model_dir
+            from .model_dir import check_model_dir
 
             check_model_dir(self.model)
         if self.rollout_engine not in ROLLOUT_ENGINES:

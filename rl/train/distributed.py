@@ -26,7 +26,7 @@ import warnings
 
 import torch
 
-from fp4_compile.rollout.weight_sync import full_tensor
+from ...rollout.weight_sync import full_tensor
 
 
 def shard_model(model: torch.nn.Module, *, mesh=None) -> torch.nn.Module:

@@ -20,11 +20,11 @@ the same bits with evaluation on or off.
 
 from __future__ import annotations
 
-from fp4_compile.rl.tasks.builtin import Problem, Task
-from fp4_compile.rl.tasks.tokenizer import Tokenizer
-from fp4_compile.rl.train.checkpoint import rng_state, set_rng_state
-from fp4_compile.rl.train.config import derive_seed
-from fp4_compile.sr_stream import set_sr_state, sr_state
+from ...sr_stream import set_sr_state, sr_state
+from ..tasks.builtin import Problem, Task
+from ..tasks.tokenizer import Tokenizer
+from .checkpoint import rng_state, set_rng_state
+from .config import derive_seed
 
 
 def heldout_problems(task: Task, *, seed: int, size: int) -> list[Problem]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fp4_compile.rl.train.config import VARIANTS, TrainConfig
+from .config import VARIANTS, TrainConfig
 
 
 def _variant(cfg: TrainConfig, variant: str) -> TrainConfig:

@@ -16,8 +16,8 @@ import dataclasses
 import re
 from pathlib import Path
 
-from fp4_compile.rl.train.checkpoint import CheckpointError, latest_checkpoint
-from fp4_compile.rl.train.config import TrainConfig
+from .checkpoint import CheckpointError, latest_checkpoint
+from .config import TrainConfig
 
 
 def out_dir_given(overrides: list[str]) -> bool:

@@ -30,11 +30,11 @@ import inspect
 
 import torch
 
-from fp4_compile.checkpoints.load import decode_weight
-from fp4_compile.checkpoints.plan import plan_export, split_expert_name
-from fp4_compile.recipe import NVFP4Recipe, as_recipe
-from fp4_compile.rollout import RolloutOutput
-from fp4_compile.rollout.sampling import gumbel_noise, request_keys, sample
+from ...checkpoints.load import decode_weight
+from ...checkpoints.plan import plan_export, split_expert_name
+from ...recipe import NVFP4Recipe, as_recipe
+from ...rollout import RolloutOutput
+from ...rollout.sampling import gumbel_noise, request_keys, sample
 
 
 class StockRolloutEngine:

@@ -26,13 +26,16 @@ from pathlib import Path
 
 import torch
 
-from fp4_compile.dynamo_guard import no_silent_eager_fallback
-from fp4_compile.rl.diagnostics.mismatch import mismatch_tensors
-from fp4_compile.rl.tasks.builtin import make_task
-from fp4_compile.rl.tasks.tokenizer import make_tokenizer
-from fp4_compile.rl.train import distributed as ddp
-from fp4_compile.rl.train.batching import learner_width, pack_batch, width_buckets
-from fp4_compile.rl.train.checkpoint import (
+from ...dynamo_guard import no_silent_eager_fallback
+from ...rollout import RolloutEngine, token_logprobs
+from ...sr_stream import set_sr_state, sr_state
+from ...vllm_plugin.engine import VLLMRolloutEngine
+from ..diagnostics.mismatch import mismatch_tensors
+from ..tasks.builtin import make_task
+from ..tasks.tokenizer import make_tokenizer
+from . import distributed as ddp
+from .batching import learner_width, pack_batch, width_buckets
+from .checkpoint import (
     CheckpointError,
     latest_checkpoint,
     load_checkpoint,
@@ -42,17 +45,14 @@ from fp4_compile.rl.train.checkpoint import (
     set_rng_state,
     step_path,
 )
-from fp4_compile.rl.train.config import TrainConfig, build_model, derive_seed, model_dir_identity
-from fp4_compile.rl.train.evaluation import evaluate, heldout_problems
-from fp4_compile.rl.train.grpo import group_advantages, policy_loss, rollout_correction
-from fp4_compile.rl.train.warm_start import load_or_warm_start
-from fp4_compile.rollout import RolloutEngine, token_logprobs
-from fp4_compile.sr_stream import set_sr_state, sr_state
-from fp4_compile.vllm_plugin.engine import VLLMRolloutEngine
+from .config import TrainConfig, build_model, derive_seed, model_dir_identity
+from .evaluation import evaluate, heldout_problems
+from .grpo import group_advantages, policy_loss, rollout_correction
+from .warm_start import load_or_warm_start
 
 
 def _compile(model, recipe, *, quantize_weights: str = "every_call"):
-    from fp4_compile.compile_api import compile as minite_compile
+    from ...compile_api import compile as minite_compile
 
     return minite_compile(model, recipe=recipe, dynamic=False, quantize_weights=quantize_weights)
 
@@ -148,7 +148,7 @@ class GRPOTrainer:
                 temperature=cfg.temperature,
             )  # fmt: skip
         elif cfg.rollout_engine == "stock":  # the alignment ablation's mismatched rollout
-            from fp4_compile.rl.train.stock_rollout import StockRolloutEngine
+            from .stock_rollout import StockRolloutEngine
 
             if self.world > 1:
                 raise ValueError("rollout_engine='stock' runs in one process")
@@ -406,7 +406,7 @@ def train(
     Returns {"records", "summary", "plots", "out_dir", "trainer"}."""
     from contextlib import nullcontext
 
-    from fp4_compile.rl.train.run_log import Heartbeat, ProgressBar, RunLogger, summary, write_plots
+    from .run_log import Heartbeat, ProgressBar, RunLogger, summary, write_plots
 
     out_dir = Path(cfg.out_dir)
     ckpt_dir = out_dir / "checkpoints"

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from fp4_compile.rl.tasks.builtin import Problem, Task
-from fp4_compile.rl.tasks.tokenizer import Tokenizer
-from fp4_compile.rl.train.checkpoint import load_checkpoint, save_checkpoint
-from fp4_compile.rl.train.config import TrainConfig, derive_seed, model_dir_identity
+from ..tasks.builtin import Problem, Task
+from ..tasks.tokenizer import Tokenizer
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import TrainConfig, derive_seed, model_dir_identity
 
 WARM_START_FIELDS = (
     "arch", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "experts",
