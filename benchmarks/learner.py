@@ -163,8 +163,7 @@ def main() -> None:
         if backend == "minite":
             options = {**options, "report_sink": sink}
             if options.pop("quantize_weights", None) == "on_change":  # fp4_compile.compile's store
-                params = dict(model.named_parameters())
-                options["weight_store"] = WeightStore(params, on_change=True, model=model)
+                options["weight_store"] = WeightStore.for_learner(model)
         kw = {"options": options} if options else {}
         if backend == "inductor" and mode == "cuda graphs":
             kw["mode"] = "reduce-overhead"

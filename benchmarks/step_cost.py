@@ -343,16 +343,21 @@ def write_all(batches=REPORT_BATCHES, context: int = REPORT_CONTEXT) -> list:
     return write_results("step_cost", payload, "\n".join(md) + "\n")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def model_arguments(parser: argparse.ArgumentParser, *, batch: int) -> None:
+    """The arguments the rollout and learner cost models share."""
     parser.add_argument("--model", help=f"built-in {sorted(BUILTIN_NOTES)}, config.json or folder")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--context", type=int, default=512, help="keys per sequence (L)")
-    parser.add_argument("--max-seq-len", type=int, default=None, help="cache slots (S), default L")
+    parser.add_argument("--batch", type=int, default=batch)
     parser.add_argument("--recipe", choices=RECIPES, default="strict")
     parser.add_argument("--layers", type=int, default=None, help="override the layer count")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--all", action="store_true", help="write the committed result files")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    model_arguments(parser, batch=1)
+    parser.add_argument("--context", type=int, default=512, help="keys per sequence (L)")
+    parser.add_argument("--max-seq-len", type=int, default=None, help="cache slots (S), default L")
     args = parser.parse_args(argv)
     if args.all:
         for path in write_all():

@@ -117,9 +117,9 @@ def _row(op, node, read, written, flops=0, note="") -> OpCost:
 
 
 def _recipe(a: dict):
-    from fp4_compile.recipe import NVFP4Recipe
+    from fp4_compile.codegen.nvfp4.gemm_call import decode_recipe
 
-    return NVFP4Recipe.from_numerics_key(a["recipe"])
+    return decode_recipe(a["recipe"])
 
 
 def _dense_backward(node: fx.Node) -> list[OpCost]:
@@ -286,8 +286,7 @@ def learner_step_cost(model, note: str, *, recipe: str, batch: int, seq: int) ->
     bw_rows, _ = step_costs(bw, params=set(), **shared)
     bw_rows = _expand(bw_rows, bw, frac)
     opt = adamw_rows(model)
-    every_call = fw_rows + weight_rows + bw_rows + opt
-    on_change = fw_rows + bw_rows + opt  # + weight_rows once per optimizer step
+    every_call = fw_rows + weight_rows + bw_rows + opt  # on_change: weight_rows once per step
     return {
         "model": note,
         "recipe": recipe,
@@ -300,7 +299,6 @@ def learner_step_cost(model, note: str, *, recipe: str, batch: int, seq: int) ->
         "weight_quantize": summarize(weight_rows),
         "backward": summarize(bw_rows),
         "optimizer": summarize(opt),
-        "micro_batch_on_change": summarize(on_change[: len(fw_rows) + len(bw_rows)]),
         "by_op": by_op(every_call),
         "constants": constants(),
     }
@@ -335,16 +333,11 @@ def main(argv: list[str] | None = None) -> None:
     import json
     import sys
 
-    from benchmarks.step_cost import BUILTIN_NOTES, build_model
+    from benchmarks.step_cost import build_model, model_arguments
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help=f"built-in {sorted(BUILTIN_NOTES)}, config.json or folder")
-    parser.add_argument("--batch", type=int, default=8)
+    model_arguments(parser, batch=8)
     parser.add_argument("--seq", type=int, default=512, help="tokens per sequence")
-    parser.add_argument("--recipe", choices=("strict", "bf16", "stock"), default="strict")
-    parser.add_argument("--layers", type=int, default=None, help="override the layer count")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--all", action="store_true", help="write the committed result files")
     args = parser.parse_args(argv)
     if args.all:
         for path in write_learner_table():

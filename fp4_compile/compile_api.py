@@ -36,8 +36,7 @@ def compile(  # noqa: A001
     if quantize_weights == "on_change":
         from .rollout.weight_store import WeightStore
 
-        params = dict(model.named_parameters())
-        store = options["weight_store"] = WeightStore(params, on_change=True, model=model)
+        store = options["weight_store"] = WeightStore.for_learner(model)
     compiled = torch.compile(model, backend="minite", options=options, **compile_kwargs)
     if store is not None:
         compiled.minite_weight_store = store  # its `refreshes` count the quantizes

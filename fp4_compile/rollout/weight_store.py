@@ -79,6 +79,12 @@ class WeightStore:
         if on_change:
             _watch_optimizer_steps(self)
 
+    @classmethod
+    def for_learner(cls, model: torch.nn.Module) -> WeightStore:
+        """The learner's store of `model` (on_change, checked for replaced parameters):
+        `fp4_compile.compile(..., quantize_weights="on_change")` passes it to the backend."""
+        return cls(dict(model.named_parameters()), on_change=True, model=model)
+
     # ---- filling -----------------------------------------------------------------------------
     @torch.no_grad()
     def _quantize(self, spec: QuantizeSpec, amaxes: dict) -> tuple[torch.Tensor, ...]:

@@ -24,7 +24,7 @@ def _train(model, on_change: bool, cuda_graphs: bool, ids, sr):
     options = {"recipe": NVFP4Recipe.strict(), "cuda_graphs": cuda_graphs}
     store = None
     if on_change:
-        store = WeightStore(dict(model.named_parameters()), on_change=True, model=model)
+        store = WeightStore.for_learner(model)
         options["weight_store"] = store
     compiled = torch.compile(model, backend="minite", options=options)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
