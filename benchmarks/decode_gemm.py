@@ -1,7 +1,7 @@
 """Decode-shaped NVFP4 GEMM (packed weights, few rows: `nvfp4/decode_gemm_kernel.py`) vs cuBLAS
 BF16 and `torch._grouped_mm` BF16, and vs the packed kernel it replaces at these shapes, same run.
 
-    python -m benchmarks.decode_gemm [--sweep]
+    python -m benchmarks.decode_gemm [--sweep] [--splits] [--learner-forward]
 
 Dense: M in {1, 16, 64} at N = K = 8192 and at the Qwen3-30B-A3B expert shapes (gate_up
 1536 x 2048, down 2048 x 768); grouped (MoE): 128 experts at those shapes, 1 / 4 / 16 tokens per
@@ -10,8 +10,11 @@ come from HBM, as in decode), median ms; weight GB/s = packed bytes (codes + E4M
 beside the device copy's (read + write) GB/s measured in the same run. Before timing, every
 config is checked bitwise against the learner's GEMM (on-grid weights, 512-row call) on
 cancellation-heavy rows. `--sweep` times candidate tile configs too (speed only: each is checked
-bitwise first); the pinned ones are in codegen/configs.py (`DECODE`).
-Figures: "emulated NVFP4 (sm_90)".
+bitwise first); the pinned ones are in codegen/configs.py (`DECODE`). `--splits` times every
+split-K count (1, 2, 4, 8 up to the K chunks: the same bits, checked first) beside the pinned
+one; `--learner-forward` times the learner's forward GEMM (4096 rows, on-grid weights) in its
+pinned chunked order against the one-chain order and tile it replaced, paired (the cost of the
+chunked K order to the learner). Figures: "emulated NVFP4 (sm_90)".
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import torch.nn.functional as F
 
 from benchmarks.common import fmt, header, ratio, write_results
 
-DENSE = {"square_8192": (8192, 8192), "expert_gate_up": (1536, 2048), "expert_down": (2048, 768)}
+DENSE = {"square_8192": (8192, 8192), "attn_q": (4096, 2048), "attn_o": (2048, 4096),
+         "expert_gate_up": (1536, 2048), "expert_down": (2048, 768)}  # fmt: skip
+SPLITS = (1, 2, 4, 8)
 DENSE_M = (1, 16, 64)
 GROUPED = {"gate_up": (128, 1536, 2048), "down": (128, 2048, 768)}
 PER_EXPERT = (1, 4, 16)
@@ -87,21 +92,22 @@ def _act(x):
     return quantize_triton(x, block="1x16", global_scale="per_row", out="ongrid")
 
 
-def check_bitwise(cfg) -> bool:
-    """Rows of the decode kernel (m rows, dense and grouped with a gather) == the same rows of the
-    learner's on-grid GEMM over 512 rows."""
+def check_bitwise(cfg, splits=(None,), k=2048) -> bool:
+    """Rows of the decode kernel (m rows, dense and grouped with a gather; every split count in
+    `splits`, None = the pinned one) == the same rows of the learner's on-grid GEMM over 512
+    rows, at in-features `k`."""
     from fp4_compile.codegen.nvfp4.decode_gemm_kernel import launch_decode_gemm
     from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
 
     ok = True
-    _, wq = _weights(0, 320, 2048, 1)
+    _, wq = _weights(0, 320, k, 1)
     og = wq.on_grid(torch.bfloat16)
-    a, gd_a = _act(_rows(512, 2048, 2).to(torch.bfloat16))
+    a, gd_a = _act(_rows(512, k, 2).to(torch.bfloat16))
     full = launch_gemm(a, gd_a, og, wq.global_decode, out_dtype=torch.float32)
     packed = (wq.codes, wq.block_scales.view(torch.uint8))
-    for m in sorted({1, 3, cfg.block_t - 1, cfg.block_t, 64}):
+    for m, split in itertools.product(sorted({1, 3, cfg.block_t - 1, cfg.block_t, 64}), splits):
         y = launch_decode_gemm(a[:m], gd_a[:m], packed, wq.global_decode,
-                               out_dtype=torch.float32, config=cfg)  # fmt: skip
+                               out_dtype=torch.float32, config=cfg, splits=split)  # fmt: skip
         ok &= bool(torch.equal(y.view(torch.int32), full[:m].view(torch.int32)))
     _, wqe = _weights(4, 192, 768, 3)
     oge = wqe.on_grid(torch.bfloat16)
@@ -117,7 +123,7 @@ def check_bitwise(cfg) -> bool:
     return ok
 
 
-def dense_row(name, m, n, k, cfg=None) -> dict:
+def dense_row(name, m, n, k, cfg=None, splits=None) -> dict:
     from fp4_compile.codegen.nvfp4.decode_gemm_kernel import launch_decode_gemm
     from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
 
@@ -133,9 +139,9 @@ def dense_row(name, m, n, k, cfg=None) -> dict:
     out = {"out_dtype": torch.bfloat16}
     row["bf16_ms"] = rotating_graph_ms(lambda b: F.linear(x, b), bf16)
     row["decode_ms"] = rotating_graph_ms(
-        lambda p: launch_decode_gemm(a, gd_a, p, gd, **out, config=cfg), packed
+        lambda p: launch_decode_gemm(a, gd_a, p, gd, **out, config=cfg, splits=splits), packed
     )
-    if cfg is None:
+    if cfg is None and splits is None:
         row["old_packed_ms"] = rotating_graph_ms(
             lambda p: launch_gemm(a, gd_a, p, gd, **out, config_op="nvfp4_gemm"), packed
         )
@@ -206,6 +212,9 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="time candidate tile configs too")
     parser.add_argument("--sweep-only", default="all", choices=("all", "weights_right"),
                         help="weights_right: only the learner-orientation candidates")  # fmt: skip
+    parser.add_argument("--splits", action="store_true", help="time every split-K count")
+    parser.add_argument("--learner-forward", action="store_true",
+                        help="the learner's forward GEMM: chunked K vs the one-chain pin")  # fmt: skip
     args = parser.parse_args()
     from fp4_compile.codegen.configs import pick_decode
 
@@ -214,12 +223,19 @@ def main() -> None:
     print(f"device copy {copy:.0f} GB/s (read + write)", flush=True)
     pinned = {m: pick_decode("sm_90", m) for m in (1, 16, 64)}
     bitwise_pinned = {str(c): check_bitwise(c) for c in set(pinned.values())}
+    bitwise_pinned["every split, K = 8192"] = all(
+        check_bitwise(c, splits=(1, 2, 3, 4, 8), k=8192) for c in set(pinned.values())
+    )
     print("pinned configs bitwise:", bitwise_pinned, flush=True)
     rows = [dense_row(name, m, n, k) for name, (n, k) in DENSE.items() for m in DENSE_M]
     rows += [grouped_row(name, e, n, k, per) for name, (e, n, k) in GROUPED.items()
              for per in PER_EXPERT]  # fmt: skip
     for r in rows:
         print(r, flush=True)
+    from benchmarks.decode_gemm_k_chunks import k_chunk_lines, learner_forward_rows, split_rows
+
+    splits = split_rows() if args.splits else []
+    learner_fwd = learner_forward_rows() if args.learner_forward else []
     sweep = []
     if args.sweep:
         for cfg in sweep_configs(args.sweep_only):
@@ -255,6 +271,7 @@ def main() -> None:
             f"{r['weight_GBps']:.0f} | {100 * r['weight_GBps'] / copy:.0f}% | "
             f"{r['decode_eager_ms']:.4f} |"
         )
+    lines += k_chunk_lines(splits, learner_fwd)
     if sweep:
         lines += ["", "Sweep (ms; configs failing the bitwise check are marked):", ""]
         for s in sweep:
@@ -263,7 +280,8 @@ def main() -> None:
                 + ", ".join(f"{k} {v:.4f}" for k, v in {**s["dense"], **s["grouped"]}.items())
             )))  # fmt: skip
     path = write_results("decode_gemm", {"env": env, "copy_GBps": copy, "rows": rows,
-                                         "bitwise_pinned": bitwise_pinned, "sweep": sweep},
+                                         "bitwise_pinned": bitwise_pinned, "sweep": sweep,
+                                         "splits": splits, "learner_forward": learner_fwd},
                          "\n".join(lines) + "\n")  # fmt: skip
     print("\n".join(lines))
     print("wrote", *path)

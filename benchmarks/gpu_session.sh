@@ -10,6 +10,7 @@
 #     (BACKEND_ARGS), fusion, numerics (NUMERICS_ARGS), decode_tests;
 #   benchmarks (benchmarks/): gemm, grouped_gemm, quantize, invariant, decode_gemm (DECODE_ARGS,
 #     e.g. "--sweep --sweep-only weights_right"), learner (LEARNER_ARGS, default --profile),
+#     (DECODE_ARGS="--splits --learner-forward": split-K and the K-chunked order, issue 42),
 #     learner_rounds (fused vs unfused vs Inductor BF16 in paired rounds, ROUNDS), rollout
 #     (ROLLOUT_ARGS), rollout_profile;
 #   tools (tools/): gaps (GAPS_ARGS), gradloc (GRADLOC_ARGS="--models moe,llama --recipes
@@ -42,7 +43,7 @@ for part in $PARTS; do
     backend) run "${BACKEND_S:-200}" backend python3 -m pytest -m gpu -q tests/gpu/test_gpu_backend.py ${BACKEND_ARGS:-} ;;
     fusion) run "${FUSION_S:-240}" pytest_fusion python3 -m pytest -q -m gpu tests/gpu/test_gpu_fusion.py ;;
     numerics) run "${NUMERICS_S:-120}" elementwise_numerics python3 -m pytest -m gpu -q tests/gpu/test_gpu_elementwise_numerics.py ${NUMERICS_ARGS:-} ;;
-    decode_tests) run "${DECODE_TESTS_S:-200}" pytest_gpu_decode python3 -m pytest -q -m "gpu and not slow" tests/gpu/test_gpu_decode_gemm.py tests/codegen/nvfp4/test_decode_gemm.py tests/gpu/test_gpu_alignment.py ;;
+    decode_tests) run "${DECODE_TESTS_S:-200}" pytest_gpu_decode python3 -m pytest -q -m "gpu and not slow" tests/gpu/test_gpu_decode_gemm.py tests/codegen/nvfp4/test_decode_gemm.py tests/codegen/nvfp4/test_k_chunks.py tests/gpu/test_gpu_alignment.py ;;
     # benchmarks
     gemm) run "${GEMM_S:-240}" gemm python3 -m benchmarks.gemm ;;
     grouped_gemm) run "${GROUPED_S:-240}" grouped_gemm python3 -m benchmarks.grouped_gemm ;;

@@ -2,13 +2,19 @@
 
 Two kinds of table, each read by its function only: tiles bucketed by M (`PINNED`, keyed by
 (architecture, operand dtype, op), with its `NARROW_N` override, read by `pick`; the decode
-GEMM's `DECODE`, keyed by architecture, read by `pick_decode`), and `LAUNCH`, every other
-kernel's constants keyed by (architecture, op), read by `pick_launch`.
+GEMM's `DECODE`, keyed by architecture, read by `pick_decode`; the GEMMs' K chunk `K_CHUNK`,
+read by `k_chunk`), and `LAUNCH`, every other kernel's constants keyed by (architecture, op),
+read by `pick_launch`.
 
 Why a GEMM's bits do not depend on the batch (M), the contract learner/rollout alignment rests on:
-1. Every output element is ONE program's FP32 accumulator walked over K in BLOCK_K chunks from 0
-   (`acc = tl.dot(a, b, acc)`): no split-K, no stream-K, no atomics, whatever M is.
-2. BLOCK_K is one value per op (asserted below); BLOCK_M / BLOCK_N / warps / stages may follow M.
+1. The K summation order is a property of (K, the op) alone (`K_CHUNK`): K is cut into chunks of
+   KC, each chunk summed from zero by ONE ascending chain of MMAs into an FP32 accumulator, and
+   the chunk partials added in one fixed order, ((p0 + p1) + p2) + ..., starting from p0. The
+   learner does this inside one program; the decode GEMM may spread the chunks of an output over
+   programs (split-K) and fold their FP32 partials in that same order (`nvfp4/k_chunks.py`):
+   the same bits whatever the split count, the tile or M. No stream-K, no atomics.
+2. BLOCK_K is one value per op and divides KC (asserted below); BLOCK_M / BLOCK_N / warps /
+   stages and the decode split count may follow M.
 3. BLOCK_M picks the MMA on sm_90: mma.sync below 64 rows, wgmma from 64, and they do NOT round
    alike (on the H200 a 16-row bucket and the per-expert call at 64 differed in 5 of 1088
    outputs on cancellation-heavy data, tests/codegen/nvfp4/test_nvfp4_kernels.py on CUDA). So
@@ -17,8 +23,9 @@ Why a GEMM's bits do not depend on the batch (M), the contract learner/rollout a
    `tests/gpu/test_gpu_nvfp4.py` re-check THESE configs.
 4. Rows never interact: masked rows load zeros, and the epilogue is per element.
 5. The GEMM tables ("nvfp4_gemm" packed B, "nvfp4_gemm_ongrid" on-grid B, "nvfp4_wgrad") share
-   BLOCK_K (asserted): packed and on-grid weights give the same bits, so the learner (on-grid
-   from `gemm.ONGRID_FORWARD_MIN_ROWS` rows) and the rollout's decode (packed) agree.
+   BLOCK_K, and the forward tables share KC (asserted): packed and on-grid weights give the
+   same bits, so the learner (on-grid from `gemm.ONGRID_FORWARD_MIN_ROWS` rows) and the
+   rollout's decode (packed) agree.
 On CPU the interpreter configs are checked for batch invariance by tests/codegen; on the H200 the
 sm_90 buckets by the GPU script. `python -m tools.tune_kernels` times candidates offline
 and counts the bytes each changes against the pinned config; a winner is copied here by hand.
@@ -55,11 +62,13 @@ _GEMM_SM90 = (
     (None, TileConfig(128, 128, 64, num_warps=8, num_stages=3)),
 )
 _GEMM_INTERPRETER = ((None, TileConfig(16, 32, 32, num_warps=1, num_stages=1)),)
-# B on-grid BF16: at M > 64 a wide N tile, 4 stages (192 KiB of shared memory), the fastest on
-# the H200, 0 bytes differing (benchmarks/results/2026-12-04_tune_kernels_deep_865d6a7.md).
+# B on-grid BF16: at M > 64 128x128, 8 warps, 4 stages. The wider 128x256 tile (the fastest
+# with one K chain, benchmarks/results/2026-12-04_tune_kernels_deep_865d6a7.md) spills 102
+# registers once the K chunks' running total sits beside the accumulator; 128x128 spills none
+# (sm_90 SASS: benchmarks/results/2026-12-06_decode_sass_audit_cpu_*.md). The tile changes no bit.
 _GEMM_ONGRID_SM90 = (
     (64, TileConfig(64, 64, 64, num_warps=4, num_stages=4)),
-    (None, TileConfig(128, 256, 64, num_warps=8, num_stages=4)),
+    (None, TileConfig(128, 128, 64, num_warps=8, num_stages=4)),
 )
 # Weight gradients (dense and MoE share it: the MoE wgrad equals the per-expert loop). <= 512
 # rows (k / v projections) would give 128x256 32 programs on 132 SMs: 64x128 there (H200, 0
@@ -93,7 +102,10 @@ class DecodeConfig:
     """A tile of the few-row packed GEMM (`nvfp4/decode_gemm_kernel.py`): BLOCK_T tokens x
     BLOCK_W weight rows (the MMA's left operand: >= 64 on sm_90, wgmma as in the learner),
     BLOCK_K, warps, stages; speed only. `weights_right`: the learner's orientation instead (tokens
-    the MMA's left operand, BLOCK_T >= 64 on sm_90; weights its right, through shared memory)."""
+    the MMA's left operand, BLOCK_T >= 64 on sm_90; weights its right, through shared memory).
+    `split_programs`: split K over programs until a launch has about this many (at most one
+    split per K chunk; 0: never split); speed only, the bits are the split count's invariant
+    (`nvfp4/k_chunks.py`)."""
 
     block_t: int
     block_w: int
@@ -101,6 +113,14 @@ class DecodeConfig:
     num_warps: int = 4
     num_stages: int = 4
     weights_right: bool = False
+    split_programs: int = 0
+
+    def splits(self, tile_programs: int, chunks: int) -> int:
+        """The split count for a launch of `tile_programs` (token x weight tiles) over `chunks`
+        K chunks: ceil(split_programs / tile_programs), between 1 and `chunks`."""
+        if self.split_programs <= 0 or tile_programs <= 0:
+            return 1
+        return max(1, min(chunks, -(-self.split_programs // tile_programs)))
 
     launch_kwargs = TileConfig.launch_kwargs
 
@@ -112,10 +132,10 @@ class DecodeConfig:
 # benchmarks/results/2026-12-05_decode_gemm_20848a7.md).
 DECODE = {
     "sm_90": (
-        (16, DecodeConfig(16, 64, 128, num_warps=4, num_stages=4)),
+        (16, DecodeConfig(16, 64, 128, num_warps=4, num_stages=4, split_programs=528)),
         (64, DecodeConfig(64, 64, 128, num_warps=4, num_stages=3)),
     ),
-    "interpreter": ((64, DecodeConfig(16, 32, 32, num_warps=1, num_stages=1)),),
+    "interpreter": ((64, DecodeConfig(16, 32, 32, num_warps=1, num_stages=1, split_programs=8)),),
 }
 # Where `launch_gemm` sends few-row packed GEMMs to the decode kernel. Not the interpreter (its
 # `tl.dot` sums in layout order): tests/codegen/nvfp4/test_decode_gemm.py calls it directly.
@@ -222,6 +242,36 @@ for _arch in ("sm_90", "interpreter"):  # packed, on-grid and wgrad GEMMs chunk 
                 for _, c in t}) == 1, f"{_arch}: the GEMM ops must share BLOCK_K"  # fmt: skip
 
 
+# The K chunk KC of each GEMM op's summation order (1. above): a property of (arch, op), never of
+# M. The forward ops (packed and on-grid B: the learner's forward and dgrad, the rollout's
+# decode) share it; 0 = one chain over all of K (the weight gradient, which no rollout computes).
+# 1024: 8 chunks at K = 8192, so the decode GEMM can split K 8 ways; the learner's cost is one
+# predicated add per chunk.
+K_CHUNK: dict[tuple[str, str], int] = {
+    ("sm_90", "nvfp4_gemm"): 1024,
+    ("sm_90", "nvfp4_gemm_ongrid"): 1024,
+    ("sm_90", "nvfp4_wgrad"): 0,
+    ("interpreter", "nvfp4_gemm"): 128,
+    ("interpreter", "nvfp4_gemm_ongrid"): 128,
+    ("interpreter", "nvfp4_wgrad"): 0,
+}
+for (_arch, _op), _kc in K_CHUNK.items():
+    _blocks = {c.block_k for k, t in PINNED.items() if k[0] == _arch and k[2] == _op for _, c in t}
+    if _op == "nvfp4_gemm":
+        _blocks |= {c.block_k for _, c in DECODE[_arch]}
+    assert _kc == 0 or all(_kc % b == 0 for b in _blocks), f"{_arch} {_op}: BLOCK_K must divide KC"
+for _arch in ("sm_90", "interpreter"):  # packed and on-grid forward: the same order
+    assert K_CHUNK[(_arch, "nvfp4_gemm")] == K_CHUNK[(_arch, "nvfp4_gemm_ongrid")], _arch
+
+
+def k_chunk(arch: str, op: str) -> int:
+    """KC of `op`'s K summation order on `arch` (0: one chain over all of K). Unknown keys
+    raise."""
+    if (arch, op) not in K_CHUNK:
+        _unpinned(f"{op} K chunk", f"arch={arch!r}", [k[0] for k in K_CHUNK if k[1] == op])
+    return K_CHUNK[(arch, op)]
+
+
 def pick(arch: str, dtype: str, op: str, m: int, n: int | None = None) -> TileConfig:
     """The pinned config for (arch, dtype, op) and the M bucket of `m`; `n` (a dense GEMM's
     output width, a static weight shape) picks the op's narrow config where N <= its max_n
@@ -274,6 +324,10 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     # nvfp4/gemm_kernel.ongrid_weight (packed weight -> on-grid BF16): [block_r, block_k] tiles
     ("cuda", "ongrid_weight"): dict(block_r=32, block_k=128, num_warps=4),
     ("interpreter", "ongrid_weight"): dict(block_r=16, block_k=32),
+    # nvfp4/k_chunks.fold_chunks (split-K decode's fold of the chunk partials): [block_r, block_c]
+    # tiles; per-element sums in a fixed order, so speed only
+    ("cuda", "fold_chunks"): dict(block_r=16, block_c=128, num_warps=4),
+    ("interpreter", "fold_chunks"): dict(block_r=16, block_c=32),
     # nvfp4/expert_gather_backward_kernel: [block_t, block_c] tiles; block_s per program of the
     # inverse permutation
     ("cuda", "expert_gather_backward"): dict(block_t=8, block_c=256, block_s=1024, num_warps=4),

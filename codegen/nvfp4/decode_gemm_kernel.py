@@ -31,6 +31,16 @@ the weight stream cheap, none of which changes a bit:
    is at least 2**-28 in magnitude; |sum| <= K * 2688**2 is far below 2**127). The epilogue's
    first step, acc * 2**8, is therefore exact and restores the learner's accumulator bit for
    bit; the rest of the epilogue is the learner's, in the same order.
+4. The K chunks (configs.py 1., `K_CHUNK`): the learner sums K in chunks of KC, each from zero,
+   and folds the chunk partials ((p0 + p1) + p2) + ... from p0. Each chunk here walks the same
+   ascending chain from zero, so its partial is the learner's times 2**-8 (3.: the argument
+   holds per chunk, each starting from zero). SPLIT == 1: the fold runs here, on the scaled
+   partials: each add is fl(x 2**-8 + y 2**-8) = fl(x + y) 2**-8 (the same range argument), so
+   the folded total is the learner's times 2**-8, restored exactly by the epilogue. SPLIT > 1:
+   the programs along grid axis 1 each take a run of whole chunks and store every chunk
+   partial, restored (x 2**8, exact), to an FP32 buffer [chunks, M, N]; `k_chunks.fold_chunks`
+   then folds them in the learner's order and applies the learner's epilogue. Which program
+   computed a chunk changes no bit: the split count is speed only.
 So D here equals the learner's D bitwise; tests/gpu/test_gpu_decode_gemm.py checks it on the
 H200 on cancellation-heavy rows at every pinned bucket, and tests/codegen checks the decode and
 the epilogue in the interpreter (FP32 lanes there: the interpreter has no BF16 arithmetic).
@@ -42,9 +52,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import check_decode_config, pick_decode
+from ..configs import check_decode_config, k_chunk, pick_decode
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
 from ..triton_helpers import expert_row_tile
+from .k_chunks import chunk_count, fold_chunks
 from .packed_layout import words_tile_k
 
 WEIGHT_SHIFT = 8  # w' = w * 2**-WEIGHT_SHIFT inside the kernel (see 3. above)
@@ -100,11 +111,11 @@ def _nvfp4_decode_gemm_kernel(
     a_ptr, b_ptr, bs_ptr, gda_ptr, gdb_ptr, bias_ptr, out_ptr, group_end_ptr, a_rows_ptr,
     M, N, K, E,
     stride_am, stride_ak, stride_be, stride_bn, stride_se, stride_sn,
-    gda_stride, gdb_stride, stride_om, stride_on,
+    gda_stride, gdb_stride, stride_om, stride_on, part_ptr, stride_pc, chunks_per_split,
     GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, WORDS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
     A_GATHER: tl.constexpr, GDA_SHARED: tl.constexpr, SCALE_WORDS: tl.constexpr,
-    EVEN_K: tl.constexpr, WEIGHTS_RIGHT: tl.constexpr,
+    EVEN_K: tl.constexpr, WEIGHTS_RIGHT: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     # grid: token tiles x weight tiles, the weight tiles of one token tile adjacent in launch
     # order (the programs in flight share their A rows). A_GATHER / GDA_SHARED / GROUPED have
@@ -143,7 +154,14 @@ def _nvfp4_decode_gemm_kernel(
         acc = tl.zeros((BLOCK_T, BLOCK_W), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    total = acc  # the fold of the chunks so far (SPLIT == 1)
+    if SPLIT > 1:  # this program's run of whole chunks (4. above)
+        k_lo = tl.program_id(1) * chunks_per_split * K_CHUNK
+        k_hi = tl.minimum(k_lo + chunks_per_split * K_CHUNK, K)
+    else:
+        k_lo = 0
+        k_hi = K
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         a_mask = amask[None, :]
         if not EVEN_K:
@@ -195,6 +213,23 @@ def _nvfp4_decode_gemm_kernel(
             acc = tl.dot(tl.trans(a_t.to(tl.float32)), tl.trans(w), acc, input_precision="ieee")
         else:
             acc = tl.dot(w, a_t.to(tl.float32), acc, input_precision="ieee")
+        if K_CHUNK > 0:
+            if ((k0 + BLOCK_K) % K_CHUNK == 0) | (k0 + BLOCK_K >= K):  # a chunk ends here
+                if SPLIT > 1:  # its partial, restored (x 2**8, exact), to [chunk, row, col]
+                    p_base = part_ptr + (k0 // K_CHUNK) * stride_pc
+                    if WEIGHTS_RIGHT:
+                        tl.store(p_base + rows[:, None] * N + cols[None, :], acc * 256.0,
+                                 mask=rmask[:, None] & cmask[None, :])  # fmt: skip
+                    else:
+                        tl.store(p_base + rows[None, :] * N + cols[:, None], acc * 256.0,
+                                 mask=rmask[None, :] & cmask[:, None])  # fmt: skip
+                else:
+                    total = tl.where(k0 < K_CHUNK, acc, total + acc)  # chunk 0 starts the fold
+                acc = tl.zeros_like(acc)
+    if SPLIT > 1:  # k_chunks.fold_chunks applies the epilogue
+        return
+    if K_CHUNK > 0:
+        acc = total
     if WEIGHTS_RIGHT:
         acc = tl.trans(acc)  # [W, T], as the epilogue reads it
     acc = acc * 256.0  # 2**WEIGHT_SHIFT: exact, the learner's accumulator (see 3. above)
@@ -222,10 +257,12 @@ def launch_decode_gemm(
     rows_per_group: int | None = None,
     a_rows: torch.Tensor | None = None,
     config=None,
+    splits: int | None = None,
 ) -> torch.Tensor:
     """`gemm_kernel.launch_gemm` for packed B = (codes [.., N, K/2], E4M3 scale bytes
     [.., N, K/16]) and few rows, bitwise the same result. `config` (a `DecodeConfig`) overrides
-    the pinned one (the tuner's sweeps only)."""
+    the pinned one, `splits` the config's split count (at most one program per K chunk); both
+    for the tuner's sweeps and the tests: no bit depends on them."""
     check_kernel_device(a_MK, "x")
     dev = a_MK.device
     codes, scales = b
@@ -265,7 +302,20 @@ def launch_decode_gemm(
     else:
         ends = gd_a  # an unused pointer
         t_tiles = triton.cdiv(m, cfg.block_t)
-    grid = (t_tiles * triton.cdiv(n, cfg.block_w),)
+    tile_programs = t_tiles * triton.cdiv(n, cfg.block_w)
+    kc = k_chunk(arch_of(dev), "nvfp4_gemm")  # the learner's forward order
+    chunks = chunk_count(k, kc)
+    if chunks > 1 and kc % cfg.block_k:
+        raise ValueError(f"{cfg}: BLOCK_K={cfg.block_k} must divide the K chunk KC={kc} (K={k})")
+    if splits is None:
+        splits = cfg.splits(tile_programs, chunks)
+    if not 1 <= splits <= chunks:
+        raise ValueError(f"splits={splits}: between 1 and the {chunks} K chunks of K={k}, KC={kc}")
+    chunks_per_split = -(-chunks // splits)
+    splits = -(-chunks // chunks_per_split)  # no program without a chunk
+    partials = out
+    if splits > 1:
+        partials = torch.empty((chunks, m, n), dtype=torch.float32, device=dev)
     if not interp:  # the codes as 32-bit words of 8 nibbles
         if codes.stride(1) % 4 or codes.stride(0) % 4 or codes.storage_offset() % 4:
             raise ValueError(
@@ -277,17 +327,22 @@ def launch_decode_gemm(
     scale_words = words_tile_k(scales, k, cfg.block_k)
     if scale_words:
         scales = scales.view(torch.int32)
-    _nvfp4_decode_gemm_kernel[grid](
+    _nvfp4_decode_gemm_kernel[(tile_programs, splits)](
         a_MK, codes, scales, gd_a, gd_b, bias if bias is not None else gd_b, out, ends,
         a_rows if a_rows is not None else ends,
         m, n, k, num_experts,
         a_MK.stride(0), a_MK.stride(1), codes.stride(0), codes.stride(1),
         scales.stride(0), scales.stride(1),
         1 if gd_a.numel() > 1 else 0, 1 if gd_b.numel() > 1 else 0, out.stride(0), out.stride(1),
+        partials, m * n, chunks_per_split,
         GROUPED=grouped, HAS_BIAS=bias is not None, WORDS=not interp,
         BLOCK_T=cfg.block_t, BLOCK_W=cfg.block_w, BLOCK_K=cfg.block_k,
         BLOCK_E=max(triton.next_power_of_2(num_experts), 2), A_GATHER=a_rows is not None,
         GDA_SHARED=gd_a.numel() == 1, SCALE_WORDS=scale_words, WEIGHTS_RIGHT=cfg.weights_right,
-        EVEN_K=k % cfg.block_k == 0, **cfg.launch_kwargs(), **compile_options(dev),
+        EVEN_K=k % cfg.block_k == 0, K_CHUNK=kc, SPLIT=splits,
+        **cfg.launch_kwargs(), **compile_options(dev),
     )  # fmt: skip
+    if splits > 1:
+        fold_chunks(partials, gd_a, gd_b, out, bias=bias, offsets=offsets if grouped else None,
+                    a_rows=a_rows)  # fmt: skip
     return out.to(out_dtype) if interp else out

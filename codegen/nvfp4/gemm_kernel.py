@@ -9,7 +9,14 @@ D[m, n] = ((sum_k A[m, k] * B[n, k]) * gd_a[m]) * gd_b  (+ bias[n]),  FP32, then
 - B is either PACKED (uint8 codes [N, K/2] + E4M3 scale bytes [N, K/16], dequantized in
   registers: exact) or ON-GRID BF16 [N, K] (the weight dequantized once per weight version, or
   W^T as a strided view for dgrad). Both give the same operand values.
-- The K loop is sequential (`acc = tl.dot(a, b, acc)`), BLOCK_K pinned (configs.py): no split-K.
+- The K summation order is chunked (configs.py 1.; K_CHUNK = KC of the op, 0 = one chain): the
+  loop walks K in BLOCK_K steps (`acc = tl.dot(a, b, acc)`, one ascending MMA chain), and at the
+  end of every KC chunk (and of K) adds the chunk's accumulator to the running total, the first
+  chunk's accumulator BEING the total (((p0 + p1) + p2) + ..., starting from p0), then restarts
+  the chunk accumulator from zero. The loop stays flat (the chunk-end add sits behind a
+  branch taken once per KC / BLOCK_K steps), so the software pipeline never restarts. The
+  decode GEMM (`decode_gemm_kernel`) computes each chunk partial with the same chain and folds
+  the partials in the same order, also when it splits K over programs (`k_chunks`).
 - Epilogue exactly `reference.apply_global_scales`: (acc * gd_a) * gd_b, then + bias, with FMA
   contraction disabled on CUDA (runtime.compile_options).
 - One kernel serves the dense and the grouped (MoE) GEMM: GROUPED=False is one group of M rows,
@@ -27,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import decode_dispatch, pick, pick_launch, warps_kwargs
+from ..configs import decode_dispatch, k_chunk, pick, pick_launch, warps_kwargs
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
 from ..triton_helpers import e2m1_value, e4m3_value, expert_row_tile
 from .packed_layout import words_tile_k
@@ -42,7 +49,7 @@ def _nvfp4_gemm_kernel(
     GROUPED: tl.constexpr, B_PACKED: tl.constexpr, HAS_BIAS: tl.constexpr,
     DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_E: tl.constexpr, A_GATHER: tl.constexpr = False, GDA_SHARED: tl.constexpr = False,
-    SCALE_WORDS: tl.constexpr = False,
+    SCALE_WORDS: tl.constexpr = False, K_CHUNK: tl.constexpr = 0,
 ):  # fmt: skip
     # SCALE_WORDS (packed B): the scale bytes read as 32-bit words of 4 (stride_sn in words), a
     # load the software pipeline issues stages ahead (a byte load is not pipelined, and its
@@ -81,6 +88,7 @@ def _nvfp4_gemm_kernel(
     b_base = b_ptr + e64 * stride_be
     s_base = bs_ptr + e64 * stride_se
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # the fold of the chunks so far
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         kmask = kk < K
@@ -112,6 +120,12 @@ def _nvfp4_gemm_kernel(
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+        if K_CHUNK > 0:
+            if ((k0 + BLOCK_K) % K_CHUNK == 0) | (k0 + BLOCK_K >= K):  # a chunk ends here
+                total = tl.where(k0 < K_CHUNK, acc, total + acc)  # chunk 0 starts the fold
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if K_CHUNK > 0:
+        acc = total
     if GDA_SHARED:  # one gd_a for every row (gda_stride 0), zero rows included
         gda = tl.load(gda_ptr + rows * 0, mask=rmask, other=1.0)
     else:
@@ -187,6 +201,8 @@ def launch_gemm(
     rows_per_group: int | None = None,
     config_op: str | None = None,
     a_rows: torch.Tensor | None = None,
+    config=None,
+    k_chunk_override: int | None = None,
 ) -> torch.Tensor:
     """Launch the GEMM. b: on-grid [N, K] / [E, N, K] (any strides), or packed (codes, scale
     bytes) [.., N, K/2] and [.., N, K/16]. offsets (int32 [E] group ends) selects the grouped
@@ -197,7 +213,9 @@ def launch_gemm(
     product. `a_rows` (int32 / int64 [M]): row r of
     the product reads row a_rows[r] of a_MK (and of a per-row gd_a), which may then have any
     number of rows, or is a zero row where a_rows[r] < 0: a gather of A's rows in the operand
-    load."""
+    load. `config` (a TileConfig) and `k_chunk_override` (KC; 0 = one chain) replace the pinned
+    tile and K order: benchmarks only (`benchmarks.decode_gemm --learner-forward`), as KC
+    changes the bits."""
     check_kernel_device(a_MK, "x")
     dev = a_MK.device
     k = a_MK.shape[1]
@@ -206,7 +224,7 @@ def launch_gemm(
     m = a_MK.shape[0] if a_rows is None else a_rows.shape[0]
     m_a = a_MK.shape[0]
     packed = isinstance(b, tuple)
-    if packed and config_op is None:
+    if packed and config_op is None and config is None:
         decode = decode_dispatch(arch_of(dev), rows_per_group or m)
         if decode is not None:  # few rows: the weight-streaming kernel, the same bits
             from .decode_gemm_kernel import launch_decode_gemm
@@ -237,7 +255,11 @@ def launch_gemm(
             f"global scales: gd_a {tuple(gd_a.shape)} for M={m}, gd_b {tuple(gd_b.shape)}"
         )
     op = config_op or ("nvfp4_gemm" if packed else "nvfp4_gemm_ongrid")
-    cfg = pick(arch_of(dev), _dot_key(dev), op, rows_per_group or m, n=None if grouped else n)
+    cfg = config or pick(arch_of(dev), _dot_key(dev), op, rows_per_group or m,
+                         n=None if grouped else n)  # fmt: skip
+    kc = k_chunk(arch_of(dev), op) if k_chunk_override is None else k_chunk_override
+    if kc % cfg.block_k:
+        raise ValueError(f"{cfg}: BLOCK_K={cfg.block_k} must divide the K chunk KC={kc}")
     interp = interpreting()
     out = torch.empty((m, n), dtype=torch.float32 if interp else out_dtype, device=dev)
     if m == 0 or n == 0:
@@ -266,6 +288,6 @@ def launch_gemm(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         BLOCK_E=max(triton.next_power_of_2(num_experts), 2), A_GATHER=a_rows is not None,
         GDA_SHARED=gd_a.numel() == 1, SCALE_WORDS=scale_words,
-        **cfg.launch_kwargs(), **compile_options(dev),
+        K_CHUNK=kc, **cfg.launch_kwargs(), **compile_options(dev),
     )  # fmt: skip
     return out.to(out_dtype) if interp else out

@@ -4,14 +4,16 @@ The learner multiplies on-grid BF16 weights in `gemm_kernel` (the 512-row call b
 large-M tile); the rollout's decode streams the packed weights through `decode_gemm_kernel`
 (swapped operands, E2M1 by bit placement, weights scaled by 2**-8 inside). Every row of every
 pinned decode bucket must equal the learner's row, on cancellation-heavy data (magnitudes
-1e-4..1e2, both signs: where the 16-row mma.sync bucket once differed from wgmma).
+1e-4..1e2, both signs: where the 16-row mma.sync bucket once differed from wgmma), at every
+split-K count (the K-chunked order, codegen/configs.py 1.: K = 8192 has 8 chunks).
 """
 
 import gpu_internals as gi
 import pytest
 import torch
 
-from fp4_compile.codegen.configs import DECODE, DecodeConfig, decode_dispatch
+from fp4_compile.codegen.configs import DECODE, DecodeConfig, decode_dispatch, k_chunk
+from fp4_compile.codegen.nvfp4.k_chunks import chunk_count
 from fp4_compile.testing import assert_bitwise_equal
 
 pytestmark = pytest.mark.gpu
@@ -35,7 +37,7 @@ def _ongrid_act(x):
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
-@pytest.mark.parametrize("n, k", [(320, 2048), (1536, 2048), (2048, 768)])
+@pytest.mark.parametrize("n, k", [(320, 2048), (1536, 2048), (2048, 768), (256, 8192)])
 def test_decode_rows_equal_learner_rows(cfg, n, k):
     wq = gi.quantize_triton(_rows(n, k, 1), block="16x16", global_scale="per_tensor")
     a, gd_a = _ongrid_act(_rows(512, k, 2))
@@ -43,10 +45,12 @@ def test_decode_rows_equal_learner_rows(cfg, n, k):
     learner = gi.launch_gemm(a, gd_a, wq.on_grid(torch.bfloat16), wq.global_decode, bias=bias,
                              out_dtype=torch.bfloat16)  # fmt: skip
     packed = (wq.codes, wq.block_scales.view(torch.uint8))
+    chunks = chunk_count(k, k_chunk("sm_90", "nvfp4_gemm"))
     for m in (1, 2, 7, 15, 16, 17, 63, 64):
-        got = gi.launch_decode_gemm(a[:m], gd_a[:m], packed, wq.global_decode, bias=bias,
-                                    out_dtype=torch.bfloat16, config=cfg)  # fmt: skip
-        assert_bitwise_equal(got, learner[:m], f"{cfg} rows of a {m}-row decode")
+        for splits in sorted({None, *(s for s in (1, 2, 3, 4, 8) if s <= chunks)}, key=str):
+            got = gi.launch_decode_gemm(a[:m], gd_a[:m], packed, wq.global_decode, bias=bias,
+                                        out_dtype=torch.bfloat16, config=cfg, splits=splits)  # fmt: skip
+            assert_bitwise_equal(got, learner[:m], f"{cfg} {m}-row decode, splits={splits}")
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
@@ -62,10 +66,11 @@ def test_grouped_decode_equals_learner(cfg):
     learner = gi.launch_gemm(a, gd_a, wq.on_grid(torch.bfloat16), wq.global_decode,
                              out_dtype=torch.float32, offsets=offs, rows_per_group=512,
                              a_rows=rows)  # fmt: skip
-    got = gi.launch_decode_gemm(a, gd_a, (wq.codes, wq.block_scales.view(torch.uint8)),
-                                wq.global_decode, out_dtype=torch.float32, offsets=offs,
-                                a_rows=rows, config=cfg)  # fmt: skip
-    assert_bitwise_equal(got, learner, f"{cfg} grouped decode")
+    for splits in (1, 2):
+        got = gi.launch_decode_gemm(a, gd_a, (wq.codes, wq.block_scales.view(torch.uint8)),
+                                    wq.global_decode, out_dtype=torch.float32, offsets=offs,
+                                    a_rows=rows, config=cfg, splits=splits)  # fmt: skip
+        assert_bitwise_equal(got, learner, f"{cfg} grouped decode, splits={splits}")
 
 
 def test_dispatch_serves_decode_buckets_only():

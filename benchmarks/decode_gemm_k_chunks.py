@@ -1,0 +1,98 @@
+"""`benchmarks.decode_gemm --splits / --learner-forward`: the K-chunked summation order's two
+sides on the GPU (codegen/configs.py 1., `nvfp4/k_chunks.py`). Split-K decode: every split count
+of the pinned tile (bitwise == the learner's GEMM: `decode_gemm.check_bitwise` runs first) vs
+cuBLAS BF16. The learner: its forward GEMM in the chunked order vs the one-chain order and tile
+it replaced, paired. Figures: "emulated NVFP4 (sm_90)"."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.common import fmt, ratio
+from benchmarks.decode_gemm import DENSE, DENSE_M, SPLITS, _act, _rows, _weights, dense_row
+
+
+def chunks_of(k: int) -> int:
+    from fp4_compile.codegen.configs import k_chunk
+    from fp4_compile.codegen.nvfp4.k_chunks import chunk_count
+
+    return chunk_count(k, k_chunk("sm_90", "nvfp4_gemm"))
+
+
+def split_rows() -> list[dict]:
+    """Dense decode at every split count (pinned tile), ms and ratio vs cuBLAS BF16."""
+    out = []
+    for (name, (n, k)), m in itertools.product(DENSE.items(), DENSE_M):
+        row = {"name": name, "M": m, "N": n, "K": k, "splits": {}}
+        for s in (s for s in SPLITS if s <= chunks_of(k)):
+            r = dense_row(name, m, n, k, splits=s)
+            row["bf16_ms"] = r["bf16_ms"]
+            row["splits"][s] = r["decode_ms"]
+        best = min(row["splits"], key=row["splits"].get)
+        row["best"] = best
+        row["best_vs_bf16"] = ratio(row["bf16_ms"], row["splits"][best])
+        print(row, flush=True)
+        out.append(row)
+    return out
+
+
+def learner_forward_rows(rows: int = 4096) -> list[dict]:
+    """The learner's forward GEMM (on-grid weights): pinned tile + chunked K vs the one-chain
+    pin it replaced (128x256x64, 8 warps, 4 stages, KC 0), paired in one CUDA graph each."""
+    import triton.testing
+
+    from fp4_compile.codegen.configs import TileConfig
+    from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
+
+    one_chain = TileConfig(128, 256, 64, num_warps=8, num_stages=4)
+    out = []
+    for name, (n, k) in DENSE.items():
+        w, wq = _weights(0, n, k, 9)
+        x = _rows(rows, k, 10).to(torch.bfloat16)
+        a, gd_a = _act(x)
+        args = (a, gd_a, wq.on_grid(torch.bfloat16), wq.global_decode)
+        kw = {"out_dtype": torch.bfloat16, "config_op": "nvfp4_gemm_ongrid"}
+        fns = {"chunked_ms": functools.partial(launch_gemm, *args, **kw),
+               "one_chain_ms": functools.partial(launch_gemm, *args, **kw, config=one_chain,
+                                                 k_chunk_override=0),
+               "bf16_ms": functools.partial(F.linear, x, w)}  # fmt: skip
+        row = {"name": name, "M": rows, "N": n, "K": k}
+        for _ in range(3):  # paired rounds: each alternates the three, the median is kept
+            for key, fn in fns.items():
+                row.setdefault(key, []).append(float(triton.testing.do_bench_cudagraph(
+                    fn, rep=50, return_mode="median")))  # fmt: skip
+        for key in fns:
+            row[key] = sorted(row[key])[1]
+        row["chunked_vs_one_chain"] = ratio(row["one_chain_ms"], row["chunked_ms"])
+        print(row, flush=True)
+        out.append(row)
+    return out
+
+
+def k_chunk_lines(splits: list[dict], learner_fwd: list[dict]) -> list[str]:
+    """The markdown tables of `split_rows` and `learner_forward_rows` (empty lists: none)."""
+    lines = []
+    if splits:
+        lines += ["", "Split-K (pinned tile; every split count bitwise == the learner, checked "
+                  "above): ms per split count, the best vs cuBLAS BF16.", "",
+                  "| shape | M | BF16 ms | ms by splits | best | best vs BF16 |",
+                  "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for r in splits:
+            by = ", ".join(f"{s}: {v:.4f}" for s, v in r["splits"].items())
+            lines.append(f"| {r['name']} {r['N']}x{r['K']} | {r['M']} | {r['bf16_ms']:.4f} | {by} "
+                         f"| {r['best']} | {fmt(r['best_vs_bf16'], '.2f')}x |")  # fmt: skip
+    if learner_fwd:
+        lines += ["", "The learner's forward GEMM (4096 rows, on-grid weights, CUDA-graph "
+                  "median of 3 paired rounds): pinned 128x128 tile with K chunks vs the "
+                  "one-chain 128x256 pin it replaced, and cuBLAS BF16.", "",
+                  "| shape | chunked ms | one-chain ms | chunked vs one-chain | BF16 ms |",
+                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        for r in learner_fwd:
+            lines.append(f"| {r['name']} {r['N']}x{r['K']} | {r['chunked_ms']:.4f} | "
+                         f"{r['one_chain_ms']:.4f} | {fmt(r['chunked_vs_one_chain'], '.3f')}x | "
+                         f"{r['bf16_ms']:.4f} |")  # fmt: skip
+    return lines
