@@ -40,15 +40,30 @@ def split_rows() -> list[dict]:
     return out
 
 
+def learner_tiles() -> dict:
+    """name -> (TileConfig or None = the pinned one, KC or None = the pinned one): the learner's
+    forward candidates. 128x256 (8 warps) spills once the chunk total sits beside the
+    accumulator (tools.decode_sass_audit); timed, not assumed slow."""
+    from fp4_compile.codegen.configs import TileConfig
+
+    wide = TileConfig(128, 256, 64, num_warps=8, num_stages=4)
+    return {
+        "chunked_ms": (None, None),
+        "one_chain_ms": (wide, 0),
+        "wide_chunked_ms": (wide, None),
+        "wide3_chunked_ms": (TileConfig(128, 256, 64, num_warps=8, num_stages=3), None),
+        "k128_chunked_ms": (TileConfig(128, 128, 128, num_warps=8, num_stages=3), None),
+    }
+
+
 def learner_forward_rows(rows: int = 4096) -> list[dict]:
-    """The learner's forward GEMM (on-grid weights): pinned tile + chunked K vs the one-chain
-    pin it replaced (128x256x64, 8 warps, 4 stages, KC 0), paired in one CUDA graph each."""
+    """The learner's forward GEMM (on-grid weights): the pinned tile + chunked K vs the one-chain
+    pin it replaced (128x256x64, 8 warps, 4 stages, KC 0) and the other `learner_tiles`, paired:
+    3 rounds, each timing every candidate in one CUDA graph, the median kept."""
     import triton.testing
 
-    from fp4_compile.codegen.configs import TileConfig
     from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
 
-    one_chain = TileConfig(128, 256, 64, num_warps=8, num_stages=4)
     out = []
     for name, (n, k) in DENSE.items():
         w, wq = _weights(0, n, k, 9)
@@ -56,18 +71,21 @@ def learner_forward_rows(rows: int = 4096) -> list[dict]:
         a, gd_a = _act(x)
         args = (a, gd_a, wq.on_grid(torch.bfloat16), wq.global_decode)
         kw = {"out_dtype": torch.bfloat16, "config_op": "nvfp4_gemm_ongrid"}
-        fns = {"chunked_ms": functools.partial(launch_gemm, *args, **kw),
-               "one_chain_ms": functools.partial(launch_gemm, *args, **kw, config=one_chain,
-                                                 k_chunk_override=0),
-               "bf16_ms": functools.partial(F.linear, x, w)}  # fmt: skip
-        row = {"name": name, "M": rows, "N": n, "K": k}
-        for _ in range(3):  # paired rounds: each alternates the three, the median is kept
+        fns = {key: functools.partial(launch_gemm, *args, **kw, config=cfg, k_chunk_override=kc)
+               for key, (cfg, kc) in learner_tiles().items()}  # fmt: skip
+        fns["bf16_ms"] = functools.partial(F.linear, x, w)
+        ref = fns["chunked_ms"]().view(torch.int16)
+        row = {"name": name, "M": rows, "N": n, "K": k, "same_bits_as_pinned": {
+            key: bool(torch.equal(fn().view(torch.int16), ref)) for key, fn in fns.items()
+            if key not in ("bf16_ms", "one_chain_ms")}}  # fmt: skip
+        for _ in range(3):
             for key, fn in fns.items():
                 row.setdefault(key, []).append(float(triton.testing.do_bench_cudagraph(
                     fn, rep=50, return_mode="median")))  # fmt: skip
         for key in fns:
             row[key] = sorted(row[key])[1]
-        row["chunked_vs_one_chain"] = ratio(row["one_chain_ms"], row["chunked_ms"])
+        for key in learner_tiles():
+            row[key.replace("_ms", "_vs_one_chain")] = ratio(row["one_chain_ms"], row[key])
         print(row, flush=True)
         out.append(row)
     return out
@@ -89,10 +107,30 @@ def k_chunk_lines(splits: list[dict], learner_fwd: list[dict]) -> list[str]:
         lines += ["", "The learner's forward GEMM (4096 rows, on-grid weights, CUDA-graph "
                   "median of 3 paired rounds): pinned 128x128 tile with K chunks vs the "
                   "one-chain 128x256 pin it replaced, and cuBLAS BF16.", "",
-                  "| shape | chunked ms | one-chain ms | chunked vs one-chain | BF16 ms |",
-                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+                  "| shape | " + " | ".join(learner_tiles()) + " | BF16 ms | vs one chain "
+                  "(pinned, wide, wide 3 stages, BLOCK_K 128) | same bits as pinned |",
+                  "| --- |" + " --- |" * (len(learner_tiles()) + 3)]  # fmt: skip
         for r in learner_fwd:
-            lines.append(f"| {r['name']} {r['N']}x{r['K']} | {r['chunked_ms']:.4f} | "
-                         f"{r['one_chain_ms']:.4f} | {fmt(r['chunked_vs_one_chain'], '.3f')}x | "
-                         f"{r['bf16_ms']:.4f} |")  # fmt: skip
+            vs = ", ".join(fmt(r[k.replace("_ms", "_vs_one_chain")], ".3f") + "x"
+                           for k in learner_tiles() if k != "one_chain_ms")  # fmt: skip
+            lines.append(f"| {r['name']} {r['N']}x{r['K']} | "
+                         + " | ".join(f"{r[k]:.4f}" for k in learner_tiles())
+                         + f" | {r['bf16_ms']:.4f} | {vs} | {all(r['same_bits_as_pinned'].values())} |")  # fmt: skip
     return lines
+
+
+def main() -> None:
+    """`python -m benchmarks.decode_gemm_k_chunks`: the learner-forward table alone."""
+    from benchmarks.common import header, write_results
+
+    env, lines = header("The learner's forward GEMM in the K-chunked order (tiles) vs one chain")
+    rows = learner_forward_rows()
+    lines += k_chunk_lines([], rows)
+    path = write_results("learner_forward_k_chunks", {"env": env, "rows": rows},
+                         "\n".join(lines) + "\n")  # fmt: skip
+    print("\n".join(lines))
+    print("wrote", *path)
+
+
+if __name__ == "__main__":
+    main()

@@ -11,6 +11,7 @@
 #   benchmarks (benchmarks/): gemm, grouped_gemm, quantize, invariant, decode_gemm (DECODE_ARGS,
 #     e.g. "--sweep --sweep-only weights_right"), learner (LEARNER_ARGS, default --profile),
 #     (DECODE_ARGS="--splits --learner-forward": split-K and the K-chunked order, issue 42),
+#     learner_forward (the learner forward GEMM tiles in the K-chunked order), k_chunks_tests,
 #     learner_rounds (fused vs unfused vs Inductor BF16 in paired rounds, ROUNDS), rollout
 #     (ROLLOUT_ARGS), rollout_profile;
 #   tools (tools/): gaps (GAPS_ARGS), gradloc (GRADLOC_ARGS="--models moe,llama --recipes
@@ -50,6 +51,8 @@ for part in $PARTS; do
     quantize) run "${QUANT_S:-90}" quantize python3 -m benchmarks.quantize ;;
     invariant) run "${INV_S:-120}" invariant python3 -m benchmarks.invariant ;;
     decode_gemm) run "${DECODE_S:-540}" decode_gemm python3 -m benchmarks.decode_gemm ${DECODE_ARGS:-} ;;
+    learner_forward) run "${LFWD_S:-150}" learner_forward_k_chunks python3 -m benchmarks.decode_gemm_k_chunks ;;
+    k_chunks_tests) run "${KCT_S:-120}" pytest_k_chunks_cuda python3 -m pytest -q tests/codegen/nvfp4/test_k_chunks.py ;;
     learner) run "${LEARNER_S:-330}" learner python3 -m benchmarks.learner ${LEARNER_ARGS:---profile} ;;
     learner_rounds) run "${LEARNER_S:-540}" learner python3 -m benchmarks.learner --only-cuda-graphs --skip-ongrid-ab --rounds "${ROUNDS:-10}" --round-iters 20 ;;
     rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --roofline benchmarks/results/2026-12-06_rollout_roofline_4193161.json ${ROLLOUT_ARGS:-} ;;
