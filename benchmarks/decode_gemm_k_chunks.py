@@ -16,7 +16,15 @@ from benchmarks.common import fmt, ratio
 from benchmarks.decode_gemm import DENSE, DENSE_M, SPLITS, _act, _rows, _weights, dense_row
 
 
+def chunk_size() -> int:
+    """The sm_90 KC, or 1024 where sm_90 pins one chain (the size these figures measure)."""
+    from fp4_compile.codegen.configs import k_chunk
+
+    return k_chunk("sm_90", "nvfp4_gemm") or 1024
+
+
 def chunks_of(k: int) -> int:
+    """K chunks of the pinned sm_90 order (1: one chain, no split possible)."""
     from fp4_compile.codegen.configs import k_chunk
     from fp4_compile.codegen.nvfp4.k_chunks import chunk_count
 
@@ -47,12 +55,13 @@ def learner_tiles() -> dict:
     from fp4_compile.codegen.configs import TileConfig
 
     wide = TileConfig(128, 256, 64, num_warps=8, num_stages=4)
+    kc = chunk_size()
     return {
-        "chunked_ms": (None, None),
+        "chunked_ms": (TileConfig(128, 128, 64, num_warps=8, num_stages=4), kc),
         "one_chain_ms": (wide, 0),
-        "wide_chunked_ms": (wide, None),
-        "wide3_chunked_ms": (TileConfig(128, 256, 64, num_warps=8, num_stages=3), None),
-        "k128_chunked_ms": (TileConfig(128, 128, 128, num_warps=8, num_stages=3), None),
+        "wide_chunked_ms": (wide, kc),
+        "wide3_chunked_ms": (TileConfig(128, 256, 64, num_warps=8, num_stages=3), kc),
+        "k128_chunked_ms": (TileConfig(128, 128, 128, num_warps=8, num_stages=3), kc),
     }
 
 

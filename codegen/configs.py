@@ -62,13 +62,14 @@ _GEMM_SM90 = (
     (None, TileConfig(128, 128, 64, num_warps=8, num_stages=3)),
 )
 _GEMM_INTERPRETER = ((None, TileConfig(16, 32, 32, num_warps=1, num_stages=1)),)
-# B on-grid BF16: at M > 64 128x128, 8 warps, 4 stages. The wider 128x256 tile (the fastest
-# with one K chain, benchmarks/results/2026-12-04_tune_kernels_deep_865d6a7.md) spills 102
-# registers once the K chunks' running total sits beside the accumulator; 128x128 spills none
-# (sm_90 SASS: benchmarks/results/2026-12-06_decode_sass_audit_cpu_*.md). The tile changes no bit.
+# B on-grid BF16: at M > 64 a wide N tile, 4 stages (192 KiB of shared memory), the fastest on
+# the H200, 0 bytes differing (benchmarks/results/2026-12-04_tune_kernels_deep_865d6a7.md). With
+# K chunks (K_CHUNK > 0) it spills (the running total beside the accumulator: 255 registers) and
+# runs at 0.29-0.35x; the non-spilling 128x128 tile then runs at 0.78-0.81x (1.00x at 1536 x 2048)
+# (benchmarks/results/2026-12-06_learner_forward_k_chunks_e75494d.md, H100).
 _GEMM_ONGRID_SM90 = (
     (64, TileConfig(64, 64, 64, num_warps=4, num_stages=4)),
-    (None, TileConfig(128, 128, 64, num_warps=8, num_stages=4)),
+    (None, TileConfig(128, 256, 64, num_warps=8, num_stages=4)),
 )
 # Weight gradients (dense and MoE share it: the MoE wgrad equals the per-expert loop). <= 512
 # rows (k / v projections) would give 128x256 32 programs on 132 SMs: 64x128 there (H200, 0
@@ -244,12 +245,15 @@ for _arch in ("sm_90", "interpreter"):  # packed, on-grid and wgrad GEMMs chunk 
 
 # The K chunk KC of each GEMM op's summation order (1. above): a property of (arch, op), never of
 # M. The forward ops (packed and on-grid B: the learner's forward and dgrad, the rollout's
-# decode) share it; 0 = one chain over all of K (the weight gradient, which no rollout computes).
-# 1024: 8 chunks at K = 8192, so the decode GEMM can split K 8 ways; the learner's cost is one
-# predicated add per chunk.
+# decode) share it; 0 = one chain over all of K. sm_90 pins 0: measured on an H100, KC = 1024
+# lets the decode GEMM split K (8192^2: 1.43x cuBLAS BF16 at M = 1, 1.33x at 16, 0.97x at 64,
+# every split bitwise == the learner: 2026-12-06_decode_gemm_9ab3c45.md) but costs the learner's
+# forward GEMM 19-22% (no tile both fast and spill-free holds the chunk total:
+# 2026-12-06_learner_forward_k_chunks_e75494d.md), past the 3% it may cost. The interpreter pins
+# 128, so the chunked kernels (learner fold, split decode, fold_chunks) stay proven in CI.
 K_CHUNK: dict[tuple[str, str], int] = {
-    ("sm_90", "nvfp4_gemm"): 1024,
-    ("sm_90", "nvfp4_gemm_ongrid"): 1024,
+    ("sm_90", "nvfp4_gemm"): 0,
+    ("sm_90", "nvfp4_gemm_ongrid"): 0,
     ("sm_90", "nvfp4_wgrad"): 0,
     ("interpreter", "nvfp4_gemm"): 128,
     ("interpreter", "nvfp4_gemm_ongrid"): 128,
