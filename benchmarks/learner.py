@@ -6,6 +6,11 @@ equals the forward of each sequence alone (bitwise).
 
     python -m benchmarks.learner [--layers 2] [--batch 8] [--seq 512] [--profile]
         [--no-cuda-graphs | --only-cuda-graphs] [--skip-ongrid-ab] [--rounds N]
+        [--micro-batches M]
+
+--micro-batches M: each optimizer step accumulates the gradients of M forward + backward passes
+over the batch (gradient accumulation), so the weight quantize of quantize_weights=on_change
+(once per optimizer step) is shared by M passes while every_call quantizes in each.
 
 --rounds N keeps every config's compiled step alive and times them all again in N
 interleaved rounds (the lent H200 drifts by 0.5-0.8 ms between runs; within one round every
@@ -33,21 +38,22 @@ from fp4_compile.rollout.weight_store import WeightStore
 from fp4_compile.testing import count_bytes_differ
 
 
-def step_fn(model, ids, opt):
+def step_fn(model, ids, opt, micro_batches: int = 1):
     def step():
-        # a new CUDA-graph generation per step (Inductor's graph trees; the paired rounds
-        # interleave two compiled models' steps)
-        torch.compiler.cudagraph_mark_step_begin()
-        out = model(input_ids=ids, use_cache=False).logits
-        loss = out.float().logsumexp(-1).mean()
-        loss.backward()
+        for _ in range(micro_batches):
+            # a new CUDA-graph generation per pass (Inductor's graph trees; the paired rounds
+            # interleave two compiled models' steps)
+            torch.compiler.cudagraph_mark_step_begin()
+            out = model(input_ids=ids, use_cache=False).logits
+            loss = out.float().logsumexp(-1).mean()
+            (loss / micro_batches if micro_batches > 1 else loss).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     return step
 
 
-def measure(label, model, compiled, ids, tokens, *, profile=False):
+def measure(label, model, compiled, ids, tokens, *, profile=False, micro_batches=1):
     """-> (the row, the step function: kept for the paired rounds)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=torch.cuda.is_available())
     torch.cuda.reset_peak_memory_stats()
@@ -55,7 +61,7 @@ def measure(label, model, compiled, ids, tokens, *, profile=False):
     held = torch.cuda.memory_allocated() - sum(
         p.numel() * p.element_size() for p in model.parameters()
     )
-    step = step_fn(compiled, ids, opt)
+    step = step_fn(compiled, ids, opt, micro_batches)
     ms = cuda_time_ms(step, warmup=2, iters=5)
     peak = (torch.cuda.max_memory_allocated() - held) / 2**30
     row = {"label": label, "step_ms": ms, "tokens_per_s": tokens / (ms / 1e3), "peak_gib": peak}
@@ -115,7 +121,13 @@ def main() -> None:
         "(A B A B ...); step_ms is then the median of the rounds",
     )  # fmt: skip
     parser.add_argument("--round-iters", type=int, default=10, help="steps timed per round")
+    parser.add_argument(
+        "--micro-batches", type=int, default=1,
+        help="forward + backward passes per optimizer step (gradient accumulation)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.micro_batches < 1:
+        parser.error(f"--micro-batches must be >= 1, got {args.micro_batches}")
     env = environment()
     # Every config compiles the same code objects; the row-alone check below calls them at another
     # shape, and with automatic dynamic shapes each LATER config would compile with symbolic
@@ -124,7 +136,7 @@ def main() -> None:
     torch._dynamo.config.automatic_dynamic_shapes = False
     device = "cuda"
     ids = torch.randint(0, 8192, (args.batch, args.seq), device=device)
-    tokens = args.batch * args.seq
+    tokens = args.batch * args.seq * args.micro_batches  # per optimizer step
     rows = []
     strict = NVFP4Recipe.strict()
     graphs = {"recipe": strict, "cuda_graphs": True}
@@ -171,7 +183,8 @@ def main() -> None:
         counters = torch._dynamo.utils.counters["inductor"]
         skips_before = counters["cudagraph_skips"]
         try:
-            row, step = measure(label, model, compiled, ids, tokens, profile=args.profile)
+            row, step = measure(label, model, compiled, ids, tokens, profile=args.profile,
+                                micro_batches=args.micro_batches)  # fmt: skip
             rows.append(row)
             rows[-1]["mode"] = mode
             if args.rounds:
@@ -215,7 +228,8 @@ def main() -> None:
             r["ratio_vs_bf16"] = r["tokens_per_s"] / base[r["mode"]]
     md = [
         f"# learner throughput, {env['gpu']}, torch {env['torch']}, triton {env['triton']}, commit {env['commit']}",
-        f"Qwen3-30B-A3B-shaped, {args.layers} layers, vocab 8192, {args.batch}x{args.seq} tokens/step, fwd+bwd+AdamW",
+        f"Qwen3-30B-A3B-shaped, {args.layers} layers, vocab 8192, {args.batch}x{args.seq} tokens "
+        f"per pass, {args.micro_batches} fwd+bwd pass(es) per AdamW step",
         "",
         "GPU kernel ms: the kernels' device time in one profiled step (`--profile`), the floor of "
         "the step once host time is hidden; the step time itself follows the lent machine's host "

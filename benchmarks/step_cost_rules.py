@@ -164,6 +164,8 @@ def _fp4_cost(n: fx.Node, g: _Graph, ctx: dict) -> OpCost:
     if name in _NVFP4_GEMMS:
         call = GemmCall.of(n)
         skip = [call.weight] + ([call.x] if call.x_operands is not None else [])
+        if call.w_ongrid is not None:  # the kernel reads the on-grid copy, not the packed bytes
+            skip += [call.w.codes, call.w.scales]
     read = 0
     for _, x in args:
         if any(x is s for s in skip):

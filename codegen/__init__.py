@@ -9,6 +9,7 @@ from .nvfp4.api import (
     nvfp4_grouped_linear,
     nvfp4_linear,
     ongrid_weight,
+    quantize_into,
     quantize_op,
     quantize_weight,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "nvfp4_grouped_linear",
     "nvfp4_linear",
     "ongrid_weight",
+    "quantize_into",
     "quantize_op",
     "quantize_weight",
 ]

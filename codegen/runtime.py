@@ -84,3 +84,16 @@ def kernel_target(t: torch.Tensor, name: str | None = None) -> KernelTarget:
     if name is not None:
         check_kernel_device(t, name)
     return KernelTarget(t.device, arch_of(t.device), compile_options(t.device))
+
+
+def output_buffer(into: torch.Tensor | None, shape, dtype, device) -> torch.Tensor:
+    """A launcher's output: a new [shape] buffer, or `into` (the caller's contiguous buffer of
+    as many elements of `dtype`, e.g. a weight store's) viewed as [shape]."""
+    if into is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if into.dtype != dtype or not into.is_contiguous() or into.device != torch.device(device):
+        raise ValueError(
+            f"into must be a contiguous {dtype} buffer on {device}, got {into.dtype} on "
+            f"{into.device} (contiguous: {into.is_contiguous()})"
+        )
+    return into.view(shape)

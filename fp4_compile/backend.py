@@ -264,7 +264,8 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     options["weight_store"] (a `rollout.weight_store.WeightStore`: a rollout engine's, or the
     learner's from `fp4_compile.compile(..., quantize_weights="on_change")`): the graph reads its
     weights' quantized bytes from the store (extra inputs the compiled function appends to every
-    call) instead of quantizing them per call (`passes/bind_weight_inputs.py`); a store made with
+    call, static for CUDA graphs) instead of quantizing them per call
+    (`passes/bind_weight_inputs.py`), a learner's store its on-grid copies too; a store made with
     on_change=True re-quantizes before a call when a weight changed in place. The same bits.
 
     options["fuse_quantize"] (default True): activations are quantized once per distinct input

@@ -12,7 +12,13 @@ import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
 from .attach_combine_inverse import attach_combine_inverse
-from .bind_weight_inputs import QuantizeSpec, bind_weight_inputs, weight_quantize_sites
+from .bind_weight_inputs import (
+    QuantizeSpec,
+    SiteReads,
+    bind_weight_inputs,
+    site_reads,
+    weight_quantize_sites,
+)
 from .drop_ongrid_weights import drop_ongrid_weights
 from .fold_expert_gathers import fold_expert_gathers
 from .fold_moe_combine import fold_moe_combine
@@ -103,7 +109,9 @@ __all__ = [
     "op_census",
     "run_pipeline",
     "QuantizeSpec",
+    "SiteReads",
     "bind_weight_inputs",
+    "site_reads",
     "quantized_weight_inputs",
     "weight_quantize_sites",
 ]

@@ -8,9 +8,12 @@ with the same weights, so its engine quantizes each weight once per weight versi
 op and the same arguments (`quantize_spec` below), into stable buffers it owns; this pass makes
 the graph read those buffers instead: every such quantize's codes, block scales and global
 decode become the caller's input nodes (placeholders of a Dynamo graph, attributes of an
-exported module), an on-grid copy (`quantize_with_ongrid`) becomes `ongrid_weight` of them (the
-same bits: the on-grid values are exact decodes of the packed bytes), and the quantize, group
-amax and detach nodes go. A quantize whose input is not a parameter stays in the graph.
+exported module), and the quantize, group amax and detach nodes go. An on-grid copy
+(`quantize_with_ongrid`: the learner's weights on CUDA, whose forward and dgrad read it) becomes
+the caller's on-grid input where the caller holds one (the learner's store: written once per
+weight version, no decode per call), else `ongrid_weight` of the packed inputs (the same bits:
+the on-grid values are exact decodes of the packed bytes). `site_reads` says which forms a site
+reads. A quantize whose input is not a parameter stays in the graph.
 """
 
 from __future__ import annotations
@@ -38,6 +41,16 @@ class QuantizeSpec:
     rounding: str
     seed: int
     group: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SiteReads:
+    """What the graph reads of one weight quantize site: `packed` its packed bytes (codes and
+    block scales; False for a `quantize_with_ongrid` with packed=False, whose codes and scales
+    are [..., N, 0]), `ongrid` its on-grid BF16 copy."""
+
+    packed: bool
+    ongrid: bool
 
 
 def _ops():
@@ -95,21 +108,35 @@ def weight_quantize_sites(
     return out
 
 
+def site_reads(q: fx.Node) -> SiteReads:
+    """The forms quantize node `q` (a site of `weight_quantize_sites`) gives its readers."""
+    ops = _ops()
+    if q.target is not ops.quantize_with_ongrid.default:
+        return SiteReads(packed=True, ongrid=False)
+    packed = len(q.args) <= QuantizeArg.PACKED or bool(q.args[QuantizeArg.PACKED])
+    ongrid = any(u.args[1] == QuantizeOut.ONGRID for u in q.users)
+    return SiteReads(packed=packed, ongrid=ongrid)
+
+
 def bind_weight_inputs(
     graph: fx.Graph,
     sites: list[tuple[fx.Node, QuantizeSpec]],
-    inputs: Callable[[QuantizeSpec, fx.Node], tuple[fx.Node, fx.Node, fx.Node]],
+    inputs: Callable[[QuantizeSpec, fx.Node], tuple[fx.Node, fx.Node, fx.Node, fx.Node | None]],
 ) -> int:
     """Replace each site's outputs with `inputs(spec, quantize_node)` = (codes, block scales,
-    global decode) nodes holding what the quantize computes; returns how many sites."""
+    global decode, on-grid copy or None) nodes holding what the quantize computes (the codes
+    and scales in the form `site_reads` names); a site's on-grid output becomes the on-grid
+    node, or without one `ongrid_weight` of the packed nodes. Returns how many sites."""
     ops = _ops()
     dead = []
     for q, spec in sites:
-        codes, scales, gd = inputs(spec, q)
+        codes, scales, gd, ongrid = inputs(spec, q)
         for item in list(q.users):
             assert item.op == "call_function" and item.target is operator.getitem, item
             index = item.args[1]
-            if index == QuantizeOut.ONGRID:
+            if index == QuantizeOut.ONGRID and ongrid is not None:
+                repl = ongrid
+            elif index == QuantizeOut.ONGRID:
                 view = insert_call(
                     graph, torch.ops.aten.view.dtype, (scales, torch.uint8), before=item, like=q
                 )

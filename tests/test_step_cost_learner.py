@@ -1,13 +1,14 @@
 """The learner step in the step cost model (`benchmarks/step_cost_learner.py`): the backward's
 NVFP4 GEMM ops counted as the kernels their CUDA dispatch launches, weight quantizes apart,
-AdamW from the parameters. Facts checked against hand counts on a tiny Qwen3."""
+AdamW from the parameters; the on_change learner's graphs bound to a weight store, its rewrite
+priced once per optimizer step. Facts checked against hand counts on a tiny Qwen3."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from benchmarks.step_cost_learner import adamw_rows, learner_step_cost
+from benchmarks.step_cost_learner import adamw_rows, at_micro_batches, learner_step_cost
 from fp4_compile.models import tiny_qwen3, tiny_qwen3_moe
 
 BATCH, SEQ = 2, 32
@@ -67,3 +68,30 @@ def test_moe_backward_counts_the_grouped_kernels():
     ops = {a["op"] for a in res["by_op"]}
     for part in ("dgrad grouped GEMM", "wgrad grouped GEMM", "dY^T segments quantize"):
         assert f"fp4_compile.nvfp4_grouped_mm_backward: {part}" in ops
+
+
+@pytest.mark.parametrize("build", [tiny_qwen3, tiny_qwen3_moe], ids=["qwen3", "qwen3_moe"])
+def test_on_change_moves_the_weight_quantize_out_of_the_forward(build):
+    """At >= ONGRID_FORWARD_MIN_ROWS rows per weight (the learner's shapes on CUDA): on_change's
+    store writes what every_call's forward quantizes (the same bytes, plus a copy of each
+    global decode) once per optimizer step; the forward and backward are unchanged; the store's
+    earlier form decoded each on-grid copy in every forward."""
+    model = build(layers=1, dtype=torch.bfloat16).to("meta")
+    batch, seq = 8, 128  # 1024 tokens: >= 256 rows per expert of the tiny MoE's 4
+    res = {m: learner_step_cost(model, "tiny", recipe="strict", batch=batch, seq=seq,
+                                quantize_weights=m)
+           for m in ("every_call", "on_change", "on_change, decode per call")}  # fmt: skip
+    every, now, before = res["every_call"], res["on_change"], res["on_change, decode per call"]
+    weights = every["weight_quantize"]
+    assert weights["bytes"] > 0 and every["ongrid_decode_per_call"]["bytes"] == 0
+    gd_copies = [a for a in now["by_op"] if a["op"] == "refresh: global decode copy"]
+    assert now["weight_quantize"]["bytes"] == weights["bytes"] + gd_copies[0]["bytes"]
+    assert now["weight_quantize"]["launches"] == weights["launches"] + gd_copies[0]["launches"]
+    for part in ("forward", "backward"):
+        assert now[part] == every[part], part
+    decode = before["ongrid_decode_per_call"]
+    assert decode["launches"] == gd_copies[0]["count"] and decode["bytes"] > 0
+    assert before["forward"]["bytes"] == every["forward"]["bytes"] + decode["bytes"]
+    four = {m: at_micro_batches(r, 4) for m, r in res.items()}
+    saved = 3 * weights["bytes"] - gd_copies[0]["bytes"]
+    assert four["every_call"]["bytes"] - four["on_change"]["bytes"] == saved

@@ -16,6 +16,7 @@ import torch
 from ...format import NVFP4Tensor
 from ...recipe import NVFP4Recipe, as_recipe
 from .gemm_call import GemmCall
+from .quantize import quantize_into  # noqa: F401  (the runtimes' weight stores write with it)
 
 
 def _static_amax(amax, name: str) -> torch.Tensor | None:

@@ -69,10 +69,11 @@ def _no_packed_bytes(x):
             x.new_empty((*lead, 0), dtype=torch.float8_e4m3fn))  # fmt: skip
 
 
-def _quantize_impl(x, block, gs, rounding, seed, with_ongrid=False, packed=True):
+def _quantize_impl(x, block, gs, rounding, seed, with_ongrid=False, packed=True, into=None):
     """-> (codes, block scales, global decode), plus the on-grid BF16 values when with_ongrid
     (on CUDA from the same kernel pass); packed=False (with with_ongrid): the on-grid values
-    only, codes and scales empty (`_no_packed_bytes`)."""
+    only, codes and scales empty (`_no_packed_bytes`). into (CUDA): (codes, scale bytes as
+    uint8, on-grid) buffers the kernels write instead of new ones (`quantize_into`)."""
     if x.device.type == "cuda":
         from .quantize_kernel import quantize_triton
 
@@ -80,10 +81,10 @@ def _quantize_impl(x, block, gs, rounding, seed, with_ongrid=False, packed=True)
             gs = gs.reshape(-1, 1, 1)
         if with_ongrid and not packed:
             ongrid, gd = quantize_triton(x, block=block, global_scale=gs, rounding=rounding,
-                                         seed=seed, out="ongrid")  # fmt: skip
+                                         seed=seed, out="ongrid", into=into)  # fmt: skip
             return (*_no_packed_bytes(x), gd.contiguous(), ongrid)
         q = quantize_triton(x, block=block, global_scale=gs, rounding=rounding, seed=seed,
-                            out="both" if with_ongrid else "packed")  # fmt: skip
+                            out="both" if with_ongrid else "packed", into=into)  # fmt: skip
         if with_ongrid:
             q, ongrid = q
             return q.codes, q.block_scales, q.global_decode, ongrid
@@ -100,6 +101,31 @@ def _quantize_impl(x, block, gs, rounding, seed, with_ongrid=False, packed=True)
         codes, scales = (q.codes, q.block_scales) if packed else _no_packed_bytes(x)
         return codes, scales, q.global_decode, ongrid
     return q.codes, q.block_scales, q.global_decode
+
+
+@torch.no_grad()
+def quantize_into(x, block, global_scale, static_amax, rounding, seed, *, codes, scales,
+                  global_decode, ongrid=None) -> None:  # fmt: skip
+    """Write what `quantize(x, block, global_scale, static_amax, rounding, seed)` returns
+    (ongrid None) or `quantize_with_ongrid(..., packed)` does (packed: codes hold bytes, not
+    [..., N, 0]) into the given tensors, which keep their addresses (a weight store's). The
+    ops' own implementation with the same arguments, so the same bytes; on CUDA the kernels
+    write codes, scales and the on-grid copy in place (no copy of them; the global decode,
+    a few bytes, is copied), on CPU the reference's results are copied in."""
+    gs = _quantize_global(x, global_scale, static_amax)
+    with_ongrid = ongrid is not None
+    packed = codes.shape[-1] > 0
+    if not (packed or with_ongrid):
+        raise ValueError("quantize_into needs packed codes or an on-grid buffer to write")
+    cuda = x.device.type == "cuda"
+    into = None
+    if cuda:
+        into = (codes if packed else None, scales.view(torch.uint8) if packed else None, ongrid)
+    out = _quantize_impl(x, block, gs, rounding, seed, with_ongrid, packed, into=into)
+    mine = (codes, scales, global_decode, ongrid)
+    for dst, src in zip(mine, out):
+        if dst is not None and dst.numel() and dst.data_ptr() != src.data_ptr():
+            dst.copy_(src)
 
 
 @quantize.register_fake

@@ -27,7 +27,7 @@ import torch
 from ...format import BLOCK_SIZE, NVFP4Tensor
 from ...reference import global_amax, validate_input
 from ..configs import pick, pick_launch
-from ..runtime import KernelTarget, kernel_target
+from ..runtime import KernelTarget, kernel_target, output_buffer
 from .abs_max_kernel import row_abs_max
 from .codes_kernel import launch_rows, launch_transposed
 from .device_seed_kernel import seed_launch_args
@@ -45,6 +45,7 @@ def quantize_triton(
     ongrid_dtype: torch.dtype = torch.bfloat16,
     name: str = "x",
     one_read_weights: bool = True,
+    into: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] | None = None,
 ):
     """Quantize with the Triton kernels. out="packed" -> NVFP4Tensor (bitwise == reference);
     out="ongrid" -> (on-grid values [..., K] in `ongrid_dtype`, global_decode); out="both" ->
@@ -57,7 +58,10 @@ def quantize_triton(
     launch that reads x from HBM once (`weight_quantize_kernel.py`, the same bits); one_read_weights=
     False keeps the two-step form (the amax pass, then the codes kernel). Per-expert weights keep
     the two-step form unless `configs.LAUNCH`'s weight_quantize_experts names expert groups for
-    the architecture (one launch was slower there: `weight_quantize_kernel.py`'s docstring)."""
+    the architecture (one launch was slower there: `weight_quantize_kernel.py`'s docstring).
+    into = (codes, scale bytes as uint8, on-grid values): contiguous buffers of the result's
+    shapes (None for what `out` does not ask for) that the kernels write instead of new tensors
+    (a weight store's stable buffers: no copy after the quantize); the global decode is new."""
     target = _check_args(x, block, global_scale, rounding, seed, out, name)
     if one_read_weights and block == "16x16" and rounding == "rne":  # a weight: one read of x?
         groups = pick_launch(target.arch, "weight_quantize_experts")["expert_groups"]
@@ -65,7 +69,8 @@ def quantize_triton(
             from .weight_quantize_kernel import quantize_weight_tiles
 
             return quantize_weight_tiles(x, global_scale, out=out, ongrid_dtype=ongrid_dtype,
-                                         expert_groups=max(groups, 1), target=target)  # fmt: skip
+                                         expert_groups=max(groups, 1), target=target,
+                                         into=into)  # fmt: skip
     shape, k = tuple(x.shape), x.shape[-1]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -75,7 +80,7 @@ def quantize_triton(
     gd, gd_rows, mult_rows = _global_scales(x, x2, global_scale, target)
     # steps 3-4: E4M3 block scales and E2M1 codes, one launch
     seed_args = seed_launch_args(seed, target.device) if rounding == "stochastic" else None
-    codes, scales, ongrid = _outputs(x2, out, ongrid_dtype)
+    codes, scales, ongrid = _outputs(x2, out, ongrid_dtype, into)
     cfg = pick(target.arch, "any", "nvfp4_quantize", x2.shape[0])
     launch_rows(x2, gd_rows, mult_rows, codes, scales, ongrid, per_row=gd.dim() > 0,
                 tile16=block == "16x16", seed_args=seed_args, out=out, cfg=cfg,
@@ -213,17 +218,19 @@ def _global_scales(x, x2, global_scale, target):
     return gd, gd.reshape(-1), mult.reshape(-1)
 
 
-def _outputs(x2, out, ongrid_dtype):
-    """(codes, scale bytes, on-grid values) buffers of x2's quantize; the ones `out` does not
-    ask for alias one that it does (the kernel does not write them)."""
+def _outputs(x2, out, ongrid_dtype, into=None):
+    """(codes, scale bytes, on-grid values) buffers of x2's quantize (new, or `into`'s); the
+    ones `out` does not ask for alias one that it does (the kernel does not write them)."""
     r, k = x2.shape
     dev = x2.device
+    into_codes, into_scales, into_ongrid = into or (None, None, None)
     if out == "ongrid":
-        ongrid = torch.empty((r, k), dtype=ongrid_dtype, device=dev)
+        ongrid = output_buffer(into_ongrid, (r, k), ongrid_dtype, dev)
         return ongrid, ongrid, ongrid
-    codes = torch.empty((r, k // 2), dtype=torch.uint8, device=dev)
-    scales = torch.empty((r, k // BLOCK_SIZE), dtype=torch.uint8, device=dev)
-    ongrid = torch.empty((r, k), dtype=ongrid_dtype, device=dev) if out == "both" else codes
+    codes = output_buffer(into_codes, (r, k // 2), torch.uint8, dev)
+    scales = output_buffer(into_scales, (r, k // BLOCK_SIZE), torch.uint8, dev)
+    both = out == "both"
+    ongrid = output_buffer(into_ongrid, (r, k), ongrid_dtype, dev) if both else codes
     return codes, scales, ongrid
 
 

@@ -43,7 +43,7 @@ import triton.language as tl
 
 from ...format import BLOCK_SIZE, NVFP4Tensor
 from ..configs import pick, pick_launch
-from ..runtime import KernelTarget, interpreting, kernel_target
+from ..runtime import KernelTarget, interpreting, kernel_target, output_buffer
 from ..triton_helpers import (
     ONE_SIXTH_F32,
     block_encode,
@@ -193,6 +193,7 @@ def quantize_weight_tiles(
     programs_per_sm: int | None = None,
     expert_groups: int = 1,
     target: KernelTarget | None = None,
+    into: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] | None = None,
 ):
     """16x16 RNE quantize of x with a data amax per expert (x [E, N, K], global_scale
     "per_expert") or per tensor (x [..., N, K], "per_tensor"), in one read of x. Returns what
@@ -202,7 +203,8 @@ def quantize_weight_tiles(
     the experts in that many groups, each waiting on its own programs only (the same bits for
     any value; speed only). programs_per_sm: at most this many programs per SM (default:
     `configs.LAUNCH`'s "weight_quantize" row; fewer where fewer fit). target: the caller's
-    `runtime.kernel_target` of x (looked up here without one)."""
+    `runtime.kernel_target` of x (looked up here without one). into: `quantize_triton`'s
+    (the buffers written instead of new ones)."""
     if not isinstance(expert_groups, int) or expert_groups < 1:
         raise ValueError(f"expert_groups must be an int >= 1, got {expert_groups!r}")
     target = target or kernel_target(x, "x")
@@ -235,10 +237,14 @@ def quantize_weight_tiles(
     gd = torch.empty(e, dtype=torch.float32, device=dev)
     packed = out in ("packed", "both")
     ongrid_wanted = out in ("ongrid", "both")
-    codes = torch.empty((e * n, k // 2) if packed else (0,), dtype=torch.uint8, device=dev)
-    scales = torch.empty((e * n, k // BLOCK_SIZE) if packed else (0,), dtype=torch.uint8,
-                         device=dev)  # fmt: skip
-    ongrid = torch.empty((e * n, k) if ongrid_wanted else (0,), dtype=ongrid_dtype, device=dev)
+    into_codes, into_scales, into_ongrid = into or (None, None, None)
+    if packed:
+        codes = output_buffer(into_codes, (e * n, k // 2), torch.uint8, dev)
+        scales = output_buffer(into_scales, (e * n, k // BLOCK_SIZE), torch.uint8, dev)
+    else:
+        codes = scales = torch.empty((0,), dtype=torch.uint8, device=dev)
+    ongrid = (output_buffer(into_ongrid, (e * n, k), ongrid_dtype, dev) if ongrid_wanted
+              else torch.empty((0,), dtype=ongrid_dtype, device=dev))  # fmt: skip
     arch = target.arch
     cfg = pick(arch, "any", "nvfp4_weight_quantize", n)
     two_launches = interpreting() or dev.type != "cuda"  # programs run one after the other

@@ -1,15 +1,43 @@
-"""The rollout engine's quantized weights: an explicit store its graphs take as inputs.
+"""Quantized weights as graph inputs: an explicit store, for the rollout engine and the learner.
 
-The lowering quantizes every NVFP4 weight inside the graph, right for the learner (new weights
-every step) but, for a rollout, a re-quantize of every weight for every generated token. The
-engine's graphs therefore read each weight's quantized bytes (codes, E4M3 block scales, global
-decode) from this store instead (`passes/bind_weight_inputs.py`): one entry per parameter the
-lowering quantizes, a set of tensors allocated once, at the graph's first compile, and rewritten
-IN PLACE by `refresh` (at load and at every `update_weights`). Their addresses never change, so
-a captured CUDA graph sees the new bytes, and there is no cache to invalidate: what a graph reads
-is what the last `refresh` wrote, computed from the parameters by the learner's own quantizer
-(the same `fp4_compile::quantize` / `weight_group_amax` op with the same arguments the learner's
-graph runs), so the same bytes.
+The lowering quantizes every NVFP4 weight inside the graph, right for a learner that wants new
+weights every call but, for a rollout, a re-quantize of every weight for every generated token,
+and for a learner a re-quantize per micro-batch of weights that change once per optimizer step.
+A graph bound to a store reads each weight's quantized forms from it instead
+(`passes/bind_weight_inputs.py`): one entry per parameter the lowering quantizes, a set of
+tensors allocated once, at the first compile that reads them, and rewritten IN PLACE. Their
+addresses never change, so a captured CUDA graph sees the new bytes (the graph inputs are
+marked static: CUDA-graph replays read them where they are, no copy), and there is no cache to
+invalidate: what a graph reads is what the last write wrote, computed from the parameters by
+the learner's own quantizer (the implementation of the `fp4_compile::quantize` /
+`quantize_with_ongrid` / `weight_group_amax` ops, with the arguments the graph's node had:
+`codegen.quantize_into`), so the same bytes.
+
+What an entry holds is what the bound graphs read (`passes.site_reads`): the packed bytes
+(codes, E4M3 block scales) and the global decode; and, in a store made with hold_ongrid (the
+learner's), the on-grid BF16 copy where the lowering gave the weight one (CUDA, a forward of
+>= `codegen.nvfp4.gemm.ONGRID_FORWARD_MIN_ROWS` rows per weight: `gemm.forward_uses_ongrid`,
+decided by the lowering, not here), which the forward and the dgrad then read with no decode per
+call. A weight all of whose GEMMs read the copy (`passes/skip_unread_packed_weights.py`) gets
+no packed bytes written at all. The rollout engine's store holds no on-grid copy (its memory
+goes to the KV cache; a prefill that reads one decodes it per call).
+
+When an entry is rewritten:
+- on_change=False (the rollout engine): `refresh`, called by the owner (load, `update_weights`).
+- on_change=True (the learner: `fp4_compile.compile(..., quantize_weights="on_change")`): before
+  every call of a bound graph, `refresh_if_changed` rewrites the entries whose parameters were
+  written since their last write: by a `torch.optim` optimizer's step over them (a global
+  step post-hook marks them; torch's fused AdamW bumps no version counter), or in place
+  otherwise (`load_state_dict`, a manual edit: each bumps the tensor's version counter). So the
+  micro-batches of one optimizer step share one quantize (the first call after the step does
+  it), several optimizers' steps coalesce into one refresh, and a step with no call after it
+  costs nothing. The refresh shows in profiles as `minite::weight_store_refresh`. One write
+  per entry: the group amax (once per shared-scale group), then one quantize whose kernels
+  write the entry's tensors in place (a weight's 16x16 RNE quantize: one launch,
+  `weight_quantize_kernel.py`, where `configs.LAUNCH` takes it; the global decode, a few bytes,
+  is copied).
+Cost: a learner's store keeps the on-grid copy of each such weight between steps (the
+every-call learner keeps it from the forward to the backward only).
 
 Shape legend: N out-features, K in-features, E experts.
 """
@@ -17,11 +45,12 @@ Shape legend: N out-features, K in-features, E experts.
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
 
-from ..passes import QuantizeSpec, bind_weight_inputs, weight_quantize_sites
+from ..passes import QuantizeSpec, SiteReads, site_reads
 
 
 def _ops():
@@ -39,8 +68,9 @@ _optimizer_hook = None
 def _after_optimizer_step(optimizer, args, kwargs) -> None:
     stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
     for store in list(_ON_CHANGE_STORES):
-        if stepped & store._param_ids:
-            store._stepped = True
+        for entry in store.entries.values():
+            if not entry.stepped and stepped & entry.param_ids:
+                entry.stepped = True
 
 
 def _watch_optimizer_steps(store: WeightStore) -> None:
@@ -52,96 +82,173 @@ def _watch_optimizer_steps(store: WeightStore) -> None:
     _ON_CHANGE_STORES.add(store)
 
 
-class WeightStore:
-    """params: name -> the engine's own parameter tensors (read at every `refresh`).
+@dataclass
+class StoreEntry:
+    """One parameter's quantized forms. codes / scales: packed bytes, or [..., N, 0] when no
+    bound graph reads them; ongrid: the on-grid BF16 copy, or None; `empty`: the [..., N, 0]
+    pair handed to graphs that read no packed bytes while the entry holds them."""
 
-    on_change=False (the rollout engine): the owner calls `refresh` when the weights change.
-    on_change=True (the learner, `fp4_compile.compile(..., quantize_weights="on_change")`): the
-    compiled function calls `refresh_if_changed` before every call, which re-quantizes when a
-    parameter the store reads was written since the last refresh: by any `torch.optim`
-    optimizer's step over it (a global step hook: fused optimizers bump no version counter),
-    or in place otherwise (`load_state_dict`, a manual edit: each bumps the tensor's version
-    counter). Micro-batches of one optimizer step then never re-quantize."""
+    spec: QuantizeSpec
+    codes: torch.Tensor
+    scales: torch.Tensor
+    global_decode: torch.Tensor
+    ongrid: torch.Tensor | None
+    param_ids: set[int]
+    seen: dict[str, int] = field(default_factory=dict)  # parameter -> version at the last write
+    stepped: bool = False  # an optimizer stepped over one of its parameters since
+    empty: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def packed(self) -> bool:
+        return self.codes.shape[-1] > 0
+
+
+class WeightStore:
+    """params: name -> the owner's own parameter tensors (read at every write). hold_ongrid
+    (default: on_change): keep the on-grid copies the bound graphs read. See the module
+    docstring for when entries are rewritten."""
 
     def __init__(self, params: dict[str, torch.Tensor], *, on_change: bool = False,
-                 model: torch.nn.Module | None = None):  # fmt: skip
+                 model: torch.nn.Module | None = None, hold_ongrid: bool | None = None):  # fmt: skip
         self.params = dict(params)
         self.on_change = on_change
+        self.hold_ongrid = on_change if hold_ongrid is None else hold_ongrid
         self._model = model  # on_change: checked for replaced parameters before every call
         self._names = {id(p): n for n, p in self.params.items()}
-        self.specs: dict[str, QuantizeSpec] = {}
-        self.tensors: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self._seen: dict[str, int] = {}  # parameter name -> its version at the last quantize
-        self._param_ids = {id(p) for p in self.params.values()}
-        self._stepped = False  # an optimizer stepped over these parameters since the refresh
-        self.refreshes = 0
+        self.entries: dict[str, StoreEntry] = {}
+        self.refreshes = 0  # refresh calls that wrote entries
+        self.entry_writes = 0  # entries written, creation included
         self.sites_bound = 0
         if on_change:
             _watch_optimizer_steps(self)
 
     @classmethod
     def for_learner(cls, model: torch.nn.Module) -> WeightStore:
-        """The learner's store of `model` (on_change, checked for replaced parameters):
-        `fp4_compile.compile(..., quantize_weights="on_change")` passes it to the backend."""
+        """The learner's store of `model` (on_change, on-grid copies held, checked for
+        replaced parameters): `fp4_compile.compile(..., quantize_weights="on_change")`."""
         return cls(dict(model.named_parameters()), on_change=True, model=model)
 
-    # ---- filling -----------------------------------------------------------------------------
-    @torch.no_grad()
-    def _quantize(self, spec: QuantizeSpec, amaxes: dict) -> tuple[torch.Tensor, ...]:
-        ops = _ops()
-        amax = None
-        if spec.group:
-            if spec.group not in amaxes:
-                members = [self.params[m].detach() for m in spec.group]
-                amaxes[spec.group] = ops.weight_group_amax.default(members)
-            amax = amaxes[spec.group]
-        w = self.params[spec.name].detach()
-        return ops.quantize.default(
-            w, spec.block, spec.global_scale, amax, spec.rounding, spec.seed
-        )
+    @property
+    def specs(self) -> dict[str, QuantizeSpec]:
+        return {name: e.spec for name, e in self.entries.items()}
 
-    def _require(self, spec: QuantizeSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The entry of `spec`'s parameter, created (quantized now) on first use."""
-        known = self.specs.get(spec.name)
-        if known is not None:
-            if known != spec:
-                raise ValueError(
-                    f"parameter {spec.name!r} is quantized as {known} in one rollout graph and "
-                    f"as {spec} in another: one weight store entry cannot serve both"
-                )
-            return self.tensors[spec.name]
-        self.specs[spec.name] = spec
-        self.tensors[spec.name] = tuple(self._quantize(spec, {}))
-        for name in (spec.name, *(spec.group or ())):
-            self._seen[name] = self.params[name]._version
-        return self.tensors[spec.name]
+    @property
+    def tensors(self) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """name -> (codes, block scales, global decode) of every entry."""
+        return {n: (e.codes, e.scales, e.global_decode) for n, e in self.entries.items()}
+
+    # ---- filling -----------------------------------------------------------------------------
+    def _amax(self, spec: QuantizeSpec, amaxes: dict) -> torch.Tensor | None:
+        if not spec.group:
+            return None
+        if spec.group not in amaxes:
+            members = [self.params[m].detach() for m in spec.group]
+            amaxes[spec.group] = _ops().weight_group_amax.default(members)
+        return amaxes[spec.group]
+
+    def _quantize(self, spec: QuantizeSpec, amaxes: dict, *, packed: bool, ongrid: bool):
+        """New tensors: the op the graph ran, with its arguments."""
+        ops, w = _ops(), self.params[spec.name].detach()
+        args = (w, spec.block, spec.global_scale, self._amax(spec, amaxes), spec.rounding,
+                spec.seed)  # fmt: skip
+        if ongrid:
+            return ops.quantize_with_ongrid.default(*args, packed)
+        return (*ops.quantize.default(*args), None)
+
+    @torch.no_grad()
+    def _write(self, entry: StoreEntry, amaxes: dict) -> None:
+        """Rewrite `entry` in place from the parameters."""
+        from ..codegen import quantize_into
+
+        spec = entry.spec
+        quantize_into(self.params[spec.name].detach(), spec.block, spec.global_scale,
+                      self._amax(spec, amaxes), spec.rounding, spec.seed, codes=entry.codes,
+                      scales=entry.scales, global_decode=entry.global_decode,
+                      ongrid=entry.ongrid)  # fmt: skip
+        self._mark_written(entry)
+
+    def _mark_written(self, entry: StoreEntry) -> None:
+        entry.seen = {n: self.params[n]._version for n in (entry.spec.name, *entry.spec.group)}
+        entry.stepped = False
+        self.entry_writes += 1
+
+    def _require(self, spec: QuantizeSpec, reads: SiteReads):
+        """(codes, block scales, global decode, on-grid copy or None) of `spec`'s parameter in
+        the forms a site reading `reads` needs; the entry is created, or grown by a form it
+        lacks (quantized now, its existing tensors rewritten in place), on first need."""
+        want_packed = reads.packed or not self.hold_ongrid
+        want_ongrid = reads.ongrid and self.hold_ongrid
+        entry = self.entries.get(spec.name)
+        if entry is not None and entry.spec != spec:
+            raise ValueError(
+                f"parameter {spec.name!r} is quantized as {entry.spec} in one graph and as "
+                f"{spec} in another: one weight store entry cannot serve both"
+            )
+        if (
+            entry is None
+            or (want_packed and not entry.packed)
+            or (want_ongrid and entry.ongrid is None)
+        ):
+            entry = self._create_or_grow(spec, entry, want_packed, want_ongrid)
+        codes, scales = entry.codes, entry.scales
+        if not want_packed and entry.packed:
+            if entry.empty is None:
+                lead = entry.codes.shape[:-1]
+                entry.empty = (codes.new_empty((*lead, 0)), scales.new_empty((*lead, 0)))
+            codes, scales = entry.empty
+        return codes, scales, entry.global_decode, entry.ongrid if want_ongrid else None
+
+    def _create_or_grow(self, spec, entry, want_packed: bool, want_ongrid: bool) -> StoreEntry:
+        packed = want_packed or (entry is not None and entry.packed)
+        ongrid = want_ongrid or (entry is not None and entry.ongrid is not None)
+        codes, scales, gd, copy = self._quantize(spec, {}, packed=packed, ongrid=ongrid)
+        if entry is None:
+            ids = {id(self.params[n]) for n in (spec.name, *spec.group)}
+            entry = StoreEntry(spec, codes, scales, gd, copy, ids)
+            self.entries[spec.name] = entry
+        else:  # bound graphs hold the existing tensors: rewrite them, adopt the new forms
+            entry.global_decode.copy_(gd)
+            if entry.packed:
+                entry.codes.copy_(codes)
+                entry.scales.copy_(scales)
+            else:
+                entry.codes, entry.scales = codes, scales
+            if entry.ongrid is not None:
+                entry.ongrid.copy_(copy)
+            else:
+                entry.ongrid = copy
+        self._mark_written(entry)
+        return entry
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Re-quantize every entry from the parameters, written in place (stable addresses)."""
-        amaxes: dict = {}
-        for name, spec in self.specs.items():
-            new = self._quantize(spec, amaxes)
-            for mine, fresh in zip(self.tensors[name], new):
-                mine.copy_(fresh)
-        self._seen = {name: self.params[name]._version for name in self._seen}
-        self._stepped = False
+        """Rewrite every entry from the parameters, in place (stable addresses)."""
+        self._refresh(list(self.entries.values()))
+
+    def _refresh(self, entries: list[StoreEntry]) -> None:
+        with torch.profiler.record_function("minite::weight_store_refresh"):
+            amaxes: dict = {}
+            for entry in entries:
+                self._write(entry, amaxes)
         self.refreshes += 1
 
+    def _stale(self) -> list[StoreEntry]:
+        return [e for e in self.entries.values()
+                if e.stepped or any(self.params[n]._version != v for n, v in e.seen.items())]  # fmt: skip
+
     def changed(self) -> list[str]:
-        """The parameters the store reads that were written since their last quantize (all of
-        them after an optimizer step over any)."""
-        if self._stepped:
-            return list(self._seen)
-        return [n for n, v in self._seen.items() if self.params[n]._version != v]
+        """The parameters whose entries are stale: written since the entry's last write (by an
+        optimizer step over any of its parameters, or in place)."""
+        return [e.spec.name for e in self._stale()]
 
     def refresh_if_changed(self) -> bool:
-        """`refresh` when any parameter the store reads changed (see the class docstring)."""
+        """Rewrite the stale entries (see the module docstring); whether any was."""
         if self._model is not None:
             self.check_unmoved(self._model)
-        if not self.changed():
+        stale = self._stale()
+        if not stale:
             return False
-        self.refresh()
+        self._refresh(stale)
         return True
 
     def check_unmoved(self, model: torch.nn.Module) -> None:
@@ -155,107 +262,25 @@ class WeightStore:
                     "in place (a rollout engine: update_weights), or compile / build anew"
                 )
 
-    # ---- binding graphs ----------------------------------------------------------------------
+    # ---- binding graphs (`store_binding.py`) -------------------------------------------------
     def bind_dynamo_graph(self, gm: fx.GraphModule, example_inputs: list):
-        """A copy of Dynamo graph `gm` whose weight quantizes read this store (new trailing
-        placeholders), its example inputs, and the store tensors to append to every call.
-        (Dynamo keeps reading its own graph's placeholders after the backend returns: the
-        placeholders go into a copy.)"""
-        from torch._guards import detect_fake_mode
+        """A copy of Dynamo graph `gm` whose weight quantizes read this store, its example
+        inputs, and the store tensors to append to every call (`store_binding.py`)."""
+        from .store_binding import bind_dynamo_graph
 
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        names = {n: self._names.get(id(x)) for n, x in zip(placeholders, example_inputs)}
-        graph, old_to_new = _copy_graph(gm.graph)
-        new_names = {old_to_new[n]: v for n, v in names.items() if v is not None}
-        sites = weight_quantize_sites(graph, new_names.get)
-        if not sites:
-            return gm, list(example_inputs), ()
-        fake_mode = detect_fake_mode(example_inputs)
-        anchor = _hoist_placeholders(graph)
-        extra: list[torch.Tensor] = []
-        made: dict[str, tuple[fx.Node, ...]] = {}
-
-        def inputs(spec: QuantizeSpec, q: fx.Node):
-            nonlocal anchor
-            if spec.name not in made:
-                nodes = []
-                for part, t in zip(("codes", "scales", "global_decode"), self._require(spec)):
-                    with graph.inserting_after(anchor):
-                        anchor = graph.placeholder(f"minite_store_{len(extra)}_{part}")
-                    anchor._dynamo_source = None  # not a user input: the backend appends it
-                    val = fake_mode.from_tensor(t, static_shapes=True) if fake_mode else t
-                    anchor.meta["val"] = anchor.meta["example_value"] = val
-                    extra.append(t)
-                    nodes.append(anchor)
-                made[spec.name] = tuple(nodes)
-            return made[spec.name]
-
-        self.sites_bound += bind_weight_inputs(graph, sites, inputs)
-        graph.lint()
-        new_gm = fx.GraphModule(gm, graph)
-        new_gm.meta.update(gm.meta)
-        for attr in ("_param_name_to_source", "shape_env"):
-            if hasattr(gm, attr):
-                setattr(new_gm, attr, getattr(gm, attr))
-        new_gm.recompile()
-        return new_gm, [*example_inputs, *extra], tuple(extra)
+        return bind_dynamo_graph(self, gm, example_inputs)
 
     def bind_module(self, module: fx.GraphModule) -> None:
-        """Make an exported program's (unlifted) module read this store: its weight quantizes
-        become reads of the store's tensors, registered on the module as buffers (the same
-        tensor objects, so `refresh` reaches them)."""
-        graph = module.graph
-        targets = {}
-        for node in graph.nodes:
-            if node.op == "get_attr":
-                t = _get_attr(module, node.target)
-                targets[node] = self._names.get(id(t)) if isinstance(t, torch.Tensor) else None
-        sites = weight_quantize_sites(graph, targets.get)
-        made: dict[str, tuple[fx.Node, ...]] = {}
+        """Make an exported program's (unlifted) module read this store (`store_binding.py`)."""
+        from .store_binding import bind_module
 
-        def inputs(spec: QuantizeSpec, q: fx.Node):
-            if spec.name not in made:
-                nodes = []
-                for part, t in zip(("codes", "scales", "global_decode"), self._require(spec)):
-                    attr = f"minite_store_{len(made)}_{part}"
-                    module.register_buffer(attr, t, persistent=False)
-                    with graph.inserting_before(q):
-                        node = graph.get_attr(attr)
-                    node.meta["val"] = t
-                    nodes.append(node)
-                made[spec.name] = tuple(nodes)
-            return made[spec.name]
+        bind_module(self, module)
 
-        self.sites_bound += bind_weight_inputs(graph, sites, inputs)
-        graph.lint()
-        module.recompile()
+    def param_name(self, t) -> str | None:
+        """The name of the store's parameter tensor `t` (the object itself), else None."""
+        return self._names.get(id(t)) if isinstance(t, torch.Tensor) else None
 
-
-def _get_attr(module: torch.nn.Module, target: str):
-    obj = module
-    for part in target.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
-
-
-def _hoist_placeholders(graph: fx.Graph) -> fx.Node:
-    """Move every placeholder (in order) before the first other node (placeholders read
-    nothing, so the order stays topological); returns the last placeholder."""
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    first = next(n for n in graph.nodes if n.op != "placeholder")
-    for node in placeholders:
-        first.prepend(node)
-    return placeholders[-1]
-
-
-def _copy_graph(graph: fx.Graph) -> tuple[fx.Graph, dict[fx.Node, fx.Node]]:
-    new = fx.Graph()
-    old_to_new: dict[fx.Node, fx.Node] = {}
-    out, old_out = new.graph_copy(graph, old_to_new, return_output_node=True)
-    new.output(out).meta.update(old_out.meta)
-    for old, node in old_to_new.items():
-        if old.op == "placeholder" and hasattr(old, "_dynamo_source"):
-            node._dynamo_source = old._dynamo_source
-    return new, old_to_new
+    def site_inputs(self, spec: QuantizeSpec, q: fx.Node):
+        """(codes, block scales, global decode, on-grid copy or None) for quantize site q of
+        `spec`'s parameter, in the forms the site reads (`passes.site_reads`)."""
+        return self._require(spec, site_reads(q))

@@ -1,7 +1,8 @@
 """The learner's weights quantized once per version on the GPU (`fp4_compile.compile(...,
 quantize_weights="on_change")`, the store of `fp4_compile/rollout/weight_store.py`): bitwise the
 per-call quantize, forward and every gradient, over AdamW steps, on Qwen3-30B-A3B-shaped layers
-at 4096 tokens (every weight on the on-grid GEMM path), with and without CUDA graphs."""
+at 4096 tokens (every weight on the on-grid GEMM path: the store holds the on-grid copies, the
+forward and dgrad read them), with and without CUDA graphs."""
 
 import copy
 
@@ -49,6 +50,9 @@ def test_on_change_equals_every_call_on_the_gpu(cuda_graphs):
     got_logits, got_grads, store = _train(copy.deepcopy(base), True, cuda_graphs, ids, sr)
     assert store.sites_bound > 0
     assert store.refreshes == STEPS - 1
+    assert store.entry_writes == STEPS * len(store.entries), "one write per weight per step"
+    # every weight on the on-grid GEMM path: the store holds the copies the graphs read
+    assert all(e.ongrid is not None for e in store.entries.values())
     for step in range(STEPS):
         assert torch.equal(want_logits[step], got_logits[step]), f"step {step}: logits differ"
         bad = [n for n in want_grads[step]

@@ -1,0 +1,137 @@
+"""Binding graphs to a `WeightStore` (`weight_store.py`): a Dynamo graph (the learner's, the
+rollout engine's compiled graphs) gets new trailing placeholders, marked static for CUDA-graph
+replays, that the backend appends to every call; an exported program's module gets buffers.
+Either way the graph's weight quantizes become reads of the store's tensors in the forms the
+site reads (`passes/bind_weight_inputs.py`), the same tensor objects the store rewrites.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ..passes import QuantizeSpec, bind_weight_inputs, site_reads, weight_quantize_sites
+
+PARTS = ("codes", "scales", "global_decode", "ongrid")
+# a store tensor as a Dynamo graph input: static (a CUDA-graph replay reads it in place, where
+# a non-static input would be copied into the graph's own buffer at every replay)
+STATIC_INPUT = {"_dynamo_static_input_type": "unguarded"}
+
+
+def bind_dynamo_graph(store, gm: fx.GraphModule, example_inputs: list):
+    """A copy of Dynamo graph `gm` whose weight quantizes read `store` (new trailing
+    placeholders), its example inputs, and the store tensors to append to every call.
+    (Dynamo keeps reading its own graph's placeholders after the backend returns: the
+    placeholders go into a copy.)"""
+    from torch._guards import detect_fake_mode
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    names = {n: store.param_name(x) for n, x in zip(placeholders, example_inputs)}
+    graph, old_to_new = _copy_graph(gm.graph)
+    new_names = {old_to_new[n]: v for n, v in names.items() if v is not None}
+    sites = weight_quantize_sites(graph, new_names.get)
+    if not sites:
+        return gm, list(example_inputs), ()
+    fake_mode = detect_fake_mode(example_inputs)
+    anchor = _hoist_placeholders(graph)
+    extra: list[torch.Tensor] = []
+    made: dict[tuple, tuple] = {}
+    placeholder: dict[int, fx.Node] = {}  # id(store tensor) -> its placeholder (one each)
+
+    def inputs(spec: QuantizeSpec, q: fx.Node):
+        nonlocal anchor
+        reads = site_reads(q)
+        if (spec.name, reads) not in made:
+            nodes = []
+            for part, t in zip(PARTS, store.site_inputs(spec, q)):
+                if t is None or id(t) in placeholder:
+                    nodes.append(placeholder.get(id(t)) if t is not None else None)
+                    continue
+                with graph.inserting_after(anchor):
+                    anchor = graph.placeholder(f"minite_store_{len(extra)}_{part}")
+                anchor._dynamo_source = None  # not a user input: the backend appends it
+                val = fake_mode.from_tensor(t, static_shapes=True) if fake_mode else t
+                anchor.meta["val"] = anchor.meta["example_value"] = val
+                anchor.meta["tensor_dict"] = dict(STATIC_INPUT)
+                extra.append(t)
+                nodes.append(anchor)
+                placeholder[id(t)] = anchor
+            made[spec.name, reads] = tuple(nodes)
+        return made[spec.name, reads]
+
+    store.sites_bound += bind_weight_inputs(graph, sites, inputs)
+    graph.lint()
+    new_gm = fx.GraphModule(gm, graph)
+    new_gm.meta.update(gm.meta)
+    for attr in ("_param_name_to_source", "shape_env"):
+        if hasattr(gm, attr):
+            setattr(new_gm, attr, getattr(gm, attr))
+    new_gm.recompile()
+    return new_gm, [*example_inputs, *extra], tuple(extra)
+
+
+def bind_module(store, module: fx.GraphModule) -> None:
+    """Make an exported program's (unlifted) module read `store`: its weight quantizes
+    become reads of the store's tensors, registered on the module as buffers (the same
+    tensor objects, so `refresh` reaches them)."""
+    graph = module.graph
+    targets = {}
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            t = _get_attr(module, node.target)
+            targets[node] = store.param_name(t)
+    sites = weight_quantize_sites(graph, targets.get)
+    made: dict[tuple, tuple] = {}
+    buffers: dict[int, str] = {}  # id(store tensor) -> its buffer name on the module
+
+    def inputs(spec: QuantizeSpec, q: fx.Node):
+        reads = site_reads(q)
+        if (spec.name, reads) not in made:
+            nodes = []
+            for part, t in zip(PARTS, store.site_inputs(spec, q)):
+                if t is None:
+                    nodes.append(None)
+                    continue
+                if id(t) not in buffers:
+                    buffers[id(t)] = f"minite_store_{len(buffers)}_{part}"
+                    module.register_buffer(buffers[id(t)], t, persistent=False)
+                with graph.inserting_before(q):
+                    node = graph.get_attr(buffers[id(t)])
+                node.meta["val"] = t
+                nodes.append(node)
+            made[spec.name, reads] = tuple(nodes)
+        return made[spec.name, reads]
+
+    store.sites_bound += bind_weight_inputs(graph, sites, inputs)
+    graph.lint()
+    module.recompile()
+
+
+def _get_attr(module: torch.nn.Module, target: str):
+    obj = module
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _hoist_placeholders(graph: fx.Graph) -> fx.Node:
+    """Move every placeholder (in order) before the first other node (placeholders read
+    nothing, so the order stays topological); returns the last placeholder."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    for node in placeholders:
+        first.prepend(node)
+    return placeholders[-1]
+
+
+def _copy_graph(graph: fx.Graph) -> tuple[fx.Graph, dict[fx.Node, fx.Node]]:
+    new = fx.Graph()
+    old_to_new: dict[fx.Node, fx.Node] = {}
+    out, old_out = new.graph_copy(graph, old_to_new, return_output_node=True)
+    new.output(out).meta.update(old_out.meta)
+    for old, node in old_to_new.items():
+        if old.op == "placeholder" and hasattr(old, "_dynamo_source"):
+            node._dynamo_source = old._dynamo_source
+    return new, old_to_new
