@@ -40,10 +40,12 @@ from fp4_compile.testing import count_bytes_differ
 
 def step_fn(model, ids, opt, micro_batches: int = 1):
     def step():
+        # a new CUDA-graph generation per optimizer step (Inductor's graph trees; the paired
+        # rounds interleave two compiled models' steps), not per pass: a pass's backward adds
+        # into the gradients an earlier pass's graph wrote, which a new generation would let
+        # the next replay overwrite
+        torch.compiler.cudagraph_mark_step_begin()
         for _ in range(micro_batches):
-            # a new CUDA-graph generation per pass (Inductor's graph trees; the paired rounds
-            # interleave two compiled models' steps)
-            torch.compiler.cudagraph_mark_step_begin()
             out = model(input_ids=ids, use_cache=False).logits
             loss = out.float().logsumexp(-1).mean()
             (loss / micro_batches if micro_batches > 1 else loss).backward()
