@@ -11,7 +11,7 @@ the weight stream cheap, none of which changes a bit:
    decoded weights), and the few tokens are its right operand. On sm_90 both this kernel and the
    learner's GEMM issue wgmma (the left operand has BLOCK_W >= 64 rows, asserted in configs.py):
    the same products, accumulated over K in the same ascending order, one FP32 accumulator per
-   output element, no split-K. (`DecodeConfig.weights_right` keeps the learner's own
+   output element and K chunk (4. below). (`DecodeConfig.weights_right` keeps the learner's own
    orientation instead: tokens left, padded to >= 64 rows, the decoded weights right, through
    shared memory; `configs.check_decode_config` refuses tiles that would not issue wgmma.)
 2. E2M1 by bit placement. A code nibble s|e1 e0 m placed as s -> bit 15, e1 e0 m -> bits 8..6
