@@ -213,12 +213,29 @@ def main() -> None:
     parser.add_argument("--sweep-only", default="all", choices=("all", "weights_right"),
                         help="weights_right: only the learner-orientation candidates")  # fmt: skip
     parser.add_argument("--splits", action="store_true", help="time every split-K count")
+    parser.add_argument("--k-chunk", type=int, default=None,
+                        help="what-if: run with this sm_90 K chunk for the forward GEMMs (the "
+                             "learner's reference and the decode alike) instead of the pinned one; "
+                             "sm_90 pins 0 (one chain), so --splits needs it, e.g. 1024")  # fmt: skip
     parser.add_argument("--learner-forward", action="store_true",
                         help="the learner's forward GEMM: chunked K vs the one-chain pin")  # fmt: skip
     args = parser.parse_args()
+    from fp4_compile.codegen import configs
     from fp4_compile.codegen.configs import pick_decode
 
+    if args.k_chunk is not None:  # both forward ops: the learner's reference and the decode agree
+        if args.k_chunk < 0 or args.k_chunk % 128:
+            raise SystemExit(f"--k-chunk {args.k_chunk}: 0 or a multiple of 128 (the BLOCK_Ks)")
+        for op in ("nvfp4_gemm", "nvfp4_gemm_ongrid"):
+            configs.K_CHUNK[("sm_90", op)] = args.k_chunk
+
     env, lines = header("NVFP4 decode GEMM (packed weights, few rows) vs BF16")
+    env["k_chunk"] = configs.k_chunk("sm_90", "nvfp4_gemm")
+    lines += [
+        f"K chunk (sm_90 forward GEMMs): {env['k_chunk']}"
+        + (" (--k-chunk what-if, not the pinned order)" if args.k_chunk is not None else ""),
+        "",
+    ]
     copy = copy_gbps()
     print(f"device copy {copy:.0f} GB/s (read + write)", flush=True)
     pinned = {m: pick_decode("sm_90", m) for m in (1, 16, 64)}

@@ -10,7 +10,8 @@
 #     (BACKEND_ARGS), fusion, numerics (NUMERICS_ARGS), decode_tests;
 #   benchmarks (benchmarks/): gemm, grouped_gemm, quantize, invariant, decode_gemm (DECODE_ARGS,
 #     e.g. "--sweep --sweep-only weights_right"), learner (LEARNER_ARGS, default --profile),
-#     (DECODE_ARGS="--splits --learner-forward": split-K and the K-chunked order, issue 42),
+#     (DECODE_ARGS="--k-chunk 1024 --splits --learner-forward": split-K under the K-chunked
+#     order, a what-if while sm_90 pins one chain; issue 42),
 #     learner_forward (the learner forward GEMM tiles in the K-chunked order), k_chunks_tests,
 #     learner_rounds (fused vs unfused vs Inductor BF16 in paired rounds, ROUNDS),
 #     learner_on_change (quantize_weights=on_change vs every_call vs Inductor BF16 in paired
