@@ -237,10 +237,13 @@ class WeightStore:
             if self._graphable(entries):
                 self._graph_refresh()
             else:
-                amaxes: dict = {}
-                for entry in entries:
-                    self._write(entry, amaxes)
+                self._write_all(entries)
         self.refreshes += 1
+
+    def _write_all(self, entries: list[StoreEntry]) -> None:
+        amaxes: dict = {}  # a group's amax, computed once for its members
+        for entry in entries:
+            self._write(entry, amaxes)
 
     def _graphable(self, entries: list[StoreEntry]) -> bool:
         return (self.on_change and len(entries) == len(self.entries) > 0
@@ -256,16 +259,12 @@ class WeightStore:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # the warm-up: this refresh's writes (and kernel compiles)
-            amaxes: dict = {}
-            for entry in entries:
-                self._write(entry, amaxes)
+            self._write_all(entries)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         writes = self.entry_writes
         with torch.cuda.graph(graph):  # captured, not run: the warm-up wrote the same bytes
-            amaxes = {}
-            for entry in entries:
-                self._write(entry, amaxes)
+            self._write_all(entries)
         self.entry_writes = writes  # the capture wrote nothing
         self._refresh_graph = graph
 
