@@ -233,24 +233,3 @@ def expert_row_tile(t, group_end_ptr, M, E, BLOCK_M: tl.constexpr, BLOCK_E: tl.c
     row_end = tl.minimum(tl.sum(tl.where(is_e, row_hi, 0), axis=0), M)
     rows = row_start + (t - tile_start) * BLOCK_M + tl.arange(0, BLOCK_M)
     return e, rows, row_end
-
-
-@triton.jit
-def gathered_rows(a_rows_ptr, rows, rmask, A_GATHER: tl.constexpr):
-    """(the A rows product rows `rows` read, their mask): with A_GATHER row r reads row
-    a_rows[r] (int64), none where a_rows[r] < 0 (a zero row); else the rows themselves."""
-    if A_GATHER:
-        arows = tl.load(a_rows_ptr + rows, mask=rmask, other=-1).to(tl.int64)
-        return arows, rmask & (arows >= 0)
-    return rows, rmask
-
-
-@triton.jit
-def row_global_decodes(gda_ptr, rows, rmask, arows, amask, gda_stride,
-                       GDA_SHARED: tl.constexpr):  # fmt: skip
-    """The product rows' A global decodes for the GEMM epilogue: GDA_SHARED one value for every
-    row (zero rows included: a NaN amax must still give NaN), else row arows' (1.0 for a zero
-    row, whose product is +0.0 whatever finite value multiplies it)."""
-    if GDA_SHARED:
-        return tl.load(gda_ptr + rows * 0, mask=rmask, other=1.0)
-    return tl.load(gda_ptr + arows * gda_stride, mask=amask, other=1.0)

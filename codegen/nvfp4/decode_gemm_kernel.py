@@ -54,7 +54,7 @@ import triton.language as tl
 
 from ..configs import check_decode_config, k_chunk, pick_decode
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
-from ..triton_helpers import expert_row_tile, gathered_rows, row_global_decodes
+from ..triton_helpers import expert_row_tile
 from .k_chunks import chunk_count, fold_chunks
 from .packed_layout import words_tile_k
 
@@ -140,7 +140,12 @@ def _nvfp4_decode_gemm_kernel(
         row_end = M
         rows = t * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < row_end
-    arows, amask = gathered_rows(a_rows_ptr, rows, rmask, A_GATHER)
+    if A_GATHER:
+        arows = tl.load(a_rows_ptr + rows, mask=rmask, other=-1).to(tl.int64)
+        amask = rmask & (arows >= 0)
+    else:
+        arows = rows
+        amask = rmask
     cols = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
     cmask = cols < N
     b_base = b_ptr + e64 * stride_be + cols.to(tl.int64)[:, None] * stride_bn
@@ -228,7 +233,10 @@ def _nvfp4_decode_gemm_kernel(
     if WEIGHTS_RIGHT:
         acc = tl.trans(acc)  # [W, T], as the epilogue reads it
     acc = acc * 256.0  # 2**WEIGHT_SHIFT: exact, the learner's accumulator (see 3. above)
-    gda = row_global_decodes(gda_ptr, rows, rmask, arows, amask, gda_stride, GDA_SHARED)
+    if GDA_SHARED:
+        gda = tl.load(gda_ptr + rows * 0, mask=rmask, other=1.0)
+    else:
+        gda = tl.load(gda_ptr + arows * gda_stride, mask=amask, other=1.0)
     gdb = tl.load(gdb_ptr + e * gdb_stride)
     out = (acc * gda[None, :]) * gdb
     if HAS_BIAS:

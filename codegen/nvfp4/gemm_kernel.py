@@ -36,13 +36,7 @@ import triton.language as tl
 
 from ..configs import decode_dispatch, k_chunk, pick, pick_launch, warps_kwargs
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
-from ..triton_helpers import (
-    e2m1_value,
-    e4m3_value,
-    expert_row_tile,
-    gathered_rows,
-    row_global_decodes,
-)
+from ..triton_helpers import e2m1_value, e4m3_value, expert_row_tile
 from .packed_layout import words_tile_k
 
 
@@ -83,7 +77,12 @@ def _nvfp4_gemm_kernel(
         row_end = M
         rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < row_end
-    arows, amask = gathered_rows(a_rows_ptr, rows, rmask, A_GATHER)
+    if A_GATHER:
+        arows = tl.load(a_rows_ptr + rows, mask=rmask, other=-1).to(tl.int64)
+        amask = rmask & (arows >= 0)
+    else:
+        arows = rows
+        amask = rmask
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     b_base = b_ptr + e64 * stride_be
@@ -127,7 +126,10 @@ def _nvfp4_gemm_kernel(
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if K_CHUNK > 0:
         acc = total
-    gda = row_global_decodes(gda_ptr, rows, rmask, arows, amask, gda_stride, GDA_SHARED)
+    if GDA_SHARED:  # one gd_a for every row (gda_stride 0), zero rows included
+        gda = tl.load(gda_ptr + rows * 0, mask=rmask, other=1.0)
+    else:
+        gda = tl.load(gda_ptr + arows * gda_stride, mask=amask, other=1.0)
     gdb = tl.load(gdb_ptr + e * gdb_stride)
     out = (acc * gda[:, None]) * gdb
     if HAS_BIAS:

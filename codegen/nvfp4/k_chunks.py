@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ..configs import pick_launch, warps_kwargs
 from ..runtime import arch_of, compile_options
-from ..triton_helpers import expert_row_tile, gathered_rows, row_global_decodes
+from ..triton_helpers import expert_row_tile
 
 
 def chunk_count(k: int, kc: int) -> int:
@@ -52,7 +52,12 @@ def _fold_chunks_kernel(
         row_end = M
         rows = t * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < row_end
-    arows, amask = gathered_rows(a_rows_ptr, rows, rmask, A_GATHER)
+    if A_GATHER:
+        arows = tl.load(a_rows_ptr + rows, mask=rmask, other=-1).to(tl.int64)
+        amask = rmask & (arows >= 0)
+    else:
+        arows = rows
+        amask = rmask
     cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < N
     mask = rmask[:, None] & cmask[None, :]
@@ -60,7 +65,10 @@ def _fold_chunks_kernel(
     total = tl.load(ptrs, mask=mask, other=0.0)  # p_0 starts the fold
     for c in range(1, C):
         total = total + tl.load(ptrs + c * stride_pc, mask=mask, other=0.0)
-    gda = row_global_decodes(gda_ptr, rows, rmask, arows, amask, gda_stride, GDA_SHARED)
+    if GDA_SHARED:
+        gda = tl.load(gda_ptr + rows * 0, mask=rmask, other=1.0)
+    else:
+        gda = tl.load(gda_ptr + arows * gda_stride, mask=amask, other=1.0)
     gdb = tl.load(gdb_ptr + e * gdb_stride)
     out = (total * gda[:, None]) * gdb
     if HAS_BIAS:
