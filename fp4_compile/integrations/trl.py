@@ -19,7 +19,10 @@ two of its underscore methods (`_get_per_token_logps_and_entropies`,
   to the micro-batch's longest sequence rounded up to a width bucket (`fp4_compile.rl.train.batching`:
   at most 8 widths, so at most 8 compiled shapes; no work past the longest sequence), then
   minite's log-prob op at TRL's temperature. So the learner's log-probs equal the rollout's bit
-  for bit under a strict recipe.
+  for bit under a strict recipe. The learner and the frozen reference are compiled with
+  `fp4_compile.compile(..., quantize_weights="on_change")`: each NVFP4 weight is quantized once
+  per optimizer step (the reference: once), not in every call (TRL calls the learner for the
+  mismatch metrics and for every gradient-accumulation micro-batch); the same bits.
 - metrics: after each generation the learner's log-probs of the generated tokens (no gradient,
   the weights that sampled them) are compared with the engine's and logged under TRL's names,
   `sampling/sampling_logp_difference/{mean,max}` and `sampling/importance_sampling_ratio/
@@ -49,6 +52,7 @@ from fp4_compile.rl.train.batching import learner_width
 from fp4_compile.rl.train.config import derive_seed
 
 from ..codegen import logprobs as shared_logprobs
+from ..compile_api import compile as compile_model
 from ..dynamo_guard import no_silent_eager_fallback
 from ..recipe import NVFP4Recipe, as_recipe
 from ..rollout import RolloutEngine
@@ -249,13 +253,16 @@ class MiniteGRPOTrainer(GRPOTrainer):
         self.beta = beta
         if reference is not None:
             self.ref_model = self.accelerator.prepare_model(reference, evaluation_mode=True)
-        self.learner = torch.compile(
-            self.model, backend="minite", options={"recipe": self.recipe}, dynamic=False
+        # weights quantized once per version (`fp4_compile.compile`'s on_change): TRL calls the
+        # learner several times per optimizer step (the mismatch metrics' no-grad pass, every
+        # gradient-accumulation micro-batch) and the frozen reference never changes
+        self.learner = compile_model(
+            self.model, recipe=self.recipe, quantize_weights="on_change", dynamic=False
         )
         self.ref_learner = None
         if self.ref_model is not None:
-            self.ref_learner = torch.compile(
-                self.ref_model, backend="minite", options={"recipe": self.recipe}, dynamic=False
+            self.ref_learner = compile_model(
+                self.ref_model, recipe=self.recipe, quantize_weights="on_change", dynamic=False
             )
         self.add_callback(_EngineWeightSync(self.engine, self.model))
 

@@ -7,7 +7,9 @@ rollout engine's bit for bit (every real token, max |dlogp| exactly 0), the weig
 the run logs the mismatch under TRL's names (`sampling/sampling_logp_difference/*`,
 `sampling/importance_sampling_ratio/*`) and minite's (`mismatch/*`). The dense run also trains
 against a reference (beta != 0: its own compiled copy; KL exactly 0 at the first step, when the
-reference and the policy are the same weights); the MoE run adds the load-balancing loss of its
+reference and the policy are the same weights) with two gradient-accumulation micro-batches per
+step; in both the learner's NVFP4 weights are quantized once per optimizer step (its weight
+store's writes counted) and the reference's once; the MoE run adds the load-balancing loss of its
 config over the real tokens. What would break the bits (TRL's default
 bf16=True autocast, a temperature the engine does not sample at) is refused with the setting
 named. Needs TRL (`minite[trl]`); the module is skipped, with the reason, without it."""
@@ -81,7 +83,9 @@ def test_trl_grpo_learner_equals_rollout_bitwise(tmp_path, arch):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     # dense: against a reference; MoE: with the config's load-balancing loss (TRL's default)
     dense = arch == "qwen3"
-    over = {"beta": 0.04} if dense else {"beta": 0.0, "router_aux_loss_coef": None}
+    # dense: two gradient-accumulation micro-batches per optimizer step
+    over = ({"beta": 0.04, "gradient_accumulation_steps": 2} if dense
+            else {"beta": 0.0, "router_aux_loss_coef": None})  # fmt: skip
     record = _Record()
     trainer = MiniteGRPOTrainer(
         model, reward_funcs=_reward, args=_config(tmp_path, **over),
@@ -112,6 +116,15 @@ def test_trl_grpo_learner_equals_rollout_bitwise(tmp_path, arch):
         assert all(h["aux_loss"] > 0 for h in logs), logs
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
     assert changed, "no weight changed in 3 GRPO steps"
+    # weights quantized once per optimizer step, not per learner call: written when the first
+    # call created the entries, then once at the first call after steps 1 and 2 (none follows
+    # step 3); the frozen reference's never again
+    store = trainer.learner.minite_weight_store
+    assert store.entries and store.refreshes == 2, (len(store.entries), store.refreshes)
+    assert store.entry_writes == 3 * len(store.entries), store.entry_writes
+    if dense:
+        ref_store = trainer.ref_learner.minite_weight_store
+        assert ref_store.entries and ref_store.refreshes == 0, ref_store.refreshes
 
 
 @pytest.mark.parametrize(
