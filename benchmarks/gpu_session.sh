@@ -7,7 +7,9 @@
 #   correctness, tests/gpu and tests/codegen under pytest:
 #     pytest (PYTEST_FILES picks the CUDA test files), codegen, kernels, graphs, lgraphs,
 #     alignment (ALIGN_MARK="gpu and not slow" skips batch 256; ALIGN_ARGS), backend
-#     (BACKEND_ARGS), fusion, numerics (NUMERICS_ARGS), decode_tests;
+#     (BACKEND_ARGS), fusion, numerics (NUMERICS_ARGS), decode_tests, kc_checks (alignment at
+#     batch 1 / 8 / 64 and the backend check with the forward GEMMs in KC-chunked order, KC
+#     default 1024: pytest's --k-chunk what-if; issue 42);
 #   benchmarks (benchmarks/): gemm, grouped_gemm, quantize, invariant, decode_gemm (DECODE_ARGS,
 #     e.g. "--sweep --sweep-only weights_right"), learner (LEARNER_ARGS, default --profile),
 #     (DECODE_ARGS="--k-chunk 1024 --splits --learner-forward": split-K under the K-chunked
@@ -23,6 +25,9 @@
 # Each part's time limit is <NAME>_S (e.g. ROLLOUT_S=420).
 # Issue 41 (the rollout engine): PARTS="graphs alignment" ALIGN_MARK="gpu and not slow", then
 # PARTS=rollout.
+# Waiting runs, one device call each: issue 43, PARTS=learner_on_change MICRO_BATCHES=1 (one pass
+# per step with the captured refresh); issue 42, PARTS=kc_checks, then PARTS=decode_gemm
+# DECODE_ARGS="--k-chunk 1024 --splits --learner-forward".
 set -u
 export PYTHONUNBUFFERED=1
 R="${OUT:-/tmp/out}/r"
@@ -55,6 +60,7 @@ for part in $PARTS; do
     invariant) run "${INV_S:-120}" invariant python3 -m benchmarks.invariant ;;
     decode_gemm) run "${DECODE_S:-540}" decode_gemm python3 -m benchmarks.decode_gemm ${DECODE_ARGS:-} ;;
     learner_forward) run "${LFWD_S:-150}" learner_forward_k_chunks python3 -m benchmarks.decode_gemm_k_chunks ;;
+    kc_checks) run "${KCC_S:-540}" alignment_backend_kc"${KC:-1024}" python3 -m pytest -q -m "gpu and not slow" tests/gpu/test_gpu_alignment.py tests/gpu/test_gpu_backend.py --k-chunk "${KC:-1024}" ;;
     k_chunks_tests) run "${KCT_S:-120}" pytest_k_chunks_cuda python3 -m pytest -q tests/codegen/nvfp4/test_k_chunks.py ;;
     learner) run "${LEARNER_S:-330}" learner python3 -m benchmarks.learner ${LEARNER_ARGS:---profile} ;;
     learner_rounds) run "${LEARNER_S:-540}" learner python3 -m benchmarks.learner --only-cuda-graphs --skip-ongrid-ab --rounds "${ROUNDS:-10}" --round-iters 20 ;;
