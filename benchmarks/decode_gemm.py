@@ -224,10 +224,11 @@ def main() -> None:
     from fp4_compile.codegen.configs import pick_decode
 
     if args.k_chunk is not None:  # both forward ops: the learner's reference and the decode agree
-        if args.k_chunk < 0 or args.k_chunk % 128:
-            raise SystemExit(f"--k-chunk {args.k_chunk}: 0 or a multiple of 128 (the BLOCK_Ks)")
-        for op in ("nvfp4_gemm", "nvfp4_gemm_ongrid"):
-            configs.K_CHUNK[("sm_90", op)] = args.k_chunk
+        what_if = configs.what_if_k_chunk("sm_90", args.k_chunk)
+        try:
+            what_if.__enter__()  # for the whole run
+        except ValueError as e:
+            raise SystemExit(f"--k-chunk: {e}") from None
 
     env, lines = header("NVFP4 decode GEMM (packed weights, few rows) vs BF16")
     env["k_chunk"] = configs.k_chunk("sm_90", "nvfp4_gemm")

@@ -18,7 +18,9 @@
 #     learner_rounds (fused vs unfused vs Inductor BF16 in paired rounds, ROUNDS),
 #     learner_on_change (quantize_weights=on_change vs every_call vs Inductor BF16 in paired
 #     rounds, MICRO_BATCHES passes per optimizer step, default 4; MICRO_BATCHES=1 for the
-#     one-pass step), rollout (ROLLOUT_ARGS), rollout_profile;
+#     one-pass step), learner_kc (the strict step pinned vs its forward GEMMs in KC-chunked
+#     order, KC default 1024, vs Inductor BF16, paired rounds; issue 42), rollout
+#     (ROLLOUT_ARGS), rollout_profile;
 #   tools (tools/): gaps (GAPS_ARGS), gradloc (GRADLOC_ARGS="--models moe,llama --recipes
 #     strict,te,bf16"), tune (TUNE_ARGS="--only wgrad"), tuneattn (TUNEATTN_ARGS), grpo_variants
 #     (GRPO_S seconds per variant).
@@ -26,8 +28,8 @@
 # Issue 41 (the rollout engine): PARTS="graphs alignment" ALIGN_MARK="gpu and not slow", then
 # PARTS=rollout.
 # Waiting runs, one device call each: issue 43, PARTS=learner_on_change MICRO_BATCHES=1 (one pass
-# per step with the captured refresh); issue 42, PARTS=kc_checks, then PARTS=decode_gemm
-# DECODE_ARGS="--k-chunk 1024 --splits --learner-forward".
+# per step with the captured refresh); issue 42, PARTS=kc_checks, PARTS=learner_kc, then
+# PARTS=decode_gemm DECODE_ARGS="--k-chunk 1024 --splits --learner-forward".
 set -u
 export PYTHONUNBUFFERED=1
 R="${OUT:-/tmp/out}/r"
@@ -64,6 +66,7 @@ for part in $PARTS; do
     k_chunks_tests) run "${KCT_S:-120}" pytest_k_chunks_cuda python3 -m pytest -q tests/codegen/nvfp4/test_k_chunks.py ;;
     learner) run "${LEARNER_S:-330}" learner python3 -m benchmarks.learner ${LEARNER_ARGS:---profile} ;;
     learner_rounds) run "${LEARNER_S:-540}" learner python3 -m benchmarks.learner --only-cuda-graphs --skip-ongrid-ab --rounds "${ROUNDS:-10}" --round-iters 20 ;;
+    learner_kc) run "${LEARNER_S:-540}" learner_k_chunk python3 -m benchmarks.learner --only-cuda-graphs --skip-ongrid-ab --skip-fusion-ab --skip-on-change-ab --k-chunk "${KC:-1024}" --rounds "${ROUNDS:-10}" --round-iters "${ROUND_ITERS:-10}" ;;
     learner_on_change) run "${LEARNER_S:-540}" learner_on_change python3 -m benchmarks.learner --only-cuda-graphs --skip-ongrid-ab --skip-fusion-ab --micro-batches "${MICRO_BATCHES:-4}" --rounds "${ROUNDS:-10}" --round-iters "${ROUND_ITERS:-10}" ;;
     rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --roofline benchmarks/results/2026-12-06_rollout_roofline_4193161.json ${ROLLOUT_ARGS:-} ;;
     rollout_profile) run "${PROFILE_S:-300}" rollout_profile python3 -m benchmarks.rollout --configs "$TWO_RECIPES" --batches 1,64 --profile-batch 1,64 --skip-hf --name rollout_profile ;;

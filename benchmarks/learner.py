@@ -6,11 +6,15 @@ equals the forward of each sequence alone (bitwise).
 
     python -m benchmarks.learner [--layers 2] [--batch 8] [--seq 512] [--profile]
         [--no-cuda-graphs | --only-cuda-graphs] [--skip-ongrid-ab] [--rounds N]
-        [--micro-batches M]
+        [--micro-batches M] [--k-chunk KC]
 
 --micro-batches M: each optimizer step accumulates the gradients of M forward + backward passes
 over the batch (gradient accumulation), so the weight quantize of quantize_weights=on_change
 (once per optimizer step) is shared by M passes while every_call quantizes in each.
+
+--k-chunk KC adds a row: strict NVFP4 under CUDA graphs with the forward GEMMs (learner forward
+and dgrad) summing K in chunks of KC, the order split-K decode needs (a what-if while sm_90 pins
+one chain: `configs.what_if_k_chunk`; issue 42's bar: the learner loses <= 3% to it).
 
 --rounds N keeps every config's compiled step alive and times them all again in N
 interleaved rounds (the lent H200 drifts by 0.5-0.8 ms between runs; within one round every
@@ -21,6 +25,7 @@ its ratio to BF16 in every round.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 
 import torch
@@ -33,6 +38,7 @@ from benchmarks.common import (
     write_results,
 )
 from fp4_compile import NVFP4Recipe
+from fp4_compile.codegen.configs import what_if_k_chunk
 from fp4_compile.models import qwen3_30b_a3b_layers
 from fp4_compile.rollout.weight_store import WeightStore
 from fp4_compile.testing import count_bytes_differ
@@ -70,6 +76,34 @@ def measure(label, model, compiled, ids, tokens, *, profile=False, micro_batches
     if profile:
         row["profile"] = profile_call(step, ms)
     return row, step
+
+
+def _under_k_chunk(kc: int, step):
+    """`step` run with the forward GEMMs in kc-chunked order (the paired rounds call it later)."""
+
+    def run():
+        with what_if_k_chunk("sm_90", kc):
+            step()
+
+    return run
+
+
+def _k_chunk_lines(rows: list[dict]) -> list[str]:
+    """The --k-chunk row against the pinned strict CUDA-graph row: what the chunked order costs
+    the learner step (round by round where both ran the paired rounds)."""
+    chunked = next((r for r in rows if "k_chunk" in r and "error" not in r), None)
+    pinned = next((r for r in rows if r["label"].startswith("minite strict NVFP4, CUDA graphs (")
+                   and "error" not in r), None)  # fmt: skip
+    if chunked is None or pinned is None:
+        return []
+    kc = chunked["k_chunk"]
+    line = (f"K chunk {kc} (what-if) vs the pinned order, learner step: pinned / chunked = "
+            f"{pinned['step_ms'] / chunked['step_ms']:.3f}")  # fmt: skip
+    a, b = pinned.get("rounds_ms"), chunked.get("rounds_ms")
+    if a and b:
+        per = [x / y for x, y in zip(a, b)]
+        line += f" (median of rounds); per round {min(per):.3f}-{max(per):.3f}"
+    return ["", line + " (>= 0.97 is issue 42's bar: the order may cost the learner <= 3%)"]
 
 
 def paired_rounds(rows, steps, tokens, rounds: int, iters: int) -> None:
@@ -124,12 +158,22 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--round-iters", type=int, default=10, help="steps timed per round")
     parser.add_argument(
+        "--k-chunk", type=int, default=None, metavar="KC",
+        help="add the strict CUDA-graph row with the forward GEMMs in KC-chunked K order (what-if)",
+    )  # fmt: skip
+    parser.add_argument(
         "--micro-batches", type=int, default=1,
         help="forward + backward passes per optimizer step (gradient accumulation)",
     )  # fmt: skip
     args = parser.parse_args()
     if args.micro_batches < 1:
         parser.error(f"--micro-batches must be >= 1, got {args.micro_batches}")
+    if args.k_chunk is not None:
+        try:
+            with what_if_k_chunk("sm_90", args.k_chunk):
+                pass
+        except ValueError as e:
+            parser.error(f"--k-chunk: {e}")
     env = environment()
     # Every config compiles the same code objects; the row-alone check below calls them at another
     # shape, and with automatic dynamic shapes each LATER config would compile with symbolic
@@ -156,6 +200,9 @@ def main() -> None:
         ("minite strict NVFP4, CUDA graphs, quantize_weights=on_change", "minite",
          {**graphs, "quantize_weights": "on_change"}, "cuda graphs"),
     ]  # fmt: skip
+    if args.k_chunk is not None:
+        configs.append((f"minite strict NVFP4, CUDA graphs, K chunk {args.k_chunk} (what-if)",
+                        "minite", {**graphs, "k_chunk": args.k_chunk}, "cuda graphs"))  # fmt: skip
     if args.no_cuda_graphs and args.only_cuda_graphs:
         parser.error("--no-cuda-graphs and --only-cuda-graphs exclude each other")
     if args.no_cuda_graphs:
@@ -174,8 +221,10 @@ def main() -> None:
             torch._dynamo.reset()
         model = qwen3_30b_a3b_layers(layers=args.layers, device=device)
         sink: list = []  # the lowering reports: which passes fired on this stack
+        kc = None
         if backend == "minite":
             options = {**options, "report_sink": sink}
+            kc = options.pop("k_chunk", None)
             if options.pop("quantize_weights", None) == "on_change":  # fp4_compile.compile's store
                 options["weight_store"] = WeightStore.for_learner(model)
         kw = {"options": options} if options else {}
@@ -184,9 +233,15 @@ def main() -> None:
         compiled = torch.compile(model, backend=backend, **kw)
         counters = torch._dynamo.utils.counters["inductor"]
         skips_before = counters["cudagraph_skips"]
+        order = contextlib.ExitStack()  # the row's K order: compiled, captured and run under it
+        if kc is not None:
+            order.enter_context(what_if_k_chunk("sm_90", kc))
         try:
             row, step = measure(label, model, compiled, ids, tokens, profile=args.profile,
                                 micro_batches=args.micro_batches)  # fmt: skip
+            if kc is not None:
+                step = _under_k_chunk(kc, step)
+                row["k_chunk"] = kc
             rows.append(row)
             rows[-1]["mode"] = mode
             if args.rounds:
@@ -208,6 +263,8 @@ def main() -> None:
 
             rows.append({"label": label, "mode": mode, "error": f"{type(e).__name__}: {e}"[:2000],
                          "traceback": traceback.format_exc()[-6000:]})  # fmt: skip
+        finally:
+            order.close()
         print({k: v for k, v in rows[-1].items() if k != "profile"}, flush=True)
         del model, compiled
         torch.cuda.empty_cache()
@@ -263,6 +320,7 @@ def main() -> None:
             md += ["", f"Paired rounds of '{r['label']}' ({args.rounds} x {args.round_iters} "
                    f"steps, configs interleaved): " + ", ".join(f"{t:.2f}" for t in r["rounds_ms"])
                    + f" ms (single measurement {r['single_ms']:.2f} ms){txt}"]  # fmt: skip
+    md += _k_chunk_lines(rows)
     for r in rows:
         if r.get("lowering_counts"):
             counts = ", ".join(f"{k} {v}" for k, v in sorted(r["lowering_counts"].items()))
@@ -272,7 +330,8 @@ def main() -> None:
             md += profile_markdown(r["label"], r["profile"], "step")
     text = "\n".join(md) + "\n"
     print(text)
-    write_results("learner", {"env": env, "args": vars(args), "rows": rows}, text)
+    name = "learner" if args.k_chunk is None else "learner_k_chunk"
+    write_results(name, {"env": env, "args": vars(args), "rows": rows}, text)
 
 
 if __name__ == "__main__":

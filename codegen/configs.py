@@ -33,6 +33,7 @@ and counts the bytes each changes against the pinned config; a winner is copied 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 # the other launch constants, re-exported: every pinned number of codegen/ is read through here
@@ -254,13 +255,45 @@ K_CHUNK: dict[tuple[str, str], int] = {
     ("interpreter", "nvfp4_gemm_ongrid"): 128,
     ("interpreter", "nvfp4_wgrad"): 0,
 }
+FORWARD_GEMM_OPS = ("nvfp4_gemm", "nvfp4_gemm_ongrid")  # one K order: learner, dgrad, decode
+
+
+def _block_ks(arch: str, op: str) -> set[int]:
+    """Every BLOCK_K a pinned config of `op` on `arch` uses (the decode GEMM's with nvfp4_gemm)."""
+    blocks = {c.block_k for k, t in PINNED.items() if k[0] == arch and k[2] == op for _, c in t}
+    if op == "nvfp4_gemm":
+        blocks |= {c.block_k for _, c in DECODE[arch]}
+    return blocks
+
+
 for (_arch, _op), _kc in K_CHUNK.items():
-    _blocks = {c.block_k for k, t in PINNED.items() if k[0] == _arch and k[2] == _op for _, c in t}
-    if _op == "nvfp4_gemm":
-        _blocks |= {c.block_k for _, c in DECODE[_arch]}
-    assert _kc == 0 or all(_kc % b == 0 for b in _blocks), f"{_arch} {_op}: BLOCK_K must divide KC"
+    assert _kc == 0 or all(_kc % b == 0 for b in _block_ks(_arch, _op)), (
+        f"{_arch} {_op}: BLOCK_K must divide KC"
+    )
 for _arch in ("sm_90", "interpreter"):  # packed and on-grid forward: the same order
     assert K_CHUNK[(_arch, "nvfp4_gemm")] == K_CHUNK[(_arch, "nvfp4_gemm_ongrid")], _arch
+
+
+@contextmanager
+def what_if_k_chunk(arch: str, kc: int):
+    """A what-if for benchmarks and tests (never the pinned order): inside the block both forward
+    GEMM ops of `arch` (`FORWARD_GEMM_OPS`: the learner's forward and dgrad, the decode) sum K in
+    chunks of `kc` (0: one chain), so learner and decode still agree; the pinned rows come back
+    after. Kernels read `k_chunk` at each call: a CUDA graph captured inside keeps `kc`. Raises
+    ValueError, naming kc, where kc is not 0 or a multiple of every BLOCK_K of those ops."""
+    for op in FORWARD_GEMM_OPS:
+        blocks = _block_ks(arch, op)
+        if not isinstance(kc, int) or kc < 0 or (kc and any(kc % b for b in blocks)):
+            raise ValueError(
+                f"K chunk kc={kc!r}: must be 0 or a multiple of every BLOCK_K of {op} on {arch} "
+                f"({sorted(blocks)})"
+            )
+    pinned = {op: K_CHUNK[(arch, op)] for op in FORWARD_GEMM_OPS}
+    K_CHUNK.update({(arch, op): kc for op in FORWARD_GEMM_OPS})
+    try:
+        yield
+    finally:
+        K_CHUNK.update({(arch, op): v for op, v in pinned.items()})
 
 
 def k_chunk(arch: str, op: str) -> int:

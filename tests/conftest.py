@@ -24,18 +24,11 @@ def pytest_configure(config):
         return
     from fp4_compile.codegen import configs
 
-    arch = "sm_90" if torch.cuda.is_available() else "interpreter"
-    for op in ("nvfp4_gemm", "nvfp4_gemm_ongrid"):
-        blocks = {c.block_k for key, table in configs.PINNED.items() if key[:1] == (arch,)
-                  and key[2] == op for _, c in table}  # fmt: skip
-        if op == "nvfp4_gemm":
-            blocks |= {c.block_k for _, c in configs.DECODE[arch]}
-        if kc < 0 or (kc and any(kc % b for b in blocks)):
-            raise pytest.UsageError(
-                f"--k-chunk {kc}: KC must be 0 or a multiple of every BLOCK_K of {op} on {arch} "
-                f"({sorted(blocks)})"
-            )
-        configs.K_CHUNK[(arch, op)] = kc
+    what_if = configs.what_if_k_chunk("sm_90" if torch.cuda.is_available() else "interpreter", kc)
+    try:
+        what_if.__enter__()  # for the whole session
+    except ValueError as e:
+        raise pytest.UsageError(f"--k-chunk: {e}") from None
 
 
 def pytest_report_header(config):

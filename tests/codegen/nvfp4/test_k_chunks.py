@@ -34,12 +34,11 @@ KC = PINNED_KC or 1024
 
 
 @pytest.fixture(autouse=True)
-def _what_if_chunk(monkeypatch):
+def _what_if_chunk():
     """Where the architecture pins one chain, both forward ops (the learner's GEMM and the
     decode) take KC for the test: the order under test, not the pinned one."""
-    if PINNED_KC == 0:
-        for op in ("nvfp4_gemm", "nvfp4_gemm_ongrid"):
-            monkeypatch.setitem(configs.K_CHUNK, (ARCH, op), KC)
+    with configs.what_if_k_chunk(ARCH, KC):
+        yield
 
 
 CODES = torch.tensor([0, 2, 4, 6, 10, 12, 14])  # E2M1 codes of 0, 1, 2, 4, -1, -2, -4
@@ -185,3 +184,18 @@ def test_split_arguments_are_checked():
     wide = DecodeConfig(16, 32 if DEV == "cpu" else 64, 2 * KC, num_warps=1, num_stages=1)
     with pytest.raises(ValueError, match="BLOCK_K"):
         _decode(a, gd_a, w, config=wide)
+
+
+def test_what_if_k_chunk_restores_the_pinned_order_and_checks_kc():
+    """`configs.what_if_k_chunk` (pytest --k-chunk, the benchmarks' --k-chunk): both forward ops
+    take KC inside the block, the weight gradient keeps its own order, the pinned rows come back
+    after (this module's fixture already holds KC); a KC that some BLOCK_K does not divide is
+    refused before anything changes."""
+    ops = (*configs.FORWARD_GEMM_OPS, "nvfp4_wgrad")
+    before = {op: k_chunk(ARCH, op) for op in ops}
+    with configs.what_if_k_chunk(ARCH, 2 * KC):
+        assert [k_chunk(ARCH, op) for op in ops] == [2 * KC, 2 * KC, before["nvfp4_wgrad"]]
+    assert {op: k_chunk(ARCH, op) for op in ops} == before
+    with pytest.raises(ValueError, match="kc=24"), configs.what_if_k_chunk(ARCH, 24):
+        pass
+    assert {op: k_chunk(ARCH, op) for op in ops} == before
