@@ -126,11 +126,14 @@ class DecodeConfig:
 # (per expert) runs the decode kernel; beyond, the tables above. The learner's bits (the kernel's
 # docstring; tests/gpu/test_gpu_decode_gemm.py). Each bucket the sweep's fastest on the grouped
 # decode shapes, within 7% of the fastest dense 8192^2 (H200, CUDA graphs:
-# benchmarks/results/2026-12-05_decode_gemm_20848a7.md).
+# benchmarks/results/2026-12-05_decode_gemm_20848a7.md). split_programs (used only where K_CHUNK
+# gives K several chunks; sm_90 pins one chain today): the split counts measured fastest with
+# KC 1024 on an H100 (2026-12-06_decode_gemm_9ab3c45.md, split-K table): at M = 64 every shape's
+# most splits (1024 programs: 8192^2 8, attn_o 4, attn_q and gate_up 2), at M <= 16 4-8 (528).
 DECODE = {
     "sm_90": (
         (16, DecodeConfig(16, 64, 128, num_warps=4, num_stages=4, split_programs=528)),
-        (64, DecodeConfig(64, 64, 128, num_warps=4, num_stages=3)),
+        (64, DecodeConfig(64, 64, 128, num_warps=4, num_stages=3, split_programs=1024)),
     ),
     "interpreter": ((64, DecodeConfig(16, 32, 32, num_warps=1, num_stages=1, split_programs=8)),),
 }
