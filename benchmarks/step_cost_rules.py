@@ -43,6 +43,16 @@ _GROUPED = {"nvfp4_grouped_mm", "nvfp4_grouped_mm_quantized", "invariant_grouped
 
 
 _COPY = "copies the whole static cache (S slots) per query head"
+# experts' weights [E, N, K] (16x16, one global scale per expert) quantize in two steps on sm_90
+# (`quantize_kernel.quantize_triton`; one read was slower: `weight_quantize_kernel.py`): the row
+# maxima (read W, write [E, N] FP32), then the codes (read W again)
+EXPERT_ROW_MAXIMA = "two steps: row maxima (a read of W), then the codes"
+
+
+def per_expert_quantize(global_scale) -> bool:
+    """Whether a quantize with this global_scale argument is an experts' weight quantize (one
+    global scale per expert, from the row maxima)."""
+    return global_scale == "per_expert"
 
 
 @dataclass
@@ -181,6 +191,11 @@ def _fp4_cost(n: fx.Node, g: _Graph, ctx: dict) -> OpCost:
         flops, note, launches, read = _gemm_facts(n, g, ctx, name, launches, read)
     if "attention" in name:
         flops, read, kv = _attention_facts(n, g, ctx, read)
+    if name in ("quantize", "quantize_with_ongrid") and per_expert_quantize(n.args[2]):
+        launches += 1
+        read += g.read_bytes(n.args[0])
+        written += int(_val(n.args[0]).numel()) // _val(n.args[0]).shape[-1] * 4  # [E, N] FP32
+        note = EXPERT_ROW_MAXIMA
     reads_cache = any(g.from_cache(x) for _, x in args) and "attention" not in name
     copies = reads_cache and written >= _cache_layer_bytes(g) > 0  # attention's output is none
     if copies:

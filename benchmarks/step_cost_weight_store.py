@@ -11,17 +11,28 @@ step (before the first micro-batch after it). Two forms of that store, as rows o
   written by a quantize into new tensors and then copied into the store (codes, scales, global
   decode: three copies); the forward decodes each weight's on-grid copy from the store in every
   call (`fp4_compile::ongrid_weight` nodes, counted by the graph rules).
+- "on_change, row maxima from the optimizer (not built)": a what-if, "on_change" without the
+  experts' row maxima pass (an AdamW that writes the expert weights would emit them).
+Experts' weights [E, N, K] (one global scale per expert) quantize in two steps on sm_90, the row
+maxima (a read of W) then the codes (`step_cost_rules.EXPERT_ROW_MAXIMA`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from benchmarks.step_cost_rules import OpCost
+from benchmarks.step_cost_rules import EXPERT_ROW_MAXIMA, OpCost, per_expert_quantize
 
 FORMS = {
     "on_change": {"hold_ongrid": True, "copies": False},
     "on_change, decode per call": {"hold_ongrid": False, "copies": True},
+    # what-if, not built: the optimizer step that writes the expert weights emits their row
+    # maxima, so the refresh skips that read (docs/learner_performance.md, "What is open")
+    "on_change, row maxima from the optimizer (not built)": {
+        "hold_ongrid": True,
+        "copies": False,
+        "row_maxima_given": True,
+    },
 }
 
 
@@ -51,8 +62,13 @@ def refresh_rows(store, form: str) -> list[OpCost]:
         packed = _nbytes(e.codes) + _nbytes(e.scales)
         gd = _nbytes(e.global_decode)
         op = "quantize_with_ongrid" if e.ongrid is not None else "quantize"
+        w = store.params[name]
+        if per_expert_quantize(e.spec.global_scale) and not FORMS[form].get("row_maxima_given"):
+            rows.append(OpCost(op="refresh: expert weight row maxima", nodes=[name], launches=1,
+                               bytes_read=_nbytes(w), bytes_written=w.numel() // w.shape[-1] * 4,
+                               flops=0, note=EXPERT_ROW_MAXIMA))  # fmt: skip
         rows.append(OpCost(op=f"refresh: {op}", nodes=[name], launches=1,
-                           bytes_read=_nbytes(store.params[name]) + (4 if group else 0),
+                           bytes_read=_nbytes(w) + (4 if group else 0),
                            bytes_written=packed + gd + _nbytes(e.ongrid), flops=0))  # fmt: skip
         if copies:
             rows.append(OpCost(op="refresh: copy into the store", nodes=[name], launches=3,

@@ -95,3 +95,33 @@ def test_on_change_moves_the_weight_quantize_out_of_the_forward(build):
     four = {m: at_micro_batches(r, 4) for m, r in res.items()}
     saved = 3 * weights["bytes"] - gd_copies[0]["bytes"]
     assert four["every_call"]["bytes"] - four["on_change"]["bytes"] == saved
+
+
+def test_expert_weights_quantize_in_two_steps_and_the_what_if_drops_one_read():
+    """The experts' weights [E, N, K] (one global scale per expert) are read twice per quantize
+    on sm_90, the row maxima then the codes: every_call's quantize op counts 2 launches and reads
+    W twice, the store's refresh a row-maxima row beside its quantize; the what-if form (row
+    maxima from the optimizer, not built) drops exactly that row."""
+    model = tiny_qwen3_moe(layers=1, dtype=torch.bfloat16).to("meta")
+    experts = {n: p for n, p in model.named_parameters() if p.dim() == 3}
+    assert experts
+    what_if = "on_change, row maxima from the optimizer (not built)"
+    res = {m: learner_step_cost(model, "tiny", recipe="strict", batch=8, seq=128,
+                                quantize_weights=m)
+           for m in ("every_call", "on_change", what_if)}  # fmt: skip
+    w_bytes = sum(p.numel() * p.element_size() for p in experts.values())
+    row_max_bytes = w_bytes + sum(p.numel() // p.shape[-1] * 4 for p in experts.values())
+    maxima = [a for a in res["on_change"]["by_op"]
+              if a["op"] == "refresh: expert weight row maxima"]  # fmt: skip
+    assert len(maxima) == 1 and maxima[0]["count"] == len(experts), maxima
+    assert maxima[0]["bytes"] == row_max_bytes
+    assert res["on_change"]["weight_quantize"]["bytes"] - res[what_if]["weight_quantize"][
+        "bytes"] == row_max_bytes  # fmt: skip
+    assert not any(a["op"] == maxima[0]["op"] for a in res[what_if]["by_op"])
+    # every_call: the same two reads (and launches) inside its quantize ops, so its weight work
+    # is on_change's less the global decode copies (the test above)
+    gd = next(a for a in res["on_change"]["by_op"] if a["op"] == "refresh: global decode copy")
+    assert res["every_call"]["weight_quantize"]["bytes"] == (
+        res["on_change"]["weight_quantize"]["bytes"] - gd["bytes"])  # fmt: skip
+    assert res["every_call"]["weight_quantize"]["launches"] == (
+        res["on_change"]["weight_quantize"]["launches"] - gd["launches"])  # fmt: skip
