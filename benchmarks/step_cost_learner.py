@@ -270,7 +270,11 @@ def write_learner_table(batch: int = 8, seq: int = 512) -> list:
         "logsumexp of the logits, AdamW. Weight quantize: `every_call` runs it in every forward "
         '(each micro-batch); `quantize_weights="on_change"` rewrites the weight store once per '
         "optimizer step (its rows: the store's writes); `on_change, decode per call` is the "
-        "store before it held the on-grid copies (the forward decoded them in every call).",
+        "store before it held the on-grid copies (the forward decoded them in every call). "
+        "The experts' weights quantize in two steps on sm_90 (row maxima, a read of W, then the "
+        "codes); `on_change, row maxima from the optimizer (not built)` is a what-if: an AdamW "
+        "that emits the row maxima as it writes the expert weights, so the refresh skips that "
+        "read.",
     ]
     model, note = build_model("qwen3-30b-a3b")
     md += ["", note, "",
