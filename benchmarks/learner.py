@@ -38,7 +38,7 @@ from benchmarks.common import (
     write_results,
 )
 from fp4_compile import NVFP4Recipe
-from fp4_compile.codegen.configs import what_if_k_chunk
+from fp4_compile.codegen.configs import check_k_chunk, what_if_k_chunk
 from fp4_compile.models import qwen3_30b_a3b_layers
 from fp4_compile.rollout.weight_store import WeightStore
 from fp4_compile.testing import count_bytes_differ
@@ -170,8 +170,7 @@ def main() -> None:
         parser.error(f"--micro-batches must be >= 1, got {args.micro_batches}")
     if args.k_chunk is not None:
         try:
-            with what_if_k_chunk("sm_90", args.k_chunk):
-                pass
+            check_k_chunk("sm_90", args.k_chunk)
         except ValueError as e:
             parser.error(f"--k-chunk: {e}")
     env = environment()

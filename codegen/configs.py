@@ -277,13 +277,9 @@ for _arch in ("sm_90", "interpreter"):  # packed and on-grid forward: the same o
     assert K_CHUNK[(_arch, "nvfp4_gemm")] == K_CHUNK[(_arch, "nvfp4_gemm_ongrid")], _arch
 
 
-@contextmanager
-def what_if_k_chunk(arch: str, kc: int):
-    """A what-if for benchmarks and tests (never the pinned order): inside the block both forward
-    GEMM ops of `arch` (`FORWARD_GEMM_OPS`: the learner's forward and dgrad, the decode) sum K in
-    chunks of `kc` (0: one chain), so learner and decode still agree; the pinned rows come back
-    after. Kernels read `k_chunk` at each call: a CUDA graph captured inside keeps `kc`. Raises
-    ValueError, naming kc, where kc is not 0 or a multiple of every BLOCK_K of those ops."""
+def check_k_chunk(arch: str, kc: int) -> None:
+    """A ValueError, naming kc, where `kc` could not be the forward GEMMs' K chunk on `arch`:
+    not 0 or a multiple of every BLOCK_K of `FORWARD_GEMM_OPS`."""
     for op in FORWARD_GEMM_OPS:
         blocks = _block_ks(arch, op)
         if not isinstance(kc, int) or kc < 0 or (kc and any(kc % b for b in blocks)):
@@ -291,6 +287,16 @@ def what_if_k_chunk(arch: str, kc: int):
                 f"K chunk kc={kc!r}: must be 0 or a multiple of every BLOCK_K of {op} on {arch} "
                 f"({sorted(blocks)})"
             )
+
+
+@contextmanager
+def what_if_k_chunk(arch: str, kc: int):
+    """A what-if for benchmarks and tests (never the pinned order): inside the block both forward
+    GEMM ops of `arch` (`FORWARD_GEMM_OPS`: the learner's forward and dgrad, the decode) sum K in
+    chunks of `kc` (0: one chain), so learner and decode still agree; the pinned rows come back
+    after. Kernels read `k_chunk` at each call: a CUDA graph captured inside keeps `kc`. Raises
+    `check_k_chunk`'s ValueError before anything changes."""
+    check_k_chunk(arch, kc)
     pinned = {op: K_CHUNK[(arch, op)] for op in FORWARD_GEMM_OPS}
     K_CHUNK.update({(arch, op): kc for op in FORWARD_GEMM_OPS})
     try:
