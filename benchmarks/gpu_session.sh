@@ -27,6 +27,9 @@
 # Each part's time limit is <NAME>_S (e.g. ROLLOUT_S=420).
 # Issue 41 (the rollout engine): PARTS="graphs alignment" ALIGN_MARK="gpu and not slow", then
 # PARTS=rollout.
+# Issue 52 (real shapes): PARTS=real_shapes (learner 8 x 2048 / 4 x 8192 and MoE 8 x 2048 at full
+# vocabulary, engine 64 x 2048 prompts + 256 new and 8 x 8192 new, learner == rollout; peak memory
+# in the part's json).
 # Waiting runs, one device call each: issue 43, PARTS=learner_on_change MICRO_BATCHES=1 (one pass
 # per step with the captured refresh); issue 42, PARTS=kc_checks, PARTS=learner_kc, then
 # PARTS=decode_gemm DECODE_ARGS="--k-chunk 1024 --splits --learner-forward".
@@ -54,6 +57,7 @@ for part in $PARTS; do
     backend) run "${BACKEND_S:-200}" backend python3 -m pytest -m gpu -q tests/gpu/test_gpu_backend.py ${BACKEND_ARGS:-} ;;
     fusion) run "${FUSION_S:-240}" pytest_fusion python3 -m pytest -q -m gpu tests/gpu/test_gpu_fusion.py ;;
     numerics) run "${NUMERICS_S:-120}" elementwise_numerics python3 -m pytest -m gpu -q tests/gpu/test_gpu_elementwise_numerics.py ${NUMERICS_ARGS:-} ;;
+    real_shapes) MINITE_GPU_REPORT="$R/${STAMP_DATE}_real_shapes_${STAMP_COMMIT}.json" run "${REAL_S:-540}" real_shapes python3 -m pytest -m gpu -q -s tests/gpu/test_gpu_real_shapes.py ${REAL_ARGS:-} ;;
     decode_tests) run "${DECODE_TESTS_S:-200}" pytest_gpu_decode python3 -m pytest -q -m "gpu and not slow" tests/gpu/test_gpu_decode_gemm.py tests/codegen/nvfp4/test_decode_gemm.py tests/codegen/nvfp4/test_k_chunks.py tests/gpu/test_gpu_alignment.py ;;
     # benchmarks
     gemm) run "${GEMM_S:-240}" gemm python3 -m benchmarks.gemm ;;

@@ -12,6 +12,16 @@ Interpreter traps this package works around (verified on Triton 3.7, CPU):
   in both bf16 and fp32, so only the accumulation rounding differs from the CUDA path.
 - fp32 -> fp8 casts are wrong: E4M3 rounding is done with integer bit operations everywhere.
 - `@triton.autotune` with more than one config fails: nothing here autotunes (configs.py pins).
+
+Offsets (the rule every kernel follows): a tensor a kernel indexes may pass 2**31 elements at the
+shapes users run (16,384 rows x 151,936 logits = 2.49e9; a batch-256 x 8k-slot KV cache layer =
+2.1e9), and Triton computes `index * stride` in int32 when both are int32 (the stride and the
+size arguments are int32 below 2**31), which wraps and reads or writes out of bounds (CUDA's
+"illegal memory access"). So every index that multiplies a stride is int64 before it does: a
+program id as `tl.program_id(a).to(tl.int64)`, an index loaded from memory (a gather) with
+`.to(tl.int64)`, and any `tl.arange` that steps over rows of a large tensor widened the same
+way. Only offsets bounded by one row (a column index times a unit stride) may stay int32.
+`tests/codegen/test_int64_offsets.py` checks every kernel source for the program-id rule.
 """
 
 from __future__ import annotations

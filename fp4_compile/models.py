@@ -153,3 +153,78 @@ def tiny_causal_lm(
     cfg = getattr(transformers, config_name)(**{**common, **extra})
     torch.manual_seed(seed)
     return getattr(transformers, model_name)(cfg).to(dtype)
+
+
+# Real model shapes (FIELD_NOTES "Reference model shapes"): the architecture at full width and
+# vocabulary, any number of layers, random init. One factory for tests, benchmarks and tools.
+REAL_SHAPES = {
+    "qwen3-8b": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=32,
+             num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+             tie_word_embeddings=False),
+        36,
+    ),
+    "qwen3-30b-a3b": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+             num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+             num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+             max_position_embeddings=40960, tie_word_embeddings=False),
+        48,
+    ),
+}  # fmt: skip
+"""name -> (transformers config class, model class, config fields, the real model's layers)."""
+REAL_VOCAB = 151936
+
+
+def real_shape_config(name: str, *, layers: int, vocab: int = REAL_VOCAB):
+    """The transformers config of a `REAL_SHAPES` model with `layers` decoder layers."""
+    import transformers
+
+    if name not in REAL_SHAPES:
+        raise ValueError(f"model shape must be one of {sorted(REAL_SHAPES)}, got {name!r}")
+    if not isinstance(layers, int) or layers < 1:
+        raise ValueError(f"layers must be a positive int, got {layers!r}")
+    config_name, _, fields, _ = REAL_SHAPES[name]
+    return getattr(transformers, config_name)(vocab_size=vocab, num_hidden_layers=layers, **fields)
+
+
+def real_shape_model(
+    name: str,
+    *,
+    layers: int,
+    vocab: int = REAL_VOCAB,
+    dtype=torch.bfloat16,
+    device="cpu",
+    seed: int = 0,
+):
+    """A random-init `REAL_SHAPES` causal LM ("qwen3-8b" dense, "qwen3-30b-a3b" MoE) at full
+    width and (by default) full vocabulary, with `layers` layers, built directly on `device`
+    (the meta device gives shapes without memory)."""
+    import transformers
+
+    cfg = real_shape_config(name, layers=layers, vocab=vocab)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = getattr(transformers, REAL_SHAPES[name][1])(cfg)
+    return model.to(dtype).eval()
+
+
+def real_shape_note(name: str, *, layers: int, vocab: int = REAL_VOCAB) -> str:
+    """One line describing a real-shape model as built (for benchmark and test reports)."""
+    cfg = real_shape_config(name, layers=layers, vocab=vocab)
+    experts = getattr(cfg, "num_experts", None)
+    mlp = (
+        f"{experts} experts top-{cfg.num_experts_per_tok}, moe_intermediate "
+        f"{cfg.moe_intermediate_size}"
+        if experts
+        else f"intermediate {cfg.intermediate_size}"
+    )
+    return (
+        f"{name}-shaped: hidden {cfg.hidden_size}, {cfg.num_attention_heads} q / "
+        f"{cfg.num_key_value_heads} kv heads of {cfg.head_dim}, {mlp}, vocab {vocab}; "
+        f"{layers} of its {REAL_SHAPES[name][3]} layers"
+    )

@@ -43,9 +43,9 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q
                sob, soh, sot, sgb, sgh, sgt, sekb, sekh, sekt, Tq, G, KV_REP, scale,
                CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr, D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1)
-    hp = tl.program_id(2)  # the program's head: rows hold its G query heads
+    pid_m = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1).to(tl.int64)
+    hp = tl.program_id(2).to(tl.int64)  # the program's head: rows hold its G query heads
     kvh = hp // KV_REP  # the key / value head it reads
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     qi = rows // G
@@ -118,9 +118,11 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
                  sdb, sdh, sdt, sob, soh, sot, sgb, sgh, sgt, sekb, sekh, sekt, Tq, G, KV_REP,
                  scale, Tk, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    pid_n = tl.program_id(0)
-    b = tl.program_id(1)
-    hp = tl.program_id(2)  # the program's head: dK, dV of its G query heads (one slot each)
+    pid_n = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1).to(tl.int64)
+    hp = tl.program_id(2).to(
+        tl.int64
+    )  # the program's head: dK, dV of its G query heads (one slot each)
     kvh = hp // KV_REP  # the key / value head it reads
     j = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)

@@ -149,9 +149,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr
                       Tq, G, scale, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
                       DOT: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr):  # fmt: skip
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1)
-    kvh = tl.program_id(2)
+    pid_m = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1).to(tl.int64)
+    kvh = tl.program_id(2).to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # row = query * G + head-in-group
     qi = rows // G
     hq = kvh * G + rows % G

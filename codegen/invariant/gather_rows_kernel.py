@@ -38,7 +38,9 @@ def _gather_rows_backward_kernel(g_ptr, order_ptr, start_ptr, count_ptr, out_ptr
                                  BLOCK_C: tl.constexpr):  # fmt: skip
     # position p's gradient is row p // ROW_DIV of g (1: g itself; k: the expanded gradient of
     # a sum over k slots, `moe_combine`, read without the expanded copy)
-    pid = tl.program_id(0)  # one grid axis (2**31 programs): rows x column blocks can be many
+    pid = tl.program_id(0).to(
+        tl.int64
+    )  # one grid axis (2**31 programs): rows x column blocks can be many
     num_col_blocks = tl.cdiv(C, BLOCK_C)
     rows = (pid // num_col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = (pid % num_col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)

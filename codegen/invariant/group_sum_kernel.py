@@ -34,7 +34,7 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 def _group_sum_kernel(x_ptr, out_ptr, N, C, ROUND_EACH_BF16: tl.constexpr,
                       ROUND_END_BF16: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     a = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < C
     base = x_ptr + a * N * C + cols
     acc = tl.load(base, mask=mask, other=0.0).to(tl.float32)

@@ -42,7 +42,7 @@ from .reference import partial_sum as partial_sum_reference  # noqa: F401  (the 
 @triton.jit
 def _partial_sum_kernel(p_ptr, out_ptr, P, H, CHAINS: tl.constexpr, LOG_CHAINS: tl.constexpr,
                         BLOCK_H: tl.constexpr, NUM_STAGES: tl.constexpr):  # fmt: skip
-    cols = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
+    cols = tl.program_id(0).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
     live = cols < H
     chain = tl.arange(0, CHAINS)
     ptrs = p_ptr + chain[None, :] * H + cols[:, None]  # [BLOCK_H, CHAINS]: rows 0..CHAINS-1

@@ -56,7 +56,7 @@ def _rms_norm_backward_kernel(
 ):  # fmt: skip
     # grad_y row r = (i0 * g_d1 + i1) * g_d2 + i2 lives at i0 * g_s0 + i1 * g_s1 + i2 * g_s2
     # (its elements unit-strided); h and dh are contiguous [R, H]
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     live = cols < H
     if HAS_W:

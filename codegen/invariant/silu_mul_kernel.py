@@ -66,8 +66,8 @@ def _silu_mul_kernel(a_ptr, b_ptr, o_ptr, m_ptr, R, C, sa, sb,
                      BLOCK_C: tl.constexpr, ROW_MASK: tl.constexpr = False):  # fmt: skip
     # ROW_MASK: rows r with m[r] != 0 read a and b as zeros (the op on `x.masked_fill(m, 0)`'s
     # halves, without that copy: `passes/fold_row_masks.py`)
-    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    rows = (tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (rows < R)[:, None] & (cols < C)[None, :]
     lmask = mask
     if ROW_MASK:
@@ -86,8 +86,8 @@ def _silu_mul_backward_kernel(g_ptr, a_ptr, b_ptr, ga_ptr, gb_ptr, m_ptr, R, C, 
     # ROW_MASK: rows r with m[r] != 0 get +0.0 gradients (`masked_fill`'s backward), whatever
     # a, b and grad hold there. so: the row stride of both outputs (C: two [R, C] tensors; 2C:
     # the halves of one [R, 2C] gradient, `silu_mul_halves`)
-    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    rows = (tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (rows < R)[:, None] & (cols < C)[None, :]
     c2 = cols[None, :]
     g = tl.load(g_ptr + rows[:, None] * sg + c2, mask=mask, other=0.0).to(tl.float32)

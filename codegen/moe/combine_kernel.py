@@ -45,8 +45,8 @@ def _moe_combine_kernel(x_ptr, w_ptr, idx_ptr, out_ptr, m_ptr, S, T, H, K_TOP: t
     # the k slots unrolled (K_TOP a constant): every slot's index, weight and row loads can be
     # in flight at once, not one slot's chain of dependent loads after another (the sums are
     # still added in slot order)
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
     tmask = t < T
     cmask = cols < H
     t64 = t.to(tl.int64)

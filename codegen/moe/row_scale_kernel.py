@@ -141,7 +141,7 @@ def _row_scale_backward_kernel(
     # NB * 64 when NB > 1: a block wholly past H would add a +0.0 sum the reference does not
     # have, turning a -0.0 accumulator positive); the block sums are added in block order.
     tl.static_assert(BLOCK == 64, "the tree below is written for blocks of 64")
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
     r64 = rows.to(tl.int64)
@@ -168,8 +168,8 @@ def _row_scale_backward_kernel(
 
 @triton.jit
 def _row_scale_kernel(x_ptr, w_ptr, y_ptr, R, H, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
     rmask = rows < R
     mask = rmask[:, None] & (cols < H)[None, :]
     offs = rows.to(tl.int64)[:, None] * H + cols[None, :]

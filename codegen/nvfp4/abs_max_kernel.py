@@ -39,7 +39,7 @@ def row_abs_max_nan(x_ptr, rows, rmask, K, stride_xr, BLOCK_R: tl.constexpr,
 @triton.jit
 def _row_abs_max_kernel(x_ptr, out_ptr, R, K, stride_xr, BLOCK_R: tl.constexpr,
                         BLOCK_K: tl.constexpr):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
     amax, nan = row_abs_max_nan(x_ptr, rows, rmask, K, stride_xr, BLOCK_R, BLOCK_K)
     tl.store(out_ptr + rows, tl.where(nan > 0, float("nan"), amax), mask=rmask)
@@ -127,8 +127,8 @@ def segment_abs_max(x_TD: torch.Tensor, ends: torch.Tensor, rows: torch.Tensor |
 @triton.jit
 def _segment_column_abs_max_kernel(x_ptr, ends_ptr, out_ptr, D, stride_xt,
                                    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
-    e = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    e = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
     start = tl.where(e > 0, tl.load(ends_ptr + e - 1, mask=e > 0, other=0), 0).to(tl.int64)
     end = tl.load(ends_ptr + e).to(tl.int64)

@@ -68,11 +68,12 @@ def _quantize_kernel(
     # reduction over the last axis and its scales broadcast back along it, in the same register
     # layout (no reshape, no shuffle through shared memory for the 1x16 path).
     NB: tl.constexpr = BLOCK_K // 16
-    pid_m = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(0).to(tl.int64)
+    pid_k = tl.program_id(1)  # int32 index: a column block (< K), FLAT32 needs int32 columns
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     blk = pid_k * NB + tl.arange(0, NB)  # global 16-column block index [NB]
-    rows3 = rows[:, None, None]
+    rows3_64 = rows[:, None, None]  # int64 (the program id is): every pointer offset
+    rows3 = rows3_64.to(tl.int32)  # the stochastic-rounding flat index below 2**31 (FLAT32)
     cols3 = blk[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]  # [1, NB, 16]
     rmask = rows < R
     mask = (rows3 < R) & (cols3 < K)
@@ -83,10 +84,10 @@ def _quantize_kernel(
             src = tl.load(src_ptr + cols3, mask=cols3 < K, other=-1)
         # (a token-major [BLOCK_K, BLOCK_M] load, transposed in registers, is slower on the
         # H200: benchmarks/results/2026-12-04_learner_1bb6149.md)
-        x = tl.load(x_ptr + rows3 * stride_xr + src * stride_xc, mask=mask & (src >= 0),
+        x = tl.load(x_ptr + rows3_64 * stride_xr + src * stride_xc, mask=mask & (src >= 0),
                     other=0.0)  # fmt: skip
     else:
-        x = tl.load(x_ptr + rows3 * stride_xr + cols3, mask=mask, other=0.0)
+        x = tl.load(x_ptr + rows3_64 * stride_xr + cols3, mask=mask, other=0.0)
     x = x.to(tl.float32)
     vmax = tl.max(tl.abs(x), axis=2)  # [BM, NB]
     if TILE16:
@@ -155,7 +156,7 @@ def _quantize_kernel(
         else:
             mag_n = rne_ongrid_magnitude(mag)
         val = signed_value(mag_n, v, s_val)
-        tl.store(ongrid_ptr + rows3 * K + cols3, val.to(ongrid_ptr.dtype.element_ty), mask=mask)
+        tl.store(ongrid_ptr + rows3_64 * K + cols3, val.to(ongrid_ptr.dtype.element_ty), mask=mask)
     if PACKED_TOO or not ONGRID:
         store_packed(codes_ptr, scales_ptr, code, s_code, rows, rmask, pid_k, blk, K, BLOCK_M,
                       BLOCK_K)  # fmt: skip

@@ -127,8 +127,8 @@ def _nvfp4_decode_gemm_kernel(
     # WEIGHTS_RIGHT: the learner's orientation (tokens the MMA's left operand, BLOCK_T >= 64 on
     # sm_90; the decoded weights its right operand, through shared memory) instead of 1. above.
     w_tiles = tl.cdiv(N, BLOCK_W)
-    t = tl.program_id(0) // w_tiles
-    pid_w = tl.program_id(0) % w_tiles
+    t = tl.program_id(0).to(tl.int64) // w_tiles
+    pid_w = tl.program_id(0).to(tl.int64) % w_tiles
     if GROUPED:
         e, rows, row_end = expert_row_tile(t, group_end_ptr, M, E, BLOCK_T, BLOCK_E)
         if e >= E:
@@ -139,6 +139,7 @@ def _nvfp4_decode_gemm_kernel(
         e64 = 0
         row_end = M
         rows = t * BLOCK_T + tl.arange(0, BLOCK_T)
+    rows = rows.to(tl.int64)  # int64 offsets (codegen/runtime.py)
     rmask = rows < row_end
     if A_GATHER:
         arows = tl.load(a_rows_ptr + rows, mask=rmask, other=-1).to(tl.int64)
@@ -156,7 +157,7 @@ def _nvfp4_decode_gemm_kernel(
         acc = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
     total = acc  # the fold of the chunks so far (SPLIT == 1)
     if SPLIT > 1:  # this program's run of whole chunks (4. above)
-        k_lo = tl.program_id(1) * chunks_per_split * K_CHUNK
+        k_lo = tl.program_id(1).to(tl.int64) * chunks_per_split * K_CHUNK
         k_hi = tl.minimum(k_lo + chunks_per_split * K_CHUNK, K)
     else:
         k_lo = 0

@@ -30,7 +30,7 @@ from ..runtime import arch_of, check_kernel_device, compile_options
 
 @triton.jit
 def _inverse_permutation_kernel(perm_ptr, inv_ptr, S, BLOCK: tl.constexpr):
-    q = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    q = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = q < S
     p = tl.load(perm_ptr + q, mask=live, other=0)
     tl.store(inv_ptr + p, q.to(inv_ptr.dtype.element_ty), mask=live)
@@ -40,7 +40,7 @@ def _inverse_permutation_kernel(perm_ptr, inv_ptr, S, BLOCK: tl.constexpr):
 def _slot_rows_sum_kernel(g_ptr, inv_ptr, xi_ptr, out_ptr, T, C, S, TOP_K: tl.constexpr,
                           K_P2: tl.constexpr, BF16: tl.constexpr, BLOCK_T: tl.constexpr,
                           BLOCK_C: tl.constexpr):  # fmt: skip
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)
     num_col_blocks = tl.cdiv(C, BLOCK_C)
     tok = (pid // num_col_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = (pid % num_col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)

@@ -64,8 +64,8 @@ def _nvfp4_gemm_kernel(
     # share their A rows (L2 hits) instead of re-reading all of A once per N tile (A is the
     # largest operand of the MoE GEMMs: [T * k, K]). The order of tiles changes no bits.
     n_tiles = tl.cdiv(N, BLOCK_N)
-    t = tl.program_id(0) // n_tiles
-    pid_n = tl.program_id(0) % n_tiles
+    t = tl.program_id(0).to(tl.int64) // n_tiles
+    pid_n = tl.program_id(0).to(tl.int64) % n_tiles
     if GROUPED:
         e, rows, row_end = expert_row_tile(t, group_end_ptr, M, E, BLOCK_M, BLOCK_E)
         if e >= E:
@@ -76,6 +76,7 @@ def _nvfp4_gemm_kernel(
         e64 = 0
         row_end = M
         rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = rows.to(tl.int64)  # int64 offsets (codegen/runtime.py)
     rmask = rows < row_end
     if A_GATHER:
         arows = tl.load(a_rows_ptr + rows, mask=rmask, other=-1).to(tl.int64)
@@ -142,9 +143,9 @@ def _nvfp4_gemm_kernel(
 def _ongrid_kernel(codes_ptr, scales_ptr, out_ptr, R, K, BLOCK_R: tl.constexpr,
                    BLOCK_K: tl.constexpr):  # fmt: skip
     """out[r, k] = E2M1(code) * E4M3(scale of block k // 16), exact (rows flattened)."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    kb = tl.program_id(1) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
-    ks = tl.program_id(1) * (BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    kb = tl.program_id(1).to(tl.int64) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+    ks = tl.program_id(1).to(tl.int64) * (BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
     r64 = rows.to(tl.int64)[:, None]
     rmask = (rows < R)[:, None]
     byte = tl.load(codes_ptr + r64 * (K // 2) + kb[None, :], mask=rmask & (kb < K // 2)[None, :],
@@ -155,7 +156,7 @@ def _ongrid_kernel(codes_ptr, scales_ptr, out_ptr, R, K, BLOCK_R: tl.constexpr,
     sval = e4m3_value(sbyte)
     s_full = tl.reshape(tl.broadcast_to(sval[:, :, None], (BLOCK_R, BLOCK_K // 16, 16)),
                         (BLOCK_R, BLOCK_K))  # fmt: skip
-    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + r64 * K + cols[None, :],
              (e2m1_value(codes) * s_full).to(out_ptr.dtype.element_ty),
              mask=rmask & (cols < K)[None, :])  # fmt: skip

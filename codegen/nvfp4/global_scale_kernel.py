@@ -28,7 +28,7 @@ from .abs_max_kernel import row_abs_max_nan
 
 @triton.jit
 def _amax_global_kernel(amax_ptr, gd_ptr, mult_ptr, n, one_sixth, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = i < n
     amax = tl.load(amax_ptr + i, mask=live, other=1.0)
     gd, mult = scales_from_amax(amax, amax != amax, one_sixth, BLOCK)
@@ -60,7 +60,7 @@ def _row_global_kernel(
     x_ptr, gd_ptr, mult_ptr, R, K, stride_xr, one_sixth,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
     amax, nan = row_abs_max_nan(x_ptr, rows, rmask, K, stride_xr, BLOCK_R, BLOCK_K)
     gd, mult = scales_from_amax(amax, nan > 0, one_sixth, BLOCK_R)
@@ -88,7 +88,7 @@ def row_global_stage(x2: torch.Tensor, *, target: KernelTarget | None = None):
 @triton.jit
 def _expert_global_kernel(rows_ptr, gd_ptr, mult_ptr, gd_rows_ptr, mult_rows_ptr, N, one_sixth,
                           BLOCK: tl.constexpr):  # fmt: skip
-    e = tl.program_id(0)
+    e = tl.program_id(0).to(tl.int64)
     base = e.to(tl.int64) * N
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
     nan = tl.zeros((BLOCK,), dtype=tl.int32)

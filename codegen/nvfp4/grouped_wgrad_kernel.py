@@ -45,9 +45,9 @@ def _grouped_wgrad_kernel(
     # unknown granularity and every operand element was its own 2-byte load, with no software
     # pipeline (sm_90 PTX: 0 cp.async and 96-101 ld.global.b16 -> 36 cp.async.cg, 0 scalar;
     # `tools/ptx_audit.py`). Bits: the same masks, the same MMA sequence.
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    e = tl.program_id(2)
+    pid_m = tl.program_id(0).to(tl.int64)
+    pid_n = tl.program_id(1).to(tl.int64)
+    e = tl.program_id(2).to(tl.int64)
     start = tl.multiple_of(tl.load(start_ptr + e), SEGMENT_ALIGN)
     width = tl.multiple_of(tl.load(width_ptr + e), SEGMENT_ALIGN)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -41,8 +41,8 @@ def _fold_chunks_kernel(
 ):  # fmt: skip
     # rows, experts, the gathered gd_a rows and GDA_SHARED exactly as the GEMM kernels read them
     c_tiles = tl.cdiv(N, BLOCK_C)
-    t = tl.program_id(0) // c_tiles
-    pid_c = tl.program_id(0) % c_tiles
+    t = tl.program_id(0).to(tl.int64) // c_tiles
+    pid_c = tl.program_id(0).to(tl.int64) % c_tiles
     if GROUPED:
         e, rows, row_end = expert_row_tile(t, group_end_ptr, M, E, BLOCK_R, BLOCK_E)
         if e >= E:
@@ -51,6 +51,7 @@ def _fold_chunks_kernel(
         e = 0
         row_end = M
         rows = t * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows = rows.to(tl.int64)  # int64 offsets (codegen/runtime.py)
     rmask = rows < row_end
     if A_GATHER:
         arows = tl.load(a_rows_ptr + rows, mask=rmask, other=-1).to(tl.int64)

@@ -34,7 +34,7 @@ def _segment_layout_kernel(
     # int32 throughout (tokens and columns < 2**31, checked by the launcher), and small
     # [BLOCK_C, BLOCK_E] tiles: a [64, 128] int64 tile spills to local memory on the H200
     # (benchmarks/results/2026-12-04_learner_ea76afb.md)
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)
     c = pid * BLOCK_C + tl.arange(0, BLOCK_C)  # this program's columns
     b = pid * (BLOCK_C // 16) + tl.arange(0, BLOCK_C // 16)  # and its 16-column blocks
     big = 2147483647

@@ -41,7 +41,7 @@ def _silu_mul_quantize_kernel(a_ptr, b_ptr, o_ptr, ongrid_ptr, gd_ptr, amax_ptr,
                               one_sixth, BF16: tl.constexpr, INTERP: tl.constexpr,
                               ROW_MASK: tl.constexpr, BLOCK_R: tl.constexpr,
                               BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
     keep = rmask
     if ROW_MASK:

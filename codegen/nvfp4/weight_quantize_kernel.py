@@ -142,8 +142,8 @@ def _weight_quantize_kernel(
     # GROUPS: the programs split into GROUPS groups (program p in group p % GROUPS); group g
     # walks the experts g, g + GROUPS, ... and waits only on its own programs (GROUPS experts
     # in flight at once, in L2 together: waits per program E / GROUPS instead of E).
-    group = tl.program_id(0) % GROUPS
-    pid = tl.program_id(0) // GROUPS  # the program's index in its group
+    group = tl.program_id(0).to(tl.int64) % GROUPS
+    pid = tl.program_id(0).to(tl.int64) // GROUPS  # the program's index in its group
     P = (tl.num_programs(0) - group + GROUPS - 1) // GROUPS  # the group's programs
     if PHASE != 1 and group < E:
         _announce_amax(bits_ptr, state_ptr, group, E, pid, P, N, K, ABS_MASK, BLOCK_M, BLOCK_K)

@@ -245,8 +245,7 @@ class RolloutEngine:
         cache = self._cache(bucket)
         for t in (*cache.keys, *cache.values):  # as a fresh cache: no slot holds an old call's
             t.zero_()
-        logits = self._step(ids.to(self.device), positions, lengths, cache)
-        last = logits[torch.arange(bucket, device=self.device), lengths - 1]  # [B, V]
+        last = self._step(ids.to(self.device), positions, lengths, cache)[:, 0]  # [B, V]
         program.start(*pick_tokens(last, keys, 0, sampling, self.vocab_size), lengths, keys,
                       eos_token_id)  # fmt: skip
         # Every row runs every step (a finished request's later tokens are dropped below); no

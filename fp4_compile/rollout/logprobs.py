@@ -5,6 +5,12 @@ from __future__ import annotations
 import torch
 
 from ..dynamo_guard import no_silent_eager_fallback
+from .learner_head import (
+    DEFAULT_CHUNK_ROWS,
+    chunked_head_parts,
+    head_token_logprobs,
+    learner_hidden,
+)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -38,9 +44,15 @@ def sequence_logprobs(
     *,
     temperature: float = 1.0,
     device=None,
+    chunk_rows: int | None = DEFAULT_CHUNK_ROWS,
 ) -> list[torch.Tensor]:
     """The learner's view: ONE forward over whole (right-padded, causal, unmasked) sequences;
-    returns per sequence the FP32 log-probs of its generated tokens (positions >= prompt_len)."""
+    returns per sequence the FP32 log-probs of its generated tokens (positions >= prompt_len).
+
+    A minite-compiled model runs its head only on the rows read (the generated tokens'
+    predecessors), `chunk_rows` rows at a time, never materializing [tokens x vocabulary] logits
+    (`learner_head.py`; bitwise the same log-probs at every chunk size). chunk_rows=None, or a
+    model compiled otherwise, computes the model's full logits."""
     if len(prompt_lens) != len(sequences):
         raise ValueError(
             f"prompt_lens has {len(prompt_lens)} entries for {len(sequences)} sequences"
@@ -51,6 +63,21 @@ def sequence_logprobs(
     if device is None:
         device = next(iter(_parameters(model))).device
     ids, lengths = pad_right(sequences, device=device)
+    parts = chunked_head_parts(model) if chunk_rows is not None else None
+    if parts is not None:
+        decoder, head_weight = parts
+        hidden = learner_hidden(decoder, ids)
+        width = ids.shape[1]
+        rows = torch.cat([
+            torch.arange(i * width + p - 1, i * width + n - 1)
+            for i, (p, n) in enumerate(zip(prompt_lens, lengths.tolist()))
+        ]).to(ids.device)  # fmt: skip
+        targets = ids.reshape(-1)[rows + 1]
+        logp = head_token_logprobs(
+            hidden.reshape(-1, hidden.shape[-1])[rows], head_weight, targets, temperature,
+            chunk_rows,
+        )  # fmt: skip
+        return list(logp.split([n - p for p, n in zip(prompt_lens, lengths.tolist())]))
     with no_silent_eager_fallback():
         logits = model(input_ids=ids, use_cache=False).logits
     out = []

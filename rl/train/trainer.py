@@ -28,6 +28,12 @@ import torch
 
 from ...dynamo_guard import no_silent_eager_fallback
 from ...rollout import RolloutEngine, token_logprobs
+from ...rollout.learner_head import (
+    DEFAULT_CHUNK_ROWS,
+    chunked_head_parts,
+    head_token_logprobs,
+    learner_hidden,
+)
 from ...sr_stream import set_sr_state, sr_state
 from ...vllm_plugin.engine import VLLMRolloutEngine
 from ..diagnostics.mismatch import mismatch_tensors
@@ -273,9 +279,19 @@ class GRPOTrainer:
 
     def _logprobs(self, model, ids_NW: torch.Tensor) -> torch.Tensor:
         """The learner's sequence log-probs: ONE forward over the whole padded batch, then the
-        shared log-prob op at every target position -> [N, T] FP32 (as `sequence_logprobs`).
+        shared log-prob op at every target position -> [N, T] FP32 (as `sequence_logprobs`); a
+        minite learner runs its head in row chunks (`rollout/learner_head.py`).
         A new learner width recompiles; hitting Dynamo's recompile limit is an error, never a
         silent eager (non-NVFP4) forward."""
+        parts = chunked_head_parts(model)
+        if parts is not None:  # the head only in row chunks: no [N, W, V] logits
+            decoder, head_weight = parts
+            hidden = learner_hidden(decoder, ids_NW)[:, :-1]
+            logp = head_token_logprobs(
+                hidden.reshape(-1, hidden.shape[-1]), head_weight,
+                ids_NW[:, 1:].reshape(-1), self.cfg.temperature, DEFAULT_CHUNK_ROWS,
+            )  # fmt: skip
+            return logp.reshape(ids_NW.shape[0], -1)
         with no_silent_eager_fallback():
             logits = model(input_ids=ids_NW, use_cache=False).logits
         return token_logprobs(logits[:, :-1], ids_NW[:, 1:], self.cfg.temperature)
