@@ -155,8 +155,30 @@ class RolloutEngine:
             self.weight_store.check_unmoved(self.model)
         self.weight_store.refresh()
 
+    def kv_cache_bytes(self, bucket: int) -> int:
+        """Bytes of the static KV cache of one batch bucket (keys and values, every layer)."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        per_layer = bucket * self.num_kv_heads * self.max_seq_len * self.head_dim * elem
+        return 2 * self.num_layers * per_layer
+
+    def _check_cache_fits(self, bucket: int) -> None:
+        """Refuse, before any work, a cache the device cannot hold (naming the shape and the
+        bytes it needs) instead of failing inside the allocator or the prefill."""
+        if self.device.type != "cuda":
+            return
+        need = self.kv_cache_bytes(bucket)
+        free, _total = torch.cuda.mem_get_info(self.device)
+        if need > free:
+            raise ValueError(
+                f"the KV cache of batch {bucket} x max_seq_len {self.max_seq_len} "
+                f"({self.num_layers} layers x {self.num_kv_heads} KV heads x {self.head_dim}, "
+                f"{self.dtype}) needs {need / 2**30:.2f} GiB; {free / 2**30:.2f} GiB are free on "
+                f"{self.device}: lower max_batch or max_seq_len"
+            )
+
     def _cache(self, bucket: int) -> StaticKVCache:
         if bucket not in self._caches:
+            self._check_cache_fits(bucket)
             self._caches[bucket] = StaticKVCache(
                 num_layers=self.num_layers,
                 batch=bucket,
