@@ -42,8 +42,24 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     ("cuda", "weight_quantize"): dict(programs_per_sm=8),
     ("interpreter", "weight_quantize"): dict(programs=3),
     # nvfp4/silu_mul_quantize_kernel: rows, SwiGLU and quantize column chunks (per-row math: no
-    # tiling changes a bit, tests/codegen/nvfp4/test_silu_mul_quantize.py); untuned
-    ("any", "silu_mul_quantize"): dict(block_r=8, block_c=256, block_k=256, num_warps=4),
+    # tiling changes a bit, tests/codegen/nvfp4/test_silu_mul_quantize.py); fewer rows than
+    # split_rows_below take the split form (column chunks of block_c, then `row_codes`: the
+    # same bits), so that batch 1 is not one program; untuned
+    ("cuda", "silu_mul_quantize"): dict(
+        block_r=8, block_c=256, block_k=256, num_warps=4, split_rows_below=1024
+    ),
+    ("interpreter", "silu_mul_quantize"): dict(
+        block_r=8, block_c=64, block_k=256, num_warps=4, split_rows_below=32
+    ),
+    # nvfp4/rms_norm_quantize_kernel: fewer rows than split_rows_below take the split form
+    # (the norm and row maxima, then `row_codes`: the same bits); untuned
+    ("cuda", "rms_norm_quantize"): dict(split_rows_below=256),
+    ("interpreter", "rms_norm_quantize"): dict(split_rows_below=16),
+    # nvfp4/row_codes_kernel (the split form's quantize of the fused quantize kernels): rows x
+    # block_k columns per program, block_p partial maxima per step of their fold (max: exact in
+    # any order; speed only); untuned
+    ("cuda", "row_codes"): dict(block_r=4, block_k=256, block_p=16, num_warps=4),
+    ("interpreter", "row_codes"): dict(block_r=4, block_k=32, block_p=4),
     # nvfp4/gemm_kernel.ongrid_weight (packed weight -> on-grid BF16): [block_r, block_k] tiles
     ("cuda", "ongrid_weight"): dict(block_r=32, block_k=128, num_warps=4),
     ("interpreter", "ongrid_weight"): dict(block_r=16, block_k=32),
