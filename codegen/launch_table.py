@@ -81,6 +81,9 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     # fixed BLOCK_V blocks from entry 0); no row for other architectures (not guessed)
     ("sm_90", "logprobs"): dict(block_v=4096, num_warps=8),
     ("interpreter", "logprobs"): dict(block_v=256, num_warps=1),
+    # invariant/gumbel_noise_kernel: vocabulary entries per program (elementwise: speed only)
+    ("cuda", "gumbel_noise"): dict(block_v=1024, num_warps=4),
+    ("interpreter", "gumbel_noise"): dict(block_v=64),
     # invariant/routing_kernel and routing_backward_kernel: BLOCK_E = pow2(E) lanes per row;
     # `small_num_warps` where BLOCK_E <= small_block_e, else `num_warps`
     ("any", "routing"): dict(small_block_e=256, small_num_warps=1, num_warps=4),
