@@ -26,6 +26,12 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     # BLOCK_D = min(max_block_d, pow2(D)) columns, BLOCK_T = tile_elements // BLOCK_D * 16 rows
     ("cuda", "row_abs_max"): dict(block_r=4, block_k=1024, num_warps=4),
     ("interpreter", "row_abs_max"): dict(block_r=4, block_k=64, num_warps=1),
+    # chunk_abs_max: [block_r, block_k] tiles (the per-row quantize's split form: fewer rows
+    # than row_quantize's split_rows_below take chunk maxima, then `row_codes`; the same bits)
+    ("cuda", "chunk_abs_max"): dict(block_r=4, block_k=256, num_warps=4),
+    ("interpreter", "chunk_abs_max"): dict(block_r=4, block_k=64),
+    ("cuda", "row_quantize"): dict(split_rows_below=256),
+    ("interpreter", "row_quantize"): dict(split_rows_below=16),
     ("cuda", "vector_abs_max"): dict(block=4096, num_warps=8),
     ("interpreter", "vector_abs_max"): dict(block=256),
     ("cuda", "segment_column_abs_max"): dict(max_block_d=256, tile_elements=512, num_warps=4),

@@ -7,6 +7,7 @@ The fused kernels (`silu_mul_quantize_kernel`, `rms_norm_quantize_kernel`) own w
 program; at batch 1 that is ONE program over a 12288-wide row. Their split form runs two launches:
 1. the values (stored) and, per (row, column chunk), max |value| (NaN where the chunk holds one):
    the fused kernel's own first stage, tiled over columns too;
+   (or, for a plain per-row quantize of few rows, `abs_max_kernel.chunk_abs_max`);
 2. this kernel, over (row blocks, column chunks of BLOCK_K): each program folds its rows' P
    partial maxima (max is exact in any order, so the fold order cannot change a bit), derives
    (global decode, multiplier) by `scales_from_amax`, and quantizes its chunk of the stored
@@ -34,7 +35,7 @@ from ..triton_helpers import (
 
 
 @triton.jit
-def _row_codes_kernel(y_ptr, part_ptr, ongrid_ptr, gd_ptr, amax_ptr, R, C, P, one_sixth,
+def _row_codes_kernel(y_ptr, part_ptr, ongrid_ptr, gd_ptr, amax_ptr, R, C, P, stride_yr, one_sixth,
                       BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
                       BLOCK_P: tl.constexpr):  # fmt: skip
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
@@ -59,7 +60,7 @@ def _row_codes_kernel(y_ptr, part_ptr, ongrid_ptr, gd_ptr, amax_ptr, R, C, P, on
         + tl.arange(0, 16)[None, None, :]
     )
     mask3 = (rows3 < R) & (cols3 < C)
-    x = tl.load(y_ptr + rows3 * C + cols3, mask=mask3, other=0.0).to(tl.float32)
+    x = tl.load(y_ptr + rows3 * stride_yr + cols3, mask=mask3, other=0.0).to(tl.float32)
     vmax = tl.max(tl.abs(x), axis=2)  # [BLOCK_R, NB]
     s_code, s_val, enc = block_encode(vmax, mult[:, None], gd[:, None])
     v = tl.minimum(tl.maximum(x * enc[:, :, None], -6.0), 6.0)
@@ -67,20 +68,22 @@ def _row_codes_kernel(y_ptr, part_ptr, ongrid_ptr, gd_ptr, amax_ptr, R, C, P, on
     tl.store(ongrid_ptr + rows3 * C + cols3, val.to(ongrid_ptr.dtype.element_ty), mask=mask3)
 
 
-def row_codes_from_parts(y: torch.Tensor, parts: torch.Tensor, *, target: KernelTarget):
-    """y [R, C] (contiguous; the stored values), parts FP32 [R, P] (contiguous: max |y| over P
-    column chunks, NaN where a chunk holds one) -> (on-grid BF16 [R, C], global decode FP32 [R],
-    row maxima FP32 [R]), bitwise the per-row quantize of y (module docstring)."""
+def row_codes_from_parts(y: torch.Tensor, parts: torch.Tensor, *, target: KernelTarget,
+                         ongrid_dtype: torch.dtype = torch.bfloat16):  # fmt: skip
+    """y [R, C] (unit stride along C; the stored values), parts FP32 [R, P] (contiguous: max |y|
+    over P column chunks, NaN where a chunk holds one) -> (on-grid [R, C] in ongrid_dtype,
+    global decode FP32 [R], row maxima FP32 [R]), bitwise the per-row quantize of y (module
+    docstring)."""
     r, c = y.shape
-    assert y.is_contiguous() and parts.is_contiguous() and parts.shape[0] == r
-    ongrid = torch.empty((r, c), dtype=torch.bfloat16, device=y.device)
+    assert (c <= 1 or y.stride(1) == 1) and parts.is_contiguous() and parts.shape[0] == r
+    ongrid = torch.empty((r, c), dtype=ongrid_dtype, device=y.device)
     gd = torch.empty((r,), dtype=torch.float32, device=y.device)
     amax = torch.empty((r,), dtype=torch.float32, device=y.device)
     lc = pick_launch(target.arch, "row_codes")
     if r and c:
         grid = (triton.cdiv(r, lc["block_r"]), triton.cdiv(c, lc["block_k"]))
         _row_codes_kernel[grid](
-            y, parts, ongrid, gd, amax, r, c, parts.shape[1], ONE_SIXTH_F32,
+            y, parts, ongrid, gd, amax, r, c, parts.shape[1], y.stride(0), ONE_SIXTH_F32,
             BLOCK_R=lc["block_r"], BLOCK_K=lc["block_k"], BLOCK_P=lc["block_p"],
             **warps_kwargs(lc), **target.options,
         )  # fmt: skip
