@@ -18,11 +18,11 @@ Row mask: rows r with mask[r] != 0 read a and b as zeros (`silu_mul`'s row_mask)
 Compiled without FP contraction (`runtime.compile_options`), as both unfused kernels.
 
 Few rows (fewer than `configs.LAUNCH`'s split_rows_below: at batch 1 the one-launch form is ONE
-program over the row) take the split form instead, the same bits: `_silu_mul_parts_kernel` over
-(row blocks, BLOCK_C column chunks) computes and stores out as step 1 does, and each chunk's
-max |out| (NaN where it holds one); `row_codes_kernel` folds those maxima (max: exact in any
-order) and quantizes out over (row blocks, column chunks). The one-launch form stays for many
-rows, where it reads out back from cache instead of memory.
+program over the row) take the split form instead, the same bits: `_silu_mul_parts_kernel`, over
+tiles of split_block_r rows x split_block_c columns, computes and stores out as step 1 does, and
+each tile row's max |out| (NaN where it holds one); `row_codes_kernel` folds those maxima (max:
+exact in any order) and quantizes out over (row blocks, column chunks). The one-launch form stays
+for many rows, where it reads out back from cache instead of memory.
 """
 
 from __future__ import annotations
@@ -133,12 +133,13 @@ def silu_mul_quantize(a: torch.Tensor, b: torch.Tensor, row_mask: torch.Tensor |
     if split is None:
         split = r < lc["split_rows_below"]
     if split:
-        parts = torch.empty((r, triton.cdiv(c, block_c)), dtype=torch.float32, device=a.device)
+        tile_r, tile_c = lc["split_block_r"], lc["split_block_c"]
+        parts = torch.empty((r, triton.cdiv(c, tile_c)), dtype=torch.float32, device=a.device)
         if r and c:
-            _silu_mul_parts_kernel[(triton.cdiv(r, block_r), parts.shape[1])](
+            _silu_mul_parts_kernel[(triton.cdiv(r, tile_r), parts.shape[1])](
                 a, b, out, parts, m if m is not None else parts, r, c, parts.shape[1],
                 a.stride(0), b.stride(0), BF16=a.dtype == torch.bfloat16, INTERP=interpreting(),
-                ROW_MASK=m is not None, BLOCK_R=block_r, BLOCK_C=block_c, **warps_kwargs(lc),
+                ROW_MASK=m is not None, BLOCK_R=tile_r, BLOCK_C=tile_c, **warps_kwargs(lc),
                 **target.options,
             )  # fmt: skip
         ongrid, gd, amax = row_codes_from_parts(out, parts, target=target)
