@@ -77,7 +77,7 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     # nvfp4/row_codes_kernel (the split form's quantize of the fused quantize kernels): rows x
     # block_k columns per program, block_p partial maxima per step of their fold (max: exact in
     # any order; speed only); untuned
-    ("cuda", "row_codes"): dict(block_r=2, block_k=128, block_p=16, num_warps=4),
+    ("cuda", "row_codes"): dict(block_r=2, block_k=128, block_p=128, num_warps=4),
     ("interpreter", "row_codes"): dict(block_r=4, block_k=32, block_p=4),
     # nvfp4/gemm_kernel.ongrid_weight (packed weight -> on-grid BF16): [block_r, block_k] tiles
     ("cuda", "ongrid_weight"): dict(block_r=32, block_k=128, num_warps=4),
