@@ -6,8 +6,9 @@ Shape legend: R rows, C columns (a multiple of 16), P partial maxima per row.
 The fused kernels (`silu_mul_quantize_kernel`, `rms_norm_quantize_kernel`) own whole rows per
 program; at batch 1 that is ONE program over a 12288-wide row. Their split form runs two launches:
 1. the values (stored) and, per (row, column chunk), max |value| (NaN where the chunk holds one):
-   the fused kernel's own first stage, tiled over columns too;
-   (or, for a plain per-row quantize of few rows, `abs_max_kernel.chunk_abs_max`);
+   the fused kernel's own first stage, tiled over columns too (for a plain per-row quantize
+   of few rows, `quantize_kernel.quantize_triton`: the maxima alone, `abs_max_kernel.
+   chunk_abs_max`);
 2. this kernel, over (row blocks, column chunks of BLOCK_K): each program folds its rows' P
    partial maxima (max is exact in any order, so the fold order cannot change a bit), derives
    (global decode, multiplier) by `scales_from_amax`, and quantizes its chunk of the stored
