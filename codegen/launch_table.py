@@ -26,6 +26,12 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     # BLOCK_D = min(max_block_d, pow2(D)) columns, BLOCK_T = tile_elements // BLOCK_D * 16 rows
     ("cuda", "row_abs_max"): dict(block_r=4, block_k=1024, num_warps=4),
     ("interpreter", "row_abs_max"): dict(block_r=4, block_k=64, num_warps=1),
+    # chunk_abs_max: [block_r, block_k] tiles (the per-row quantize's split form: fewer rows
+    # than row_quantize's split_rows_below take chunk maxima, then `row_codes`; the same bits)
+    ("cuda", "chunk_abs_max"): dict(block_r=2, block_k=256, num_warps=4),
+    ("interpreter", "chunk_abs_max"): dict(block_r=4, block_k=64),
+    ("cuda", "row_quantize"): dict(split_rows_below=256),
+    ("interpreter", "row_quantize"): dict(split_rows_below=16),
     ("cuda", "vector_abs_max"): dict(block=4096, num_warps=8),
     ("interpreter", "vector_abs_max"): dict(block=256),
     ("cuda", "segment_column_abs_max"): dict(max_block_d=256, tile_elements=512, num_warps=4),
@@ -42,8 +48,37 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     ("cuda", "weight_quantize"): dict(programs_per_sm=8),
     ("interpreter", "weight_quantize"): dict(programs=3),
     # nvfp4/silu_mul_quantize_kernel: rows, SwiGLU and quantize column chunks (per-row math: no
-    # tiling changes a bit, tests/codegen/nvfp4/test_silu_mul_quantize.py); untuned
-    ("any", "silu_mul_quantize"): dict(block_r=8, block_c=256, block_k=256, num_warps=4),
+    # tiling changes a bit, tests/codegen/nvfp4/test_silu_mul_quantize.py); fewer rows than
+    # split_rows_below take the split form ([split_block_r, split_block_c] tiles of out and
+    # their maxima, then `row_codes`: the same bits), so that batch 1 is not one program; the
+    # split rows are first guesses for few rows on 132 SMs, untuned
+    ("cuda", "silu_mul_quantize"): dict(
+        block_r=8,
+        block_c=256,
+        block_k=256,
+        num_warps=4,
+        split_rows_below=1024,
+        split_block_r=2,
+        split_block_c=128,
+    ),
+    ("interpreter", "silu_mul_quantize"): dict(
+        block_r=8,
+        block_c=256,
+        block_k=256,
+        num_warps=4,
+        split_rows_below=32,
+        split_block_r=4,
+        split_block_c=64,
+    ),
+    # nvfp4/rms_norm_quantize_kernel: fewer rows than split_rows_below take the split form
+    # (the norm and row maxima, then `row_codes`: the same bits); untuned
+    ("cuda", "rms_norm_quantize"): dict(split_rows_below=256),
+    ("interpreter", "rms_norm_quantize"): dict(split_rows_below=16),
+    # nvfp4/row_codes_kernel (the split form's quantize of the fused quantize kernels): rows x
+    # block_k columns per program, block_p partial maxima per step of their fold (max: exact in
+    # any order; speed only); untuned
+    ("cuda", "row_codes"): dict(block_r=2, block_k=128, block_p=128, num_warps=4),
+    ("interpreter", "row_codes"): dict(block_r=4, block_k=32, block_p=4),
     # nvfp4/gemm_kernel.ongrid_weight (packed weight -> on-grid BF16): [block_r, block_k] tiles
     ("cuda", "ongrid_weight"): dict(block_r=32, block_k=128, num_warps=4),
     ("interpreter", "ongrid_weight"): dict(block_r=16, block_k=32),
@@ -65,6 +100,9 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     # fixed BLOCK_V blocks from entry 0); no row for other architectures (not guessed)
     ("sm_90", "logprobs"): dict(block_v=4096, num_warps=8),
     ("interpreter", "logprobs"): dict(block_v=256, num_warps=1),
+    # invariant/gumbel_noise_kernel: vocabulary entries per program (elementwise: speed only)
+    ("cuda", "gumbel_noise"): dict(block_v=1024, num_warps=4),
+    ("interpreter", "gumbel_noise"): dict(block_v=64),
     # invariant/routing_kernel and routing_backward_kernel: BLOCK_E = pow2(E) lanes per row;
     # `small_num_warps` where BLOCK_E <= small_block_e, else `num_warps`
     ("any", "routing"): dict(small_block_e=256, small_num_warps=1, num_warps=4),

@@ -64,6 +64,36 @@ def row_abs_max(x2: torch.Tensor, *, target: KernelTarget | None = None) -> torc
 
 
 @triton.jit
+def _chunk_abs_max_kernel(x_ptr, out_ptr, R, K, P, stride_xr, BLOCK_R: tl.constexpr,
+                          BLOCK_K: tl.constexpr):  # fmt: skip
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    rmask = rows < R
+    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = rmask[:, None] & (cols < K)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    nan = tl.max((x != x).to(tl.int32), axis=1)
+    tl.store(out_ptr + rows * P + tl.program_id(1), tl.where(nan > 0, float("nan"), amax),
+             mask=rmask)  # fmt: skip
+
+
+def chunk_abs_max(x2: torch.Tensor, *, target: KernelTarget) -> torch.Tensor:
+    """x2 [R, K] (unit stride along K, K > 0) -> max |x| per row and column chunk, FP32 [R, P]
+    (NaN where the chunk holds one), over (row blocks, chunks) programs: the parts that
+    `row_codes_kernel` folds into the rows' maxima, so that few rows still fill the GPU."""
+    r, k = x2.shape
+    lc = pick_launch(target.arch, "chunk_abs_max")
+    out = torch.empty((r, triton.cdiv(k, lc["block_k"])), dtype=torch.float32, device=x2.device)
+    if r:
+        _chunk_abs_max_kernel[(triton.cdiv(r, lc["block_r"]), out.shape[1])](
+            x2, out, r, k, out.shape[1], x2.stride(0), BLOCK_R=lc["block_r"],
+            BLOCK_K=lc["block_k"], **warps_kwargs(lc), **target.options,
+        )  # fmt: skip
+    return out
+
+
+@triton.jit
 def _vector_abs_max_kernel(v_ptr, out_ptr, n, BLOCK: tl.constexpr):
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
     nan = tl.zeros((BLOCK,), dtype=tl.int32)

@@ -28,10 +28,11 @@ from ...format import BLOCK_SIZE, NVFP4Tensor
 from ...reference import global_amax, validate_input
 from ..configs import pick, pick_launch
 from ..runtime import KernelTarget, kernel_target, output_buffer
-from .abs_max_kernel import row_abs_max
+from .abs_max_kernel import chunk_abs_max, row_abs_max
 from .codes_kernel import launch_rows, launch_transposed
 from .device_seed_kernel import seed_launch_args
 from .global_scale_kernel import amax_global_stage, expert_global_stage, row_global_stage
+from .row_codes_kernel import row_codes_from_parts
 
 
 def quantize_triton(
@@ -75,6 +76,14 @@ def quantize_triton(
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         raise ValueError(f"{name} must have a unit stride along its last dim")
+    if _few_rows_per_row_ongrid(x2, global_scale, rounding, out, into, target):
+        # steps 1-4 over (row blocks, column chunks), so that batch 1 is not one program: the
+        # rows' maxima in parts, then `row_codes` folds them (max: exact in any order) and
+        # quantizes as steps 2-4 below do, the same bits
+        parts = chunk_abs_max(x2, target=target)
+        ongrid, gd_rows, _ = row_codes_from_parts(x2, parts, target=target,
+                                                  ongrid_dtype=ongrid_dtype)  # fmt: skip
+        return ongrid.reshape(shape), gd_rows.reshape(*shape[:-1], 1)
     # steps 1-2: the global decode (as the NVFP4Tensor holds it) and, per row of x2 (or one for
     # all), the global decode and the multiplier the codes kernel reads
     gd, gd_rows, mult_rows = _global_scales(x, x2, global_scale, target)
@@ -198,6 +207,15 @@ def _one_read(x, global_scale, groups) -> bool:
         global_scale == "per_tensor" or (global_scale == "per_expert" and groups > 0)
     )
     return data_amax and x.numel() > 0 and x.is_contiguous()
+
+
+def _few_rows_per_row_ongrid(x2, global_scale, rounding, out, into, target) -> bool:
+    """Whether a 1x16 per-row RNE on-grid quantize takes the split form: non-empty, fewer rows
+    than `configs.LAUNCH`'s row_quantize split_rows_below, into no given buffer."""
+    per_row = isinstance(global_scale, str) and global_scale == "per_row"
+    if not (per_row and rounding == "rne" and out == "ongrid" and into is None and x2.numel()):
+        return False
+    return x2.shape[0] < pick_launch(target.arch, "row_quantize")["split_rows_below"]
 
 
 def _global_scales(x, x2, global_scale, target):

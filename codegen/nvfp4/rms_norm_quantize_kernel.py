@@ -20,6 +20,12 @@ Outputs: y [M, H] in x's dtype, on-grid BF16 [M, H], global decode FP32 [M], and
 FP32 [M] (NaN where the row holds one, as `abs_max_kernel.row_abs_max`), from which the wgrad's
 per-tensor X^T scale is one small max instead of another read of y.
 Under the Triton interpreter, x must be float32 (its fp32 -> bf16 casts truncate).
+
+Few rows (fewer than `configs.LAUNCH`'s split_rows_below: at batch 1 the one-launch form is ONE
+program normalizing and quantizing the whole row) take the split form, the same bits:
+`_rms_norm_amax_kernel` runs step 1 (the same `rms_norm_row` at the same launch) and stores each
+row's max |y| (NaN flagged) instead of quantizing; `row_codes_kernel` then quantizes y over
+(row blocks, column chunks) from those maxima.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..configs import pick_launch
 from ..invariant.rms_norm_kernel import rms_norm_launch, rms_norm_row
-from ..runtime import check_kernel_device, interpreting
+from ..runtime import check_kernel_device, interpreting, kernel_target
 from ..triton_helpers import (
     ONE_SIXTH_F32,
     block_encode,
@@ -37,6 +44,7 @@ from ..triton_helpers import (
     scales_from_amax,
     signed_value,
 )
+from .row_codes_kernel import row_codes_from_parts
 
 
 @triton.jit
@@ -75,9 +83,33 @@ def _rms_norm_quantize_kernel(x_ptr, w_ptr, y_ptr, ongrid_ptr, gd_ptr, amax_ptr,
         _quantize_row(y_ptr, ongrid_ptr, gd_ptr, amax_ptr, row, R, H, one_sixth, BLOCK_H)
 
 
-def rms_norm_quantize(x: torch.Tensor, weight: torch.Tensor | None, eps: float):
+@triton.jit
+def _rms_norm_amax_kernel(x_ptr, w_ptr, y_ptr, part_ptr, R, H, eps, HAS_W: tl.constexpr,
+                          BLOCK_H: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+    # step 1 of the split form: the norm's rows, then each row's max |y| (NaN where it holds one)
+    for r in tl.static_range(ROWS):
+        row = tl.program_id(0).to(tl.int64) * ROWS + r
+        rms_norm_row(x_ptr, x_ptr, w_ptr, y_ptr, y_ptr, row, R, H, eps, False, HAS_W, True,
+                     BLOCK_H)  # fmt: skip
+    tl.debug_barrier()  # this program's rows of y, stored by all its threads, are read back
+    for r in tl.static_range(ROWS):
+        row = tl.program_id(0).to(tl.int64) * ROWS + r
+        cols = tl.arange(0, BLOCK_H)[None, :]  # [1, BLOCK_H]
+        live = (cols < H) & ((cols * 0 + row) < R)
+        y = tl.load(y_ptr + row * H + cols, mask=live, other=0.0).to(tl.float32)
+        amax = tl.max(tl.abs(y), axis=1)  # [1]
+        nan = tl.max((y != y).to(tl.int32), axis=1)
+        one = tl.arange(0, 1)
+        tl.store(part_ptr + row + one, tl.where(nan > 0, float("nan"), amax),
+                 mask=(one + row) < R)  # fmt: skip
+
+
+def rms_norm_quantize(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
+                      split: bool | None = None):  # fmt: skip
     """x [..., H] -> (y [M, H] in x's dtype, on-grid BF16 [M, H], global decode FP32 [M, 1],
-    row maxima FP32 [M]) in one launch (module docstring)."""
+    row maxima FP32 [M]) in one launch, or for few rows in the split form's two (module
+    docstring; the same bits). split: force the form (tests); None = `configs.LAUNCH`'s
+    split_rows_below."""
     check_kernel_device(x, "x")
     hdim = x.shape[-1]
     if hdim % 16:
@@ -91,10 +123,22 @@ def rms_norm_quantize(x: torch.Tensor, weight: torch.Tensor | None, eps: float):
     m = x2.shape[0]
     dev = x.device
     y = torch.empty_like(x2)
+    block, rows, warps = rms_norm_launch(hdim)
+    target = kernel_target(x)
+    if split is None:
+        split = m < pick_launch(target.arch, "rms_norm_quantize")["split_rows_below"]
+    if split:
+        parts = torch.empty((m, 1), dtype=torch.float32, device=dev)
+        if m:
+            _rms_norm_amax_kernel[(triton.cdiv(m, rows),)](
+                x2, weight if weight is not None else x2, y, parts, m, hdim, eps,
+                HAS_W=weight is not None, BLOCK_H=block, ROWS=rows, num_warps=warps,
+            )  # fmt: skip
+        ongrid, gd, amax = row_codes_from_parts(y, parts, target=target)
+        return y, ongrid, gd.reshape(m, 1), amax
     ongrid = torch.empty((m, hdim), dtype=torch.bfloat16, device=dev)
     gd = torch.empty((m,), dtype=torch.float32, device=dev)
     amax = torch.empty((m,), dtype=torch.float32, device=dev)
-    block, rows, warps = rms_norm_launch(hdim)
     if m:
         _rms_norm_quantize_kernel[(triton.cdiv(m, rows),)](
             x2, weight if weight is not None else x2, y, ongrid, gd, amax, m, hdim, eps,

@@ -58,10 +58,9 @@ class StaticKVCache:
         """Write [B, H_kv, Tq, D] at the sequences' positions; return the whole cache layer."""
         pos = self.write_positions
         assert pos is not None, "set_write_positions() before the forward"
-        b, h, t, d = key_states.shape
-        index = pos[:, None, :, None].expand(b, h, t, d)
-        self.keys[layer_idx].scatter_(2, index, key_states)
-        self.values[layer_idx].scatter_(2, index, value_states)
+        index = _write_index(pos, num_heads=key_states.shape[1])
+        self.keys[layer_idx].index_put_(index, key_states)
+        self.values[layer_idx].index_put_(index, value_states)
         return self.keys[layer_idx], self.values[layer_idx]
 
     # what transformers may ask of a cache
@@ -80,6 +79,21 @@ class StaticKVCache:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+
+def _write_index(positions_BT: torch.Tensor, *, num_heads: int) -> tuple[torch.Tensor, ...]:
+    """Indices of `cache[b, h, positions_BT[b, t], :]` for every (b, h, t): broadcast to
+    [B, H_kv, Tq], adjacent, so `index_put_` takes the [B, H_kv, Tq, D] states as they are.
+
+    The write is `index_put_`, not `scatter_`: on a graph input Inductor re-inplaces
+    `index_put` (a store of the B * H_kv * Tq rows), while it functionalizes `scatter_` into a
+    clone of the whole layer cache, the write, and a copy back every step
+    (tests/rollout/test_kv_cache_write.py reads it from the generated code). A sequence's
+    positions are distinct, so no slot is written twice and the order of the stores is moot."""
+    device = positions_BT.device
+    rows = torch.arange(positions_BT.shape[0], device=device)[:, None, None]
+    heads = torch.arange(num_heads, device=device)[None, :, None]
+    return rows, heads, positions_BT[:, None, :]
 
 
 def attention_mask_4d(

@@ -7,7 +7,10 @@ whole batch draws in a few vectorized launches with no host round trip (per-requ
 generators cost ~0.1 ms per request per token: 2048 `torch.rand` calls per 32-token call at
 batch 64 were a third of the H200 engine's host time).
 
-u = ((h >> 8) + 0.5) * 2^-24 in (0, 1), noise = -log(-log(u)) in FP64, rounded to FP32. CPU and
+u = ((h >> 8) + 0.5) * 2^-24 in (0, 1), noise = -log(-log(u)) in FP64, rounded to FP32. On CUDA
+the hash and u are one Triton launch (`codegen/invariant/gumbel_noise_kernel.py`: uint32
+registers instead of about 80 int64 torch launches per token, the same exact integers, so the
+same u); the torch form below is the CPU path and the kernel's reference. CPU and
 GPU give the same noise unless their FP64 `log` differ by an ulp right at an FP32 rounding
 boundary (odds ~2^-29 per value). Temperature is applied exactly as the shared log-prob op applies
 it: `logits / temperature` in FP32.
@@ -53,16 +56,29 @@ def gumbel_noise(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int
                 f"a tensor step must be int64 [] on {keys_B.device}, got "
                 f"{step.dtype}{list(step.shape)} on {step.device}"
             )
+    elif step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if keys_B.device.type == "cuda":
+        from ..codegen.invariant.gumbel_noise_kernel import gumbel_uniforms
+
+        u = gumbel_uniforms(keys_B, step, vocab_size)
+    else:
+        u = gumbel_uniforms_reference(keys_B, step, vocab_size)
+    return (-torch.log(-torch.log(u))).to(torch.float32)
+
+
+def gumbel_uniforms_reference(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int):
+    """FP64 [B, V] u of `gumbel_noise` in torch ops (checked arguments): the CPU path and the
+    reference of the CUDA kernel. Exact integer arithmetic on int64 (products split so that
+    none overflows) and an exact u."""
+    if isinstance(step, torch.Tensor):
         step_key = mix32((mix32(step & M32) ^ (step >> 32) ^ 0x85EBCA6B) & M32)
     else:
-        if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}")
         step_key = mix32_int((mix32_int(step & M32) ^ (step >> 32) ^ 0x85EBCA6B) & M32)
     tok = torch.arange(vocab_size, dtype=torch.int64, device=keys_B.device)
     h = mix32(tok[None, :] ^ keys_B[:, None])
     h = mix32(h ^ ((keys_B[:, None] >> 1) ^ step_key))
-    u = ((h >> 8).to(torch.float64) + 0.5) * (1.0 / 16777216.0)
-    return (-torch.log(-torch.log(u))).to(torch.float32)
+    return ((h >> 8).to(torch.float64) + 0.5) * (1.0 / 16777216.0)
 
 
 def filter_logits(scaled_BV: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:

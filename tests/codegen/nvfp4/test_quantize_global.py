@@ -129,3 +129,35 @@ def test_per_row_quantize_of_a_3d_input_equals_its_rows():
     assert v3.shape == (3, 7, 32) and gd3.shape == (3, 7, 1)
     assert_bitwise_equal(v3.reshape(21, 32), v2, "on-grid values")
     assert_bitwise_equal(gd3.reshape(21, 1), gd2, "global decode")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "k"), [(1, 4096), (1, 144), (5, 528)])
+def test_few_rows_split_form_equals_reference_and_many_rows(dtype, rows, k):
+    """Bitwise: a per-row on-grid quantize of fewer rows than row_quantize's split_rows_below
+    (chunk maxima over column chunks, then `row_codes_kernel`: a wide row at batch 1 is many
+    programs) == the reference, and == the same rows quantized inside a batch of many rows (the
+    one-read global stage and the codes kernel); edge rows (zeros, inf, NaN) included."""
+    from fp4_compile.codegen.configs import pick_launch
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.runtime import arch_of
+
+    g = torch.Generator().manual_seed(rows * k)
+    x = torch.randn(rows, k, generator=g) * torch.logspace(-3, 3, rows)[:, None]
+    if rows > 3:
+        x[1] = 0.0
+        x[2, k // 3] = float("inf")
+        x[3, 5] = float("nan")
+    x = x.to(dtype).to(DEV)
+    many = pick_launch(arch_of(x.device), "row_quantize")["split_rows_below"]
+    assert rows < many
+    ongrid, gd = quantize_triton(x, block="1x16", global_scale="per_row", out="ongrid")
+    filler = torch.randn(many, k, generator=g).to(dtype).to(DEV)
+    batch_ongrid, batch_gd = quantize_triton(torch.cat([x, filler]), block="1x16",
+                                             global_scale="per_row", out="ongrid")  # fmt: skip
+    assert_bitwise_equal(ongrid, batch_ongrid[:rows], "on-grid (alone vs in a batch)")
+    assert_bitwise_equal(gd, batch_gd[:rows], "global decode (alone vs in a batch)")
+    finite = torch.isfinite(x.cpu().float()).all(dim=-1)  # the reference refuses inf and NaN
+    q = ref.quantize(x.cpu().float()[finite], block="1x16", global_scale="per_row")
+    assert_bitwise_equal(gd.cpu()[finite], q.global_decode, "global decode vs reference")
+    assert_bitwise_equal(ongrid.cpu()[finite], q.on_grid(torch.bfloat16), "on-grid vs reference")

@@ -96,3 +96,31 @@ def test_bad_input_names_the_argument():
         ops.rms_norm_quantize(_x(4, 32), _x(16), 1e-6, STRICT.numerics_key, False)
     with pytest.raises(ValueError, match="multiple of 16"):
         ops.rms_norm_quantize(_x(4, 24), None, 1e-6, STRICT.numerics_key, False)
+
+
+@pytest.mark.parametrize(("rows", "hidden"), [(1, 4096), (1, 1040), (3, 64), (21, 256)])
+def test_split_form_equals_one_launch_interpreter(rows, hidden):
+    """Bitwise (interpreter on CPU, compiled on CUDA): the split form (the norm and its row
+    maxima, then `row_codes_kernel` over column chunks: a row at batch 1 is many programs) ==
+    the one-launch form == the unfused kernels, for every output; M = 1 wide rows (H not a
+    power of two included), several M, a zero row and a NaN row."""
+    from fp4_compile.codegen.invariant.rms_norm_kernel import rms_norm
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.rms_norm_quantize_kernel import rms_norm_quantize
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x = (_x(rows, hidden, seed=rows) * torch.logspace(-2, 2, rows)[:, None]).to(dev)
+    if rows > 2:
+        x[1] = 0.0
+        x[2, 3] = float("nan")
+    w = (1.0 + 0.1 * _x(hidden, seed=6)).to(dev)
+    split = rms_norm_quantize(x, w, 1e-6, split=True)
+    whole = rms_norm_quantize(x, w, 1e-6, split=False)
+    for got, want, what in zip(split, whole, ("y", "on-grid", "global decode", "row maxima")):
+        assert_bitwise_equal(got, want, f"{what} (split vs one launch)")
+    y_ref = rms_norm(x, w, None, 1e-6)[0]
+    assert_bitwise_equal(split[0], y_ref, "y")
+    ongrid, gd = quantize_triton(y_ref, block="1x16", global_scale="per_row", out="ongrid")
+    assert_bitwise_equal(split[1], ongrid, "on-grid")
+    assert_bitwise_equal(split[2], gd, "global decode")
+    assert_bitwise_equal(split[3], y_ref.abs().amax(dim=-1), "row maxima")

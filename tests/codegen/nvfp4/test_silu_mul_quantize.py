@@ -120,3 +120,33 @@ def test_dense_opcheck():
         torch.library.opcheck(
             ops.silu_mul_quantize.default, (a, b, None, STRICT.numerics_key, transposed)
         )
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(1, 1536), (2, 784), (9, 96), (33, 48)])
+def test_split_form_equals_one_launch_interpreter(rows, cols):
+    """Bitwise (interpreter on CPU, compiled on CUDA): the split form (column chunks and their
+    maxima, then `row_codes_kernel`: a wide row at batch 1 is many programs) == the one-launch
+    form == the unfused kernels, for every output; a wide row at M = 1 (many chunk maxima, more
+    than one fold step), several M, a NaN row, a zero row and a masked row."""
+    from fp4_compile.codegen.invariant.silu_mul_kernel import silu_mul_triton
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
+    from fp4_compile.codegen.nvfp4.silu_mul_quantize_kernel import silu_mul_quantize
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x = (_x(rows, 2 * cols, seed=rows) * torch.logspace(-2, 2, rows)[:, None]).to(dev)
+    mask = None
+    if rows > 2:
+        x[1, cols + 7] = float("nan")
+        x[2] = 0.0
+        mask = torch.arange(rows, device=dev) % 4 == 3
+    a, b = x[:, :cols], x[:, cols:]
+    split = silu_mul_quantize(a, b, mask, split=True)
+    whole = silu_mul_quantize(a, b, mask, split=False)
+    for got, want, what in zip(split, whole, ("y", "on-grid", "global decode", "row maxima")):
+        assert_bitwise_equal(got, want, f"{what} (split vs one launch)")
+    y_ref = silu_mul_triton(a, b, mask)
+    assert_bitwise_equal(split[0], y_ref, "y")
+    ongrid, gd = quantize_triton(y_ref, block="1x16", global_scale="per_row", out="ongrid")
+    assert_bitwise_equal(split[1], ongrid, "on-grid operand")
+    assert_bitwise_equal(split[2], gd, "global decode")
+    assert_bitwise_equal(split[3], y_ref.float().abs().amax(dim=-1), "row maxima")
