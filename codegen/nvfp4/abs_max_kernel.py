@@ -66,15 +66,15 @@ def row_abs_max(x2: torch.Tensor, *, target: KernelTarget | None = None) -> torc
 @triton.jit
 def _chunk_abs_max_kernel(x_ptr, out_ptr, R, K, P, stride_xr, BLOCK_R: tl.constexpr,
                           BLOCK_K: tl.constexpr):  # fmt: skip
-    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    rows = (tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     rmask = rows < R
-    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = rmask[:, None] & (cols < K)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
     nan = tl.max((x != x).to(tl.int32), axis=1)
-    tl.store(out_ptr + rows * P + tl.program_id(1), tl.where(nan > 0, float("nan"), amax),
+    tl.store(out_ptr + rows * P + tl.program_id(1).to(tl.int64), tl.where(nan > 0, float("nan"), amax),
              mask=rmask)  # fmt: skip
 
 

@@ -39,7 +39,7 @@ from ..triton_helpers import (
 def _row_codes_kernel(y_ptr, part_ptr, ongrid_ptr, gd_ptr, amax_ptr, R, C, P, stride_yr, one_sixth,
                       BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
                       BLOCK_P: tl.constexpr):  # fmt: skip
-    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    rows = (tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     rmask = rows < R
     amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
     nan = tl.zeros((BLOCK_R,), dtype=tl.int32)
@@ -50,13 +50,15 @@ def _row_codes_kernel(y_ptr, part_ptr, ongrid_ptr, gd_ptr, amax_ptr, R, C, P, st
         amax = tl.maximum(amax, tl.max(tl.where(pmask & (v == v), v, 0.0), axis=1))
         nan = tl.maximum(nan, tl.max((pmask & (v != v)).to(tl.int32), axis=1))
     gd, mult = scales_from_amax(amax, nan > 0, one_sixth, BLOCK_R)
-    first = rmask & ((rows * 0 + tl.program_id(1)) == 0)  # (as a vector: interpreter masks)
+    first = rmask & (
+        (rows * 0 + tl.program_id(1).to(tl.int64)) == 0
+    )  # (as a vector: interpreter masks)
     tl.store(gd_ptr + rows, gd, mask=first)
     tl.store(amax_ptr + rows, tl.where(nan > 0, float("nan"), amax), mask=first)
     NB: tl.constexpr = BLOCK_K // 16
     rows3 = rows[:, None, None]
     cols3 = (
-        tl.program_id(1) * BLOCK_K
+        tl.program_id(1).to(tl.int64) * BLOCK_K
         + tl.arange(0, NB)[None, :, None] * 16
         + tl.arange(0, 16)[None, None, :]
     )

@@ -89,12 +89,12 @@ def _silu_mul_parts_kernel(a_ptr, b_ptr, o_ptr, part_ptr, m_ptr, R, C, P, sa, sb
                            BF16: tl.constexpr, INTERP: tl.constexpr, ROW_MASK: tl.constexpr,
                            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
     # step 1 of the split form: one [BLOCK_R, BLOCK_C] tile of out and its rows' chunk maxima
-    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    rows = (tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     rmask = rows < R
     keep = rmask
     if ROW_MASK:
         keep = rmask & (tl.load(m_ptr + rows, mask=rmask, other=1) == 0)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = rmask[:, None] & (cols < C)[None, :]
     lmask = keep[:, None] & (cols < C)[None, :]
     a = tl.load(a_ptr + rows[:, None] * sa + cols[None, :], mask=lmask, other=0.0)
@@ -104,7 +104,7 @@ def _silu_mul_parts_kernel(a_ptr, b_ptr, o_ptr, part_ptr, m_ptr, R, C, P, sa, sb
              mask=mask)  # fmt: skip
     amax = tl.max(tl.where(mask, tl.abs(out), 0.0), axis=1)
     nan = tl.max((mask & (out != out)).to(tl.int32), axis=1)
-    tl.store(part_ptr + rows * P + tl.program_id(1), tl.where(nan > 0, float("nan"), amax),
+    tl.store(part_ptr + rows * P + tl.program_id(1).to(tl.int64), tl.where(nan > 0, float("nan"), amax),
              mask=rmask)  # fmt: skip
 
 

@@ -10,16 +10,19 @@ import fp4_compile.codegen as codegen
 
 ROOT = Path(codegen.__file__).parent
 PROGRAM_ID = re.compile(r"tl\.program_id\(\d\)")
+WIDENED = re.compile(r"\s*\.to\(\s*tl\.int64\s*\)")
 
 
 def test_every_program_id_is_int64_or_says_why():
     offenders = []
     for path in sorted(ROOT.rglob("*.py")):
-        for no, line in enumerate(path.read_text().splitlines(), 1):
-            for m in PROGRAM_ID.finditer(line):
-                widened = line[m.end() :].startswith(".to(tl.int64)")
-                if not widened and "# int32 index:" not in line:
-                    offenders.append(f"{path.relative_to(ROOT)}:{no}: {line.strip()}")
+        text = path.read_text()
+        for m in PROGRAM_ID.finditer(text):
+            widened = WIDENED.match(text, m.end())
+            line_no = text.count("\n", 0, m.start()) + 1
+            line = text.splitlines()[line_no - 1]
+            if not widened and "# int32 index:" not in line:
+                offenders.append(f"{path.relative_to(ROOT)}:{line_no}: {line.strip()}")
     assert not offenders, "program ids used as int32 (codegen/runtime.py, Offsets):\n" + "\n".join(
         offenders
     )
