@@ -106,6 +106,9 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     launcher = args.nproc > 1 and "WORLD_SIZE" not in os.environ
     if "WORLD_SIZE" not in os.environ:  # torchrun's ranks get the folder from the launcher
+        from ..train.preflight import check_gemm_shapes
+
+        check_gemm_shapes(cfg)  # a model the recipe cannot lower, refused before any work
         # pre-flight: which folder, and whether the run can start there, before any work
         cfg, note = resolve_run_dir(
             cfg, explicit=out_dir_given(args.overrides), resume=args.resume, fresh=args.fresh
