@@ -33,8 +33,8 @@ def _add_options(p: argparse.ArgumentParser, *, defaults: bool = True) -> None:
         "--fresh",
         action="store_true",
         default=d(False),
-        help="delete out_dir's checkpoints and start over (without out_dir=: the newest "
-        "numbered run folder of the preset)",
+        help="delete what out_dir's earlier run wrote (checkpoints, export/, logs, plots; each "
+        "named) and start over (without out_dir=: the newest numbered run folder of the preset)",
     )
     p.add_argument("--no-progress", action="store_true", default=d(False), help="no progress bar")
     p.add_argument(
@@ -65,7 +65,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
             "and when that holds an earlier run, the next numbered one (runs/tiny-strict-2, "
             "-3, ...), so running the same command again just works and never touches an "
             "earlier run; --resume continues the newest. An out_dir= that holds a run is refused "
-            "unless --resume or --fresh says what to do."
+            "unless --resume or --fresh says what to do. One run per folder: a folder another "
+            "running minite train holds is refused (without out_dir=, the next numbered one is "
+            "taken)."
         ),
     )
     p.add_argument(
@@ -95,7 +97,7 @@ def run_train(args: argparse.Namespace) -> int:
     import json
 
     from ..train.presets import get_preset
-    from ..train.run_dir import out_dir_given, resolve_run_dir
+    from ..train.run_dir import claim_run_dir, out_dir_given
 
     args = _parse_rest(args)
     if args.nproc < 1:
@@ -109,19 +111,30 @@ def run_train(args: argparse.Namespace) -> int:
         from ..train.preflight import check_gemm_shapes
 
         check_gemm_shapes(cfg)  # a model the recipe cannot lower, refused before any work
-        # pre-flight: which folder, and whether the run can start there, before any work
-        cfg, note = resolve_run_dir(
-            cfg, explicit=out_dir_given(args.overrides), resume=args.resume, fresh=args.fresh
-        )
-        if note:
-            print(note, flush=True)
-    if launcher:
-        if cfg.prompts_per_step % args.nproc:
+        if launcher and cfg.prompts_per_step % args.nproc:
             raise ValueError(
                 f"prompts_per_step={cfg.prompts_per_step} must be a multiple of --nproc "
                 f"{args.nproc}: every process trains on whole GRPO groups"
             )
-        return _launch(args, out_dir=cfg.out_dir)
+        # pre-flight: which folder, and whether the run can start there, before any work; the
+        # folder stays locked for this run (the launcher's, for --nproc N)
+        cfg, note, lock = claim_run_dir(
+            cfg, explicit=out_dir_given(args.overrides), resume=args.resume, fresh=args.fresh
+        )
+        if note:
+            print(note, flush=True)
+    else:
+        lock = None
+    try:
+        if launcher:
+            return _launch(args, out_dir=cfg.out_dir)
+        return _train(args, cfg)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(args: argparse.Namespace, cfg) -> int:
     from ..train.distributed import init_from_env, rank_world
     from ..train.trainer import train
 
