@@ -23,7 +23,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .checkpoint import CheckpointError, latest_checkpoint
+from .checkpoint import CheckpointError, check_resumable, latest_checkpoint
 from .config import TrainConfig
 
 
@@ -190,6 +190,8 @@ def resolve_run_dir(
             )
         if latest is not None and not (resume or fresh):
             raise ValueError(occupied_message(out_dir, latest))
+        if resume:
+            check_resumable(out_dir / "checkpoints")
         return cfg, ""
     base = default_out_dir(cfg)
     runs = numbered_run_dirs(base)
@@ -214,5 +216,7 @@ def resolve_run_dir(
             f"{str(runs[max(runs)])!r} holds an earlier run; each run gets its own numbered "
             "folder (--resume continues the newest, out_dir=... names one)"
         )
+    if resume:
+        check_resumable(chosen / "checkpoints")
     note = f"run folder: {chosen}" + (f" ({why})" if why else "")
     return dataclasses.replace(cfg, out_dir=str(chosen)), note
