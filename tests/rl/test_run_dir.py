@@ -20,8 +20,9 @@ CHEAP = ["steps=1", "warm_start_steps=1", "warm_start_batch=4", "prompts_per_ste
 
 
 def _fake_run(folder, step=1):
-    (folder / "checkpoints").mkdir(parents=True)
-    (folder / "checkpoints" / f"step_{step:08d}.ckpt").write_bytes(b"x")
+    from fp4_compile.rl.train.checkpoint import save_checkpoint, step_path
+
+    save_checkpoint(step_path(folder / "checkpoints", step), {"step": step}, kind="grpo")
     (folder / "metrics.jsonl").write_text("{}\n")
 
 
