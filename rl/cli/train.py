@@ -104,7 +104,7 @@ def run_train(args: argparse.Namespace) -> int:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
     cfg = get_preset(args.preset, args.variant).with_overrides(list(args.overrides))
     if args.print_config:
-        print(json.dumps(cfg.to_dict(), indent=2))
+        print(json.dumps(printable_config(cfg, args), indent=2))
         return 0
     launcher = args.nproc > 1 and "WORLD_SIZE" not in os.environ
     if "WORLD_SIZE" not in os.environ:  # torchrun's ranks get the folder from the launcher
@@ -132,6 +132,40 @@ def run_train(args: argparse.Namespace) -> int:
     finally:
         if lock is not None:
             lock.release()
+
+
+# TrainConfig fields a model=DIR run does not read (the checkpoint's config.json decides)
+ARCHITECTURE_FIELDS = ("arch", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate",
+                       "experts", "experts_per_token", "moe_intermediate")  # fmt: skip
+# config.json keys shown instead, for model=DIR
+MODEL_CONFIG_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "intermediate_size", "num_experts",
+                     "num_experts_per_tok", "moe_intermediate_size", "vocab_size")  # fmt: skip
+
+
+def printable_config(cfg, args: argparse.Namespace) -> dict:
+    """The settings the run would use, as `--print-config` shows them: out_dir the folder it
+    would write to (run_dir.py's rule, nothing created), and for model=DIR the checkpoint's
+    architecture (config.json) instead of the preset's fields, which that run ignores."""
+    import json
+    from pathlib import Path
+
+    from ..train.run_dir import out_dir_given, resolve_run_dir
+
+    d = cfg.to_dict()
+    try:
+        resolved, _ = resolve_run_dir(
+            cfg, explicit=out_dir_given(args.overrides), resume=args.resume, fresh=args.fresh
+        )
+        d["out_dir"] = resolved.out_dir
+    except ValueError as e:  # the run would be refused: say so instead of a folder
+        d["out_dir"] = f"{cfg.out_dir} (the run would be refused: {e})"
+    if cfg.model:
+        for name in ARCHITECTURE_FIELDS:
+            d.pop(name)
+        config = json.loads((Path(cfg.model) / "config.json").read_text())
+        d["model_config"] = {k: config[k] for k in MODEL_CONFIG_KEYS if k in config}
+    return d
 
 
 def _train(args: argparse.Namespace, cfg) -> int:
