@@ -7,6 +7,7 @@ Wired into the `minite` console script (fp4_compile/cli.py) by two calls:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 
 from ..train.config import VARIANTS
@@ -170,11 +171,23 @@ def printable_config(cfg, args: argparse.Namespace) -> dict:
 
 def _train(args: argparse.Namespace, cfg) -> int:
     from ..train.distributed import init_from_env, rank_world
+    from ..train.interrupt import StopOnInterrupt, resume_command
     from ..train.trainer import train
 
     init_from_env(cfg.device)
+    one_process = rank_world()[1] == 1  # ranks of torchrun keep the default Ctrl-C
+    stop = StopOnInterrupt()
+    again = resume_command(args.preset, args.variant, list(args.overrides), cfg.out_dir)
     try:
-        result = train(cfg, resume=args.resume, fresh=args.fresh, progress=not args.no_progress)
+        with stop.installed() if one_process else contextlib.nullcontext():
+            result = train(
+                cfg, resume=args.resume, fresh=args.fresh, progress=not args.no_progress,
+                stop=stop if one_process else None,
+            )  # fmt: skip
+    except KeyboardInterrupt:
+        if one_process:
+            _report_interrupted(cfg, again)
+        raise
     finally:
         import torch.distributed as dist
 
@@ -183,7 +196,41 @@ def _train(args: argparse.Namespace, cfg) -> int:
     if rank_world()[0] == 0 and result["summary"]:
         print(result["summary"])
         print("plots: " + ", ".join(str(p) for p in result["plots"]))
+    if stop.requested:
+        step = result["trainer"].step
+        print(
+            f"stopped by Ctrl-C after step {step} of {cfg.steps}; checkpoint saved. Continue "
+            f"with:\n  {again}"
+        )
+        return 130
     return 0
+
+
+def _report_interrupted(cfg, again: str) -> None:
+    """After a Ctrl-C that stopped the run at once: the summary and plots of the steps logged,
+    the checkpoint a `--resume` continues from, and the command."""
+    from pathlib import Path
+
+    from ..train.checkpoint import latest_checkpoint
+    from ..train.run_log import read_jsonl, summary, write_plots
+
+    out_dir = Path(cfg.out_dir)
+    records = read_jsonl(out_dir / "metrics.jsonl")
+    if records:
+        text = summary(records, title=f"minite train {cfg.name} --variant {cfg.variant} "
+                       "(interrupted)")  # fmt: skip
+        (out_dir / "summary.txt").write_text(text + "\n")
+        print(text)
+        print("plots: " + ", ".join(str(p) for p in write_plots(records, out_dir)))
+    latest = latest_checkpoint(out_dir / "checkpoints")
+    if latest is None:
+        print("interrupted before the first checkpoint: nothing to resume; run it again")
+    else:
+        done = max((r["step"] + 1 for r in records if "reward/mean" in r), default=0)
+        print(
+            f"interrupted after {done} step(s); the last checkpoint is {latest.name} (the steps "
+            f"after it are redone). Continue with:\n  {again}"
+        )
 
 
 def _launch(args: argparse.Namespace, *, out_dir: str) -> int:
