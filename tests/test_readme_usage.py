@@ -43,3 +43,12 @@ def test_benchmarks_and_tools_print_an_index():
         assert listed == modules, modules ^ listed
         line = next(x for x in out.splitlines() if x.split()[:1] == [expected])
         assert len(line.split(maxsplit=1)[1]) > 20, line  # a description, not just a name
+
+
+def test_readme_timings_say_what_was_measured_where():
+    """The quick start's timings name the command and the machine they were measured on, and
+    say that other models take longer (they are not a promise for every model)."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+    sentence = text[text.index("Measured for this command") :].split("## ")[0]
+    assert "`minite train tiny`" in sentence and "2 idle CPU cores" in sentence, sentence
+    assert "Other models and presets take longer" in sentence, sentence
