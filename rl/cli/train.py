@@ -126,13 +126,23 @@ def run_train(args: argparse.Namespace) -> int:
             print(note, flush=True)
     else:
         lock = None
+    failed = True
     try:
         if launcher:
-            return _launch(args, out_dir=cfg.out_dir)
-        return _train(args, cfg)
+            code = _launch(args, out_dir=cfg.out_dir)
+        else:
+            code = _train(args, cfg)
+        failed = code not in (0, 130)
+        return code
     finally:
         if lock is not None:
             lock.release()
+            if failed:  # a run that failed before its first step leaves no folder behind
+                from pathlib import Path
+
+                from ..train.run_dir import discard_empty_run
+
+                discard_empty_run(Path(cfg.out_dir))
 
 
 # TrainConfig fields a model=DIR run does not read (the checkpoint's config.json decides)

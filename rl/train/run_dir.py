@@ -108,6 +108,22 @@ def clear_run_outputs(folder: Path) -> list[str]:
     return deleted
 
 
+def discard_empty_run(folder: Path) -> bool:
+    """After a run that failed before logging a step: remove what it left (an empty
+    metrics.jsonl, its TensorBoard folder, the lock) and the folder itself when nothing else is
+    in it, so a failed attempt leaves no run folder behind. Returns whether it did."""
+    metrics = folder / "metrics.jsonl"
+    if not folder.is_dir() or (metrics.exists() and metrics.read_text().strip()):
+        return False
+    if latest_checkpoint(folder / "checkpoints") is not None:
+        return False
+    left = {p.name for p in folder.iterdir()} - {"metrics.jsonl", "tensorboard", LOCK_NAME}
+    if left:
+        return False
+    shutil.rmtree(folder)
+    return True
+
+
 def _next_free(base: Path, start: int) -> tuple[Path, RunDirLock]:
     """The first numbered folder of `base` from `start` on that holds no run and is not locked."""
     n = start

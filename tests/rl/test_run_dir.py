@@ -165,3 +165,22 @@ def test_fresh_deletes_the_earlier_runs_outputs_and_says_so(tmp_path, capsys):
     assert "reward.png" in out and "metrics.jsonl" in out, out
     assert not (run / "export").exists()
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00000001.ckpt"]
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    """A run that fails before it logs a step (a compile error, say) leaves no run folder with an
+    empty metrics.jsonl behind, so the next attempt takes the same folder."""
+    from fp4_compile.rl.train import trainer as trainer_module
+
+    def fails(self):
+        raise RuntimeError("the first step failed")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(trainer_module.GRPOTrainer, "train_step", fails)
+    assert main(["train", "tiny", *CHEAP]) == 2
+    assert "the first step failed" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "tiny-strict").exists()
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "tiny", *CHEAP]) == 0
+    assert "run folder: runs/tiny-strict\n" in capsys.readouterr().out
