@@ -44,8 +44,10 @@ def user_error(error: BaseException) -> BaseException:
 
 def one_line(error: BaseException) -> str:
     """The whole message of `error` on one line (a multi-line message, e.g. a LoweringError's
-    list of problems, joined with its lines' indentation collapsed), never empty."""
-    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    list of problems, joined with its lines' indentation collapsed; its report table left to
+    --debug), never empty."""
+    message = getattr(error, "summary", None) or str(error)
+    text = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
     return text or type(error).__name__
 
 

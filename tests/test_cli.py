@@ -52,10 +52,12 @@ def test_compile_error_keeps_its_cause(capsys, monkeypatch):
     from fp4_compile import cli
     from fp4_compile.passes import LoweringError
 
-    cause = LoweringError(
+    summary = (
         "minite could not lower this graph completely (nothing falls back silently):\n"
-        "  - 1 GEMM(s) would stay BF16: model.layers.0.mlp.up_proj; list them in bf16_modules"
+        "  - 1 GEMM(s) would stay BF16: model.layers.0.mlp.up_proj; list them in bf16_modules\n"
     )
+    table = "module  kind  weight\n------  ----  ------\nmodel.layers.0.mlp.up_proj  linear"
+    cause = LoweringError(summary + table, summary=summary)
 
     def compile_fails(argv):
         raise torch._dynamo.exc.BackendCompilerFailed(lambda *a: None, cause, None)
@@ -66,3 +68,4 @@ def test_compile_error_keeps_its_cause(capsys, monkeypatch):
     assert len(err) == 1, err
     assert "model.layers.0.mlp.up_proj; list them in bf16_modules (LoweringError;" in err[0], err
     assert "backend='minite' raised" not in err[0], err
+    assert "module  kind" not in err[0], err  # the report table is for --debug

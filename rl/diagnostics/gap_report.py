@@ -224,7 +224,7 @@ def check_shapes(probe: torch.nn.Module, recipe: NVFP4Recipe, *, model: str) -> 
         raise ValueError(
             f"--model {model}: {len(odd)} GEMM(s) have K or N not a multiple of 16 and cannot be "
             f"NVFP4 (minite never pads): {shown}{more}; keep them BF16 with --bf16-modules "
-            f"{','.join(layer_patterns([p for p, _, _ in odd]))}"
+            f"'{','.join(layer_patterns([p for p, _, _ in odd]))}'"
         )
 
 

@@ -67,7 +67,7 @@ class TrainConfig:
     (embeddings, lm_head, MoE router: `NVFP4Recipe.bf16_modules`). A GEMM whose K or N is not a
     multiple of 16 cannot be NVFP4, and the strict variant refuses it before any work unless a
     pattern names it. On the command line: comma-separated, e.g.
-    `bf16_modules=model.layers.*.self_attn.*,model.layers.*.mlp.*`."""
+    `bf16_modules=*model.layers.*.self_attn.*,*model.layers.*.mlp.*`."""
 
     # ---- task ----------------------------------------------------------------------------
     task: str = "addition"

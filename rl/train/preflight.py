@@ -33,11 +33,12 @@ def model_skeleton(cfg: TrainConfig) -> torch.nn.Module:
 
 
 def layer_patterns(paths: list[str]) -> list[str]:
-    """fnmatch patterns naming `paths` in every decoder layer (`model.layers.3.mlp.up_proj` ->
-    `model.layers.*.mlp.up_proj`), in first-seen order."""
+    """fnmatch patterns naming `paths` in every decoder layer, under any prefix the module is
+    traced with (the rollout engine traces the model one level down: `model.model.layers.3...`):
+    `model.layers.3.mlp.up_proj` -> `*model.layers.*.mlp.up_proj`, in first-seen order."""
     patterns: dict[str, None] = {}
     for path in paths:
-        patterns[_LAYER_INDEX.sub(r"\1layers.*\2", path)] = None
+        patterns["*" + _LAYER_INDEX.sub(r"\1layers.*\2", path)] = None
     return list(patterns)
 
 
@@ -57,6 +58,6 @@ def check_gemm_shapes(cfg: TrainConfig, model: torch.nn.Module | None = None) ->
         f"{where}: {len(odd)} GEMM(s) have K or N not a multiple of 16 and cannot be NVFP4 "
         f"(minite never pads): {shown}{more}. The "
         f"{cfg.variant} variant never falls back to BF16 silently: keep them BF16 with "
-        f"bf16_modules={','.join(layer_patterns([p for p, _, _ in odd]))} (a setting, "
-        "key=value), or use a model whose sizes are multiples of 16"
+        f"'bf16_modules={','.join(layer_patterns([p for p, _, _ in odd]))}' (a setting, "
+        "key=value, quoted for the shell), or use a model whose sizes are multiples of 16"
     )

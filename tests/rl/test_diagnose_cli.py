@@ -30,4 +30,4 @@ def test_odd_shapes_are_refused_naming_bf16_modules(tmp_path, monkeypatch, capsy
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("minite")]
     assert len(err) == 1, err
     assert "model.layers.0.mlp.up_proj (N=144, K=72)" in err[0], err
-    assert "--bf16-modules model.layers.*.self_attn.q_proj," in err[0], err
+    assert "--bf16-modules '*model.layers.*.self_attn.q_proj," in err[0], err

@@ -32,7 +32,7 @@ def test_odd_hidden_size_is_refused_before_the_warm_start(tmp_path, monkeypatch,
     err = captured.err.strip().splitlines()
     assert len(err) == 1, err
     assert "model.layers.0.self_attn.q_proj (N=" in err[0] and "K=72" in err[0], err[0]
-    assert "bf16_modules=model.layers.*.self_attn.q_proj," in err[0], err[0]
+    assert "'bf16_modules=*model.layers.*.self_attn.q_proj," in err[0], err[0]
     assert "warm start" not in captured.out and not (tmp_path / "runs").exists()
     assert took < 20, took  # before any training work (only transformers' import and a config)
 
@@ -42,9 +42,9 @@ def test_bf16_modules_from_the_command_line_keeps_them_bf16(tmp_path, capsys):
     cfg = get_preset("tiny").with_overrides([f"model={model_dir}"])
     odd = shape_fallbacks(model_skeleton(cfg), cfg.recipe())
     assert odd and all(k == 72 or n == 72 for _, n, k in odd), odd
-    patterns = "model.layers.*.self_attn.*,model.layers.*.mlp.*"
+    patterns = "*model.layers.*.self_attn.*,*model.layers.*.mlp.*"
     fixed = cfg.with_overrides([f"bf16_modules={patterns}"])
-    assert fixed.bf16_modules == ("model.layers.*.self_attn.*", "model.layers.*.mlp.*")
+    assert fixed.bf16_modules == ("*model.layers.*.self_attn.*", "*model.layers.*.mlp.*")
     recipe = fixed.recipe()
     assert recipe.bf16_modules[: len(cfg.recipe().bf16_modules)] == cfg.recipe().bf16_modules
     assert recipe.bf16_modules[-2:] == fixed.bf16_modules
@@ -52,7 +52,7 @@ def test_bf16_modules_from_the_command_line_keeps_them_bf16(tmp_path, capsys):
     assert shape_fallbacks(model_skeleton(fixed), recipe) == []
     # the setting also parses through the CLI (and prints as a list)
     assert main(["train", "tiny", f"bf16_modules={patterns}", "--print-config"]) == 0
-    assert '"model.layers.*.mlp.*"' in capsys.readouterr().out
+    assert '"*model.layers.*.mlp.*"' in capsys.readouterr().out
 
 
 def test_preset_models_pass_the_check_and_te_only_warns():
