@@ -133,4 +133,10 @@ def run_export(args) -> int:
     if tokenizer is not None:  # the run's own character tokenizer: not a transformers one
         (Path(out) / "minite_tokenizer.json").write_text(json.dumps(tokenizer, indent=2) + "\n")
     print(f"wrote {args.format} checkpoint of {ckpt} to {out}")
+    if args.format == "compressed-tensors":
+        print(
+            "load it with vLLM, fp4_compile.load_nvfp4_checkpoint, or transformers' "
+            "from_pretrained (which needs compressed-tensors: pip install 'minite[ct]'; "
+            "docs/checkpoints.md)"
+        )
     return 0

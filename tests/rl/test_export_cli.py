@@ -24,7 +24,9 @@ def test_export_run_dir_with_defaults(tmp_path, capsys):
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"]["format"] == "nvfp4-pack-quantized"
     assert (out / "model.safetensors").is_file()
-    assert str(out) in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert str(out) in printed
+    assert "needs compressed-tensors: pip install 'minite[ct]'" in printed, printed
 
 
 def test_non_empty_out_needs_overwrite(tmp_path, capsys):
