@@ -350,3 +350,32 @@ def header(title: str) -> tuple[dict, list[str]]:
              "work replayed from a CUDA graph (GPU time only); ratio = baseline / ours, > 1 is "
              "faster. Baselines measured in the same run.", ""]  # fmt: skip
     return env, lines
+
+
+def module_index(package: str) -> str:
+    """`python -m benchmarks` / `python -m tools`: one line per module of the folder `package`,
+    its name and the first sentence of its docstring (read from the source, nothing imported),
+    runnable modules (with a `__main__` block) first; helpers are marked."""
+    import ast
+    import re
+
+    folder = Path(__file__).resolve().parent.parent / package
+    runnable, helpers = [], []
+    for path in sorted(folder.glob("*.py")):
+        if path.stem.startswith("_"):
+            continue
+        source = path.read_text()
+        doc = ast.get_docstring(ast.parse(source)) or ""
+        paragraph = " ".join(doc.split("\n\n")[0].split())
+        first = re.split(r"(?<=[.?!])\s", paragraph, maxsplit=1)[0]
+        if len(first) > 110:
+            first = first[:107].rsplit(" ", 1)[0] + " ..."
+        main = re.search(r"^if __name__ == .__main__.:", source, re.MULTILINE)
+        (runnable if main else helpers).append((path.stem, first))
+    width = max(len(name) for name, _ in runnable + helpers)
+    lines = [f"python -m {package}.<name>:"]
+    lines += [f"  {name.ljust(width)}  {first}" for name, first in runnable]
+    if helpers:
+        lines.append("helpers (imported by the above, not run):")
+        lines += [f"  {name.ljust(width)}  {first}" for name, first in helpers]
+    return "\n".join(lines)

@@ -19,10 +19,36 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # one line for the user; the traceback only when asked for
         if debug:
             raise
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"minite: error: {message} ({type(e).__name__}; --debug shows the traceback)",
-              file=sys.stderr)  # fmt: skip
+        cause = user_error(e)
+        print(f"minite: error: {one_line(cause)} ({type(cause).__name__}; --debug shows the "
+              "traceback)", file=sys.stderr)  # fmt: skip
         return 2
+
+
+def user_error(error: BaseException) -> BaseException:
+    """The exception that says what went wrong: the backend's own error (a LoweringError, a
+    ValueError naming a setting) rather than Dynamo's `BackendCompilerFailed` wrapper around it,
+    whose message is only "backend='minite' raised:" followed by the cause on later lines."""
+    seen: set[int] = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        inner = getattr(error, "inner_exception", None)
+        if isinstance(inner, BaseException):
+            error = inner
+        elif "BackendCompilerFailed" in type(error).__name__ and error.__cause__ is not None:
+            error = error.__cause__
+        else:
+            break
+    return error
+
+
+def one_line(error: BaseException) -> str:
+    """The whole message of `error` on one line (a multi-line message, e.g. a LoweringError's
+    list of problems, joined with its lines' indentation collapsed; its report table left to
+    --debug), never empty."""
+    message = getattr(error, "summary", None) or str(error)
+    text = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+    return text or type(error).__name__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--new-tokens", type=int, default=32)
     diag.add_argument("--temperature", type=float, default=1.0)
     diag.add_argument("--seed", type=int, default=0)
-    diag.add_argument("--out", default="runs/diagnose")
+    diag.add_argument(
+        "--out",
+        default=None,
+        help="results folder (default: runs/diagnose, or the next numbered runs/diagnose-N when "
+        "that holds an earlier result); a folder holding a result needs --overwrite",
+    )
+    diag.add_argument("--overwrite", action="store_true", help="replace --out's earlier result")
+    diag.add_argument(
+        "--bf16-modules",
+        default="",
+        help="comma-separated fnmatch patterns of modules kept BF16 (added to the recipes' own), "
+        "e.g. for a model whose sizes are not multiples of 16",
+    )
     from fp4_compile.rl.cli.export import add_export_parser
     from fp4_compile.rl.cli.train import add_train_parser
 
@@ -87,6 +125,8 @@ def _run(argv: list[str]) -> int:
             temperature=args.temperature,
             seed=args.seed,
             out_dir=args.out,
+            overwrite=args.overwrite,
+            bf16_modules=tuple(p.strip() for p in args.bf16_modules.split(",") if p.strip()),
         )
         return 0
     if args.command == "demo":

@@ -71,6 +71,39 @@ def gemm_precision(
     return decide(recipe, path, n, k, layer_index(path), num_layers)
 
 
+def module_gemms(model: torch.nn.Module) -> list[tuple[str, int, int]]:
+    """(module path, N, K) of every GEMM weight of a transformers causal LM, from the modules
+    alone (shapes only: a model on the meta device will do): each 2-D `nn.Linear`, and fused
+    experts (transformers 5: `gate_up_proj` [E, 2I, H], `down_proj` [E, H, I], one site each
+    under the experts module's path, as the lowering names its grouped GEMMs)."""
+    model = getattr(model, "_orig_mod", model)
+    sites = []
+    for path, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            n, k = module.weight.shape
+            sites.append((path, int(n), int(k)))
+            continue
+        for name in ("gate_up_proj", "down_proj"):
+            w = getattr(module, name, None)
+            if isinstance(w, torch.nn.Parameter) and w.dim() == 3:
+                sites.append((path, int(w.shape[1]), int(w.shape[2])))
+    return sites
+
+
+def shape_fallbacks(model: torch.nn.Module, recipe: NVFP4Recipe) -> list[tuple[str, int, int]]:
+    """(module path, N, K) of the GEMMs of `model` the recipe would quantize but cannot, because
+    K or N is not a multiple of 16 (the ones `passes/verify.py` refuses in a batch-invariant
+    recipe unless `bf16_modules` names them). Read from the modules, before any compile."""
+    sites = module_gemms(model)
+    layers = [layer_index(path) for path, _, _ in sites]
+    num_layers = 1 + max((i for i in layers if i is not None), default=-1)
+    return [
+        (path, n, k)
+        for (path, n, k), layer in zip(sites, layers)
+        if decide(recipe, path, n, k, layer, num_layers)[1].startswith(SHAPE_REASON)
+    ]
+
+
 def fused_group(path: str) -> str | None:
     """The fused group a module path belongs to, named by its parent and the group's leaves
     ("model.layers.0.self_attn.{q_proj,k_proj,v_proj}"), or None."""

@@ -196,13 +196,13 @@ def verify(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> N
             )
     report.census = op_census(gm)
     if problems:
-        raise LoweringError(
+        summary = (
             "minite could not lower this graph completely (nothing falls back silently):\n  - "
             + "\n  - ".join(problems)
             + "\n"
             + _eager_attention_hint(gm)
-            + report.table()
         )
+        raise LoweringError(summary + report.table(), summary=summary)
 
 
 ATTENTION_MODULES = ("self_attn", "attn", "attention", "self_attention")
@@ -229,7 +229,13 @@ def _eager_attention_hint(gm: fx.GraphModule) -> str:
 
 
 class LoweringError(RuntimeError):
-    """A graph that the recipe requires to be fully lowered still holds stock GEMMs/reductions."""
+    """A graph that the recipe requires to be fully lowered still holds stock GEMMs/reductions.
+    `summary`: the problems and their fix without the report table (what a one-line error
+    shows; the message holds both)."""
+
+    def __init__(self, message: str, *, summary: str | None = None):
+        super().__init__(message)
+        self.summary = summary or message
 
 
 def normalized_census(census: list[str]) -> list[str]:

@@ -42,3 +42,30 @@ def test_help_says_where_runs_go_and_what_export_defaults_to(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "default compressed-tensors" in text and "RUN_DIR/export/FORMAT-step_N" in text
     assert "--overwrite" in text, text
+
+
+def test_compile_error_keeps_its_cause(capsys, monkeypatch):
+    """A backend error reaches the user as its own message on the one line, not as Dynamo's
+    empty "backend='minite' raised:" wrapper."""
+    import torch
+
+    from fp4_compile import cli
+    from fp4_compile.passes import LoweringError
+
+    summary = (
+        "minite could not lower this graph completely (nothing falls back silently):\n"
+        "  - 1 GEMM(s) would stay BF16: model.layers.0.mlp.up_proj; list them in bf16_modules\n"
+    )
+    table = "module  kind  weight\n------  ----  ------\nmodel.layers.0.mlp.up_proj  linear"
+    cause = LoweringError(summary + table, summary=summary)
+
+    def compile_fails(argv):
+        raise torch._dynamo.exc.BackendCompilerFailed(lambda *a: None, cause, None)
+
+    monkeypatch.setattr(cli, "_run", compile_fails)
+    assert main(["train", "tiny"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "model.layers.0.mlp.up_proj; list them in bf16_modules (LoweringError;" in err[0], err
+    assert "backend='minite' raised" not in err[0], err
+    assert "module  kind" not in err[0], err  # the report table is for --debug

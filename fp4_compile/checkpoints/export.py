@@ -55,6 +55,26 @@ def _activation_note(recipe: NVFP4Recipe, fmt: str) -> str:
     )
 
 
+# the dtype an engine (vLLM, transformers) runs an NVFP4 checkpoint in: compressed-tensors
+# decompresses to BF16, so a model loaded in the master dtype (FP32) would fail at its first
+# linear; the master dtype of the dense tensors (stored as they are) is kept under "minite"
+ENGINE_DTYPE = "bfloat16"
+# transformers dequantizes per-expert compressed-tensors NVFP4 weights into its fused experts
+# without their weight_global_scale (huggingface/transformers#48371): wrong weights, no error
+TRANSFORMERS_EXPERTS_NOTE = (
+    "transformers' AutoModelForCausalLM.from_pretrained dequantizes the per-expert NVFP4 weights "
+    "of this MoE export without their weight_global_scale (huggingface/transformers#48371, fix "
+    "in #48372), so its experts come back wrong with no error: load it with "
+    "fp4_compile.load_nvfp4_checkpoint (the learner's dequantized weights) or vLLM"
+)
+
+
+def _has_fused_experts(plan) -> bool:
+    from .plan import split_expert_name
+
+    return any(split_expert_name(q.name) for q in plan.quantized)
+
+
 def _fused_note(groups: list[str]) -> str:
     return (
         f"fused groups whose shards have different global scales or precisions: {groups}; "
@@ -93,8 +113,11 @@ def export_checkpoint(
     notes = [_activation_note(recipe, format)]
     if plan.fused_mismatch:
         notes.append(_fused_note(plan.fused_mismatch))
+    if format == "compressed-tensors" and _has_fused_experts(plan):
+        notes.append(TRANSFORMERS_EXPERTS_NOTE)
     minite = {
         "version": __version__,
+        "master_dtype": str(master).removeprefix("torch."),
         "recipe": recipe.to_dict(),
         "fingerprint": recipe.fingerprint(),
         "weight_blocks": "16x16 tiles, stored as 1x16 scales (each tile's scale on its 16 rows)",
@@ -107,7 +130,7 @@ def export_checkpoint(
     for q in plan.quantized:
         tensors.update(writer.tensors(q))
     config = model.config.to_dict()
-    config["dtype"] = str(master).removeprefix("torch.")
+    config["dtype"] = ENGINE_DTYPE
     config["quantization_config"] = writer.quantization_config(ignore, minite)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / WEIGHTS), metadata={"format": "pt"})
@@ -123,5 +146,10 @@ def export_checkpoint(
 
 
 def master_dtype(config: dict) -> torch.dtype:
-    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    """The dtype the exported model was trained in (its dense tensors' dtype): recorded under
+    quantization_config["minite"] (exports before that record: the config's dtype)."""
+    minite = (config.get("quantization_config") or {}).get("minite") or {}
+    name = (
+        minite.get("master_dtype") or config.get("dtype") or config.get("torch_dtype") or "float32"
+    )
     return getattr(torch, name)

@@ -97,7 +97,9 @@ def load_nvfp4_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None)
     config = AutoConfig.from_pretrained(str(path))
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights are dequantized: a plain model
-    model = AutoModelForCausalLM.from_config(config).to(dtype)
+    # built in `dtype` as transformers' from_pretrained builds it (buffers such as the rotary
+    # frequencies stay FP32), so a BF16 load computes what transformers' own BF16 load computes
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     state = {k: v.to(dtype) for k, v in _fuse_experts(state).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()

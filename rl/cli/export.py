@@ -90,21 +90,23 @@ def prepare_out(out: Path, *, overwrite: bool) -> None:
         raise ValueError(f"--out {str(out)!r} exists and is not a folder")
     if not out.is_dir() or not any(out.iterdir()):
         return
-    if not overwrite:
-        raise ValueError(
-            f"--out {str(out)!r} is not empty; pass --overwrite to replace the export there, or "
-            "--out NEW_FOLDER"
-        )
     try:
         qc = json.loads((out / "config.json").read_text()).get("quantization_config") or {}
         ours = "minite" in qc
     except (OSError, ValueError, AttributeError):
         ours = False
     entries = list(out.iterdir())
-    if not ours or any(not p.is_file() for p in entries):
+    if not ours or any(not p.is_file() for p in entries):  # refused with or without --overwrite
+        names = ", ".join(sorted(p.name + ("/" if p.is_dir() else "") for p in entries)[:5])
         raise ValueError(
-            f"--out {str(out)!r} holds something other than a minite export; --overwrite only "
-            "replaces an earlier export: choose a new or empty folder"
+            f"--out {str(out)!r} holds files that are not a minite export ({names}); export "
+            "writes only into a new or empty folder or over an earlier export (--overwrite): "
+            "choose --out NEW_FOLDER"
+        )
+    if not overwrite:
+        raise ValueError(
+            f"--out {str(out)!r} holds an earlier minite export; pass --overwrite to replace it, "
+            "or --out NEW_FOLDER"
         )
     for p in entries:
         p.unlink()
@@ -131,4 +133,10 @@ def run_export(args) -> int:
     if tokenizer is not None:  # the run's own character tokenizer: not a transformers one
         (Path(out) / "minite_tokenizer.json").write_text(json.dumps(tokenizer, indent=2) + "\n")
     print(f"wrote {args.format} checkpoint of {ckpt} to {out}")
+    if args.format == "compressed-tensors":
+        print(
+            "load it with vLLM, fp4_compile.load_nvfp4_checkpoint, or transformers' "
+            "from_pretrained (which needs compressed-tensors: pip install 'minite[ct]'; "
+            "docs/checkpoints.md)"
+        )
     return 0

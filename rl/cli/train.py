@@ -7,6 +7,7 @@ Wired into the `minite` console script (fp4_compile/cli.py) by two calls:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 
 from ..train.config import VARIANTS
@@ -33,8 +34,8 @@ def _add_options(p: argparse.ArgumentParser, *, defaults: bool = True) -> None:
         "--fresh",
         action="store_true",
         default=d(False),
-        help="delete out_dir's checkpoints and start over (without out_dir=: the newest "
-        "numbered run folder of the preset)",
+        help="delete what out_dir's earlier run wrote (checkpoints, export/, logs, plots; each "
+        "named) and start over (without out_dir=: the newest numbered run folder of the preset)",
     )
     p.add_argument("--no-progress", action="store_true", default=d(False), help="no progress bar")
     p.add_argument(
@@ -65,7 +66,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
             "and when that holds an earlier run, the next numbered one (runs/tiny-strict-2, "
             "-3, ...), so running the same command again just works and never touches an "
             "earlier run; --resume continues the newest. An out_dir= that holds a run is refused "
-            "unless --resume or --fresh says what to do."
+            "unless --resume or --fresh says what to do. One run per folder: a folder another "
+            "running minite train holds is refused (without out_dir=, the next numbered one is "
+            "taken)."
         ),
     )
     p.add_argument(
@@ -95,36 +98,106 @@ def run_train(args: argparse.Namespace) -> int:
     import json
 
     from ..train.presets import get_preset
-    from ..train.run_dir import out_dir_given, resolve_run_dir
+    from ..train.run_dir import claim_run_dir, out_dir_given
 
     args = _parse_rest(args)
     if args.nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
     cfg = get_preset(args.preset, args.variant).with_overrides(list(args.overrides))
     if args.print_config:
-        print(json.dumps(cfg.to_dict(), indent=2))
+        print(json.dumps(printable_config(cfg, args), indent=2))
         return 0
     launcher = args.nproc > 1 and "WORLD_SIZE" not in os.environ
     if "WORLD_SIZE" not in os.environ:  # torchrun's ranks get the folder from the launcher
-        # pre-flight: which folder, and whether the run can start there, before any work
-        cfg, note = resolve_run_dir(
-            cfg, explicit=out_dir_given(args.overrides), resume=args.resume, fresh=args.fresh
-        )
-        if note:
-            print(note, flush=True)
-    if launcher:
-        if cfg.prompts_per_step % args.nproc:
+        from ..train.preflight import check_gemm_shapes
+
+        check_gemm_shapes(cfg)  # a model the recipe cannot lower, refused before any work
+        if launcher and cfg.prompts_per_step % args.nproc:
             raise ValueError(
                 f"prompts_per_step={cfg.prompts_per_step} must be a multiple of --nproc "
                 f"{args.nproc}: every process trains on whole GRPO groups"
             )
-        return _launch(args, out_dir=cfg.out_dir)
+        # pre-flight: which folder, and whether the run can start there, before any work; the
+        # folder stays locked for this run (the launcher's, for --nproc N)
+        cfg, note, lock = claim_run_dir(
+            cfg, explicit=out_dir_given(args.overrides), resume=args.resume, fresh=args.fresh
+        )
+        if note:
+            print(note, flush=True)
+    else:
+        lock = None
+    failed = True
+    try:
+        if launcher:
+            code = _launch(args, out_dir=cfg.out_dir)
+        else:
+            code = _train(args, cfg)
+        failed = code not in (0, 130)
+        return code
+    finally:
+        if lock is not None:
+            lock.release()
+            if failed:  # a run that failed before its first step leaves no folder behind
+                from pathlib import Path
+
+                from ..train.run_dir import discard_empty_run
+
+                discard_empty_run(Path(cfg.out_dir))
+
+
+# TrainConfig fields a model=DIR run does not read (the checkpoint's config.json decides)
+ARCHITECTURE_FIELDS = ("arch", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate",
+                       "experts", "experts_per_token", "moe_intermediate")  # fmt: skip
+# config.json keys shown instead, for model=DIR
+MODEL_CONFIG_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "intermediate_size", "num_experts",
+                     "num_experts_per_tok", "moe_intermediate_size", "vocab_size")  # fmt: skip
+
+
+def printable_config(cfg, args: argparse.Namespace) -> dict:
+    """The settings the run would use, as `--print-config` shows them: out_dir the folder it
+    would write to (run_dir.py's rule, nothing created), and for model=DIR the checkpoint's
+    architecture (config.json) instead of the preset's fields, which that run ignores."""
+    import json
+    from pathlib import Path
+
+    from ..train.run_dir import out_dir_given, resolve_run_dir
+
+    d = cfg.to_dict()
+    try:
+        resolved, _ = resolve_run_dir(
+            cfg, explicit=out_dir_given(args.overrides), resume=args.resume, fresh=args.fresh
+        )
+        d["out_dir"] = resolved.out_dir
+    except ValueError as e:  # the run would be refused: say so instead of a folder
+        d["out_dir"] = f"{cfg.out_dir} (the run would be refused: {e})"
+    if cfg.model:
+        for name in ARCHITECTURE_FIELDS:
+            d.pop(name)
+        config = json.loads((Path(cfg.model) / "config.json").read_text())
+        d["model_config"] = {k: config[k] for k in MODEL_CONFIG_KEYS if k in config}
+    return d
+
+
+def _train(args: argparse.Namespace, cfg) -> int:
     from ..train.distributed import init_from_env, rank_world
+    from ..train.interrupt import StopOnInterrupt, resume_command
     from ..train.trainer import train
 
     init_from_env(cfg.device)
+    one_process = rank_world()[1] == 1  # ranks of torchrun keep the default Ctrl-C
+    stop = StopOnInterrupt()
+    again = resume_command(args.preset, args.variant, list(args.overrides), cfg.out_dir)
     try:
-        result = train(cfg, resume=args.resume, fresh=args.fresh, progress=not args.no_progress)
+        with stop.installed() if one_process else contextlib.nullcontext():
+            result = train(
+                cfg, resume=args.resume, fresh=args.fresh, progress=not args.no_progress,
+                stop=stop if one_process else None,
+            )  # fmt: skip
+    except KeyboardInterrupt:
+        if one_process:
+            _report_interrupted(cfg, again)
+        raise
     finally:
         import torch.distributed as dist
 
@@ -133,7 +206,41 @@ def run_train(args: argparse.Namespace) -> int:
     if rank_world()[0] == 0 and result["summary"]:
         print(result["summary"])
         print("plots: " + ", ".join(str(p) for p in result["plots"]))
+    if stop.requested:
+        step = result["trainer"].step
+        print(
+            f"stopped by Ctrl-C after step {step} of {cfg.steps}; checkpoint saved. Continue "
+            f"with:\n  {again}"
+        )
+        return 130
     return 0
+
+
+def _report_interrupted(cfg, again: str) -> None:
+    """After a Ctrl-C that stopped the run at once: the summary and plots of the steps logged,
+    the checkpoint a `--resume` continues from, and the command."""
+    from pathlib import Path
+
+    from ..train.checkpoint import latest_checkpoint
+    from ..train.run_log import read_jsonl, summary, write_plots
+
+    out_dir = Path(cfg.out_dir)
+    records = read_jsonl(out_dir / "metrics.jsonl")
+    if records:
+        text = summary(records, title=f"minite train {cfg.name} --variant {cfg.variant} "
+                       "(interrupted)")  # fmt: skip
+        (out_dir / "summary.txt").write_text(text + "\n")
+        print(text)
+        print("plots: " + ", ".join(str(p) for p in write_plots(records, out_dir)))
+    latest = latest_checkpoint(out_dir / "checkpoints")
+    if latest is None:
+        print("interrupted before the first checkpoint: nothing to resume; run it again")
+    else:
+        done = max((r["step"] + 1 for r in records if "reward/mean" in r), default=0)
+        print(
+            f"interrupted after {done} step(s); the last checkpoint is {latest.name} (the steps "
+            f"after it are redone). Continue with:\n  {again}"
+        )
 
 
 def _launch(args: argparse.Namespace, *, out_dir: str) -> int:

@@ -128,16 +128,25 @@ def run_diagnose(
     new_tokens: int = 32,
     temperature: float = 1.0,
     seed: int = 0,
-    out_dir: str = "runs/diagnose",
+    out_dir: str | None = None,
+    overwrite: bool = False,
+    bf16_modules: tuple[str, ...] = (),
     log=print,
 ) -> dict:
     """The learner/rollout log-prob gap of one model under minite strict, minite te and stock
     transformers; prints a line as each of the three starts and ends (each minite row compiles
-    the engine and the learner)."""
+    the engine and the learner). `out_dir` None: a folder of its own (`diagnose_dir`);
+    `bf16_modules`: fnmatch patterns of modules kept BF16, added to both recipes' own."""
+    out = diagnose_dir(out_dir, overwrite=overwrite)
+    log(f"results folder: {out}")
     results = {}
     probe = build_model(model, log=log)
     prompts = _prompts(batch, probe.config.vocab_size, seed)
-    recipes = (("minite strict", NVFP4Recipe.strict()), ("minite te", NVFP4Recipe.te()))
+    recipes = []
+    for name, recipe in (("minite strict", NVFP4Recipe.strict()), ("minite te", NVFP4Recipe.te())):
+        extra = tuple(p for p in bf16_modules if p not in recipe.bf16_modules)
+        recipes.append((name, recipe.with_(bf16_modules=recipe.bf16_modules + extra)))
+    check_shapes(probe, recipes[0][1], model=model)
     for i, (name, recipe) in enumerate(recipes, start=1):
         log(f"[{i}/3] {name}: compiling the engine and the learner, generating, scoring ...")
         t0 = time.perf_counter()
@@ -163,7 +172,6 @@ def run_diagnose(
         lt, mask = pack_ragged(train)
         lr, _ = pack_ragged(roll)
         table[name] = mismatch_metrics(lt, lr, mask)
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "diagnose.json").write_text(
         json.dumps(
@@ -181,6 +189,43 @@ def run_diagnose(
     log(format_table(table))
     log(f"wrote {out / 'diagnose.json'} and {out / 'dlogp_hist.png'}")
     return table
+
+
+def diagnose_dir(out_dir: str | None, *, overwrite: bool = False) -> Path:
+    """Where `minite diagnose` writes, decided before any work. None: `runs/diagnose`, or when
+    that holds an earlier result the next numbered folder (`runs/diagnose-2`, ...), so a result
+    is never replaced silently. A named folder that holds a result is refused unless
+    `overwrite`."""
+    from ..train.run_dir import numbered_run_dirs
+
+    if out_dir is None:
+        base = Path("runs") / "diagnose"
+        runs = numbered_run_dirs(base)
+        return base.parent / f"{base.name}-{max(runs) + 1}" if runs else base
+    out = Path(out_dir)
+    if (out / "diagnose.json").exists() and not overwrite:
+        raise ValueError(
+            f"--out {str(out)!r} already holds a diagnose result ({str(out / 'diagnose.json')!r});"
+            " pass --overwrite to replace it, another --out, or leave --out out for a new folder"
+        )
+    return out
+
+
+def check_shapes(probe: torch.nn.Module, recipe: NVFP4Recipe, *, model: str) -> None:
+    """Refuse, before any compile, a model whose GEMMs the strict recipe cannot quantize (K or N
+    not a multiple of 16), naming the modules and `--bf16-modules`."""
+    from ...weight_policy import shape_fallbacks
+    from ..train.preflight import layer_patterns
+
+    odd = shape_fallbacks(probe, recipe)
+    if odd:
+        shown = ", ".join(f"{path} (N={n}, K={k})" for path, n, k in odd[:6])
+        more = f" and {len(odd) - 6} more" if len(odd) > 6 else ""
+        raise ValueError(
+            f"--model {model}: {len(odd)} GEMM(s) have K or N not a multiple of 16 and cannot be "
+            f"NVFP4 (minite never pads): {shown}{more}; keep them BF16 with --bf16-modules "
+            f"'{','.join(layer_patterns([p for p, _, _ in odd]))}'"
+        )
 
 
 def format_table(table: dict[str, dict[str, float]]) -> str:

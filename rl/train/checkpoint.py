@@ -70,7 +70,26 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Read and verify a `kind` checkpoint; `expect` maps keys of the state to the values they
     must hold (e.g. the recipe fingerprint), anything else is refused."""
-    path = Path(path)
+    payload = _verified_payload(Path(path), kind)
+    state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+    diffs = [d for key, want in (expect or {}).items() for d in _differences(key, state, want)]
+    if diffs:
+        raise CheckpointError(
+            f"{str(path)!r} belongs to another run; what differs (checkpoint -> this run): "
+            f"{'; '.join(diffs)}. Resume with the checkpoint's values, or start a new run "
+            "(leave --resume out, or pass another out_dir=...)"
+        )
+    return state
+
+
+def check_checkpoint(path: str | os.PathLike, *, kind: str) -> None:
+    """Raise CheckpointError, naming the file and what is wrong, unless `path` is a whole,
+    unaltered `kind` checkpoint (header, size and checksum; the state is not unpickled)."""
+    _verified_payload(Path(path), kind)
+
+
+def _verified_payload(path: Path, kind: str) -> bytes:
+    """The payload of a `kind` checkpoint file, its header, size and checksum verified."""
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     data = path.read_bytes()
@@ -99,15 +118,7 @@ def load_checkpoint(
     actual = hashlib.sha256(payload).hexdigest()
     if actual != digest:
         raise CheckpointError(f"{str(path)!r} is corrupt: sha256 {actual} != header {digest}")
-    state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
-    diffs = [d for key, want in (expect or {}).items() for d in _differences(key, state, want)]
-    if diffs:
-        raise CheckpointError(
-            f"{str(path)!r} belongs to another run; what differs (checkpoint -> this run): "
-            f"{'; '.join(diffs)}. Resume with the checkpoint's values, or start a new run "
-            "(leave --resume out, or pass another out_dir=...)"
-        )
-    return state
+    return payload
 
 
 def _differences(key: str, state: dict[str, Any], want: Any) -> list[str]:
@@ -137,6 +148,46 @@ def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
         return None
     steps = sorted(int(m.group(1)) for p in folder.iterdir() if (m := _STEP_FILE.match(p.name)))
     return step_path(folder, steps[-1]) if steps else None
+
+
+def step_checkpoints(folder: str | os.PathLike) -> list[Path]:
+    """The step checkpoints in `folder`, newest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    steps = sorted(int(m.group(1)) for p in folder.iterdir() if (m := _STEP_FILE.match(p.name)))
+    return [step_path(folder, s) for s in reversed(steps)]
+
+
+def check_resumable(folder: str | os.PathLike) -> None:
+    """Before a `--resume`: raise CheckpointError if the newest step checkpoint in `folder` is
+    damaged, saying which earlier checkpoint is intact and how to resume from it (or that none
+    is, and how to start over)."""
+    newest, *older = step_checkpoints(folder)
+    try:
+        check_checkpoint(newest, kind="grpo")
+    except CheckpointError as e:
+        intact = next((p for p in older if _is_whole(p)), None)
+        if intact is None:
+            advice = (
+                "no earlier checkpoint in the folder is intact: start the run over with --fresh "
+                "(or another out_dir=...)"
+            )
+        else:
+            advice = (
+                f"the previous checkpoint {str(intact)!r} is intact: move the damaged one aside "
+                f"(mv {newest} {newest}.damaged) and run the same command with --resume again "
+                f"to continue from {intact.stem}"
+            )
+        raise CheckpointError(f"--resume: {e}; {advice}") from None
+
+
+def _is_whole(path: Path) -> bool:
+    try:
+        check_checkpoint(path, kind="grpo")
+    except CheckpointError:
+        return False
+    return True
 
 
 def prune_checkpoints(folder: str | os.PathLike, *, keep: int) -> None:

@@ -62,6 +62,12 @@ class TrainConfig:
     """Qwen3-MoE only: routed experts per layer."""
     experts_per_token: int = 2
     moe_intermediate: int = 32
+    bf16_modules: tuple[str, ...] = ()
+    """fnmatch patterns of module paths whose GEMMs stay BF16, added to the recipe's own
+    (embeddings, lm_head, MoE router: `NVFP4Recipe.bf16_modules`). A GEMM whose K or N is not a
+    multiple of 16 cannot be NVFP4, and the strict variant refuses it before any work unless a
+    pattern names it. On the command line: comma-separated, e.g.
+    `bf16_modules=*model.layers.*.self_attn.*,*model.layers.*.mlp.*`."""
 
     # ---- task ----------------------------------------------------------------------------
     task: str = "addition"
@@ -211,9 +217,14 @@ class TrainConfig:
             )
 
     def recipe(self) -> NVFP4Recipe:
-        return {"strict": NVFP4Recipe.strict, "te": NVFP4Recipe.te, "bf16": NVFP4Recipe.bf16}[
+        """The variant's recipe, with `bf16_modules` added to its own patterns."""
+        recipe = {"strict": NVFP4Recipe.strict, "te": NVFP4Recipe.te, "bf16": NVFP4Recipe.bf16}[
             self.variant
         ]()
+        if not self.bf16_modules:
+            return recipe
+        extra = tuple(p for p in self.bf16_modules if p not in recipe.bf16_modules)
+        return dataclasses.replace(recipe, bf16_modules=recipe.bf16_modules + extra)
 
     def torch_device(self) -> torch.device:
         return torch.device(self.device)
@@ -235,8 +246,12 @@ class TrainConfig:
         return cls(**data)
 
     def numerics_dict(self) -> dict[str, Any]:
-        """The fields a resumed run must share with the run that wrote the checkpoint."""
-        return {k: v for k, v in self.to_dict().items() if k not in RESUMABLE_FIELDS}
+        """The fields a resumed run must share with the run that wrote the checkpoint (an empty
+        `bf16_modules` is left out: checkpoints from before the field resume as they did)."""
+        d = {k: v for k, v in self.to_dict().items() if k not in RESUMABLE_FIELDS}
+        if not d["bf16_modules"]:
+            del d["bf16_modules"]
+        return d
 
     def with_overrides(self, pairs: list[str]) -> TrainConfig:
         """Apply `key=value` strings, each parsed by the field's type ("none" for None,
@@ -268,6 +283,8 @@ def _parse(key: str, text: str, hint) -> Any:
             if text.lower() not in ("true", "false", "1", "0"):
                 raise ValueError(text)
             return text.lower() in ("true", "1")
+        if origin is tuple and typing.get_args(base)[0] is str:  # tuple[str, ...]: a,b,c
+            return tuple(x.strip() for x in text.split(",") if x.strip())
         if origin is tuple:
             return tuple(float(x) for x in text.split(","))
         return base(text)
@@ -285,7 +302,9 @@ def _check_types(cfg: TrainConfig) -> None:
                 continue
             hint = next(a for a in args if a is not type(None))
         origin = typing.get_origin(hint)
-        if origin is tuple:
+        if origin is tuple and typing.get_args(hint)[0] is str:
+            ok = isinstance(value, tuple) and all(isinstance(x, str) and x for x in value)
+        elif origin is tuple:
             ok = isinstance(value, tuple) and len(value) == 2
             ok = ok and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
         elif hint is float:
@@ -300,11 +319,14 @@ def _check_types(cfg: TrainConfig) -> None:
             raise ValueError(f"{f.name} must be {hint}, got {value!r}")
 
 
-def build_model(cfg: TrainConfig, vocab_size: int) -> torch.nn.Module:
+def build_model(
+    cfg: TrainConfig, vocab_size: int, *, device: torch.device | None = None
+) -> torch.nn.Module:
     """The policy, FP32 (the master weights), in eval mode (no dropout: the learner and the
     rollout must run the same graph): `cfg.model`'s checkpoint (`vocab_size` is then the
     tokenizer's, checked against the embedding), else a random-init transformers Qwen3 /
-    Qwen3-MoE causal LM with `vocab_size` rows."""
+    Qwen3-MoE causal LM with `vocab_size` rows. `device`: where the random-init model is built
+    (default `cfg.device`; "meta" for its shapes alone)."""
     if cfg.model:
         from transformers import AutoModelForCausalLM
 
@@ -331,7 +353,7 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> torch.nn.Module:
         tie_word_embeddings=False,
     )
     torch.manual_seed(cfg.seed)
-    with torch.device(cfg.torch_device()):
+    with device or cfg.torch_device():
         if cfg.arch == "qwen3":
             from transformers import Qwen3Config, Qwen3ForCausalLM
 

@@ -134,8 +134,9 @@ class Heartbeat:
 
 
 class ProgressBar:
-    """`step 12/40 [#####.....] reward 0.41 gap 0 rollout 3.1k tok/s learner 9.8k tok/s`;
-    redrawn in place on a terminal, one line every `every` steps otherwise."""
+    """`step 12/40 [#####.....] reward 0.41 exact 0.38 gap 0 | 1.20s/step: rollout 0.80s (3.1k
+    tok/s), learner 0.40s (9.8k tok/s) | eta 34s`: what each step costs and where it goes, from
+    the first step on; redrawn in place on a terminal, one line every `every` steps otherwise."""
 
     def __init__(self, total: int, *, start: int = 0, stream=None, every: int = 1):
         self.total, self.start = total, start
@@ -160,14 +161,20 @@ class ProgressBar:
         text = (
             f"step {done}/{self.total} [{'#' * fill}{'.' * (width - fill)}] "
             f"reward {record['reward/mean']:.3f} exact {record['reward/exact_frac']:.2f} "
-            f"gap {gap:.3g} rollout {_si(record['perf/rollout_tokens_per_s'])} tok/s "
-            f"learner {_si(record['perf/learner_tokens_per_s'])} tok/s {eta}"
+            f"gap {gap:.3g} | {_seconds(record['perf/step_s'])}/step: rollout "
+            f"{_seconds(record['perf/rollout_s'])} ({_si(record['perf/rollout_tokens_per_s'])} "
+            f"tok/s), learner {_seconds(record['perf/learner_s'])} "
+            f"({_si(record['perf/learner_tokens_per_s'])} tok/s) | {eta}"
         )
         if self.tty:
             self.stream.write("\r" + text + "\x1b[K" + ("\n" if done == self.total else ""))
         elif done % self.every == 0 or done == self.total:
             self.stream.write(text + "\n")
         self.stream.flush()
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.2f}s" if x < 10 else f"{x:.0f}s"
 
 
 def _si(x: float) -> str:
@@ -248,10 +255,14 @@ def summary(records: list[dict], *, title: str, extra: dict | None = None) -> st
             lines.append(
                 f"{label:44s} {worst.__name__} over run: {worst(vals):.3g}   last: {vals[-1]:.3g}"
             )
-    for key in ("perf/rollout_tokens_per_s", "perf/learner_tokens_per_s", "perf/step_s"):
+    # where a step's time goes (seconds), then throughput
+    perf = ("perf/step_s", "perf/rollout_s", "perf/learner_s", "perf/eval_s",
+            "perf/rollout_tokens_per_s", "perf/learner_tokens_per_s")  # fmt: skip
+    for key in perf:
         # the first steps compile; report the later ones
         rows = records[1:] if len(records) > 1 else records
-        lines.append(f"{key:44s} mean after step 0: {avg(key, rows):.4g}")
+        if any(key in r for r in records):
+            lines.append(f"{key:44s} mean after step 0: {avg(key, rows):.4g}")
     for name, value in (extra or {}).items():
         lines.append(f"{name:44s} {value}")
     return "\n".join(lines)

@@ -415,11 +415,18 @@ class GRPOTrainer:
 
 
 def train(
-    cfg: TrainConfig, *, resume: bool = False, fresh: bool = False, progress: bool = True, log=print
+    cfg: TrainConfig,
+    *,
+    resume: bool = False,
+    fresh: bool = False,
+    progress: bool = True,
+    log=print,
+    stop=None,
 ) -> dict:
     """A whole run: warm start (cached), `cfg.steps` GRPO steps with checkpoints every
     `cfg.checkpoint_every`, metrics.jsonl, plots and a summary under `cfg.out_dir`.
-    Returns {"records", "summary", "plots", "out_dir", "trainer"}."""
+    `stop`: called after each step (one process); True ends the run there, checkpoint saved
+    (Ctrl-C in `minite train`). Returns {"records", "summary", "plots", "out_dir", "trainer"}."""
     from contextlib import nullcontext
 
     from .run_log import Heartbeat, ProgressBar, RunLogger, summary, write_plots
@@ -478,8 +485,11 @@ def train(
                 logger.log(record)
             if bar is not None:
                 bar.update(record["step"], record)
-            if trainer.step % cfg.checkpoint_every == 0 or trainer.step == cfg.steps:
+            stopping = stop is not None and stop()
+            if stopping or trainer.step % cfg.checkpoint_every == 0 or trainer.step == cfg.steps:
                 trainer.save(ckpt_dir)
+            if stopping:
+                break
         if trainer.eval_due():  # the final weights: a record of their own, step = cfg.steps
             evaluated = trainer.evaluate()
             if logger is not None and evaluated:

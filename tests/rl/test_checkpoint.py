@@ -13,6 +13,7 @@ from fp4_compile.rl.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
+    step_path,
 )
 
 
@@ -104,3 +105,31 @@ def test_rng_state_round_trip():
     ck.set_rng_state(state)
     b = (torch.rand(3), random.random())
     assert torch.equal(a[0], b[0]) and a[1] == b[1]
+
+
+def test_damaged_newest_checkpoint_says_how_to_resume_from_the_previous(tmp_path, capsys):
+    """`--resume` onto a damaged newest checkpoint: refused before any work, in one line that
+    names the damaged file, the intact previous one and the command that resumes from it (or,
+    with none intact, --fresh); after that command, the check passes."""
+    from fp4_compile.cli import main
+    from fp4_compile.rl.train.checkpoint import check_resumable
+
+    folder = tmp_path / "run" / "checkpoints"
+    for step in (10, 20):
+        save_checkpoint(step_path(folder, step), {"step": step}, kind="grpo")
+    newest = step_path(folder, 20)
+    data = bytearray(newest.read_bytes())
+    data[-5] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    assert main(["train", "tiny", f"out_dir={tmp_path / 'run'}", "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert f"{str(newest)!r} is corrupt" in err[0], err
+    assert f"the previous checkpoint {str(step_path(folder, 10))!r} is intact" in err[0], err
+    assert f"mv {newest} {newest}.damaged" in err[0] and "--resume again" in err[0], err
+    newest.rename(f"{newest}.damaged")
+    check_resumable(folder)  # the command it gave works
+    older = step_path(folder, 10)
+    older.write_bytes(older.read_bytes()[:-3])  # truncated: nothing intact is left
+    with pytest.raises(CheckpointError, match="no earlier checkpoint.*--fresh"):
+        check_resumable(folder)

@@ -24,7 +24,9 @@ def test_export_run_dir_with_defaults(tmp_path, capsys):
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"]["format"] == "nvfp4-pack-quantized"
     assert (out / "model.safetensors").is_file()
-    assert str(out) in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert str(out) in printed
+    assert "needs compressed-tensors: pip install 'minite[ct]'" in printed, printed
 
 
 def test_non_empty_out_needs_overwrite(tmp_path, capsys):
@@ -35,7 +37,7 @@ def test_non_empty_out_needs_overwrite(tmp_path, capsys):
     capsys.readouterr()
     assert _export(str(run), "--out", str(out)) == 2
     err = capsys.readouterr().err
-    assert "is not empty; pass --overwrite" in err and str(out) in err, err
+    assert "holds an earlier minite export; pass --overwrite" in err and str(out) in err, err
     assert (out / "model.safetensors").stat().st_mtime_ns == before
     # --overwrite replaces it; a modelopt export leaves no compressed-tensors file behind
     (out / "stale.txt").write_text("x")
@@ -54,3 +56,19 @@ def test_default_out_follows_the_format(tmp_path, fmt):
     run = make_run(tmp_path / "run", step=7)
     assert _export(str(run / "checkpoints" / "step_00000007.ckpt"), "--format", fmt) == 0
     assert (run / "export" / f"{fmt}-step_00000007" / "config.json").is_file()
+
+
+def test_unrelated_out_is_refused_without_suggesting_overwrite(tmp_path, capsys):
+    """A --out holding a user's own files is refused the first time with what to do (another
+    folder), never with advice (--overwrite) that would be refused in turn."""
+    run = make_run(tmp_path / "run")
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    for extra in ([], ["--overwrite"]):
+        assert _export(str(run), "--out", str(other), *extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        assert "holds files that are not a minite export (notes.txt)" in err[0], err
+        assert "pass --overwrite" not in err[0] and "--out NEW_FOLDER" in err[0], err
+    assert (other / "notes.txt").read_text() == "keep me"

@@ -20,8 +20,9 @@ CHEAP = ["steps=1", "warm_start_steps=1", "warm_start_batch=4", "prompts_per_ste
 
 
 def _fake_run(folder, step=1):
-    (folder / "checkpoints").mkdir(parents=True)
-    (folder / "checkpoints" / f"step_{step:08d}.ckpt").write_bytes(b"x")
+    from fp4_compile.rl.train.checkpoint import save_checkpoint, step_path
+
+    save_checkpoint(step_path(folder / "checkpoints", step), {"step": step}, kind="grpo")
     (folder / "metrics.jsonl").write_text("{}\n")
 
 
@@ -106,3 +107,80 @@ def test_refused_resume_names_only_what_differs(tmp_path, capsys):
     assert len(err) == 1, err
     assert "what differs (checkpoint -> this run): numerics.lr: 0.0005 -> 0.001." in err[0], err
     assert "warm_start_lr" not in err[0] and "{" not in err[0], err
+
+
+def test_a_busy_folder_is_refused_or_skipped(tmp_path, monkeypatch, capsys):
+    """One run per folder: while a run holds its folder (its lock, as a second process would
+    see it), a second run with out_dir= naming it is refused in one line naming the holder; the
+    same command without out_dir= takes the next numbered folder; the lock goes with the run."""
+    import subprocess
+    import sys
+
+    from fp4_compile.rl.train.run_dir import claim_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    busy = tmp_path / "runs" / "tiny-strict"
+    holder = subprocess.Popen(  # another process holding the folder's lock, as a live run does
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from fp4_compile.rl.train.run_dir import lock_run_dir; "
+         f"lock = lock_run_dir(Path({str(busy)!r})); print('locked', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert main(["train", "tiny", f"out_dir={busy}", *CHEAP]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        assert f"out_dir {str(busy)!r} is in use by another minite train run (process " in err[0]
+        assert f"{holder.pid})" in err[0], err
+        assert not (busy / "metrics.jsonl").exists()
+        # without out_dir=: the folder looks free (nothing written yet) but is busy -> the next
+        cfg, note, lock = claim_run_dir(get_preset("tiny"), explicit=False, resume=False,
+                                        fresh=False)  # fmt: skip
+        try:
+            assert cfg.out_dir == "runs/tiny-strict-2", cfg.out_dir
+            assert "'runs/tiny-strict' is in use by another run" in note, note
+        finally:
+            lock.release()
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone: its lock with it
+    mine = get_preset("tiny").with_overrides([f"out_dir={busy}"])
+    cfg, _, lock = claim_run_dir(mine, explicit=True, resume=False, fresh=False)
+    assert cfg.out_dir == str(busy)
+    lock.release()
+
+
+def test_fresh_deletes_the_earlier_runs_outputs_and_says_so(tmp_path, capsys):
+    """`--fresh` starts over: the earlier run's checkpoints, export/, logs and plots are gone
+    (nothing of it stays beside the new run), and the note names what was deleted."""
+    run = tmp_path / "k"
+    _fake_run(run, step=10)
+    (run / "export" / "compressed-tensors-step_10").mkdir(parents=True)
+    (run / "reward.png").write_bytes(b"png")
+    assert main(["train", "tiny", f"out_dir={run}", *CHEAP, "--fresh"]) == 0
+    out = capsys.readouterr().out
+    assert "--fresh deleted the earlier run's checkpoints/, export/" in out, out
+    assert "reward.png" in out and "metrics.jsonl" in out, out
+    assert not (run / "export").exists()
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00000001.ckpt"]
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    """A run that fails before it logs a step (a compile error, say) leaves no run folder with an
+    empty metrics.jsonl behind, so the next attempt takes the same folder."""
+    from fp4_compile.rl.train import trainer as trainer_module
+
+    def fails(self):
+        raise RuntimeError("the first step failed")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(trainer_module.GRPOTrainer, "train_step", fails)
+    assert main(["train", "tiny", *CHEAP]) == 2
+    assert "the first step failed" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "tiny-strict").exists()
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "tiny", *CHEAP]) == 0
+    assert "run folder: runs/tiny-strict\n" in capsys.readouterr().out
