@@ -43,23 +43,33 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q
                sob, soh, sot, sgb, sgh, sgt, sekb, sekh, sekt, Tq, G, KV_REP, scale,
                CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr, D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    pid_m = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1).to(tl.int64)
-    hp = tl.program_id(2).to(tl.int64)  # the program's head: rows hold its G query heads
+    # int64 only in each sequence's bases (as the forward, `attention_kernel.py`)
+    pid_m = tl.program_id(0)  # int32 index: a row block inside one sequence
+    b = tl.program_id(1)  # int32 index: the sequence; its bases below are int64 (b64)
+    hp = tl.program_id(2)  # int32 index: the program's head: rows hold its G query heads
+    b64 = b.to(tl.int64)
+    q_ptr += b64 * sqb
+    do_ptr += b64 * sdb
+    o_ptr += b64 * sob
+    dq_ptr += b64 * sgb
+    k_ptr += b64 * skb
+    v_ptr += b64 * skb
+    lse_ptr += b64 * G * tl.num_programs(2) * Tq
+    delta_ptr += b64 * G * tl.num_programs(2) * Tq
     kvh = hp // KV_REP  # the key / value head it reads
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     qi = rows // G
     hq = hp * G + rows % G
     row_live = qi < Tq
     d = tl.arange(0, D)
-    row_off = b * sqb + hq[:, None] * sqh + qi[:, None] * sqt + d[None, :]
-    do_off = b * sdb + hq[:, None] * sdh + qi[:, None] * sdt + d[None, :]
-    o_off = b * sob + hq[:, None] * soh + qi[:, None] * sot + d[None, :]
+    row_off = hq[:, None] * sqh + qi[:, None] * sqt + d[None, :]
+    do_off = hq[:, None] * sdh + qi[:, None] * sdt + d[None, :]
+    o_off = hq[:, None] * soh + qi[:, None] * sot + d[None, :]
     q = tl.load(q_ptr + row_off, mask=row_live[:, None], other=0.0)
     do = tl.load(do_ptr + do_off, mask=row_live[:, None], other=0.0)
     o = tl.load(o_ptr + o_off, mask=row_live[:, None], other=0.0)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1)
-    stat = (b * G * tl.num_programs(2) + hq) * Tq + qi
+    stat = hq * Tq + qi
     tl.store(delta_ptr + stat, delta, mask=row_live)
     lse = tl.load(lse_ptr + stat, mask=row_live, other=0.0)
     lse = tl.where(lse == float("-inf"), 0.0, lse)
@@ -76,7 +86,7 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q
     for n0 in range(0, hi, BLOCK_N):  # key blocks from 0, in order
         j = n0 + tl.arange(0, BLOCK_N)
         key_live = j < kv_len
-        kv_off = b * skb + kvh * skh + j[:, None] * skt + d[None, :]
+        kv_off = kvh * skh + j[:, None] * skt + d[None, :]
         k = tl.load(k_ptr + kv_off, mask=key_live[:, None], other=0.0)
         v = tl.load(v_ptr + kv_off, mask=key_live[:, None], other=0.0)
         s = tl.dot(q.to(DOT), tl.trans(k).to(DOT), input_precision="ieee") * scale
@@ -86,7 +96,7 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q
         dp = tl.dot(do.to(DOT), tl.trans(v).to(DOT), input_precision="ieee")
         ds = p * (dp - delta[:, None]) * scale
         dq = tl.dot(ds.to(DOT), k.to(DOT), dq, input_precision="ieee")
-    dq_off = b * sgb + hq[:, None] * sgh + qi[:, None] * sgt + d[None, :]
+    dq_off = hq[:, None] * sgh + qi[:, None] * sgt + d[None, :]
     tl.store(dq_ptr + dq_off, dq.to(dq_ptr.dtype.element_ty), mask=row_live[:, None])
 
 
@@ -118,18 +128,25 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
                  sdb, sdh, sdt, sob, soh, sot, sgb, sgh, sgt, sekb, sekh, sekt, Tq, G, KV_REP,
                  scale, Tk, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    pid_n = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1).to(tl.int64)
-    hp = tl.program_id(2).to(
-        tl.int64
-    )  # the program's head: dK, dV of its G query heads (one slot each)
+    pid_n = tl.program_id(0)  # int32 index: a key block inside one sequence
+    b = tl.program_id(1)  # int32 index: the sequence; its bases below are int64 (b64)
+    hp = tl.program_id(2)  # int32 index: the program's head: dK, dV of its G query heads
+    b64 = b.to(tl.int64)
+    q_ptr += b64 * sqb
+    do_ptr += b64 * sdb
+    k_ptr += b64 * skb
+    v_ptr += b64 * skb
+    dk_ptr += b64 * sekb
+    dv_ptr += b64 * sekb
+    lse_ptr += b64 * G * tl.num_programs(2) * Tq
+    delta_ptr += b64 * G * tl.num_programs(2) * Tq
     kvh = hp // KV_REP  # the key / value head it reads
     j = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     kv_len = tl.load(kl_ptr + b).to(tl.int32)
     q_start = tl.load(qs_ptr + b).to(tl.int32)
     key_live = j < kv_len
-    kv_off = b * skb + kvh * skh + j[:, None] * skt + d[None, :]
+    kv_off = kvh * skh + j[:, None] * skt + d[None, :]
     k = tl.load(k_ptr + kv_off, mask=key_live[:, None], other=0.0)
     v = tl.load(v_ptr + kv_off, mask=key_live[:, None], other=0.0)
     dk = tl.zeros((BLOCK_N, D), tl.float32)
@@ -151,11 +168,11 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
         qi = rows // G
         hq = hp * G + rows % G
         row_live = qi < Tq
-        row_off = b * sqb + hq[:, None] * sqh + qi[:, None] * sqt + d[None, :]
-        do_off = b * sdb + hq[:, None] * sdh + qi[:, None] * sdt + d[None, :]
+        row_off = hq[:, None] * sqh + qi[:, None] * sqt + d[None, :]
+        do_off = hq[:, None] * sdh + qi[:, None] * sdt + d[None, :]
         q = tl.load(q_ptr + row_off, mask=row_live[:, None], other=0.0)
         do = tl.load(do_ptr + do_off, mask=row_live[:, None], other=0.0)
-        stat = (b * G * tl.num_programs(2) + hq) * Tq + qi
+        stat = hq * Tq + qi
         lse = tl.load(lse_ptr + stat, mask=row_live, other=0.0)
         lse = tl.where(lse == float("-inf"), 0.0, lse)
         delta = tl.load(delta_ptr + stat, mask=row_live, other=0.0)
@@ -169,7 +186,7 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
         ds = p * (dp - delta[:, None]) * scale
         dk = tl.dot(tl.trans(ds).to(DOT), q.to(DOT), dk, input_precision="ieee")
     slot = (j < Tk)[:, None]  # slots at or past kv_len store their zeros
-    dkv_off = b * sekb + hp * sekh + j[:, None] * sekt + d[None, :]  # dk, dv: contiguous
+    dkv_off = hp * sekh + j[:, None] * sekt + d[None, :]  # dk, dv: contiguous
     tl.store(dk_ptr + dkv_off, dk.to(dk_ptr.dtype.element_ty), mask=slot)
     tl.store(dv_ptr + dkv_off, dv.to(dv_ptr.dtype.element_ty), mask=slot)
 

@@ -149,9 +149,18 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr
                       Tq, G, scale, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
                       DOT: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr):  # fmt: skip
-    pid_m = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1).to(tl.int64)
-    kvh = tl.program_id(2).to(tl.int64)
+    # int64 offsets (codegen/runtime.py) only where a tensor can pass 2**31 elements: each
+    # sequence's base (a batch-256 x 8k-slot cache layer is 2.1e9); offsets inside one
+    # sequence stay int32 (int64 tiles spilled the sm_90 forward: tools/ptx_audit.py)
+    pid_m = tl.program_id(0)  # int32 index: a row block inside one sequence
+    b = tl.program_id(1)  # int32 index: the sequence; its bases below are int64 (b64)
+    kvh = tl.program_id(2)  # int32 index: a KV head inside one sequence
+    b64 = b.to(tl.int64)
+    q_ptr += b64 * sqb
+    k_ptr += b64 * skb
+    v_ptr += b64 * skb
+    o_ptr += b64 * sob
+    lse_ptr += b64 * G * tl.num_programs(2) * Tq
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # row = query * G + head-in-group
     qi = rows // G
     hq = kvh * G + rows % G
@@ -159,7 +168,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr
     d = tl.arange(0, D)
     # operands stay in their storage dtype (bf16 on CUDA): FP32 copies of q, k and v took 255
     # registers and spilled on sm_90; the dots see the same values either way
-    q = tl.load(q_ptr + b * sqb + hq[:, None] * sqh + qi[:, None] * sqt + d[None, :],
+    q = tl.load(q_ptr + hq[:, None] * sqh + qi[:, None] * sqt + d[None, :],
                 mask=row_live[:, None], other=0.0).to(DOT)  # fmt: skip
     kv_len = tl.load(kl_ptr + b).to(tl.int32)  # int32 or int64 on the host: no cast launch
     pos = tl.load(qs_ptr + b).to(tl.int32) + qi
@@ -180,7 +189,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr
     ones = tl.full((BLOCK_N, 16), 1.0, DOT)
     l_acc = tl.zeros((BLOCK_M, 16), tl.float32)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
-    kv_base = b * skb + kvh * skh
+    kv_base = kvh * skh
     # keys in fixed blocks from position 0, in order. An interval mask (iv_ok) runs its own loop:
     # each row's [lo, hi) loaded once, key blocks before the block rows' first visible key
     # skipped (they leave every row's state untouched, bit for bit, like the blocks past the
@@ -222,9 +231,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qs_ptr, kl_ptr, m_ptr
     seen = l_i > 0
     out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
-    tl.store(o_ptr + b * sob + hq[:, None] * soh + qi[:, None] * sot + d[None, :],
+    tl.store(o_ptr + hq[:, None] * soh + qi[:, None] * sot + d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=row_live[:, None])  # fmt: skip
-    tl.store(lse_ptr + (b * G * tl.num_programs(2) + hq) * Tq + qi, lse, mask=row_live)
+    tl.store(lse_ptr + hq * Tq + qi, lse, mask=row_live)
 
 
 def positions_arg(t: torch.Tensor, name: str) -> torch.Tensor:
