@@ -1,0 +1,22 @@
+"""The learner's log-prob pass at the full vocabulary (151,936) does not materialize its
+[tokens x vocabulary] FP32 logits: 4 x 1024 tokens, log-probs + backward through a minite-compiled
+Qwen3 (hidden 64), in a fresh process; its peak RSS above the built model stays below 3/4 of the
+logits' 2.32 GiB (measured 1.34 GiB, compile included, at 512-row chunks; the full-logits path:
+8.0 GiB, benchmarks/results/2026-12-07_learner_memory_c09bdcc.md)."""
+
+import json
+import subprocess
+import sys
+
+from benchmarks.learner_memory import SEQS, TOKENS, VOCAB
+
+
+def test_full_vocabulary_pass_stays_below_its_logits():
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.learner_memory", "--child", "512"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    run = json.loads(out.stdout.strip().splitlines()[-1])
+    logits_gib = SEQS * TOKENS * VOCAB * 4 / 2**30
+    assert run["finite"]
+    assert run["peak_above_build_gib"] < 0.75 * logits_gib, run
