@@ -1,6 +1,6 @@
-"""The step cost model (`benchmarks/step_cost.py`): structural facts of the rollout step's
-lowered graphs, computed from shapes on the CPU (no kernel runs). Exact tier: byte and FLOP
-counts are integers derived by hand from the shapes."""
+"""The step cost model (`fp4_compile/cost/rollout.py`; its command, `benchmarks/step_cost.py`):
+structural facts of the rollout step's lowered graphs, computed from shapes on the CPU (no
+kernel runs). Exact tier: byte and FLOP counts are integers derived by hand from the shapes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import json
 import pytest
 import torch
 
-from benchmarks.step_cost import build_model, expert_fraction, main, step_cost
+from benchmarks.step_cost import main
+from fp4_compile.cost import build_model, expert_fraction, step_cost
 from fp4_compile.models import tiny_qwen3, tiny_qwen3_moe
 
 BATCH, CONTEXT = 2, 16

@@ -1,4 +1,4 @@
-"""The learner step in the step cost model (`benchmarks/step_cost_learner.py`): the backward's
+"""The learner step in the step cost model (`fp4_compile/cost/learner.py`): the backward's
 NVFP4 GEMM ops counted as the kernels their CUDA dispatch launches, weight quantizes apart,
 AdamW from the parameters; the on_change learner's graphs bound to a weight store, its rewrite
 priced once per optimizer step. Facts checked against hand counts on a tiny Qwen3."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.step_cost_learner import adamw_rows, at_micro_batches, learner_step_cost
+from fp4_compile.cost import adamw_rows, at_micro_batches, learner_step_cost
 from fp4_compile.models import tiny_qwen3, tiny_qwen3_moe
 
 BATCH, SEQ = 2, 32

@@ -1,4 +1,4 @@
-"""The learner cost model's rules for the backward ops of the GEMMs (`benchmarks/step_cost_learner.py`
+"""The learner cost model's rules for the backward ops of the GEMMs (`fp4_compile/cost/learner.py`
 states them): each composite backward op of an NVFP4 or invariant BF16 GEMM becomes one row per
 kernel its CUDA dispatch launches, counted from the op's argument shapes. Shape legend: M
 tokens, T routed rows, E experts, N out-features, K in-features.
@@ -11,7 +11,7 @@ import math
 import torch
 import torch.fx as fx
 
-from benchmarks.step_cost_rules import OpCost, op_name
+from .rules import OpCost, op_name
 
 
 def _args(node: fx.Node) -> dict:

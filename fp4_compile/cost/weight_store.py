@@ -1,4 +1,4 @@
-"""The learner's weight store in the learner cost model (`benchmarks/step_cost_learner.py`):
+"""The learner's weight store in the learner cost model (`fp4_compile/cost/learner.py`):
 `fp4_compile.compile(quantize_weights="on_change")` binds the learner's graphs to a
 `WeightStore` (`fp4_compile/rollout/weight_store.py`) and rewrites the store once per optimizer
 step (before the first micro-batch after it). Two forms of that store, as rows of the model:
@@ -14,14 +14,14 @@ step (before the first micro-batch after it). Two forms of that store, as rows o
 - "on_change, row maxima from the optimizer (not built)": a what-if, "on_change" without the
   experts' row maxima pass (an AdamW that writes the expert weights would emit them).
 Experts' weights [E, N, K] (one global scale per expert) quantize in two steps on sm_90, the row
-maxima (a read of W) then the codes (`step_cost_rules.EXPERT_ROW_MAXIMA`).
+maxima (a read of W) then the codes (`rules.EXPERT_ROW_MAXIMA`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from benchmarks.step_cost_rules import EXPERT_ROW_MAXIMA, OpCost, per_expert_quantize
+from .rules import EXPERT_ROW_MAXIMA, OpCost, per_expert_quantize
 
 FORMS = {
     "on_change": {"hold_ongrid": True, "copies": False},

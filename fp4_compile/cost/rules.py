@@ -1,6 +1,6 @@
 """The counting rules of the step cost model: one lowered (or stock) ATen graph of the rollout
 step -> one `OpCost` row per kernel the step launches. The rules are written out in
-`benchmarks/step_cost.py`'s docstring (the one place). Shape legend: B sequences, Tq new tokens
+`fp4_compile/cost/rollout.py`'s docstring (the one place). Shape legend: B sequences, Tq new tokens
 per sequence, S static cache slots, L filled keys per sequence, E experts, k experts per token.
 """
 
