@@ -35,7 +35,12 @@ from unittest import mock
 
 import torch
 import torch.fx as fx
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
 
+from ..codegen.nvfp4 import gemm
+from ..passes import run_pipeline
+from ..recipe import NVFP4Recipe
 from .learner_rules import expand_backward
 from .rollout import expert_fraction
 from .rules import OpCost, step_costs
@@ -50,18 +55,11 @@ def learner_graphs(model: torch.nn.Module, recipe: str, *, batch: int, seq: int,
     learner step of `model` (on the meta device) at [batch, seq] tokens; with `store` (a
     `WeightStore` of the model) the graphs read the weights from it, as the on_change learner's,
     and its placeholders count as parameters."""
-    from torch._dynamo.backends.common import aot_autograd
-
-    from fp4_compile import NVFP4Recipe
-    from fp4_compile.passes import run_pipeline
-
     graphs: dict[str, fx.GraphModule] = {}
     param_positions: list[int] = []
 
     def keep(kind):
         def compiler(gm, example_inputs):
-            from functorch.compile import make_boxed_func
-
             graphs[kind] = gm
             return make_boxed_func(gm.forward)
 
@@ -81,8 +79,6 @@ def learner_graphs(model: torch.nn.Module, recipe: str, *, batch: int, seq: int,
             gm, example_inputs
         )
         return (lambda *args: fn(*args, *extra)) if extra else fn
-
-    from fp4_compile.codegen.nvfp4 import gemm
 
     def as_on_cuda(device_type: str, rows: int) -> bool:  # meta tensors stand for CUDA ones
         return rows >= gemm.ONGRID_FORWARD_MIN_ROWS

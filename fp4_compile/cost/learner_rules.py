@@ -11,6 +11,7 @@ import math
 import torch
 import torch.fx as fx
 
+from ..codegen.nvfp4.gemm_call import decode_recipe
 from .rules import OpCost, op_name
 
 
@@ -44,8 +45,6 @@ def _row(op, node, read, written, flops=0, note="") -> OpCost:
 
 
 def _recipe(a: dict):
-    from fp4_compile.codegen.nvfp4.gemm_call import decode_recipe
-
     return decode_recipe(a["recipe"])
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from ..models import qwen3_30b_a3b_layers
+
 # benchmarks/rollout.py's model: Qwen3-30B-A3B-shaped layers, 2 of 48, vocabulary 8192
 BENCH_LAYERS = 2
 BUILTIN_NOTES = {
@@ -21,15 +23,13 @@ def build_model(spec: str, *, layers: int | None = None) -> tuple[torch.nn.Modul
     """(a random-init BF16 causal LM on the meta device, a line describing it). `spec`: a
     built-in name (`BUILTIN_NOTES`), a transformers config.json, or a checkpoint folder.
     Built-ins keep the rollout benchmark's `BENCH_LAYERS` layers unless `layers` says otherwise."""
-    import transformers
+    import transformers  # an optional dependency (the hf extra)
 
     if spec in BUILTIN_NOTES:
         depth = BENCH_LAYERS if layers is None else layers
         full = 48 if spec == "qwen3-30b-a3b" else 36
         note = f"{BUILTIN_NOTES[spec]}; {depth} of its {full} layers"
         if spec == "qwen3-30b-a3b":
-            from fp4_compile.models import qwen3_30b_a3b_layers
-
             return qwen3_30b_a3b_layers(layers=depth, device="meta").eval(), note
         cfg = transformers.Qwen3Config(
             vocab_size=151936, hidden_size=4096, intermediate_size=12288,

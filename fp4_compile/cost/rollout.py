@@ -45,6 +45,9 @@ from __future__ import annotations
 
 import torch
 
+from ..passes import run_pipeline
+from ..recipe import NVFP4Recipe
+from ..rollout.step import RolloutStep
 from .models import model_config
 from .rules import step_costs
 from .summary import by_op, constants, summarize
@@ -70,10 +73,6 @@ def step_inputs(model, *, batch: int, tokens: int, context: int, max_seq_len: in
 def lowered_step(model, recipe: str, *, batch: int, tokens: int, context: int, max_seq_len: int):
     """The rollout step's ExportedProgram at these static shapes, through minite's pass pipeline
     with `recipe` ("strict", "bf16"), or as transformers' own ops ("stock")."""
-    from fp4_compile import NVFP4Recipe
-    from fp4_compile.passes import run_pipeline
-    from fp4_compile.rollout.step import RolloutStep
-
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
     example = step_inputs(model, batch=batch, tokens=tokens, context=context,

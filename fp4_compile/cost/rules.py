@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.fx as fx
 
-from fp4_compile.codegen.nvfp4.gemm_call import GemmCall
+from ..codegen.nvfp4.gemm import ONGRID_FORWARD_MIN_ROWS
+from ..codegen.nvfp4.gemm_call import GemmCall
 
 # H200 device copy, read + write: `benchmarks/results/2026-12-05_decode_gemm_20848a7.md`
 # ("Device copy: 4254 GB/s (read + write)").
@@ -214,8 +215,6 @@ def _gemm_facts(n, g: _Graph, ctx, name, launches, read):
     flops = 2 * int(out.numel()) * int(k)
     note = ""
     if call is not None and call.w_ongrid is None:
-        from fp4_compile.codegen.nvfp4.gemm import ONGRID_FORWARD_MIN_ROWS
-
         codes = _val(call.w.codes)
         experts = codes.shape[0] if codes.dim() == 3 else 1
         rows = -(-(int(out.numel()) // int(out.shape[-1])) // experts)

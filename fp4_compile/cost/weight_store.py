@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from ..rollout.weight_store import WeightStore
 from .rules import EXPERT_ROW_MAXIMA, OpCost, per_expert_quantize
 
 FORMS = {
@@ -39,8 +40,6 @@ FORMS = {
 def learner_store(model: torch.nn.Module, form: str):
     """A store of `model`'s parameters (meta tensors) in `form` (`FORMS`): bound graphs get the
     inputs the learner's would; it is never refreshed (no kernel runs)."""
-    from fp4_compile.rollout.weight_store import WeightStore
-
     return WeightStore(dict(model.named_parameters()), hold_ongrid=FORMS[form]["hold_ongrid"])
 
 
