@@ -7,7 +7,7 @@ pre-backward hook ... wrong gradients". No op mutates it: the next layer and the
 out of place. This test is the evidence: one learner step of a tiny 2-layer Qwen3 on a fixed
 batch split over 2 ranks, through the minite-compiled learner (bf16 recipe: no quantization, so
 the only difference left is the order of the gradient sums and each rank's BF16 rounding of its
-partial sums, measured 0.0020 relative in tests/rl/test_fsdp.py), and in eager FP32 (equal to
+partial sums, measured 0.0020 relative in tests/rl/train/test_fsdp.py), and in eager FP32 (equal to
 FP32 rounding of the reduction order). A dropped all-gather would give gradients of other
 weights (relative error ~1) or a failed backward. rl/train/distributed.py silences exactly that
 warning and names this test."""

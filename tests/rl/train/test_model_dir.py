@@ -75,7 +75,7 @@ def test_missing_shard_is_refused(tmp_path, tiny_model_dir):
 
 
 def test_supported_model_types_are_the_tested_architectures():
-    """The accepted `model_type`s are exactly the families tests/test_architectures.py trains
+    """The accepted `model_type`s are exactly the families tests/core/test_architectures.py trains
     (fp4_compile.models.ARCHITECTURES, Gemma2 excluded: refused, eager attention)."""
     import transformers
 

@@ -1,4 +1,4 @@
-"""One rank of the FSDP2 check (run by tests/rl/test_fsdp.py through torchrun, gloo, CPU):
+"""One rank of the FSDP2 check (run by tests/rl/train/test_fsdp.py through torchrun, gloo, CPU):
 rollout of this rank's GRPO groups, one sharded learner step (strict NVFP4 forward and
 backward, SGD with lr 1 so the saved update is the gradient), weights delivered to the rollout, then learner == rollout log-probs."""
 

@@ -12,7 +12,7 @@ import pytest
 
 from fp4_compile.rl.train.config import TrainConfig
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "settings.md"
 KNOBS = {
     "max_new_tokens", "system_prompt", "group_size", "prompts_per_step", "temperature", "clip_low",
     "clip_high", "aggregation", "advantage_scale", "kl_coef", "updates_per_batch", "tis_cap",

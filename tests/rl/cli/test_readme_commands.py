@@ -4,7 +4,7 @@ run by CI or by their own tests).
 - ```bash blocks: each command (split at `&&`) is checked: `pip install -e ".[x,y]"` names
   extras pyproject.toml defines; `python -m MODULE` names an importable module; `minite train
   ...` resolves its settings (`--print-config`: the run itself is CI's main job, and
-  tests/rl/test_run_dir.py runs the same command twice); `minite export runs/tiny-strict` runs,
+  tests/rl/train/test_run_dir.py runs the same command twice); `minite export runs/tiny-strict` runs,
   as printed, on a run folder holding a checkpoint of the tiny preset; any other `minite`
   command parses.
 - inline `minite ...` spans in the prose parse with the real `minite` parser (placeholders such
@@ -20,7 +20,7 @@ from model_dirs import make_run
 
 from fp4_compile.cli import build_parser, main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 README = (ROOT / "README.md").read_text()
 
 

@@ -4,7 +4,7 @@ rests on a measurement names ONE result file: that file must be there to read)."
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 NAME = re.compile(r"\b(20\d\d-\d\d-\d\d_[A-Za-z0-9_.+-]*[A-Za-z0-9])\b")
 SOURCES = ["README.md", "CONTRIBUTING.md", "docs", "fp4_compile", "passes", "codegen", "rl",

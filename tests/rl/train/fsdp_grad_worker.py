@@ -1,4 +1,4 @@
-"""Worker of tests/rl/test_fsdp_gradients.py: `torchrun --nproc_per_node=N fsdp_grad_worker.py
+"""Worker of tests/rl/train/test_fsdp_gradients.py: `torchrun --nproc_per_node=N fsdp_grad_worker.py
 OUT MODE` (or plain python for one process). One learner step of a tiny 2-layer Qwen3 on a fixed
 batch of 4 sequences, split by rows over the ranks; the loss is each rank's share of the global
 token-mean NLL times the world size (FSDP2 averages gradients over ranks), exactly as the GRPO

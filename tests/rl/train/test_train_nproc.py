@@ -2,7 +2,7 @@
 process: every logged metric of the rollout side (rewards, learner/rollout mismatch, rollout
 correction) of the first step (same weights) is equal, exactly; strict keeps gap 0; the loss agrees to FP32 rounding (the same
 sum, cut in two); the gradient norm and the weights after the run agree within the FSDP
-tolerance of tests/rl/test_fsdp.py (the NVFP4 wgrad quantizes each rank's part of dY with its
+tolerance of tests/rl/train/test_fsdp.py (the NVFP4 wgrad quantizes each rank's part of dY with its
 own amax); the checkpoint of the 2-process run is refused by a 1-process resume."""
 
 import json

@@ -105,7 +105,7 @@ def test_shared_weight_scale_default_and_version_1_dicts():
 def test_as_recipe():
     assert as_recipe(None) == NVFP4Recipe.strict()
     assert as_recipe(NVFP4Recipe.te().to_dict()) == NVFP4Recipe.te()
-    assert as_recipe("strict") == NVFP4Recipe.strict()  # names: tests/test_recipe_names.py
+    assert as_recipe("strict") == NVFP4Recipe.strict()  # names: tests/core/test_recipe_names.py
     with pytest.raises(TypeError, match="recipe must be"):
         as_recipe(3)
 

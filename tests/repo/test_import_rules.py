@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # root folder -> import package (pyproject's package-dir mapping)
 FOLDERS = {
     "fp4_compile": "fp4_compile",

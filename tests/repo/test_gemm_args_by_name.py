@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCANNED = [ROOT / d for d in ("fp4_compile", "passes", "codegen", "rl")]
 CALL_OBJECT = ROOT / "codegen" / "nvfp4" / "gemm_call.py"
 
