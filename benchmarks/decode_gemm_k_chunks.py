@@ -1,8 +1,9 @@
 """`benchmarks.decode_gemm --splits / --learner-forward`: the K-chunked summation order's two
 sides on the GPU (codegen/configs.py 1., `nvfp4/k_chunks.py`). Split-K decode: every split count
-of the pinned tile (bitwise == the learner's GEMM: `benchmarks.decode_gemm.check_bitwise` runs first) vs
-cuBLAS BF16. The learner: its forward GEMM in the chunked order vs the one-chain order and tile
-it replaced, paired. Figures: "emulated NVFP4 (sm_90)"."""
+of the pinned tile (bitwise == the learner's GEMM: `benchmarks.decode_gemm.check_bitwise` runs
+first) vs cuBLAS BF16. The learner: its forward GEMM in the chunked order vs the one-chain order
+and tile it replaced, paired. Figures: "emulated NVFP4 (sm_90)". Shapes, operands and rows:
+`benchmarks.decode_gemm_rows`."""
 
 from __future__ import annotations
 

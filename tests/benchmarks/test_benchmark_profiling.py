@@ -1,6 +1,7 @@
 """Benchmark profiling helpers: the kernel filter of `benchmarks.common.profile_call`, the
 per-grid table of `benchmarks.common.kernels_by_grid` and the paired rounds of
-`benchmarks.learner` (the gap analysis of `tools.learner_gaps`: tests/tools/test_learner_gaps.py)."""
+`benchmarks.learner` (the gap analysis of `tools.learner_gaps`:
+tests/tools/test_learner_gaps.py)."""
 
 
 def test_profile_kernel_filter_keeps_aten_lambda_kernels():

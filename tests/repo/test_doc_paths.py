@@ -7,8 +7,8 @@ What counts as a path: a token that starts with a top-level folder of the reposi
 to its file, and a module run or imported from benchmarks/ or tools/ (`python -m tools.ptx_audit`,
 `benchmarks.common`). Placeholders (`<date>`, `{commit}`) and globs (`*localize_h200*`) must match
 at least one file; `{md,json}` must match each alternative. Result files named without a folder
-are tests/repo/test_cited_results.py's. The result files themselves (benchmarks/results/*, except its
-index) are records of past runs and are not scanned."""
+are tests/repo/test_cited_results.py's. The result files themselves (benchmarks/results/*,
+except its index) are records of past runs and are not scanned."""
 
 import itertools
 import re

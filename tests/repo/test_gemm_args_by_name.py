@@ -3,7 +3,8 @@
 
 Scanned: the package's code folders (the four ops' own files included: they are registered from
 `GemmCall`'s table and read their inputs by name; the step cost model's rules,
-`fp4_compile/cost/rules.py`, read GEMM nodes). Tests build positional tuples on purpose (opcheck) and are not scanned."""
+`fp4_compile/cost/rules.py`, read GEMM nodes). Tests build positional tuples on purpose
+(opcheck) and are not scanned."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ run by CI or by their own tests).
 - ```bash blocks: each command (split at `&&`) is checked: `pip install -e ".[x,y]"` names
   extras pyproject.toml defines; `python -m MODULE` names an importable module; `minite train
   ...` resolves its settings (`--print-config`: the run itself is CI's main job, and
-  tests/rl/train/test_run_dir.py runs the same command twice); `minite export runs/tiny-strict` runs,
-  as printed, on a run folder holding a checkpoint of the tiny preset; any other `minite`
+  tests/rl/train/test_run_dir.py runs the same command twice); `minite export runs/tiny-strict`
+  runs, as printed, on a run folder holding a checkpoint of the tiny preset; any other `minite`
   command parses.
 - inline `minite ...` spans in the prose parse with the real `minite` parser (placeholders such
   as RUN_DIR are positional arguments), and `minite train` ones resolve their settings."""
