@@ -20,76 +20,35 @@ chunked K order to the learner). Figures: "emulated NVFP4 (sm_90)".
 from __future__ import annotations
 
 import argparse
-import functools
 import itertools
 
 import torch
-import torch.nn.functional as F
 
-from benchmarks.common import fmt, header, ratio, write_results
-
-DENSE = {"square_8192": (8192, 8192), "attn_q": (4096, 2048), "attn_o": (2048, 4096),
-         "expert_gate_up": (1536, 2048), "expert_down": (2048, 768)}  # fmt: skip
-SPLITS = (1, 2, 4, 8)
-DENSE_M = (1, 16, 64)
-GROUPED = {"gate_up": (128, 1536, 2048), "down": (128, 2048, 768)}
-PER_EXPERT = (1, 4, 16)
-
-
-def flushed_ms(fn) -> float:
-    """Eager launches (L2 flushed before each): what a call costs with its host launch."""
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
-
-
-def copies(nbytes: int) -> int:
-    """Weight copies to rotate through so that together they exceed the 50 MB L2 four times."""
-    return max(2, min(64, -(-200_000_000 // nbytes)))
-
-
-def rotating_graph_ms(fn, weights: list) -> float:
-    """GPU time per call of fn(weight): one call per copy in `weights` (together far larger than
-    L2, so every call streams its weights from HBM as in decode) captured in one CUDA graph and
-    replayed (`do_bench_cudagraph`), median / len(weights). No host launch cost."""
-    import triton.testing
-
-    def run():
-        for w in weights:
-            fn(w)
-
-    return float(triton.testing.do_bench_cudagraph(run, rep=50, return_mode="median")) / len(
-        weights
-    )
+from benchmarks.common import fmt, header, write_results
+from benchmarks.decode_gemm_k_chunks import (
+    chunks_of,
+    k_chunk_lines,
+    learner_forward_rows,
+    split_rows,
+)
+from benchmarks.decode_gemm_rows import (
+    DENSE,
+    DENSE_M,
+    GROUPED,
+    PER_EXPERT,
+    cancellation_rows,
+    dense_row,
+    flushed_ms,
+    grouped_row,
+    on_grid_activation,
+    quantized_weights,
+)
 
 
 def copy_gbps() -> float:
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     return 2 * src.numel() / flushed_ms(lambda: dst.copy_(src)) / 1e6
-
-
-@functools.cache
-def _rows(m, k, seed):
-    """Cancellation-heavy rows: magnitudes 1e-4..1e2 along K, both signs."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(m, k, generator=g, device="cuda")
-    return x * torch.logspace(-4, 2, k, device="cuda")
-
-
-@functools.cache
-def _weights(e, n, k, seed):
-    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
-
-    w = _rows(e * n, k, seed).reshape(e, n, k) if e else _rows(n, k, seed)
-    mode = "per_expert" if e else "per_tensor"
-    return w.to(torch.bfloat16), quantize_triton(w, block="16x16", global_scale=mode)
-
-
-def _act(x):
-    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
-
-    return quantize_triton(x, block="1x16", global_scale="per_row", out="ongrid")
 
 
 def check_bitwise(cfg, splits=(None,), k=2048) -> bool:
@@ -100,18 +59,18 @@ def check_bitwise(cfg, splits=(None,), k=2048) -> bool:
     from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
 
     ok = True
-    _, wq = _weights(0, 320, k, 1)
+    _, wq = quantized_weights(0, 320, k, 1)
     og = wq.on_grid(torch.bfloat16)
-    a, gd_a = _act(_rows(512, k, 2).to(torch.bfloat16))
+    a, gd_a = on_grid_activation(cancellation_rows(512, k, 2).to(torch.bfloat16))
     full = launch_gemm(a, gd_a, og, wq.global_decode, out_dtype=torch.float32)
     packed = (wq.codes, wq.block_scales.view(torch.uint8))
     for m, split in itertools.product(sorted({1, 3, cfg.block_t - 1, cfg.block_t, 64}), splits):
         y = launch_decode_gemm(a[:m], gd_a[:m], packed, wq.global_decode,
                                out_dtype=torch.float32, config=cfg, splits=split)  # fmt: skip
         ok &= bool(torch.equal(y.view(torch.int32), full[:m].view(torch.int32)))
-    _, wqe = _weights(4, 192, 768, 3)
+    _, wqe = quantized_weights(4, 192, 768, 3)
     oge = wqe.on_grid(torch.bfloat16)
-    a, gd_a = _act(_rows(40, 768, 4).to(torch.bfloat16))
+    a, gd_a = on_grid_activation(cancellation_rows(40, 768, 4).to(torch.bfloat16))
     offs = torch.tensor([5, 5, 21, 40], dtype=torch.int32, device="cuda")
     rows = torch.randint(-1, 40, (40,), device="cuda", dtype=torch.int32)
     want = launch_gemm(a, gd_a, oge, wqe.global_decode, out_dtype=torch.float32, offsets=offs,
@@ -121,70 +80,6 @@ def check_bitwise(cfg, splits=(None,), k=2048) -> bool:
                              a_rows=rows, config=cfg)  # fmt: skip
     ok &= bool(torch.equal(got.view(torch.int32), want.view(torch.int32)))
     return ok
-
-
-def dense_row(name, m, n, k, cfg=None, splits=None) -> dict:
-    from fp4_compile.codegen.nvfp4.decode_gemm_kernel import launch_decode_gemm
-    from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
-
-    w, wq = _weights(0, n, k, 5)
-    x = _rows(m, k, 6).to(torch.bfloat16)
-    a, gd_a = _act(x)
-    gd = wq.global_decode
-    packed_bytes = n * k * (0.5 + 1 / 16)
-    rp, rb = copies(int(packed_bytes)), copies(n * k * 2)
-    packed = [(wq.codes.clone(), wq.block_scales.view(torch.uint8).clone()) for _ in range(rp)]
-    bf16 = [w.clone() for _ in range(rb)]
-    row = {"kind": "dense", "name": name, "M": m, "N": n, "K": k, "weight_copies": [rp, rb]}
-    out = {"out_dtype": torch.bfloat16}
-    row["bf16_ms"] = rotating_graph_ms(lambda b: F.linear(x, b), bf16)
-    row["decode_ms"] = rotating_graph_ms(
-        lambda p: launch_decode_gemm(a, gd_a, p, gd, **out, config=cfg, splits=splits), packed
-    )
-    if cfg is None and splits is None:
-        row["old_packed_ms"] = rotating_graph_ms(
-            lambda p: launch_gemm(a, gd_a, p, gd, **out, config_op="nvfp4_gemm"), packed
-        )
-        row["decode_eager_ms"] = flushed_ms(
-            lambda: launch_decode_gemm(a, gd_a, packed[0], gd, **out)
-        )
-    row["weight_GBps"] = packed_bytes / row["decode_ms"] / 1e6
-    row["vs_bf16"] = ratio(row["bf16_ms"], row["decode_ms"])
-    return row
-
-
-def grouped_row(name, e, n, k, per, cfg=None) -> dict:
-    from fp4_compile.codegen.nvfp4.decode_gemm_kernel import launch_decode_gemm
-    from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
-
-    w, wq = _weights(e, n, k, 7)
-    offs = (torch.arange(1, e + 1, device="cuda", dtype=torch.int32) * per).to(torch.int32)
-    x = _rows(e * per, k, 8).to(torch.bfloat16)
-    a, gd_a = _act(x)
-    gd = wq.global_decode
-    packed_bytes = e * n * k * (0.5 + 1 / 16)
-    rp, rb = copies(int(packed_bytes)), copies(e * n * k * 2)
-    packed = [(wq.codes.clone(), wq.block_scales.view(torch.uint8).clone()) for _ in range(rp)]
-    w_kn = [w.clone().transpose(-1, -2) for _ in range(rb)]  # [E, K, N] views, as the learner
-    row = {"kind": "grouped", "name": name, "E": e, "N": n, "K": k, "per_expert": per,
-           "weight_copies": [rp, rb]}  # fmt: skip
-    # eager with an L2 flush (its weights, 805 MB, exceed L2 anyway): torch._grouped_mm inside
-    # the rotating CUDA graph hit a device-side offsets assert on the H200 (torch 2.11)
-    row["bf16_ms"] = flushed_ms(lambda: torch._grouped_mm(x, w_kn[0], offs=offs))
-    kw = {"out_dtype": torch.bfloat16, "offsets": offs, "rows_per_group": per}
-    row["decode_ms"] = rotating_graph_ms(
-        lambda p: launch_decode_gemm(a, gd_a, p, gd, **kw, config=cfg), packed
-    )
-    if cfg is None:
-        row["old_packed_ms"] = rotating_graph_ms(
-            lambda p: launch_gemm(a, gd_a, p, gd, **kw, config_op="nvfp4_gemm"), packed
-        )
-        row["decode_eager_ms"] = flushed_ms(
-            lambda: launch_decode_gemm(a, gd_a, packed[0], gd, **kw)
-        )
-    row["weight_GBps"] = packed_bytes / row["decode_ms"] / 1e6
-    row["vs_bf16"] = ratio(row["bf16_ms"], row["decode_ms"])
-    return row
 
 
 def sweep_configs(only: str = "all"):
@@ -241,8 +136,6 @@ def main() -> None:
     print(f"device copy {copy:.0f} GB/s (read + write)", flush=True)
     pinned = {m: pick_decode("sm_90", m) for m in (1, 16, 64)}
     bitwise_pinned = {str(c): check_bitwise(c) for c in set(pinned.values())}
-    from benchmarks.decode_gemm_k_chunks import chunks_of
-
     every = tuple(s for s in (1, 2, 3, 4, 8) if s <= chunks_of(8192))
     bitwise_pinned[f"splits {every}, K = 8192"] = all(
         check_bitwise(c, splits=every, k=8192) for c in set(pinned.values())
@@ -253,8 +146,6 @@ def main() -> None:
              for per in PER_EXPERT]  # fmt: skip
     for r in rows:
         print(r, flush=True)
-    from benchmarks.decode_gemm_k_chunks import k_chunk_lines, learner_forward_rows, split_rows
-
     splits = split_rows() if args.splits else []
     learner_fwd = learner_forward_rows() if args.learner_forward else []
     sweep = []

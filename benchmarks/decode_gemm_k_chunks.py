@@ -1,8 +1,9 @@
 """`benchmarks.decode_gemm --splits / --learner-forward`: the K-chunked summation order's two
 sides on the GPU (codegen/configs.py 1., `nvfp4/k_chunks.py`). Split-K decode: every split count
-of the pinned tile (bitwise == the learner's GEMM: `decode_gemm.check_bitwise` runs first) vs
-cuBLAS BF16. The learner: its forward GEMM in the chunked order vs the one-chain order and tile
-it replaced, paired. Figures: "emulated NVFP4 (sm_90)"."""
+of the pinned tile (bitwise == the learner's GEMM: `benchmarks.decode_gemm.check_bitwise` runs
+first) vs cuBLAS BF16. The learner: its forward GEMM in the chunked order vs the one-chain order
+and tile it replaced, paired. Figures: "emulated NVFP4 (sm_90)". Shapes, operands and rows:
+`benchmarks.decode_gemm_rows`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,15 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import fmt, ratio
-from benchmarks.decode_gemm import DENSE, DENSE_M, SPLITS, _act, _rows, _weights, dense_row
+from benchmarks.decode_gemm_rows import (
+    DENSE,
+    DENSE_M,
+    SPLITS,
+    cancellation_rows,
+    dense_row,
+    on_grid_activation,
+    quantized_weights,
+)
 
 
 def chunk_size() -> int:
@@ -75,9 +84,9 @@ def learner_forward_rows(rows: int = 4096) -> list[dict]:
 
     out = []
     for name, (n, k) in DENSE.items():
-        w, wq = _weights(0, n, k, 9)
-        x = _rows(rows, k, 10).to(torch.bfloat16)
-        a, gd_a = _act(x)
+        w, wq = quantized_weights(0, n, k, 9)
+        x = cancellation_rows(rows, k, 10).to(torch.bfloat16)
+        a, gd_a = on_grid_activation(x)
         args = (a, gd_a, wq.on_grid(torch.bfloat16), wq.global_decode)
         kw = {"out_dtype": torch.bfloat16, "config_op": "nvfp4_gemm_ongrid"}
         fns = {key: functools.partial(launch_gemm, *args, **kw, config=cfg, k_chunk_override=kc)

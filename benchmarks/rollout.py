@@ -3,7 +3,7 @@ graph replays), with prefill and the one-time capture timed apart, at batch 1 / 
 for minite strict NVFP4, the minite bf16 recipe (same engine, same invariant kernels, no
 quantization), the same engine on stock kernels (no minite lowering: not invariant), and
 transformers BF16 with a static cache compiled by Inductor (the stock single-GPU peer). Every
-row stands beside the step cost model's roofline time for it (`benchmarks/step_cost.py`, the
+row stands beside the step cost model's roofline time for it (`fp4_compile/cost/rollout.py`, the
 H200's measured copy rate and BF16 peak): % of roofline = roofline / measured.
 Qwen3-30B-A3B-shaped layers (`fp4_compile.models.qwen3_30b_a3b_layers`), random weights.
 Figures on Hopper are "emulated NVFP4 (sm_90)".
@@ -112,7 +112,7 @@ def roofline_table(*, layers: int, prompt: int, new_tokens: int, batches: list[i
     """The step cost model's decode roofline (ms) per (cost-model recipe, batch), at the mean
     context of a generate call (prompt + new_tokens / 2 keys) in its static cache (CPU, shapes
     only: seconds per entry)."""
-    from benchmarks.step_cost import build_model, step_cost
+    from fp4_compile.cost import build_model, step_cost
 
     model, note = build_model("qwen3-30b-a3b", layers=layers)
     context, slots = prompt + new_tokens // 2, prompt + new_tokens
@@ -246,7 +246,7 @@ def report(rows, roof, graph_check, errors, profiles, *, env, args, batches) -> 
             f"Qwen3-30B-A3B-shaped, {args.layers} layers, vocab 8192, prompt {args.prompt}, "
             f"{args.new_tokens} new tokens; decode step = (T({args.new_tokens} tokens) - T(1 "
             f"token)) / {args.new_tokens - 1}, medians of {args.reps} warm calls. Roofline: the "
-            f"step cost model (`benchmarks/step_cost.py`) at {roof['context']} keys in "
+            f"step cost model (`fp4_compile/cost/rollout.py`) at {roof['context']} keys in "
             f"{roof['max_seq_len']} slots; % roofline = roofline / measured step."
         ),
         "",

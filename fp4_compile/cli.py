@@ -52,7 +52,7 @@ def one_line(error: BaseException) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The whole `minite` command line (tests/rl/test_readme_commands.py parses the README's
+    """The whole `minite` command line (tests/rl/cli/test_readme_commands.py parses the README's
     commands with it)."""
     parser = argparse.ArgumentParser(
         prog="minite",

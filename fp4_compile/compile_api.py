@@ -23,7 +23,7 @@ def compile(  # noqa: A001
     it changed in place (an optimizer step, an in-place load), into a `WeightStore` the graphs
     read (`fp4_compile/rollout/weight_store.py`; on CUDA it holds the on-grid copies the forward
     and dgrad read, so no call decodes them), so the micro-batches of one optimizer step share
-    one quantize. The same bits, forward and gradients (tests/test_learner_weight_store.py).
+    one quantize. The same bits, forward and gradients (tests/rollout/test_learner_weight_store.py).
     A parameter replaced by a new tensor is refused at the next call. The store is the returned
     module's `minite_weight_store`."""
     if "backend" in compile_kwargs or "options" in compile_kwargs:

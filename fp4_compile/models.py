@@ -96,7 +96,7 @@ def qwen3_30b_a3b_layers(
 
 
 # architecture family -> (transformers config class, model class, config fields beyond the common
-# tiny ones); `tiny_causal_lm` builds any of them, `tests/test_architectures.py` runs them all
+# tiny ones); `tiny_causal_lm` builds any of them, `tests/core/test_architectures.py` runs them all
 ARCHITECTURES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),

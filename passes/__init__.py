@@ -97,7 +97,7 @@ def run_pipeline(
     return report
 
 
-# The entry points code outside passes/ may import (tests/test_import_rules.py): the pipeline,
+# The entry points code outside passes/ may import (tests/repo/test_import_rules.py): the pipeline,
 # its report, and the graph reading and binding of an exported rollout program's weights.
 __all__ = [
     "PIPELINE",

@@ -53,9 +53,9 @@ def ignore_fsdp_view_warning() -> None:
     The compiled learner's layers return a view (the lowered GEMM's 2D result reshaped), and
     FSDP2 warns that an in-place op on it would drop its pre-backward hook. Nothing mutates it
     (the next layer and the loss read it out of place), and the 2-process gradients equal the
-    1-process ones (tests/rl/test_fsdp_gradients.py: relative 1e-7 in eager FP32, 0.002 through
-    the compiled bf16-recipe learner, the BF16 rounding of each rank's partial sums). Every other
-    FSDP2 warning still shows."""
+    1-process ones (tests/rl/train/test_fsdp_gradients.py: relative 1e-7 in eager FP32, 0.002
+    through the compiled bf16-recipe learner, the BF16 rounding of each rank's partial sums).
+    Every other FSDP2 warning still shows."""
     warnings.filterwarnings(
         "ignore",
         message=r"FSDP2-wrapped module \(.*\) returned a view tensor",

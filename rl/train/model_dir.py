@@ -19,7 +19,7 @@ import struct
 from pathlib import Path
 
 # config.json `model_type` -> family of fp4_compile.models.ARCHITECTURES (each one trains
-# through the backend with rollout == learner bitwise: tests/test_architectures.py)
+# through the backend with rollout == learner bitwise: tests/core/test_architectures.py)
 SUPPORTED_MODEL_TYPES = {
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3_moe",

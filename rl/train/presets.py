@@ -64,7 +64,7 @@ def h200_moe(variant: str = "strict") -> TrainConfig:
     sorting mixed, 64 prompts x 8 samples per step, 40 steps, about 2 minutes per variant
     (measured: benchmarks/results/2026-12-02_grpo_h200-moe.md, reward 0.51 -> 0.59). The warm
     start is kept short on purpose: 600 steps solved the task (reward 1.0 at step 0) and GRPO
-    then only had room to go down (2026-12-02_grpo_h200-moe_overtrained_warm_start.md)."""
+    then only had room to go down (the same file, its overtrained warm start section)."""
     cfg = TrainConfig(
         name="h200-moe",
         arch="qwen3_moe", hidden=512, layers=4, heads=8, kv_heads=4, head_dim=64,
