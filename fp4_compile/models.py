@@ -175,6 +175,14 @@ REAL_SHAPES = {
              max_position_embeddings=40960, tie_word_embeddings=False),
         48,
     ),
+    "qwen3-1.7b": (  # its layer shapes, head untied (tools/vllm_weight_sync.py)
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(hidden_size=2048, intermediate_size=6144, num_attention_heads=16,
+             num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+             tie_word_embeddings=False),
+        28,
+    ),
 }  # fmt: skip
 """name -> (transformers config class, model class, config fields, the real model's layers)."""
 REAL_VOCAB = 151936
@@ -228,3 +236,52 @@ def real_shape_note(name: str, *, layers: int, vocab: int = REAL_VOCAB) -> str:
         f"{cfg.num_key_value_heads} kv heads of {cfg.head_dim}, {mlp}, vocab {vocab}; "
         f"{layers} of its {REAL_SHAPES[name][3]} layers"
     )
+
+
+TINY = {"tiny-qwen3": tiny_qwen3, "tiny-qwen3-moe": tiny_qwen3_moe}
+"""The tiny random models by name (tests, CPU presets, `minite diagnose`)."""
+
+
+def build_causal_lm(
+    spec: str,
+    *,
+    layers: int | None = None,
+    vocab: int | None = None,
+    dtype=torch.bfloat16,
+    device="cpu",
+    seed: int = 0,
+):
+    """THE model factory: a random-init causal LM from `spec`, one of `TINY` (2 layers unless
+    `layers`), a `REAL_SHAPES` name (full width; `layers` required; full vocabulary unless
+    `vocab`), or a transformers config.json / folder holding one (its architecture with random
+    weights; `layers` and `vocab` override its fields). Checkpoint WEIGHTS are loaded elsewhere
+    (`from_pretrained`, `rl/train/model_dir.py`)."""
+    from pathlib import Path
+
+    if spec in TINY:
+        kwargs = {"layers": 2 if layers is None else layers, "seed": seed, "dtype": dtype}
+        model = TINY[spec](**kwargs, **({} if vocab is None else {"vocab": vocab}))
+        return model.to(device)
+    if spec in REAL_SHAPES:
+        if layers is None:
+            raise ValueError(f"{spec!r}: pass layers= (the real model has {REAL_SHAPES[spec][3]})")
+        return real_shape_model(spec, layers=layers, vocab=vocab or REAL_VOCAB, dtype=dtype,
+                                device=device, seed=seed)  # fmt: skip
+    path = Path(spec)
+    if not path.exists():
+        raise ValueError(
+            f"model {spec!r} is none of {sorted(TINY)}, {sorted(REAL_SHAPES)} and no existing "
+            "config.json or folder holding one"
+        )
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(str(path))
+    text = getattr(cfg, "text_config", None) or cfg
+    if layers is not None:
+        text.num_hidden_layers = layers
+    if vocab is not None:
+        text.vocab_size = vocab
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    return model.to(dtype).eval()

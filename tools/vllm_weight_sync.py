@@ -26,18 +26,14 @@ import time
 import torch
 
 from benchmarks.common import environment, write_results
-
-SHAPES = dict(hidden_size=2048, intermediate_size=6144, num_attention_heads=16,
-              num_key_value_heads=8, head_dim=128, vocab_size=151936)  # fmt: skip
+from fp4_compile.models import REAL_SHAPES
 
 
 def build_model(layers: int):
-    import transformers
+    """Qwen3-1.7B-shaped layers at full vocabulary (`fp4_compile.models.build_causal_lm`)."""
+    from fp4_compile.models import build_causal_lm
 
-    cfg = transformers.Qwen3Config(**SHAPES, num_hidden_layers=layers, max_position_embeddings=256,
-                                   tie_word_embeddings=False)  # fmt: skip
-    torch.manual_seed(0)
-    return transformers.Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    return build_causal_lm("qwen3-1.7b", layers=layers)
 
 
 def timed(fn):
@@ -104,7 +100,7 @@ def main() -> None:
     import vllm
 
     env["vllm"] = vllm.__version__
-    payload = {"env": env, "layers": args.layers, "shapes": SHAPES, "rows": rows,
+    payload = {"env": env, "layers": args.layers, "shapes": REAL_SHAPES["qwen3-1.7b"][2], "rows": rows,
                "extrapolated": extrapolated}  # fmt: skip
     total_s = {k: median(k, "learner_s") + median(k, "vllm_s") for k in rows}
     lines = [

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..models import qwen3_30b_a3b_layers
+from ..models import REAL_SHAPES, build_causal_lm, qwen3_30b_a3b_layers
 
 # benchmarks/rollout.py's model: Qwen3-30B-A3B-shaped layers, 2 of 48, vocabulary 8192
 BENCH_LAYERS = 2
@@ -21,35 +21,24 @@ BUILTIN_NOTES = {
 
 def build_model(spec: str, *, layers: int | None = None) -> tuple[torch.nn.Module, str]:
     """(a random-init BF16 causal LM on the meta device, a line describing it). `spec`: a
-    built-in name (`BUILTIN_NOTES`), a transformers config.json, or a checkpoint folder.
-    Built-ins keep the rollout benchmark's `BENCH_LAYERS` layers unless `layers` says otherwise."""
-    import transformers  # an optional dependency (the hf extra)
-
+    built-in name (`BUILTIN_NOTES`), a transformers config.json, or a checkpoint folder; built
+    by `fp4_compile.models.build_causal_lm`. Built-ins keep the rollout benchmark's
+    `BENCH_LAYERS` layers unless `layers` says otherwise."""
     if spec in BUILTIN_NOTES:
         depth = BENCH_LAYERS if layers is None else layers
-        full = 48 if spec == "qwen3-30b-a3b" else 36
+        full = REAL_SHAPES[spec][3]
         note = f"{BUILTIN_NOTES[spec]}; {depth} of its {full} layers"
         if spec == "qwen3-30b-a3b":
             return qwen3_30b_a3b_layers(layers=depth, device="meta").eval(), note
-        cfg = transformers.Qwen3Config(
-            vocab_size=151936, hidden_size=4096, intermediate_size=12288,
-            num_hidden_layers=depth, num_attention_heads=32, num_key_value_heads=8,
-            head_dim=128, max_position_embeddings=40960, tie_word_embeddings=False,
-        )  # fmt: skip
-    else:
-        path = Path(spec)
-        if not path.exists():
-            raise ValueError(
-                f"--model {spec!r} is neither a built-in ({sorted(BUILTIN_NOTES)}) nor an "
-                "existing config.json / checkpoint folder"
-            )
-        cfg = transformers.AutoConfig.from_pretrained(str(path))
-        if layers is not None:
-            cfg.num_hidden_layers = layers
-        note = f"{path} ({cfg.model_type}), {cfg.num_hidden_layers} layers"
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg)
-    return model.to(torch.bfloat16).eval(), note
+        return build_causal_lm(spec, layers=depth, device="meta"), note
+    if not Path(spec).exists():
+        raise ValueError(
+            f"--model {spec!r} is neither a built-in ({sorted(BUILTIN_NOTES)}) nor an "
+            "existing config.json / checkpoint folder"
+        )
+    model = build_causal_lm(spec, layers=layers, device="meta")
+    cfg = model_config(model)
+    return model, f"{spec} ({cfg.model_type}), {cfg.num_hidden_layers} layers"
 
 
 def model_config(model):

@@ -35,21 +35,19 @@ def build_model(spec: str, dtype=torch.float32, *, log=None):
     """tiny-qwen3 / tiny-qwen3-moe (random init), a local transformers checkpoint folder (its
     weights; refused, naming the cause, if minite cannot run it: rl/train/model_dir.py), or a
     config.json path (random weights of that config: `log` says so)."""
-    from ...models import tiny_qwen3, tiny_qwen3_moe
+    from ...models import TINY, build_causal_lm
 
-    if spec == "tiny-qwen3":
-        return tiny_qwen3(layers=2, dtype=dtype)
-    if spec == "tiny-qwen3-moe":
-        return tiny_qwen3_moe(layers=2, dtype=dtype)
+    if spec in TINY:
+        return build_causal_lm(spec, dtype=dtype)
     path = Path(spec)
     if not path.exists():
         raise ValueError(
             f"--model must be 'tiny-qwen3', 'tiny-qwen3-moe', a transformers checkpoint folder "
             f"or a config.json path, got {spec!r} (no such file or folder)"
         )
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     if path.is_dir():
+        from transformers import AutoModelForCausalLM
+
         from ..train.model_dir import check_model_dir
 
         check_model_dir(path)
@@ -57,14 +55,12 @@ def build_model(spec: str, dtype=torch.float32, *, log=None):
             str(path), dtype=dtype, attn_implementation="sdpa"
         )
         return model.to(dtype)
-    cfg = AutoConfig.from_pretrained(str(path))
     if log is not None:
         log(
             f"--model {spec}: random weights of this config (seed 0), not a checkpoint's; pass "
             f"the folder {str(path.parent)!r} to load its weights"
         )
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg).to(dtype)
+    return build_causal_lm(spec, dtype=dtype)
 
 
 def _prompts(num: int, vocab: int, seed: int) -> list[list[int]]:

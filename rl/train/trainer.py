@@ -185,7 +185,7 @@ class GRPOTrainer:
         self.ref = None
         if self.ref_model is not None:
             # frozen: its NVFP4 weights quantized once, not in every forward (one process; the
-            # same bits, tests/test_learner_weight_store.py)
+            # same bits, tests/rollout/test_learner_weight_store.py)
             once = "on_change" if self.world == 1 else "every_call"
             self.ref = (_compile(self.ref_model, self.recipe, quantize_weights=once)
                         if cfg.compile else self.ref_model)  # fmt: skip
