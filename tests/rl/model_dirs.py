@@ -77,3 +77,13 @@ def make_run(run_dir: Path, *, step: int = 30) -> Path:
              "config": cfg.to_dict(), "tokenizer": {"chars": "0123456789"}}  # fmt: skip
     save_checkpoint(step_path(run_dir / "checkpoints", step), state, kind="grpo")
     return run_dir
+
+
+def save_qwen3_hidden_72(folder):
+    """A local Qwen3 folder whose hidden size (72) is no multiple of 16, with its tokenizer:
+    its GEMMs cannot be NVFP4 (the preflight and `minite diagnose` refuse it by name)."""
+    from fp4_compile.models import tiny_causal_lm
+
+    tiny_causal_lm("qwen3", layers=1, hidden=72, vocab=64).save_pretrained(str(folder))
+    save_tokenizer(folder)
+    return folder

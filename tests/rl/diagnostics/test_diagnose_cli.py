@@ -4,7 +4,7 @@ result is refused unless --overwrite), and a model whose GEMMs the strict recipe
 is refused in one line naming the modules and `--bf16-modules`, before any compile."""
 
 import pytest
-from test_preflight import _qwen3_hidden_72
+from model_dirs import save_qwen3_hidden_72
 
 from fp4_compile.cli import main
 from fp4_compile.rl.diagnostics.gap_report import diagnose_dir
@@ -22,7 +22,7 @@ def test_each_diagnose_gets_its_own_folder(tmp_path, monkeypatch):
 
 
 def test_odd_shapes_are_refused_naming_bf16_modules(tmp_path, monkeypatch, capsys):
-    model_dir = _qwen3_hidden_72(tmp_path / "qwen3-72")
+    model_dir = save_qwen3_hidden_72(tmp_path / "qwen3-72")
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
     assert main(["diagnose", "--model", str(model_dir)]) == 2

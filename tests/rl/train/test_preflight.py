@@ -5,7 +5,7 @@ setting, and that setting, given on the command line, is what the recipe then ke
 
 import time
 
-from model_dirs import save_tokenizer
+from model_dirs import save_qwen3_hidden_72
 
 from fp4_compile.cli import main
 from fp4_compile.rl.train.preflight import check_gemm_shapes, model_skeleton
@@ -13,16 +13,8 @@ from fp4_compile.rl.train.presets import get_preset
 from fp4_compile.weight_policy import shape_fallbacks
 
 
-def _qwen3_hidden_72(folder):
-    from fp4_compile.models import tiny_causal_lm
-
-    tiny_causal_lm("qwen3", layers=1, hidden=72, vocab=64).save_pretrained(str(folder))
-    save_tokenizer(folder)
-    return folder
-
-
 def test_odd_hidden_size_is_refused_before_the_warm_start(tmp_path, monkeypatch, capsys):
-    model_dir = _qwen3_hidden_72(tmp_path / "qwen3-72")
+    model_dir = save_qwen3_hidden_72(tmp_path / "qwen3-72")
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()  # save_pretrained's progress bar
     t0 = time.perf_counter()
@@ -38,7 +30,7 @@ def test_odd_hidden_size_is_refused_before_the_warm_start(tmp_path, monkeypatch,
 
 
 def test_bf16_modules_from_the_command_line_keeps_them_bf16(tmp_path, capsys):
-    model_dir = _qwen3_hidden_72(tmp_path / "qwen3-72")
+    model_dir = save_qwen3_hidden_72(tmp_path / "qwen3-72")
     cfg = get_preset("tiny").with_overrides([f"model={model_dir}"])
     odd = shape_fallbacks(model_skeleton(cfg), cfg.recipe())
     assert odd and all(k == 72 or n == 72 for _, n, k in odd), odd
