@@ -79,7 +79,7 @@ PRESETS: dict[str, tuple[str, tuple[str, ...]]] = {
             "checkpoint_every=300",
             "keep_checkpoints=1",
         ),
-    ),  # fmt: skip
+    ),
     # h200-evidence (Qwen3-MoE 28M, 6-digit sort, 150 steps of 64 x 8): one variant per call
     "gpu": ("h200-evidence", ("checkpoint_every=1000", "keep_checkpoints=1")),
 }
@@ -92,10 +92,22 @@ multiplies the preset's lr)."""
 OFF_POLICY_VARIANTS = ("strict", "mismatch")
 SETTINGS = ("on", "off")
 SMOKE = (
-    "hidden=32", "layers=1", "heads=2", "kv_heads=1", "head_dim=16", "intermediate=64",
-    "num_digits=3", "prompts_per_step=2", "group_size=2", "steps=3", "warm_start_steps=2",
-    "warm_start_batch=8", "eval_every=2", "eval_size=4", "compile=false",
-)  # fmt: skip
+    "hidden=32",
+    "layers=1",
+    "heads=2",
+    "kv_heads=1",
+    "head_dim=16",
+    "intermediate=64",
+    "num_digits=3",
+    "prompts_per_step=2",
+    "group_size=2",
+    "steps=3",
+    "warm_start_steps=2",
+    "warm_start_batch=8",
+    "eval_every=2",
+    "eval_size=4",
+    "compile=false",
+)
 """A seconds-long stand-in of every run (eager: the loop, the stock engine and the summary)."""
 TIMING_KEYS = ("wall_s", "step_s", "rollout_s", "learner_s", "first_step_s")
 TAKEOFF = 0.5
@@ -142,10 +154,16 @@ def plan(preset: str, variants: list[str], settings: list[str], seeds: list[int]
 
 
 def run_one(
-    preset, variant, setting, seed, work: Path, extra: list[str], timeout_s: float,
+    preset,
+    variant,
+    setting,
+    seed,
+    work: Path,
+    extra: list[str],
+    timeout_s: float,
     own_cache: bool = False,
     reuse: bool = False,
-) -> dict:  # fmt: skip
+) -> dict:
     """One `minite train` run in a subprocess; its figures (partial when cut). The warm start is
     cached in work/cache (shared by the runs of a seed), or in the run's own folder when runs go
     in parallel (`own_cache`: the same deterministic warm start, computed by each run)."""
@@ -185,8 +203,13 @@ def rows_from_work(preset, runs, work: Path, extra: list[str]) -> list[dict]:
         over = run_overrides(preset, v, s, seed, extra)
         planned = get_preset(base_preset, VARIANTS[v][0]).with_overrides(over).steps
         finished = (run_dir / "train.log").exists()
-        row = {"variant": v, "setting": s, "seed": seed, "rc": 0 if finished else "running",
-               "wall_s": None}  # fmt: skip
+        row = {
+            "variant": v,
+            "setting": s,
+            "seed": seed,
+            "rc": 0 if finished else "running",
+            "wall_s": None,
+        }
         row.update(summarize(read_records(run_dir), steps_planned=planned))
         row.update(run_figures(row))
         rows.append(row)
@@ -236,22 +259,44 @@ def aggregate(rows: list[dict]) -> list[dict]:
             groups.setdefault((r["variant"], r["setting"]), []).append(r)
     out = []
     for (variant, setting), rs in groups.items():
-        entry = {"variant": variant, "setting": setting, "seeds": [r["seed"] for r in rs],
-                 "complete": all(r.get("complete") for r in rs)}  # fmt: skip
-        for key in ("eval_before", "eval_after", "eval_best", "reward_first", "reward_last",
-                    "exact_first", "exact_last", "k3_kl_mean", "gap_max", "gap_median"):  # fmt: skip
+        entry = {
+            "variant": variant,
+            "setting": setting,
+            "seeds": [r["seed"] for r in rs],
+            "complete": all(r.get("complete") for r in rs),
+        }
+        for key in (
+            "eval_before",
+            "eval_after",
+            "eval_best",
+            "reward_first",
+            "reward_last",
+            "exact_first",
+            "exact_last",
+            "k3_kl_mean",
+            "gap_max",
+            "gap_median",
+        ):
             xs = [r[key] for r in rs if r.get(key) is not None]
             if xs:
                 entry[key] = {"mean": sum(xs) / len(xs), "min": min(xs), "max": max(xs)}
-        gains = [r["eval_after"] - r["eval_before"] for r in rs
-                 if r.get("eval_after") is not None and r.get("eval_before") is not None]  # fmt: skip
+        gains = [
+            r["eval_after"] - r["eval_before"]
+            for r in rs
+            if r.get("eval_after") is not None and r.get("eval_before") is not None
+        ]
         if gains:
-            entry["eval_gain"] = {"mean": sum(gains) / len(gains), "min": min(gains),
-                                  "max": max(gains)}  # fmt: skip
+            entry["eval_gain"] = {
+                "mean": sum(gains) / len(gains),
+                "min": min(gains),
+                "max": max(gains),
+            }
         took = [r["takeoff_step"] for r in rs if r.get("takeoff_step") is not None]
-        entry["takeoff"] = {"steps": [r.get("takeoff_step") for r in rs],
-                            "never": len(rs) - len(took),
-                            "median": sorted(took)[len(took) // 2] if took else None}  # fmt: skip
+        entry["takeoff"] = {
+            "steps": [r.get("takeoff_step") for r in rs],
+            "never": len(rs) - len(took),
+            "median": sorted(took)[len(took) // 2] if took else None,
+        }
         entry["diverged"] = sum(bool(r.get("diverged")) for r in rs)
         entry["gap_zero_every_step"] = all(r.get("gap_zero_every_step") for r in rs)
         out.append(entry)
@@ -337,9 +382,15 @@ def markdown(env: dict, args, extra: list[str], rows: list[dict], agg: list[dict
             key = (r["skipped"], r["variant"], r["setting"])
             skipped.setdefault(key, []).append(str(r["seed"]))
     if skipped:
-        md += ["", "Not in the tables: " + "; ".join(
-            f"{v} ({setting}-policy) seeds {','.join(seeds)}: {why}"
-            for (why, v, setting), seeds in skipped.items()) + "."]  # fmt: skip
+        md += [
+            "",
+            "Not in the tables: "
+            + "; ".join(
+                f"{v} ({setting}-policy) seeds {','.join(seeds)}: {why}"
+                for (why, v, setting), seeds in skipped.items()
+            )
+            + ".",
+        ]
     return "\n".join(md) + "\n"
 
 
@@ -353,8 +404,10 @@ def _band(ax, xs_list, ys_list, label, smooth: int = 1, log: bool = False):
     for ys in ys_list:
         ys = [y if y is not None else float("nan") for y in ys[:n]]
         if smooth > 1:
-            ys = [sum(ys[max(0, j - smooth + 1) : j + 1]) / len(ys[max(0, j - smooth + 1) : j + 1])
-                  for j in range(n)]  # fmt: skip
+            ys = [
+                sum(ys[max(0, j - smooth + 1) : j + 1]) / len(ys[max(0, j - smooth + 1) : j + 1])
+                for j in range(n)
+            ]
         cols.append(ys)
     mean = [sum(c[j] for c in cols) / len(cols) for j in range(n)]
     lo = [min(c[j] for c in cols) for j in range(n)]
@@ -373,8 +426,12 @@ def plot(rows: list[dict], path: Path) -> None:
 
     done = [r for r in rows if not r.get("skipped") and r.get("curves", {}).get("step")]
     settings = [s for s in SETTINGS if any(r["setting"] == s for r in done)] or ["on"]
-    titles = ("training reward (10-step mean)", "held-out accuracy (greedy)",
-              "k3 KL(rollout || learner)", "max |logp_learner - logp_rollout|")  # fmt: skip
+    titles = (
+        "training reward (10-step mean)",
+        "held-out accuracy (greedy)",
+        "k3 KL(rollout || learner)",
+        "max |logp_learner - logp_rollout|",
+    )
     fig, axes = plt.subplots(len(settings), 4, figsize=(16, 3.3 * len(settings)), squeeze=False)
     for i, setting in enumerate(settings):
         variants = []
@@ -385,13 +442,28 @@ def plot(rows: list[dict], path: Path) -> None:
             rs = [r for r in done if r["setting"] == setting and r["variant"] == v]
             cs = [r["curves"] for r in rs]
             label = f"{v} ({len(rs)} seeds)"
-            _band(axes[i][0], [c["step"] for c in cs], [c["reward/mean"] for c in cs], label,
-                  smooth=EDGE_STEPS)  # fmt: skip
+            _band(
+                axes[i][0],
+                [c["step"] for c in cs],
+                [c["reward/mean"] for c in cs],
+                label,
+                smooth=EDGE_STEPS,
+            )
             _band(axes[i][1], [c["eval_step"] for c in cs], [c["eval/accuracy"] for c in cs], label)
-            _band(axes[i][2], [c["step"] for c in cs], [c["rollout_corr/k3_kl"] for c in cs], label,
-                  smooth=EDGE_STEPS)  # fmt: skip
-            _band(axes[i][3], [c["step"] for c in cs], [c["mismatch/max_abs_dlogp"] for c in cs],
-                  label, smooth=EDGE_STEPS)  # fmt: skip
+            _band(
+                axes[i][2],
+                [c["step"] for c in cs],
+                [c["rollout_corr/k3_kl"] for c in cs],
+                label,
+                smooth=EDGE_STEPS,
+            )
+            _band(
+                axes[i][3],
+                [c["step"] for c in cs],
+                [c["mismatch/max_abs_dlogp"] for c in cs],
+                label,
+                smooth=EDGE_STEPS,
+            )
         for ax, title in zip(axes[i], titles):
             ax.set_title(f"{setting}-policy: {title}", fontsize=9)
             ax.set_xlabel("GRPO step", fontsize=8)
@@ -429,22 +501,35 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--settings", default="on,off", help="on (on-policy), off (off-policy)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of every run")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="runs at a time (default 1: one after the other)")  # fmt: skip
-    parser.add_argument("--deadline-s", type=float, default=float("inf"),
-                        help="do not start a run after this many seconds")  # fmt: skip
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="runs at a time (default 1: one after the other)"
+    )
+    parser.add_argument(
+        "--deadline-s",
+        type=float,
+        default=float("inf"),
+        help="do not start a run after this many seconds",
+    )
     parser.add_argument("--run-timeout-s", type=float, default=3600.0)
-    parser.add_argument("--work-dir", default=None,
-                        help="run folders (default: a temp folder, removed at the end)")  # fmt: skip
+    parser.add_argument(
+        "--work-dir", default=None, help="run folders (default: a temp folder, removed at the end)"
+    )
     parser.add_argument("--smoke", action="store_true", help="seconds-long runs (see SMOKE)")
-    parser.add_argument("--tag", default="",
-                        help="appended to the results' name (e.g. one device call's part)")  # fmt: skip
-    parser.add_argument("--reuse", action="store_true",
-                        help="keep the runs under --work-dir that finished before (their "
-                        "train.log exists) instead of running them again")  # fmt: skip
-    parser.add_argument("--from-work", action="store_true",
-                        help="run nothing: summarize the run folders under --work-dir as they "
-                        "are (an ablation under way or cut)")  # fmt: skip
+    parser.add_argument(
+        "--tag", default="", help="appended to the results' name (e.g. one device call's part)"
+    )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the runs under --work-dir that finished before (their "
+        "train.log exists) instead of running them again",
+    )
+    parser.add_argument(
+        "--from-work",
+        action="store_true",
+        help="run nothing: summarize the run folders under --work-dir as they "
+        "are (an ablation under way or cut)",
+    )
     parser.add_argument("overrides", nargs="*", help="key=value settings for every run")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
@@ -478,8 +563,17 @@ def main(argv: list[str] | None = None) -> dict:
         v, s, seed = run
         if time.perf_counter() - t0 > args.deadline_s:
             return {"variant": v, "setting": s, "seed": seed, "skipped": "not run: deadline"}
-        return run_one(args.preset, v, s, seed, work, extra, args.run_timeout_s,
-                       own_cache=args.jobs > 1, reuse=args.reuse)  # fmt: skip
+        return run_one(
+            args.preset,
+            v,
+            s,
+            seed,
+            work,
+            extra,
+            args.run_timeout_s,
+            own_cache=args.jobs > 1,
+            reuse=args.reuse,
+        )
 
     if args.from_work:
         if args.work_dir is None:
@@ -495,8 +589,7 @@ def main(argv: list[str] | None = None) -> dict:
     agg = aggregate(rows)
     text = markdown(env, args, extra, rows, agg)
     print(text)
-    payload = {"env": env, "args": vars(args), "overrides": extra, "rows": rows,
-               "aggregate": agg}  # fmt: skip
+    payload = {"env": env, "args": vars(args), "overrides": extra, "rows": rows, "aggregate": agg}
     topic = f"alignment_ablation_{args.preset}" + ("_smoke" if args.smoke else "")
     topic += f"_{args.tag}" if args.tag else ""
     written = write_results(topic, payload, text)

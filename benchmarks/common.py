@@ -69,18 +69,33 @@ def cuda_time_ms(fn, *, warmup: int = 3, iters: int = 10) -> float:
 
 
 def run_train(
-    recipe: str, variant: str, work: Path, overrides: list[str], timeout_s: float,
+    recipe: str,
+    variant: str,
+    work: Path,
+    overrides: list[str],
+    timeout_s: float,
     run_dir: Path | None = None,
-):  # fmt: skip
+):
     """`minite train RECIPE --variant V` (fresh, into `run_dir`, default work/RECIPE-V, cache
     work/cache) with a wall-clock limit: (return code or "timeout", its output, wall seconds,
     its run folder)."""
     import sys
 
     run_dir = run_dir if run_dir is not None else work / f"{recipe}-{variant}"
-    cmd = [sys.executable, "-m", "fp4_compile.cli", "train", recipe, "--variant", variant,
-           "--fresh", "--no-progress", f"out_dir={run_dir}", f"cache_dir={work / 'cache'}",
-           *overrides]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "fp4_compile.cli",
+        "train",
+        recipe,
+        "--variant",
+        variant,
+        "--fresh",
+        "--no-progress",
+        f"out_dir={run_dir}",
+        f"cache_dir={work / 'cache'}",
+        *overrides,
+    ]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -187,7 +202,7 @@ def profile_call(fn, wall_ms: float, top: int = 20) -> dict:
                 "calls": e.count,
             }
             for e in sorted(kernels, key=dev_us, reverse=True)[:400]
-        ],  # fmt: skip
+        ],
         "gpu_by_minite_op": [
             {"name": e.key[:90], "gpu_ms": dev_total_us(e) / 1e3, "calls": e.count}
             for e in minite_ops
@@ -214,8 +229,14 @@ def kernel_launches(prof) -> list[dict]:
     for ev in trace.get("traceEvents", []):
         if ev.get("cat") == "kernel" and "dur" in ev:
             grid = ev.get("args", {}).get("grid", [])
-            out.append({"name": ev.get("name", "")[:120], "grid": list(grid), "ts": ev.get("ts", 0),
-                        "us": float(ev["dur"])})  # fmt: skip
+            out.append(
+                {
+                    "name": ev.get("name", "")[:120],
+                    "grid": list(grid),
+                    "ts": ev.get("ts", 0),
+                    "us": float(ev["dur"]),
+                }
+            )
     out.sort(key=lambda e: e["ts"])
     return out
 
@@ -280,7 +301,7 @@ def profile_markdown(label: str, prof: dict, what: str) -> list[str]:
         *[
             f"| `{k['name']}` | {k['gpu_ms']:.2f} | {k['calls']} |"
             for k in prof.get("gpu_by_minite_op", [])
-        ],  # fmt: skip
+        ],
         "",
         "| Triton kernel by grid | grid | us | calls |",
         "| --- | --- | --- | --- |",
@@ -344,11 +365,15 @@ def header(title: str) -> tuple[dict, list[str]]:
     if not torch.cuda.is_available():
         raise SystemExit("this benchmark needs a CUDA GPU")
     env = environment()
-    lines = [f"# {title}, {env['gpu']} ({LABEL})", "",
-             f"torch {env['torch']}, triton {env['triton']}, commit {env['commit']}, {env['date']}.",
-             "ms are medians; `launch` = eager launches as the ops run them, `graph` = the same "
-             "work replayed from a CUDA graph (GPU time only); ratio = baseline / ours, > 1 is "
-             "faster. Baselines measured in the same run.", ""]  # fmt: skip
+    lines = [
+        f"# {title}, {env['gpu']} ({LABEL})",
+        "",
+        f"torch {env['torch']}, triton {env['triton']}, commit {env['commit']}, {env['date']}.",
+        "ms are medians; `launch` = eager launches as the ops run them, `graph` = the same "
+        "work replayed from a CUDA graph (GPU time only); ratio = baseline / ours, > 1 is "
+        "faster. Baselines measured in the same run.",
+        "",
+    ]
     return env, lines
 
 

@@ -65,19 +65,41 @@ def check_bitwise(cfg, splits=(None,), k=2048) -> bool:
     full = launch_gemm(a, gd_a, og, wq.global_decode, out_dtype=torch.float32)
     packed = (wq.codes, wq.block_scales.view(torch.uint8))
     for m, split in itertools.product(sorted({1, 3, cfg.block_t - 1, cfg.block_t, 64}), splits):
-        y = launch_decode_gemm(a[:m], gd_a[:m], packed, wq.global_decode,
-                               out_dtype=torch.float32, config=cfg, splits=split)  # fmt: skip
+        y = launch_decode_gemm(
+            a[:m],
+            gd_a[:m],
+            packed,
+            wq.global_decode,
+            out_dtype=torch.float32,
+            config=cfg,
+            splits=split,
+        )
         ok &= bool(torch.equal(y.view(torch.int32), full[:m].view(torch.int32)))
     _, wqe = quantized_weights(4, 192, 768, 3)
     oge = wqe.on_grid(torch.bfloat16)
     a, gd_a = on_grid_activation(cancellation_rows(40, 768, 4).to(torch.bfloat16))
     offs = torch.tensor([5, 5, 21, 40], dtype=torch.int32, device="cuda")
     rows = torch.randint(-1, 40, (40,), device="cuda", dtype=torch.int32)
-    want = launch_gemm(a, gd_a, oge, wqe.global_decode, out_dtype=torch.float32, offsets=offs,
-                       rows_per_group=512, a_rows=rows)  # fmt: skip
-    got = launch_decode_gemm(a, gd_a, (wqe.codes, wqe.block_scales.view(torch.uint8)),
-                             wqe.global_decode, out_dtype=torch.float32, offsets=offs,
-                             a_rows=rows, config=cfg)  # fmt: skip
+    want = launch_gemm(
+        a,
+        gd_a,
+        oge,
+        wqe.global_decode,
+        out_dtype=torch.float32,
+        offsets=offs,
+        rows_per_group=512,
+        a_rows=rows,
+    )
+    got = launch_decode_gemm(
+        a,
+        gd_a,
+        (wqe.codes, wqe.block_scales.view(torch.uint8)),
+        wqe.global_decode,
+        out_dtype=torch.float32,
+        offsets=offs,
+        a_rows=rows,
+        config=cfg,
+    )
     ok &= bool(torch.equal(got.view(torch.int32), want.view(torch.int32)))
     return ok
 
@@ -105,15 +127,26 @@ def sweep_configs(only: str = "all"):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", action="store_true", help="time candidate tile configs too")
-    parser.add_argument("--sweep-only", default="all", choices=("all", "weights_right"),
-                        help="weights_right: only the learner-orientation candidates")  # fmt: skip
+    parser.add_argument(
+        "--sweep-only",
+        default="all",
+        choices=("all", "weights_right"),
+        help="weights_right: only the learner-orientation candidates",
+    )
     parser.add_argument("--splits", action="store_true", help="time every split-K count")
-    parser.add_argument("--k-chunk", type=int, default=None,
-                        help="what-if: run with this sm_90 K chunk for the forward GEMMs (the "
-                             "learner's reference and the decode alike) instead of the pinned one; "
-                             "sm_90 pins 0 (one chain), so --splits needs it, e.g. 1024")  # fmt: skip
-    parser.add_argument("--learner-forward", action="store_true",
-                        help="the learner's forward GEMM: chunked K vs the one-chain pin")  # fmt: skip
+    parser.add_argument(
+        "--k-chunk",
+        type=int,
+        default=None,
+        help="what-if: run with this sm_90 K chunk for the forward GEMMs (the "
+        "learner's reference and the decode alike) instead of the pinned one; "
+        "sm_90 pins 0 (one chain), so --splits needs it, e.g. 1024",
+    )
+    parser.add_argument(
+        "--learner-forward",
+        action="store_true",
+        help="the learner's forward GEMM: chunked K vs the one-chain pin",
+    )
     args = parser.parse_args()
     from fp4_compile.codegen import configs
     from fp4_compile.codegen.configs import pick_decode
@@ -142,8 +175,9 @@ def main() -> None:
     )
     print("pinned configs bitwise:", bitwise_pinned, flush=True)
     rows = [dense_row(name, m, n, k) for name, (n, k) in DENSE.items() for m in DENSE_M]
-    rows += [grouped_row(name, e, n, k, per) for name, (e, n, k) in GROUPED.items()
-             for per in PER_EXPERT]  # fmt: skip
+    rows += [
+        grouped_row(name, e, n, k, per) for name, (e, n, k) in GROUPED.items() for per in PER_EXPERT
+    ]
     for r in rows:
         print(r, flush=True)
     splits = split_rows() if args.splits else []
@@ -156,22 +190,32 @@ def main() -> None:
                 ms = (
                     [1, 16, 64] if cfg.weights_right else [16, 64] if cfg.block_t == 64 else [1, 16]
                 )
-                entry["dense"] = {f"{name}_M{m}": dense_row(name, m, n, k, cfg)["decode_ms"]
-                                  for name, (n, k) in DENSE.items() for m in ms}  # fmt: skip
-                entry["grouped"] = {f"{name}_per{per}": grouped_row(name, e, n, k, per, cfg)["decode_ms"]
-                                    for name, (e, n, k) in GROUPED.items() for per in (4, 16)}  # fmt: skip
+                entry["dense"] = {
+                    f"{name}_M{m}": dense_row(name, m, n, k, cfg)["decode_ms"]
+                    for name, (n, k) in DENSE.items()
+                    for m in ms
+                }
+                entry["grouped"] = {
+                    f"{name}_per{per}": grouped_row(name, e, n, k, per, cfg)["decode_ms"]
+                    for name, (e, n, k) in GROUPED.items()
+                    for per in (4, 16)
+                }
             except Exception as exc:  # a config that does not compile or fit: recorded as such
                 entry = {"config": str(cfg), "error": f"{type(exc).__name__}: {str(exc)[:160]}"}
             print(entry, flush=True)
             sweep.append(entry)
-    lines += [f"Device copy: {copy:.0f} GB/s (read + write). Pinned configs bitwise == the "
-              f"learner's GEMM: {bitwise_pinned}.", "",
-              "GPU ms per call from CUDA-graph replays rotating through weight copies larger "
-              "than L2 (weights from HBM); `decode eager ms` is one eager launch (L2 flushed), "
-              "host launch cost included.", "",
-              "| shape | M or tokens/expert | BF16 ms | decode ms | ratio vs BF16 | previous packed ms "
-              "| weight GB/s | % of copy | decode eager ms |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines += [
+        f"Device copy: {copy:.0f} GB/s (read + write). Pinned configs bitwise == the "
+        f"learner's GEMM: {bitwise_pinned}.",
+        "",
+        "GPU ms per call from CUDA-graph replays rotating through weight copies larger "
+        "than L2 (weights from HBM); `decode eager ms` is one eager launch (L2 flushed), "
+        "host launch cost included.",
+        "",
+        "| shape | M or tokens/expert | BF16 ms | decode ms | ratio vs BF16 | previous packed ms "
+        "| weight GB/s | % of copy | decode eager ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         m = r.get("M", r.get("per_expert"))
         shape = f"{r['kind']} {r['name']} {r['N']}x{r['K']}" + (
@@ -187,14 +231,31 @@ def main() -> None:
     if sweep:
         lines += ["", "Sweep (ms; configs failing the bitwise check are marked):", ""]
         for s in sweep:
-            lines.append(f"- {s['config']}: " + (s.get("error") or (
-                ("" if s["bitwise"] else "NOT BITWISE ")
-                + ", ".join(f"{k} {v:.4f}" for k, v in {**s["dense"], **s["grouped"]}.items())
-            )))  # fmt: skip
-    path = write_results("decode_gemm", {"env": env, "copy_GBps": copy, "rows": rows,
-                                         "bitwise_pinned": bitwise_pinned, "sweep": sweep,
-                                         "splits": splits, "learner_forward": learner_fwd},
-                         "\n".join(lines) + "\n")  # fmt: skip
+            lines.append(
+                f"- {s['config']}: "
+                + (
+                    s.get("error")
+                    or (
+                        ("" if s["bitwise"] else "NOT BITWISE ")
+                        + ", ".join(
+                            f"{k} {v:.4f}" for k, v in {**s["dense"], **s["grouped"]}.items()
+                        )
+                    )
+                )
+            )
+    path = write_results(
+        "decode_gemm",
+        {
+            "env": env,
+            "copy_GBps": copy,
+            "rows": rows,
+            "bitwise_pinned": bitwise_pinned,
+            "sweep": sweep,
+            "splits": splits,
+            "learner_forward": learner_fwd,
+        },
+        "\n".join(lines) + "\n",
+    )
     print("\n".join(lines))
     print("wrote", *path)
 

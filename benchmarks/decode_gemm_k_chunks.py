@@ -89,17 +89,28 @@ def learner_forward_rows(rows: int = 4096) -> list[dict]:
         a, gd_a = on_grid_activation(x)
         args = (a, gd_a, wq.on_grid(torch.bfloat16), wq.global_decode)
         kw = {"out_dtype": torch.bfloat16, "config_op": "nvfp4_gemm_ongrid"}
-        fns = {key: functools.partial(launch_gemm, *args, **kw, config=cfg, k_chunk_override=kc)
-               for key, (cfg, kc) in learner_tiles().items()}  # fmt: skip
+        fns = {
+            key: functools.partial(launch_gemm, *args, **kw, config=cfg, k_chunk_override=kc)
+            for key, (cfg, kc) in learner_tiles().items()
+        }
         fns["bf16_ms"] = functools.partial(F.linear, x, w)
         ref = fns["chunked_ms"]().view(torch.int16)
-        row = {"name": name, "M": rows, "N": n, "K": k, "same_bits_as_pinned": {
-            key: bool(torch.equal(fn().view(torch.int16), ref)) for key, fn in fns.items()
-            if key not in ("bf16_ms", "one_chain_ms")}}  # fmt: skip
+        row = {
+            "name": name,
+            "M": rows,
+            "N": n,
+            "K": k,
+            "same_bits_as_pinned": {
+                key: bool(torch.equal(fn().view(torch.int16), ref))
+                for key, fn in fns.items()
+                if key not in ("bf16_ms", "one_chain_ms")
+            },
+        }
         for _ in range(3):
             for key, fn in fns.items():
-                row.setdefault(key, []).append(float(triton.testing.do_bench_cudagraph(
-                    fn, rep=50, return_mode="median")))  # fmt: skip
+                row.setdefault(key, []).append(
+                    float(triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median"))
+                )
         for key in fns:
             row[key] = sorted(row[key])[1]
         for key in learner_tiles():
@@ -113,27 +124,42 @@ def k_chunk_lines(splits: list[dict], learner_fwd: list[dict]) -> list[str]:
     """The markdown tables of `split_rows` and `learner_forward_rows` (empty lists: none)."""
     lines = []
     if splits:
-        lines += ["", "Split-K (pinned tile; every split count bitwise == the learner, checked "
-                  "above): ms per split count, the best vs cuBLAS BF16.", "",
-                  "| shape | M | BF16 ms | ms by splits | best | best vs BF16 |",
-                  "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            "Split-K (pinned tile; every split count bitwise == the learner, checked "
+            "above): ms per split count, the best vs cuBLAS BF16.",
+            "",
+            "| shape | M | BF16 ms | ms by splits | best | best vs BF16 |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for r in splits:
             by = ", ".join(f"{s}: {v:.4f}" for s, v in r["splits"].items())
-            lines.append(f"| {r['name']} {r['N']}x{r['K']} | {r['M']} | {r['bf16_ms']:.4f} | {by} "
-                         f"| {r['best']} | {fmt(r['best_vs_bf16'], '.2f')}x |")  # fmt: skip
+            lines.append(
+                f"| {r['name']} {r['N']}x{r['K']} | {r['M']} | {r['bf16_ms']:.4f} | {by} "
+                f"| {r['best']} | {fmt(r['best_vs_bf16'], '.2f')}x |"
+            )
     if learner_fwd:
-        lines += ["", "The learner's forward GEMM (4096 rows, on-grid weights, CUDA-graph "
-                  "median of 3 paired rounds): pinned 128x128 tile with K chunks vs the "
-                  "one-chain 128x256 pin it replaced, and cuBLAS BF16.", "",
-                  "| shape | " + " | ".join(learner_tiles()) + " | BF16 ms | vs one chain "
-                  "(pinned, wide, wide 3 stages, BLOCK_K 128) | same bits as pinned |",
-                  "| --- |" + " --- |" * (len(learner_tiles()) + 3)]  # fmt: skip
+        lines += [
+            "",
+            "The learner's forward GEMM (4096 rows, on-grid weights, CUDA-graph "
+            "median of 3 paired rounds): pinned 128x128 tile with K chunks vs the "
+            "one-chain 128x256 pin it replaced, and cuBLAS BF16.",
+            "",
+            "| shape | " + " | ".join(learner_tiles()) + " | BF16 ms | vs one chain "
+            "(pinned, wide, wide 3 stages, BLOCK_K 128) | same bits as pinned |",
+            "| --- |" + " --- |" * (len(learner_tiles()) + 3),
+        ]
         for r in learner_fwd:
-            vs = ", ".join(fmt(r[k.replace("_ms", "_vs_one_chain")], ".3f") + "x"
-                           for k in learner_tiles() if k != "one_chain_ms")  # fmt: skip
-            lines.append(f"| {r['name']} {r['N']}x{r['K']} | "
-                         + " | ".join(f"{r[k]:.4f}" for k in learner_tiles())
-                         + f" | {r['bf16_ms']:.4f} | {vs} | {all(r['same_bits_as_pinned'].values())} |")  # fmt: skip
+            vs = ", ".join(
+                fmt(r[k.replace("_ms", "_vs_one_chain")], ".3f") + "x"
+                for k in learner_tiles()
+                if k != "one_chain_ms"
+            )
+            lines.append(
+                f"| {r['name']} {r['N']}x{r['K']} | "
+                + " | ".join(f"{r[k]:.4f}" for k in learner_tiles())
+                + f" | {r['bf16_ms']:.4f} | {vs} | {all(r['same_bits_as_pinned'].values())} |"
+            )
     return lines
 
 
@@ -144,8 +170,9 @@ def main() -> None:
     env, lines = header("The learner's forward GEMM in the K-chunked order (tiles) vs one chain")
     rows = learner_forward_rows()
     lines += k_chunk_lines([], rows)
-    path = write_results("learner_forward_k_chunks", {"env": env, "rows": rows},
-                         "\n".join(lines) + "\n")  # fmt: skip
+    path = write_results(
+        "learner_forward_k_chunks", {"env": env, "rows": rows}, "\n".join(lines) + "\n"
+    )
     print("\n".join(lines))
     print("wrote", *path)
 

@@ -12,8 +12,13 @@ import torch.nn.functional as F
 
 from benchmarks.common import ratio
 
-DENSE = {"square_8192": (8192, 8192), "attn_q": (4096, 2048), "attn_o": (2048, 4096),
-         "expert_gate_up": (1536, 2048), "expert_down": (2048, 768)}  # fmt: skip
+DENSE = {
+    "square_8192": (8192, 8192),
+    "attn_q": (4096, 2048),
+    "attn_o": (2048, 4096),
+    "expert_gate_up": (1536, 2048),
+    "expert_down": (2048, 768),
+}
 SPLITS = (1, 2, 4, 8)
 DENSE_M = (1, 16, 64)
 GROUPED = {"gate_up": (128, 1536, 2048), "down": (128, 2048, 768)}
@@ -113,8 +118,15 @@ def grouped_row(name, e, n, k, per, cfg=None) -> dict:
     rp, rb = copies(int(packed_bytes)), copies(e * n * k * 2)
     packed = [(wq.codes.clone(), wq.block_scales.view(torch.uint8).clone()) for _ in range(rp)]
     w_kn = [w.clone().transpose(-1, -2) for _ in range(rb)]  # [E, K, N] views, as the learner
-    row = {"kind": "grouped", "name": name, "E": e, "N": n, "K": k, "per_expert": per,
-           "weight_copies": [rp, rb]}  # fmt: skip
+    row = {
+        "kind": "grouped",
+        "name": name,
+        "E": e,
+        "N": n,
+        "K": k,
+        "per_expert": per,
+        "weight_copies": [rp, rb],
+    }
     # eager with an L2 flush (its weights, 805 MB, exceed L2 anyway): torch._grouped_mm inside
     # the rotating CUDA graph hit a device-side offsets assert on the H200 (torch 2.11)
     row["bf16_ms"] = flushed_ms(lambda: torch._grouped_mm(x, w_kn[0], offs=offs))

@@ -22,8 +22,14 @@ BATCHES = (1, 16, 64, 256)
 
 def _pair(name: str, m: int, base, ours) -> dict:
     b, o = both(base), both(ours)
-    row = {"kernel": name, "M": m, "baseline_ms": b, "ours_ms": o,
-           "ratio_launch": ratio(b[0], o[0]), "ratio_graph": ratio(b[1], o[1])}  # fmt: skip
+    row = {
+        "kernel": name,
+        "M": m,
+        "baseline_ms": b,
+        "ours_ms": o,
+        "ratio_launch": ratio(b[0], o[0]),
+        "ratio_graph": ratio(b[1], o[1]),
+    }
     print(row, flush=True)
     return row
 
@@ -45,22 +51,35 @@ def measure(m: int) -> list[dict]:
         return (-torch.log(-torch.log(u))).to(torch.float32)
 
     return [
-        _pair("silu_mul_quantize [M, 12288]", m, lambda: silu_mul_quantize(a, b, split=False),
-              lambda: silu_mul_quantize(a, b, split=True)),
-        _pair("rms_norm_quantize [M, 4096]", m, lambda: rms_norm_quantize(x, w, 1e-6, split=False),
-              lambda: rms_norm_quantize(x, w, 1e-6, split=True)),
+        _pair(
+            "silu_mul_quantize [M, 12288]",
+            m,
+            lambda: silu_mul_quantize(a, b, split=False),
+            lambda: silu_mul_quantize(a, b, split=True),
+        ),
+        _pair(
+            "rms_norm_quantize [M, 4096]",
+            m,
+            lambda: rms_norm_quantize(x, w, 1e-6, split=False),
+            lambda: rms_norm_quantize(x, w, 1e-6, split=True),
+        ),
         _pair("gumbel_noise [B, 151936]", m, torch_noise, lambda: gumbel_noise(keys, n, 151936)),
-    ]  # fmt: skip
+    ]
 
 
 def markdown(lines: list[str], rows: list[dict]) -> str:
-    lines += ["| kernel | M | baseline ms launch / graph | ours ms launch / graph | ratio launch / "
-              "graph |", "| --- " * 5 + "|"]  # fmt: skip
+    lines += [
+        "| kernel | M | baseline ms launch / graph | ours ms launch / graph | ratio launch / "
+        "graph |",
+        "| --- " * 5 + "|",
+    ]
     for r in rows:
         b, o = r["baseline_ms"], r["ours_ms"]
-        lines.append(f"| {r['kernel']} | {r['M']} | {fmt(b[0])} / {fmt(b[1])} | {fmt(o[0])} / "
-                     f"{fmt(o[1])} | {fmt(r['ratio_launch'], '.2f')} / "
-                     f"{fmt(r['ratio_graph'], '.2f')} |")  # fmt: skip
+        lines.append(
+            f"| {r['kernel']} | {r['M']} | {fmt(b[0])} / {fmt(b[1])} | {fmt(o[0])} / "
+            f"{fmt(o[1])} | {fmt(r['ratio_launch'], '.2f')} / "
+            f"{fmt(r['ratio_graph'], '.2f')} |"
+        )
     return "\n".join(lines) + "\n"
 
 

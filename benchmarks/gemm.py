@@ -20,11 +20,16 @@ from benchmarks.common import both, fmt, header, ratio, write_results
 from fp4_compile import NVFP4Recipe
 from fp4_compile.codegen.nvfp4 import gemm as impl
 
-SHAPES = [("square_8192", 8192, 8192, 8192), ("square_4096", 4096, 4096, 4096),
-          *[("decode_8192", m, 8192, 8192) for m in (1, 16, 64)],
-          *[(name, m, n, k) for name, n, k in (("q_proj", 4096, 2048), ("kv_proj", 512, 2048),
-                                               ("o_proj", 2048, 4096))
-            for m in (16, 64, 256, 4096)]]  # fmt: skip
+SHAPES = [
+    ("square_8192", 8192, 8192, 8192),
+    ("square_4096", 4096, 4096, 4096),
+    *[("decode_8192", m, 8192, 8192) for m in (1, 16, 64)],
+    *[
+        (name, m, n, k)
+        for name, n, k in (("q_proj", 4096, 2048), ("kv_proj", 512, 2048), ("o_proj", 2048, 4096))
+        for m in (16, 64, 256, 4096)
+    ],
+]
 
 
 def measure(name, m, n, k, recipe) -> dict:
@@ -59,10 +64,13 @@ def measure(name, m, n, k, recipe) -> dict:
 
 
 def markdown(lines, rows) -> str:
-    lines += ["| shape | M | N | K | cuBLAS BF16 launch / graph | op packed launch / graph | "
-              "op on-grid launch / graph | GEMM packed graph | GEMM on-grid graph | ratio op packed "
-              "(graph) | ratio op on-grid (graph) | TFLOP/s BF16 / packed / on-grid | weight GB/s "
-              "BF16 / packed |", "| --- " * 13 + "|"]  # fmt: skip
+    lines += [
+        "| shape | M | N | K | cuBLAS BF16 launch / graph | op packed launch / graph | "
+        "op on-grid launch / graph | GEMM packed graph | GEMM on-grid graph | ratio op packed "
+        "(graph) | ratio op on-grid (graph) | TFLOP/s BF16 / packed / on-grid | weight GB/s "
+        "BF16 / packed |",
+        "| --- " * 13 + "|",
+    ]
     for r in rows:
         b, p, o = r["bf16"], r["op_packed"], r["op_ongrid"]
         lines.append(

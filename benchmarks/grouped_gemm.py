@@ -78,25 +78,37 @@ def wgrad_row(name, e, n, k, per, recipe, with_loop: bool) -> dict:
 
 
 def markdown(lines, rows) -> str:
-    lines += ["## Forward (x [T, K] sorted by expert -> [T, N])", "",
-              "| experts | tokens/expert | BF16 grouped_mm launch / graph | op packed launch / graph "
-              "| op on-grid launch / graph | ratio packed (graph) | ratio on-grid (graph) | packed "
-              "weight GB/s |", "| --- " * 8 + "|"]  # fmt: skip
+    lines += [
+        "## Forward (x [T, K] sorted by expert -> [T, N])",
+        "",
+        "| experts | tokens/expert | BF16 grouped_mm launch / graph | op packed launch / graph "
+        "| op on-grid launch / graph | ratio packed (graph) | ratio on-grid (graph) | packed "
+        "weight GB/s |",
+        "| --- " * 8 + "|",
+    ]
     for r in (r for r in rows if r["kind"] == "forward"):
         b, p, o = r["bf16_grouped_mm"], r["op_packed"], r["op_ongrid"]
-        lines.append(f"| {r['name']} [{r['E']},{r['N']},{r['K']}] | {r['per_expert']} | "
-                     f"{fmt(b[0])} / {fmt(b[1])} | {fmt(p[0])} / {fmt(p[1])} | {fmt(o[0])} / "
-                     f"{fmt(o[1])} | {fmt(ratio(b[1], p[1]), '.2f')} | {fmt(ratio(b[1], o[1]), '.2f')} "
-                     f"| {fmt(r['packed_weight_GBps'], '.0f')} |")  # fmt: skip
-    lines += ["", "## Weight gradient (dW [E, N, K] from dY [T, N], X [T, K])", "",
-              "| experts | tokens/expert | BF16 grouped_mm launch / graph | NVFP4 grouped_wgrad "
-              "launch / graph | ratio (graph) | per-expert loop (before) launch |",
-              "| --- " * 6 + "|"]  # fmt: skip
+        lines.append(
+            f"| {r['name']} [{r['E']},{r['N']},{r['K']}] | {r['per_expert']} | "
+            f"{fmt(b[0])} / {fmt(b[1])} | {fmt(p[0])} / {fmt(p[1])} | {fmt(o[0])} / "
+            f"{fmt(o[1])} | {fmt(ratio(b[1], p[1]), '.2f')} | {fmt(ratio(b[1], o[1]), '.2f')} "
+            f"| {fmt(r['packed_weight_GBps'], '.0f')} |"
+        )
+    lines += [
+        "",
+        "## Weight gradient (dW [E, N, K] from dY [T, N], X [T, K])",
+        "",
+        "| experts | tokens/expert | BF16 grouped_mm launch / graph | NVFP4 grouped_wgrad "
+        "launch / graph | ratio (graph) | per-expert loop (before) launch |",
+        "| --- " * 6 + "|",
+    ]
     for r in (r for r in rows if r["kind"] == "wgrad"):
         b, g = r["bf16_grouped_mm"], r["grouped_wgrad"]
-        lines.append(f"| {r['name']} [{r['E']},{r['N']},{r['K']}] | {r['per_expert']} | "
-                     f"{fmt(b[0])} / {fmt(b[1])} | {fmt(g[0])} / {fmt(g[1])} | "
-                     f"{fmt(ratio(b[1], g[1]), '.2f')} | {fmt(r['per_expert_loop_launch_ms'])} |")  # fmt: skip
+        lines.append(
+            f"| {r['name']} [{r['E']},{r['N']},{r['K']}] | {r['per_expert']} | "
+            f"{fmt(b[0])} / {fmt(b[1])} | {fmt(g[0])} / {fmt(g[1])} | "
+            f"{fmt(ratio(b[1], g[1]), '.2f')} | {fmt(r['per_expert_loop_launch_ms'])} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -47,14 +47,35 @@ RESERVE_S = 25.0
 EDGE_STEPS = 10
 """Training reward is reported as the mean of the first and of the last this many steps."""
 SMOKE = (
-    "device=cpu", "hidden=64", "layers=2", "heads=4", "kv_heads=2", "head_dim=32",
-    "intermediate=128", "experts=4", "experts_per_token=2", "moe_intermediate=32",
-    "num_digits=3", "prompts_per_step=2", "group_size=2", "steps=3", "warm_start_steps=2",
-    "warm_start_batch=8", "eval_every=2", "eval_size=4", "checkpoint_every=3", "compile=false",
-)  # fmt: skip
+    "device=cpu",
+    "hidden=64",
+    "layers=2",
+    "heads=4",
+    "kv_heads=2",
+    "head_dim=32",
+    "intermediate=128",
+    "experts=4",
+    "experts_per_token=2",
+    "moe_intermediate=32",
+    "num_digits=3",
+    "prompts_per_step=2",
+    "group_size=2",
+    "steps=3",
+    "warm_start_steps=2",
+    "warm_start_batch=8",
+    "eval_every=2",
+    "eval_size=4",
+    "checkpoint_every=3",
+    "compile=false",
+)
 """A CPU-sized stand-in for every preset: the same code path in seconds per run."""
-CURVES = ("reward/mean", "reward/exact_frac", "mismatch/max_abs_dlogp", "rollout_corr/k3_kl",
-          "perf/step_s")  # fmt: skip
+CURVES = (
+    "reward/mean",
+    "reward/exact_frac",
+    "mismatch/max_abs_dlogp",
+    "rollout_corr/k3_kl",
+    "perf/step_s",
+)
 
 
 def _mean(xs: list[float]) -> float:
@@ -192,8 +213,12 @@ def plot(rows: list[dict], presets: list[str], path: Path) -> None:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    panels = ("training reward (10-step mean)", "held-out accuracy (greedy)",
-              "max |logp_learner - logp_rollout|", "step time s")  # fmt: skip
+    panels = (
+        "training reward (10-step mean)",
+        "held-out accuracy (greedy)",
+        "max |logp_learner - logp_rollout|",
+        "step time s",
+    )
     fig, axes = plt.subplots(len(presets), 4, figsize=(18, 3.6 * len(presets)), squeeze=False)
     for i, preset in enumerate(presets):
         for r in (r for r in rows if r["preset"] == preset and not r.get("skipped")):
@@ -268,8 +293,13 @@ def main(argv: list[str] | None = None) -> None:
     verdicts = {p: verdict([r for r in rows if r["preset"] == p]) for p in presets}
     text = markdown(env, args, overrides, rows, verdicts)
     print(text)
-    payload = {"env": env, "args": vars(args), "overrides": overrides, "rows": rows,
-               "verdicts": verdicts}  # fmt: skip
+    payload = {
+        "env": env,
+        "args": vars(args),
+        "overrides": overrides,
+        "rows": rows,
+        "verdicts": verdicts,
+    }
     topic = "grpo_" + "_".join(presets)  # grpo_h200-evidence, as grpo_variants' grpo_h200-moe
     written = write_results(topic, payload, text)
     stem = result_stem(topic, env)

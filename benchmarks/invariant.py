@@ -31,8 +31,13 @@ def timings(dev) -> list[dict]:
 
     def bench(name, ours, base, base_name, bytes_moved=None):
         t_ours, t_base = do_bench(ours), do_bench(base)
-        row = {"op": name, "ours_ms": t_ours, "baseline": base_name, "baseline_ms": t_base,
-               "speed_ratio": t_base / t_ours}  # fmt: skip
+        row = {
+            "op": name,
+            "ours_ms": t_ours,
+            "baseline": base_name,
+            "baseline_ms": t_base,
+            "speed_ratio": t_base / t_ours,
+        }
         if bytes_moved:
             row["ours_TBps"] = bytes_moved / t_ours / 1e9
         rows.append(row)
@@ -44,8 +49,13 @@ def timings(dev) -> list[dict]:
     bench("mm M=16 N=K=8192", lambda: codegen.linear(a16, bm), lambda: a16 @ bm.t(), "cuBLAS mm")
     x = rnd(16384, HIDDEN).bfloat16()
     w = rnd(HIDDEN).bfloat16()
-    bench("rms_norm [16384, 2048]", lambda: codegen.rms_norm(x, w, 1e-6),
-          lambda: F.rms_norm(x, (HIDDEN,), w, 1e-6), "F.rms_norm", 2 * x.numel() * 2)  # fmt: skip
+    bench(
+        "rms_norm [16384, 2048]",
+        lambda: codegen.rms_norm(x, w, 1e-6),
+        lambda: F.rms_norm(x, (HIDDEN,), w, 1e-6),
+        "F.rms_norm",
+        2 * x.numel() * 2,
+    )
     copy_ms = do_bench(lambda: x.clone())
     rows.append(
         {
@@ -56,16 +66,24 @@ def timings(dev) -> list[dict]:
     )
     logits = rnd(2048, VOCAB).bfloat16()
     tok = torch.randint(0, VOCAB, (2048,), device=dev)
-    bench("logprobs [2048, 151936]", lambda: codegen.logprobs(logits, tok, 0.7),
-          lambda: torch.log_softmax(logits.float() / 0.7, -1).gather(-1, tok[:, None]),
-          "log_softmax(fp32)+gather", logits.numel() * 2 * 2)  # fmt: skip
+    bench(
+        "logprobs [2048, 151936]",
+        lambda: codegen.logprobs(logits, tok, 0.7),
+        lambda: torch.log_softmax(logits.float() / 0.7, -1).gather(-1, tok[:, None]),
+        "log_softmax(fp32)+gather",
+        logits.numel() * 2 * 2,
+    )
     bsz, ctx = 64, 2048
     q = rnd(bsz, HQ, 1, D).bfloat16()
     kc, vc = rnd(bsz, HKV, ctx, D).bfloat16(), rnd(bsz, HKV, ctx, D).bfloat16()
     pos = torch.full((bsz,), ctx - 1, device=dev)
-    bench("attention decode B=64 ctx=2048", lambda: codegen.attention(q, kc, vc, q_start=pos, kv_len=pos + 1),
-          lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True), "SDPA (enable_gqa)",
-          2 * kc.numel() * 2)  # fmt: skip
+    bench(
+        "attention decode B=64 ctx=2048",
+        lambda: codegen.attention(q, kc, vc, q_start=pos, kv_len=pos + 1),
+        lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True),
+        "SDPA (enable_gqa)",
+        2 * kc.numel() * 2,
+    )
     kr, vr = kc.repeat_interleave(8, 1), vc.repeat_interleave(8, 1)
     rows[-1]["baseline_flash_repeated_kv_ms"] = do_bench(
         lambda: F.scaled_dot_product_attention(q, kr, vr)
@@ -77,8 +95,12 @@ def timings(dev) -> list[dict]:
         rnd(2, HKV, t, D).bfloat16(),
     )
     kr, vr = k.repeat_interleave(8, 1), v.repeat_interleave(8, 1)
-    bench("attention prefill B=2 T=4096 causal", lambda: codegen.attention(q, k, v),
-          lambda: F.scaled_dot_product_attention(q, kr, vr, is_causal=True), "SDPA flash (kv repeated)")  # fmt: skip
+    bench(
+        "attention prefill B=2 T=4096 causal",
+        lambda: codegen.attention(q, k, v),
+        lambda: F.scaled_dot_product_attention(q, kr, vr, is_causal=True),
+        "SDPA flash (kv repeated)",
+    )
     return rows
 
 

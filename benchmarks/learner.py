@@ -92,13 +92,21 @@ def _k_chunk_lines(rows: list[dict]) -> list[str]:
     """The --k-chunk row against the pinned strict CUDA-graph row: what the chunked order costs
     the learner step (round by round where both ran the paired rounds)."""
     chunked = next((r for r in rows if "k_chunk" in r and "error" not in r), None)
-    pinned = next((r for r in rows if r["label"].startswith("minite strict NVFP4, CUDA graphs (")
-                   and "error" not in r), None)  # fmt: skip
+    pinned = next(
+        (
+            r
+            for r in rows
+            if r["label"].startswith("minite strict NVFP4, CUDA graphs (") and "error" not in r
+        ),
+        None,
+    )
     if chunked is None or pinned is None:
         return []
     kc = chunked["k_chunk"]
-    line = (f"K chunk {kc} (what-if) vs the pinned order, learner step: pinned / chunked = "
-            f"{pinned['step_ms'] / chunked['step_ms']:.3f}")  # fmt: skip
+    line = (
+        f"K chunk {kc} (what-if) vs the pinned order, learner step: pinned / chunked = "
+        f"{pinned['step_ms'] / chunked['step_ms']:.3f}"
+    )
     a, b = pinned.get("rounds_ms"), chunked.get("rounds_ms")
     if a and b:
         per = [x / y for x, y in zip(a, b)]
@@ -121,8 +129,9 @@ def paired_rounds(rows, steps, tokens, rounds: int, iters: int) -> None:
         r["single_ms"], r["rounds_ms"] = r["step_ms"], times
         r["step_ms"] = statistics.median(times)
         r["tokens_per_s"] = tokens / (r["step_ms"] / 1e3)
-    base = {rows[i]["mode"]: per_round[i] for i in steps
-            if rows[i]["label"].startswith("torch.compile")}  # fmt: skip
+    base = {
+        rows[i]["mode"]: per_round[i] for i in steps if rows[i]["label"].startswith("torch.compile")
+    }
     for i, times in per_round.items():
         ref = base.get(rows[i]["mode"])
         if ref is not None and not rows[i]["label"].startswith("torch.compile"):
@@ -140,31 +149,41 @@ def main() -> None:
         "--only-cuda-graphs", action="store_true", help="run only the CUDA-graph configs"
     )
     parser.add_argument(
-        "--skip-ongrid-ab", action="store_true",
+        "--skip-ongrid-ab",
+        action="store_true",
         help="skip the save_ongrid_weights=False row (the A/B of the saved on-grid weights)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--skip-fusion-ab", action="store_true",
+        "--skip-fusion-ab",
+        action="store_true",
         help="skip the fuse_quantize=False row (the A/B of the quantize fusions)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--skip-on-change-ab", action="store_true",
+        "--skip-on-change-ab",
+        action="store_true",
         help="skip the quantize_weights=on_change row (weights quantized once per version)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--rounds", type=int, default=0,
+        "--rounds",
+        type=int,
+        default=0,
         help="after the single measurements, time all configs again in N interleaved rounds "
         "(A B A B ...); step_ms is then the median of the rounds",
-    )  # fmt: skip
+    )
     parser.add_argument("--round-iters", type=int, default=10, help="steps timed per round")
     parser.add_argument(
-        "--k-chunk", type=int, default=None, metavar="KC",
+        "--k-chunk",
+        type=int,
+        default=None,
+        metavar="KC",
         help="add the strict CUDA-graph row with the forward GEMMs in KC-chunked K order (what-if)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--micro-batches", type=int, default=1,
+        "--micro-batches",
+        type=int,
+        default=1,
         help="forward + backward passes per optimizer step (gradient accumulation)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     if args.micro_batches < 1:
         parser.error(f"--micro-batches must be >= 1, got {args.micro_batches}")
@@ -189,19 +208,47 @@ def main() -> None:
     configs = [
         ("torch.compile inductor BF16", "inductor", None, "eager"),
         ("minite strict NVFP4 (emulated NVFP4, sm_90)", "minite", {"recipe": strict}, "eager"),
-        ("minite bf16 recipe (invariant kernels)", "minite", {"recipe": NVFP4Recipe.bf16()}, "eager"),
+        (
+            "minite bf16 recipe (invariant kernels)",
+            "minite",
+            {"recipe": NVFP4Recipe.bf16()},
+            "eager",
+        ),
         ("torch.compile inductor BF16, CUDA graphs", "inductor", None, "cuda graphs"),
-        ("minite strict NVFP4, CUDA graphs (emulated NVFP4, sm_90)", "minite", graphs, "cuda graphs"),
-        ("minite strict NVFP4, CUDA graphs, save_ongrid_weights=False", "minite",
-         {**graphs, "save_ongrid_weights": False}, "cuda graphs"),
-        ("minite strict NVFP4, CUDA graphs, fuse_quantize=False", "minite",
-         {**graphs, "fuse_quantize": False}, "cuda graphs"),
-        ("minite strict NVFP4, CUDA graphs, quantize_weights=on_change", "minite",
-         {**graphs, "quantize_weights": "on_change"}, "cuda graphs"),
-    ]  # fmt: skip
+        (
+            "minite strict NVFP4, CUDA graphs (emulated NVFP4, sm_90)",
+            "minite",
+            graphs,
+            "cuda graphs",
+        ),
+        (
+            "minite strict NVFP4, CUDA graphs, save_ongrid_weights=False",
+            "minite",
+            {**graphs, "save_ongrid_weights": False},
+            "cuda graphs",
+        ),
+        (
+            "minite strict NVFP4, CUDA graphs, fuse_quantize=False",
+            "minite",
+            {**graphs, "fuse_quantize": False},
+            "cuda graphs",
+        ),
+        (
+            "minite strict NVFP4, CUDA graphs, quantize_weights=on_change",
+            "minite",
+            {**graphs, "quantize_weights": "on_change"},
+            "cuda graphs",
+        ),
+    ]
     if args.k_chunk is not None:
-        configs.append((f"minite strict NVFP4, CUDA graphs, K chunk {args.k_chunk} (what-if)",
-                        "minite", {**graphs, "k_chunk": args.k_chunk}, "cuda graphs"))  # fmt: skip
+        configs.append(
+            (
+                f"minite strict NVFP4, CUDA graphs, K chunk {args.k_chunk} (what-if)",
+                "minite",
+                {**graphs, "k_chunk": args.k_chunk},
+                "cuda graphs",
+            )
+        )
     if args.no_cuda_graphs and args.only_cuda_graphs:
         parser.error("--no-cuda-graphs and --only-cuda-graphs exclude each other")
     if args.no_cuda_graphs:
@@ -236,8 +283,15 @@ def main() -> None:
         if kc is not None:
             order.enter_context(what_if_k_chunk("sm_90", kc))
         try:
-            row, step = measure(label, model, compiled, ids, tokens, profile=args.profile,
-                                micro_batches=args.micro_batches)  # fmt: skip
+            row, step = measure(
+                label,
+                model,
+                compiled,
+                ids,
+                tokens,
+                profile=args.profile,
+                micro_batches=args.micro_batches,
+            )
             if kc is not None:
                 step = _under_k_chunk(kc, step)
                 row["k_chunk"] = kc
@@ -260,8 +314,14 @@ def main() -> None:
         except Exception as e:  # recorded, not hidden
             import traceback
 
-            rows.append({"label": label, "mode": mode, "error": f"{type(e).__name__}: {e}"[:2000],
-                         "traceback": traceback.format_exc()[-6000:]})  # fmt: skip
+            rows.append(
+                {
+                    "label": label,
+                    "mode": mode,
+                    "error": f"{type(e).__name__}: {e}"[:2000],
+                    "traceback": traceback.format_exc()[-6000:],
+                }
+            )
         finally:
             order.close()
         print({k: v for k, v in rows[-1].items() if k != "profile"}, flush=True)
@@ -269,14 +329,20 @@ def main() -> None:
         torch.cuda.empty_cache()
     if args.rounds and kept:
         try:
-            paired_rounds(rows, {i: v[0] for i, v in kept.items()}, tokens, args.rounds,
-                          args.round_iters)  # fmt: skip
+            paired_rounds(
+                rows, {i: v[0] for i, v in kept.items()}, tokens, args.rounds, args.round_iters
+            )
         except Exception as e:  # recorded, not hidden: the single measurements stand
             for i in kept:
                 rows[i]["rounds_error"] = f"{type(e).__name__}: {e}"[:2000]
         for i in kept:
-            print({k: rows[i].get(k) for k in ("label", "step_ms", "rounds_ms", "paired_ratios",
-                                               "rounds_error")}, flush=True)  # fmt: skip
+            print(
+                {
+                    k: rows[i].get(k)
+                    for k in ("label", "step_ms", "rounds_ms", "paired_ratios", "rounds_error")
+                },
+                flush=True,
+            )
         kept.clear()
     base = {
         r["mode"]: r.get("tokens_per_s") for r in rows if r["label"].startswith("torch.compile")
@@ -316,9 +382,13 @@ def main() -> None:
                 if rr
                 else ""
             )
-            md += ["", f"Paired rounds of '{r['label']}' ({args.rounds} x {args.round_iters} "
-                   f"steps, configs interleaved): " + ", ".join(f"{t:.2f}" for t in r["rounds_ms"])
-                   + f" ms (single measurement {r['single_ms']:.2f} ms){txt}"]  # fmt: skip
+            md += [
+                "",
+                f"Paired rounds of '{r['label']}' ({args.rounds} x {args.round_iters} "
+                f"steps, configs interleaved): "
+                + ", ".join(f"{t:.2f}" for t in r["rounds_ms"])
+                + f" ms (single measurement {r['single_ms']:.2f} ms){txt}",
+            ]
     md += _k_chunk_lines(rows)
     for r in rows:
         if r.get("lowering_counts"):

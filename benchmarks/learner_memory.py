@@ -63,8 +63,10 @@ def _child(chunk_rows: int | None) -> dict:
     arg = "none" if chunk_rows is None else str(chunk_rows)
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.learner_memory", "--child", arg],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

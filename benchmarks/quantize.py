@@ -21,8 +21,11 @@ SHAPES = ((4096, 2048), (32768, 2048), (8192, 8192))
 # per expert: `nvfp4_impl.ONGRID_FORWARD_MIN_ROWS`).
 WEIGHT_SHAPES = ((128, 1536, 2048), (128, 2048, 768))
 WEIGHT_OUTS = ("packed", "both", "ongrid")
-MODES = (("per_row", "rne", "packed"), ("per_row", "rne", "ongrid"),
-         ("per_tensor", "stochastic", "ongrid"))  # fmt: skip
+MODES = (
+    ("per_row", "rne", "packed"),
+    ("per_row", "rne", "ongrid"),
+    ("per_tensor", "stochastic", "ongrid"),
+)
 
 
 # bytes written per input element, by output form (packed: E2M1 nibble + an E4M3 byte per 16)
@@ -55,12 +58,19 @@ def measure(m, k) -> list[dict]:
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     cases = [
-        ({"M": m, "K": k, "global_scale": gs, "rounding": rounding}, out,
-         lambda gs=gs, rounding=rounding, out=out: quantize_triton(
-             x, global_scale=gs, rounding=rounding, out=out,
-             seed=7 if rounding == "stochastic" else None))
+        (
+            {"M": m, "K": k, "global_scale": gs, "rounding": rounding},
+            out,
+            lambda gs=gs, rounding=rounding, out=out: quantize_triton(
+                x,
+                global_scale=gs,
+                rounding=rounding,
+                out=out,
+                seed=7 if rounding == "stochastic" else None,
+            ),
+        )
         for gs, rounding, out in MODES
-    ]  # fmt: skip
+    ]
     return _timed_rows(x, cases)
 
 
@@ -70,23 +80,30 @@ def measure_weight(e, n, k) -> list[dict]:
     w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16)
     fields = {"M": f"{e}x{n}", "K": k, "global_scale": "per_expert 16x16", "rounding": "rne"}
     cases = [
-        (fields, out,
-         lambda out=out: quantize_triton(w, block="16x16", global_scale="per_expert", out=out))
+        (
+            fields,
+            out,
+            lambda out=out: quantize_triton(w, block="16x16", global_scale="per_expert", out=out),
+        )
         for out in WEIGHT_OUTS
-    ]  # fmt: skip
+    ]
     return _timed_rows(w, cases)
 
 
 def markdown(lines, rows) -> str:
-    lines += ["| M | K | global scale | rounding | out | copy GB/s (graph) | quantize ms launch / "
-              "graph | quantize GB/s launch / graph | fraction of copy launch / graph |",
-              "| --- " * 9 + "|"]  # fmt: skip
+    lines += [
+        "| M | K | global scale | rounding | out | copy GB/s (graph) | quantize ms launch / "
+        "graph | quantize GB/s launch / graph | fraction of copy launch / graph |",
+        "| --- " * 9 + "|",
+    ]
     for r in rows:
         q = r["quantize_ms"]
-        lines.append(f"| {r['M']} | {r['K']} | {r['global_scale']} | {r['rounding']} | {r['out']} | "
-                     f"{fmt(r['copy_GBps_graph'], '.0f')} | {fmt(q[0])} / {fmt(q[1])} | "
-                     f"{fmt(r['quantize_GBps_launch'], '.0f')} / {fmt(r['quantize_GBps_graph'], '.0f')} | "
-                     f"{fmt(r['fraction_launch'], '.2f')} / {fmt(r['fraction_graph'], '.2f')} |")  # fmt: skip
+        lines.append(
+            f"| {r['M']} | {r['K']} | {r['global_scale']} | {r['rounding']} | {r['out']} | "
+            f"{fmt(r['copy_GBps_graph'], '.0f')} | {fmt(q[0])} / {fmt(q[1])} | "
+            f"{fmt(r['quantize_GBps_launch'], '.0f')} / {fmt(r['quantize_GBps_graph'], '.0f')} | "
+            f"{fmt(r['fraction_launch'], '.2f')} / {fmt(r['fraction_graph'], '.2f')} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -38,9 +38,11 @@ def text_report(res: dict) -> str:
         f"{'op':<48} {'n':>4} {'launch':>6} {'MB':>9} {'GFLOP':>8} {'roof us':>8}  kv cache",
     ]
     for a in res["by_op"]:
-        out.append(f"{a['op'][:48]:<48} {a['count']:>4} {a['launches']:>6} "
-                   f"{a['bytes'] / 1e6:>9.3f} {a['flops'] / 1e9:>8.3f} "
-                   f"{a['roofline_us']:>8.2f}  {a['kv_cache']}")  # fmt: skip
+        out.append(
+            f"{a['op'][:48]:<48} {a['count']:>4} {a['launches']:>6} "
+            f"{a['bytes'] / 1e6:>9.3f} {a['flops'] / 1e9:>8.3f} "
+            f"{a['roofline_us']:>8.2f}  {a['kv_cache']}"
+        )
     return "\n".join(out)
 
 
@@ -56,8 +58,9 @@ def _short_op(op: str) -> str:
 
 
 def _top5(res: dict) -> str:
-    return "; ".join(f"{_short_op(a['op'])} x{a['count']} {a['bytes'] / 1e6:.0f}"
-                     for a in res["by_op"][:5])  # fmt: skip
+    return "; ".join(
+        f"{_short_op(a['op'])} x{a['count']} {a['bytes'] / 1e6:.0f}" for a in res["by_op"][:5]
+    )
 
 
 def _row(res: dict) -> str:
@@ -100,15 +103,22 @@ def write_all(batches=REPORT_BATCHES, context: int = REPORT_CONTEXT) -> list:
     ]
     for spec in BUILTIN_NOTES:
         model, note = build_model(spec)
-        md += ["", f"## {spec}", "", note, "",
-               "| recipe | batch | launches (eager) | MB | KV copy MB | GFLOP | roofline us | "
-               "prefill launches | prefill MB | prefill roofline ms | top-5 ops by MB |",
-               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        md += [
+            "",
+            f"## {spec}",
+            "",
+            note,
+            "",
+            "| recipe | batch | launches (eager) | MB | KV copy MB | GFLOP | roofline us | "
+            "prefill launches | prefill MB | prefill roofline ms | top-5 ops by MB |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for recipe in RECIPES:
             for batch in batches:
                 res = step_cost(model, note, batch=batch, context=context, recipe=recipe)
-                print(f"{spec} {recipe} batch {batch}: {res['roofline_ms'] * 1e3:.1f} us",
-                      flush=True)  # fmt: skip
+                print(
+                    f"{spec} {recipe} batch {batch}: {res['roofline_ms'] * 1e3:.1f} us", flush=True
+                )
                 md.append(_row(res))
                 res.pop("per_op")
                 runs.append({"model_name": spec, **res})
@@ -149,8 +159,14 @@ def main(argv: list[str] | None = None) -> None:
     if not args.model:
         parser.error("--model is required (or --all)")
     model, note = build_model(args.model, layers=args.layers)
-    res = step_cost(model, note, batch=args.batch, context=args.context, recipe=args.recipe,
-                    max_seq_len=args.max_seq_len)  # fmt: skip
+    res = step_cost(
+        model,
+        note,
+        batch=args.batch,
+        context=args.context,
+        recipe=args.recipe,
+        max_seq_len=args.max_seq_len,
+    )
     if args.json:
         json.dump(res, sys.stdout, indent=1)
         print()

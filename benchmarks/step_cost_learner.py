@@ -29,8 +29,10 @@ from fp4_compile.cost import (
 
 def learner_text_report(res: dict) -> str:
     def line(label, s):
-        return (f"  {label:<38} {s['launches']:>6} {s['bytes'] / 1e9:>9.3f} "
-                f"{s['flops'] / 1e12:>9.3f} {s['roofline_ms']:>9.3f}")  # fmt: skip
+        return (
+            f"  {label:<38} {s['launches']:>6} {s['bytes'] / 1e9:>9.3f} "
+            f"{s['flops'] / 1e12:>9.3f} {s['roofline_ms']:>9.3f}"
+        )
 
     out = [
         f"{res['model']}; recipe {res['recipe']}, quantize_weights {res['quantize_weights']}, "
@@ -48,8 +50,10 @@ def learner_text_report(res: dict) -> str:
         f"{'op':<60} {'n':>4} {'launch':>6} {'MB':>10} {'GFLOP':>9} {'roof us':>9}",
     ]
     for a in res["by_op"][:25]:
-        out.append(f"{a['op'][:60]:<60} {a['count']:>4} {a['launches']:>6} "
-                   f"{a['bytes'] / 1e6:>10.2f} {a['flops'] / 1e9:>9.2f} {a['roofline_us']:>9.1f}")  # fmt: skip
+        out.append(
+            f"{a['op'][:60]:<60} {a['count']:>4} {a['launches']:>6} "
+            f"{a['bytes'] / 1e6:>10.2f} {a['flops'] / 1e9:>9.2f} {a['roofline_us']:>9.1f}"
+        )
     return "\n".join(out)
 
 
@@ -57,9 +61,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     model_arguments(parser, batch=8)
     parser.add_argument("--seq", type=int, default=512, help="tokens per sequence")
-    parser.add_argument("--quantize-weights", choices=QUANTIZE_WEIGHTS, default="every_call",
-                        help="the learner's weight quantize: in every forward, or once per "
-                        "optimizer step from the weight store")  # fmt: skip
+    parser.add_argument(
+        "--quantize-weights",
+        choices=QUANTIZE_WEIGHTS,
+        default="every_call",
+        help="the learner's weight quantize: in every forward, or once per "
+        "optimizer step from the weight store",
+    )
     args = parser.parse_args(argv)
     if args.all:
         for path in write_learner_table():
@@ -68,8 +76,14 @@ def main(argv: list[str] | None = None) -> None:
     if not args.model:
         parser.error("--model is required (or --all)")
     model, note = build_model(args.model, layers=args.layers)
-    res = learner_step_cost(model, note, recipe=args.recipe, batch=args.batch, seq=args.seq,
-                            quantize_weights=args.quantize_weights)  # fmt: skip
+    res = learner_step_cost(
+        model,
+        note,
+        recipe=args.recipe,
+        batch=args.batch,
+        seq=args.seq,
+        quantize_weights=args.quantize_weights,
+    )
     if args.json:
         json.dump(res, sys.stdout, indent=1)
         print()
@@ -94,9 +108,11 @@ def _weight_work(res: dict, micro_batches: int) -> tuple[int, float, float]:
     step of `micro_batches` passes."""
     q, d = res["weight_quantize"], res["ongrid_decode_per_call"]
     times = micro_batches if res["weight_quantize_per"] == "micro-batch" else 1
-    return (q["launches"] * times + d["launches"] * micro_batches,
-            (q["bytes"] * times + d["bytes"] * micro_batches) / 1e9,
-            q["roofline_ms"] * times + d["roofline_ms"] * micro_batches)  # fmt: skip
+    return (
+        q["launches"] * times + d["launches"] * micro_batches,
+        (q["bytes"] * times + d["bytes"] * micro_batches) / 1e9,
+        q["roofline_ms"] * times + d["roofline_ms"] * micro_batches,
+    )
 
 
 def write_learner_table(batch: int = 8, seq: int = 512) -> list:
@@ -124,16 +140,23 @@ def write_learner_table(batch: int = 8, seq: int = 512) -> list:
         "read.",
     ]
     model, note = build_model("qwen3-30b-a3b")
-    md += ["", note, "",
-           "| recipe | quantize_weights | launches | GB | TFLOP | roofline ms | forward ms (of "
-           "which decode) | weight quantize ms (GB), per | backward ms | AdamW ms | roofline ms "
-           "at 4 micro-batches | measured ms | roofline / measured |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    configs = [("strict", m) for m in QUANTIZE_WEIGHTS] + [("bf16", "every_call"),
-                                                          ("stock", "every_call")]  # fmt: skip
+    md += [
+        "",
+        note,
+        "",
+        "| recipe | quantize_weights | launches | GB | TFLOP | roofline ms | forward ms (of "
+        "which decode) | weight quantize ms (GB), per | backward ms | AdamW ms | roofline ms "
+        "at 4 micro-batches | measured ms | roofline / measured |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    configs = [("strict", m) for m in QUANTIZE_WEIGHTS] + [
+        ("bf16", "every_call"),
+        ("stock", "every_call"),
+    ]
     for recipe, mode in configs:
-        res = learner_step_cost(model, note, recipe=recipe, batch=batch, seq=seq,
-                                quantize_weights=mode)  # fmt: skip
+        res = learner_step_cost(
+            model, note, recipe=recipe, batch=batch, seq=seq, quantize_weights=mode
+        )
         s, q, f = res["step"], res["weight_quantize"], res["forward"]
         ms = MEASURED_MS.get(recipe) if mode == "every_call" else None
         md.append(
@@ -147,22 +170,35 @@ def write_learner_table(batch: int = 8, seq: int = 512) -> list:
         )
         runs.append(res)
     strict = {r["quantize_weights"]: r for r in runs if r["recipe"] == "strict"}
-    md += ["", "Weight work of the strict step per optimizer step (weight quantize and on-grid "
-           "decodes: launches / GB / roofline ms) by micro-batches per step:", "",
-           "| quantize_weights | " + " | ".join(f"{m} micro-batch{'es' if m > 1 else ''}"
-                                               for m in MICRO_BATCHES) + " |",
-           "| --- |" + " --- |" * len(MICRO_BATCHES)]  # fmt: skip
+    md += [
+        "",
+        "Weight work of the strict step per optimizer step (weight quantize and on-grid "
+        "decodes: launches / GB / roofline ms) by micro-batches per step:",
+        "",
+        "| quantize_weights | "
+        + " | ".join(f"{m} micro-batch{'es' if m > 1 else ''}" for m in MICRO_BATCHES)
+        + " |",
+        "| --- |" + " --- |" * len(MICRO_BATCHES),
+    ]
     for mode, res in strict.items():
-        cells = [f"{n} / {gb:.2f} / {t:.2f}" for n, gb, t in
-                 (_weight_work(res, m) for m in MICRO_BATCHES)]  # fmt: skip
+        cells = [
+            f"{n} / {gb:.2f} / {t:.2f}"
+            for n, gb, t in (_weight_work(res, m) for m in MICRO_BATCHES)
+        ]
         md.append(f"| {mode} | " + " | ".join(cells) + " |")
     for mode in ("every_call", "on_change"):
-        md += ["", f"Top ops of the strict step ({mode}) by bytes:", "",
-               "| op | calls | launches | MB | GFLOP | roofline us |",
-               "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        md += [
+            "",
+            f"Top ops of the strict step ({mode}) by bytes:",
+            "",
+            "| op | calls | launches | MB | GFLOP | roofline us |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for a in strict[mode]["by_op"][:12]:
-            md.append(f"| `{a['op']}` | {a['count']} | {a['launches']} | {a['bytes'] / 1e6:.0f} | "
-                      f"{a['flops'] / 1e9:.1f} | {a['roofline_us']:.0f} |")  # fmt: skip
+            md.append(
+                f"| `{a['op']}` | {a['count']} | {a['launches']} | {a['bytes'] / 1e6:.0f} | "
+                f"{a['flops'] / 1e9:.1f} | {a['roofline_us']:.0f} |"
+            )
     payload = {"env": env, "constants": constants(), "batch": batch, "seq": seq, "runs": runs}
     return write_results("step_cost_learner", payload, "\n".join(md) + "\n")
 

@@ -238,8 +238,17 @@ for _key, (_max_n, _cfg) in NARROW_N.items():  # the same K chunk and MMA family
     assert _cfg.block_k == PINNED[_key][0][1].block_k, f"{_key}: narrow BLOCK_K"
     assert _key[0] != "sm_90" or _cfg.block_m >= 64, f"{_key}: narrow BLOCK_M < 64 is mma.sync"
 for _arch in ("sm_90", "interpreter"):  # packed, on-grid and wgrad GEMMs chunk K alike
-    assert len({c.block_k for k, t in PINNED.items() if k[0] == _arch and k[2] in GEMM_OPS
-                for _, c in t}) == 1, f"{_arch}: the GEMM ops must share BLOCK_K"  # fmt: skip
+    assert (
+        len(
+            {
+                c.block_k
+                for k, t in PINNED.items()
+                if k[0] == _arch and k[2] in GEMM_OPS
+                for _, c in t
+            }
+        )
+        == 1
+    ), f"{_arch}: the GEMM ops must share BLOCK_K"
 
 
 # The K chunk KC of each GEMM op's summation order (1. above): a property of (arch, op), never of

@@ -21,7 +21,7 @@ size arguments are int32 below 2**31), which wraps and reads or writes out of bo
 program id as `tl.program_id(a).to(tl.int64)`, an index loaded from memory (a gather) with
 `.to(tl.int64)`, and any `tl.arange` that steps over rows of a large tensor widened the same
 way. Only offsets bounded by one row (a column index times a unit stride) may stay int32.
-`tests/codegen/test_int64_offsets.py` checks every kernel source for the program-id rule.
+`tests/codegen/test_layout.py` checks every kernel source for the program-id rule.
 """
 
 from __future__ import annotations

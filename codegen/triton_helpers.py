@@ -148,8 +148,19 @@ def signed_value(mag_n, v, s_val):
 
 
 @triton.jit
-def store_packed(codes_ptr, scales_ptr, code, s_code, rows, rmask, pid_k, blk, K,
-                  BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+def store_packed(
+    codes_ptr,
+    scales_ptr,
+    code,
+    s_code,
+    rows,
+    rmask,
+    pid_k,
+    blk,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """Store codes [BLOCK_M, NB, 16] as bytes (two per byte, low nibble first) and the scale
     bytes s_code [BLOCK_M, NB] of the rows `rows` (valid where rmask), column tile pid_k."""
     lo_c, hi_c = tl.split(tl.reshape(code, (BLOCK_M, BLOCK_K // 2, 2)))
@@ -158,8 +169,7 @@ def store_packed(codes_ptr, scales_ptr, code, s_code, rows, rmask, pid_k, blk, K
     cmask = rmask[:, None] & (ccols[None, :] < K // 2)
     tl.store(codes_ptr + rows[:, None] * (K // 2) + ccols[None, :], byte, mask=cmask)
     smask = rmask[:, None] & (blk[None, :] < K // 16)
-    tl.store(scales_ptr + rows[:, None] * (K // 16) + blk[None, :], s_code.to(tl.uint8),
-             mask=smask)  # fmt: skip
+    tl.store(scales_ptr + rows[:, None] * (K // 16) + blk[None, :], s_code.to(tl.uint8), mask=smask)
 
 
 @triton.jit

@@ -19,8 +19,13 @@ import torch
 from .recipe import NVFP4Recipe, as_recipe
 
 _KNOWN_OPTIONS = (
-    "recipe", "report_sink", "cuda_graphs", "save_ongrid_weights", "fuse_quantize", "weight_store",
-)  # fmt: skip
+    "recipe",
+    "report_sink",
+    "cuda_graphs",
+    "save_ongrid_weights",
+    "fuse_quantize",
+    "weight_store",
+)
 
 
 def options_error(error: TypeError | ValueError, frame=None) -> Exception:

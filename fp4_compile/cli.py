@@ -20,8 +20,11 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         cause = user_error(e)
-        print(f"minite: error: {one_line(cause)} ({type(cause).__name__}; --debug shows the "
-              "traceback)", file=sys.stderr)  # fmt: skip
+        print(
+            f"minite: error: {one_line(cause)} ({type(cause).__name__}; --debug shows the "
+            "traceback)",
+            file=sys.stderr,
+        )
         return 2
 
 

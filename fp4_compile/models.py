@@ -157,6 +157,7 @@ def tiny_causal_lm(
 
 # Real model shapes (FIELD_NOTES "Reference model shapes"): the architecture at full width and
 # vocabulary, any number of layers, random init. One factory for tests, benchmarks and tools.
+# (fmt: skip below: a table, one model per entry with its fields together)
 REAL_SHAPES = {
     "qwen3-8b": (
         "Qwen3Config",
@@ -265,8 +266,9 @@ def build_causal_lm(
     if spec in REAL_SHAPES:
         if layers is None:
             raise ValueError(f"{spec!r}: pass layers= (the real model has {REAL_SHAPES[spec][3]})")
-        return real_shape_model(spec, layers=layers, vocab=vocab or REAL_VOCAB, dtype=dtype,
-                                device=device, seed=seed)  # fmt: skip
+        return real_shape_model(
+            spec, layers=layers, vocab=vocab or REAL_VOCAB, dtype=dtype, device=device, seed=seed
+        )
     path = Path(spec)
     if not path.exists():
         raise ValueError(

@@ -93,13 +93,19 @@ def learner_weight_bytes(model, recipe, *inputs, **kwargs) -> dict[str, tuple[to
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n):
             out = super().run_node(n)
-            if (n.op == "call_function" and n.target in quantizes
-                    and n.args[QuantizeArg.BLOCK] == "16x16"):  # fmt: skip
+            if (
+                n.op == "call_function"
+                and n.target in quantizes
+                and n.args[QuantizeArg.BLOCK] == "16x16"
+            ):
                 x = self.env[n.args[QuantizeArg.X]]
                 codes = out[QuantizeOut.CODES]
                 scales, gd = out[QuantizeOut.BLOCK_SCALES], out[QuantizeOut.GLOBAL_DECODE]
-                seen[x.data_ptr()] = (codes.clone(), scales.view(torch.float8_e4m3fn).clone(),
-                                      gd.clone())  # fmt: skip
+                seen[x.data_ptr()] = (
+                    codes.clone(),
+                    scales.view(torch.float8_e4m3fn).clone(),
+                    gd.clone(),
+                )
             return out
 
     def backend(gm, example_inputs, **unused):

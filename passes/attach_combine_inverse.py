@@ -86,8 +86,9 @@ def _inverse_of(idx, combine, graph: fx.Graph):
         if len(writers) != 1:
             return None
         scatter = writers[0]
-    if not is_op(base, functions=(torch.empty_like, torch.empty),
-               overloads=(aten.empty_like, aten.empty)):  # fmt: skip
+    if not is_op(
+        base, functions=(torch.empty_like, torch.empty), overloads=(aten.empty_like, aten.empty)
+    ):
         return None
     parts = _scatter_args(scatter)
     if parts is None or parts[0] is not base:

@@ -60,9 +60,14 @@ def _source(x: fx.Node, gemm: fx.Node):
     if others:  # only an in-place row fill of the gathered copy, before the GEMM side reads it
         fill = others[0]
         order = {n: i for i, n in enumerate(x.graph.nodes)}
-        if not (len(others) == 1 and mask is None and is_masked_fill(fill)
-                and written_args(fill) == [x] and not fill.users
-                and order[fill] < order[reader]):  # fmt: skip
+        if not (
+            len(others) == 1
+            and mask is None
+            and is_masked_fill(fill)
+            and written_args(fill) == [x]
+            and not fill.users
+            and order[fill] < order[reader]
+        ):
             return None
         mask = row_zero_mask(fill, fake(x).shape[0] if fake(x) is not None else None)
         if mask is None:
@@ -101,8 +106,9 @@ def fold_expert_gathers(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Lowerin
         idx = insert_call(graph, aten.where.self, (negative, wrapped, idx), before=node, like=node)
         if mask is not None:  # masked rows: index -1, a zero row in the op
             rows_mask = insert_call(graph, aten.squeeze.dim, (mask, -1), before=node, like=node)
-            idx = insert_call(graph, aten.where.ScalarSelf, (rows_mask, -1, idx), before=node,
-                              like=node)  # fmt: skip
+            idx = insert_call(
+                graph, aten.where.ScalarSelf, (rows_mask, -1, idx), before=node, like=node
+            )
         replace_gemm(graph, node, call._replace(x=h, x_index=idx, x_perm=perm))
         if perm is not None:
             report.count("expert_gather_perm_attached")

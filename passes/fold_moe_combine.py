@@ -19,8 +19,9 @@ aten = torch.ops.aten
 
 
 def _is_reshape(node) -> bool:
-    return is_op(node, methods=("view", "reshape"),
-               overloads=(aten.view, aten.reshape, aten._unsafe_view))  # fmt: skip
+    return is_op(
+        node, methods=("view", "reshape"), overloads=(aten.view, aten.reshape, aten._unsafe_view)
+    )
 
 
 def _sole_input(node, target):
@@ -55,9 +56,15 @@ def fold_moe_combine(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRe
         t, k, hv = fv.shape
         if not isinstance(k, int):  # the op's slot count; the token counts may be symbols
             continue
-        if not (known_equal(hv, h) and known_equal(t * k, s) and fw.dim() == 2
-                and known_equal(fw.shape[0], s) and known_equal(fw.shape[1], 1)
-                and fi.dim() == 1 and known_equal(fi.shape[0], s)):  # fmt: skip
+        if not (
+            known_equal(hv, h)
+            and known_equal(t * k, s)
+            and fw.dim() == 2
+            and known_equal(fw.shape[0], s)
+            and known_equal(fw.shape[1], 1)
+            and fi.dim() == 1
+            and known_equal(fi.shape[0], s)
+        ):
             continue
         if written_between(graph, scaled, node, (x, w, idx)):
             continue  # the op would read them after a write row_scale / the gather did not see

@@ -52,8 +52,9 @@ def fold_swiglu_halves(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Lowering
         if written_between(graph, split, op, (x,) if mask is None else (x, mask)):
             continue
         a, b = op.args[:2]
-        replace_with_call(graph, op, ops.silu_mul_halves.default,
-                          (x,) if mask is None else (x, mask))  # fmt: skip
+        replace_with_call(
+            graph, op, ops.silu_mul_halves.default, (x,) if mask is None else (x, mask)
+        )
         for dead in (a, b, split):
             graph.erase_node(dead)
         report.count("swiglu_halves_folded")

@@ -56,8 +56,13 @@ def fusable_norm(q: fx.Node, recipe: NVFP4Recipe) -> fx.Node | None:
 def _fuse(graph: fx.Graph, norm: fx.Node, numerics: str, transposed: bool) -> fx.Node:
     """Replace invariant_rms_norm node `norm` by rms_norm_quantize; its readers read output 0."""
     x, weight, eps = norm.args
-    fused = insert_call(graph, _ops().rms_norm_quantize.default,
-                        (x, weight, eps, numerics, bool(transposed)), before=norm, like=norm)  # fmt: skip
+    fused = insert_call(
+        graph,
+        _ops().rms_norm_quantize.default,
+        (x, weight, eps, numerics, bool(transposed)),
+        before=norm,
+        like=norm,
+    )
     y = insert_call(graph, operator.getitem, (fused, 0), before=norm, like=norm)
     norm.replace_all_uses_with(y)
     graph.erase_node(norm)
@@ -100,7 +105,7 @@ def _rows_view_of(x):
             torch.ops.aten.view.default,
             torch.ops.aten.reshape.default,
             torch.ops.aten._unsafe_view.default,
-        )  # fmt: skip
+        )
     )
     if not is_view or not isinstance(x.args[0], fx.Node):
         return x
@@ -156,8 +161,9 @@ def _silu_source(graph: fx.Graph, x, numerics: str, report: LoweringReport):
     if val.dtype not in (torch.bfloat16, torch.float32):
         return None
     h, row_mask = x.args[0], (x.args[1] if len(x.args) > 1 else x.kwargs.get("row_mask"))
-    fused = insert_call(graph, _ops().silu_mul_halves_quantize.default, (h, row_mask, numerics),
-                        before=x, like=x)  # fmt: skip
+    fused = insert_call(
+        graph, _ops().silu_mul_halves_quantize.default, (h, row_mask, numerics), before=x, like=x
+    )
     y = insert_call(graph, operator.getitem, (fused, 0), before=x, like=x)
     x.replace_all_uses_with(y)
     graph.erase_node(x)
@@ -203,8 +209,13 @@ def _fuse_dense_swiglu(graph: fx.Graph, recipe: NVFP4Recipe, report: LoweringRep
             continue
         a, b, row_mask = (*silu.args, None)[:3]
         transposed = needs_transposed([node], recipe)
-        fused = insert_call(graph, _ops().silu_mul_quantize.default,
-                            (a, b, row_mask, numerics, transposed), before=silu, like=silu)  # fmt: skip
+        fused = insert_call(
+            graph,
+            _ops().silu_mul_quantize.default,
+            (a, b, row_mask, numerics, transposed),
+            before=silu,
+            like=silu,
+        )
         y = insert_call(graph, operator.getitem, (fused, 0), before=silu, like=silu)
         silu.replace_all_uses_with(y)
         graph.erase_node(silu)

@@ -35,8 +35,12 @@ aten = torch.ops.aten
 
 
 def _is_reshape(n) -> bool:
-    return is_op(n, functions=(torch.reshape,), methods=("reshape", "view"),
-               overloads=(aten.reshape, aten.view, aten._unsafe_view))  # fmt: skip
+    return is_op(
+        n,
+        functions=(torch.reshape,),
+        methods=("reshape", "view"),
+        overloads=(aten.reshape, aten.view, aten._unsafe_view),
+    )
 
 
 def _is_expand(n) -> bool:
@@ -44,8 +48,9 @@ def _is_expand(n) -> bool:
 
 
 def _is_clone(n) -> bool:
-    return is_op(n, functions=(torch.clone,), methods=("clone", "contiguous"),
-               overloads=(aten.clone,))  # fmt: skip
+    return is_op(
+        n, functions=(torch.clone,), methods=("clone", "contiguous"), overloads=(aten.clone,)
+    )
 
 
 def drop_repeat_kv(graph: fx.Graph, node: fx.Node, t, report: LoweringReport, dead: list):

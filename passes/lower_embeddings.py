@@ -26,8 +26,15 @@ def _operands(node):
         padding = args.get("padding_idx", -1)
         weight, ids = args.get("weight"), args.get("indices")
     else:
-        names = ("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq",
-                 "sparse")  # fmt: skip
+        names = (
+            "input",
+            "weight",
+            "padding_idx",
+            "max_norm",
+            "norm_type",
+            "scale_grad_by_freq",
+            "sparse",
+        )
         args = dict(zip(names, node.args)) | dict(node.kwargs)
         extra = {k: args.get(k) for k in ("max_norm", "scale_grad_by_freq", "sparse")}
         padding = args.get("padding_idx")
@@ -45,8 +52,11 @@ def _operands(node):
 def lower_embeddings(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
     graph = gm.graph
     for node in list(graph.nodes):
-        if not is_op(node, functions=(torch.nn.functional.embedding, torch.embedding),
-                   overloads=(aten.embedding,)):  # fmt: skip
+        if not is_op(
+            node,
+            functions=(torch.nn.functional.embedding, torch.embedding),
+            overloads=(aten.embedding,),
+        ):
             continue
         operands, why = _operands(node)
         if operands is None:

@@ -38,8 +38,11 @@ def _is_sum_last_keepdim(node, src) -> bool:
 def _renormalization(topk: fx.Node):
     """(sum node, division node) of `values / values.sum(-1, keepdim=True)` on the top-k values
     (in place or not, Dynamo or ATen spelling), the values used by nothing else; else None."""
-    values = [u for u in topk.users if u.op == "call_function" and u.target is operator.getitem
-              and u.args[1] == 0]  # fmt: skip
+    values = [
+        u
+        for u in topk.users
+        if u.op == "call_function" and u.target is operator.getitem and u.args[1] == 0
+    ]
     if len(values) != 1 or len(values[0].users) != 2:
         return None
     v = values[0]

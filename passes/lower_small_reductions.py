@@ -107,9 +107,11 @@ def lower_small_reductions(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Lowe
         one_dim = _names_one_dim(node)
         if one_dim and 1 <= extent <= MAX_EXTENT:  # one ordered_sum
             replace_with_call(
-                graph, node, torch.ops.fp4_compile.ordered_sum.default,
+                graph,
+                node,
+                torch.ops.fp4_compile.ordered_sum.default,
                 (node.args[0], dims[0], keepdim),
-            )  # fmt: skip
+            )
             report.count("ordered_sum")
             continue
         adjacent = dims == list(range(dims[0], dims[-1] + 1))

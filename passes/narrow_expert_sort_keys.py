@@ -77,14 +77,16 @@ def narrow_expert_sort_keys(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Low
         users = list(node.users)
         if not all(u.op == "call_function" and u.target is operator.getitem for u in users):
             continue  # a tuple consumed whole (not seen in transformers): left as it is
-        short = insert_call(graph, aten._to_copy.default, (keys,), before=node, like=node,
-                            kwargs={"dtype": narrow})  # fmt: skip
+        short = insert_call(
+            graph, aten._to_copy.default, (keys,), before=node, like=node, kwargs={"dtype": narrow}
+        )
         node.args = (short, *node.args[1:])
         for u in users:
             if u.args[1] != 0:
                 continue  # the indices: unchanged
-            wide = insert_call(graph, aten._to_copy.default, (u,), after=u, like=u,
-                               kwargs={"dtype": ids.dtype})  # fmt: skip
+            wide = insert_call(
+                graph, aten._to_copy.default, (u,), after=u, like=u, kwargs={"dtype": ids.dtype}
+            )
             u.replace_all_uses_with(wide, delete_user_cb=lambda n, w=wide: n is not w)
         propagate_val(node)
         for u in users:

@@ -113,8 +113,9 @@ def is_softmax(n) -> bool:
 
 def is_masked_fill(n) -> bool:
     """x.masked_fill(mask, value), functional or in place."""
-    return is_op(n, methods=("masked_fill", "masked_fill_"),
-               overloads=(aten.masked_fill, aten.masked_fill_))  # fmt: skip
+    return is_op(
+        n, methods=("masked_fill", "masked_fill_"), overloads=(aten.masked_fill, aten.masked_fill_)
+    )
 
 
 def row_zero_mask(node: fx.Node, rows: int | None):
@@ -142,8 +143,12 @@ def scalar_arg(node: fx.Node, index: int, name: str, default=None):
 def is_last_dim_halves(split: fx.Node, source: fx.Node) -> bool:
     """Whether `split` cuts `source` [S, 2C] into two [S, C] halves along the last dim (chunk(2)
     or split(C) as a method, a torch function or an ATen op)."""
-    if not is_op(split, functions=(torch.chunk, torch.split), methods=("chunk", "split"),
-               overloads=(aten.chunk, aten.split)):  # fmt: skip
+    if not is_op(
+        split,
+        functions=(torch.chunk, torch.split),
+        methods=("chunk", "split"),
+        overloads=(aten.chunk, aten.split),
+    ):
         return False
     if not split.args or split.args[0] is not source:
         return False
@@ -154,11 +159,16 @@ def is_last_dim_halves(split: fx.Node, source: fx.Node) -> bool:
     pieces = [u for u in split.users]
     vals = [fake(p) for p in pieces]
     half = fs.shape[-1] // 2
-    return all(
-        p.op == "call_function" and p.target is operator.getitem and v is not None
-        and tuple(v.shape) == (fs.shape[0], half)
-        for p, v in zip(pieces, vals)
-    ) and fs.shape[-1] % 2 == 0  # fmt: skip
+    return (
+        all(
+            p.op == "call_function"
+            and p.target is operator.getitem
+            and v is not None
+            and tuple(v.shape) == (fs.shape[0], half)
+            for p, v in zip(pieces, vals)
+        )
+        and fs.shape[-1] % 2 == 0
+    )
 
 
 def _is_sort(node) -> bool:
@@ -172,8 +182,13 @@ def sort_permutation(node) -> bool:
     if node.target is not operator.getitem or node.args[1] != 1 or not _is_sort(node.args[0]):
         return False
     keys, perm = fake(arg(node.args[0], 0, "input")), fake(node)
-    return keys is not None and perm is not None and keys.dim() == 1 and perm.dim() == 1 and (
-        perm.dtype == torch.int64 and perm.shape == keys.shape)  # fmt: skip
+    return (
+        keys is not None
+        and perm is not None
+        and keys.dim() == 1
+        and perm.dim() == 1
+        and (perm.dtype == torch.int64 and perm.shape == keys.shape)
+    )
 
 
 _PURE_READERS = (operator.floordiv, torch.empty_like)

@@ -57,9 +57,13 @@ def emit_quantize_activation(
     first = readers[0]
     call = GemmCall.of(first)
     det = insert_call(graph, torch.ops.aten.detach.default, (call.x,), before=first, like=first)
-    q = insert_call(graph, _ops().quantize_activation.default,
-                    (det, encode_recipe(recipe), call.x_amax, bool(transposed)), before=first,
-                    like=first)  # fmt: skip
+    q = insert_call(
+        graph,
+        _ops().quantize_activation.default,
+        (det, encode_recipe(recipe), call.x_amax, bool(transposed)),
+        before=first,
+        like=first,
+    )
     return ActivationOperands(
         *(insert_call(graph, operator.getitem, (q, i), before=first, like=first) for i in range(4))
     )

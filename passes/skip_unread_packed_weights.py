@@ -55,8 +55,9 @@ def packed_bytes_unread(q: fx.Node, gemms=GEMMS) -> bool:
     copy = copies[0]
     codes_readers = [u for g in items.get(Out.CODES, []) for u in g.users]
     scale_views = [u for g in items.get(Out.BLOCK_SCALES, []) for u in g.users]
-    if not all(v.op == "call_function" and v.target is torch.ops.aten.view.dtype
-               for v in scale_views):  # fmt: skip
+    if not all(
+        v.op == "call_function" and v.target is torch.ops.aten.view.dtype for v in scale_views
+    ):
         return False
     scale_readers = [u for v in scale_views for u in v.users]
     return _only_gemms_with(codes_readers, copy, gemms) and _only_gemms_with(

@@ -60,15 +60,19 @@ def emit_quantize_weight_group(graph, weights: list, recipe: NVFP4Recipe) -> lis
 def _emit_quantize(graph, det, mode: str, amax, *, after, weight):
     """quantize(det, "16x16", mode, amax) after `after` and its outputs, `weight`'s metadata."""
     q = insert_call(
-        graph, _ops().quantize.default, (det, "16x16", mode, amax, "rne", 0), after=after,
+        graph,
+        _ops().quantize.default,
+        (det, "16x16", mode, amax, "rne", 0),
+        after=after,
         like=weight,
-    )  # fmt: skip
+    )
     codes = insert_call(graph, operator.getitem, (q, QuantizeOut.CODES), after=q, like=weight)
     scales = insert_call(
         graph, operator.getitem, (q, QuantizeOut.BLOCK_SCALES), after=codes, like=weight
     )
-    gd = insert_call(graph, operator.getitem, (q, QuantizeOut.GLOBAL_DECODE), after=scales,
-                     like=weight)  # fmt: skip
+    gd = insert_call(
+        graph, operator.getitem, (q, QuantizeOut.GLOBAL_DECODE), after=scales, like=weight
+    )
     scales_u8 = insert_call(
         graph, torch.ops.aten.view.dtype, (scales, torch.uint8), after=gd, like=weight
     )
@@ -138,8 +142,15 @@ def replace_gemm(graph, node, call: GemmCall) -> fx.Node:
 def emit_nvfp4_linear(graph, node, x, weight, wq, bias, recipe: NVFP4Recipe, site: int = 0):
     """nvfp4_linear(x, weight quantized as wq = (codes, scale bytes, global decode), bias)."""
     ongrid = emit_ongrid_weight(graph, node, x, wq)
-    call = GemmCall(x=x, weight=weight, w=QuantizedWeight(*wq), recipe=recipe, bias=bias,
-                    w_ongrid=ongrid, site=site)  # fmt: skip
+    call = GemmCall(
+        x=x,
+        weight=weight,
+        w=QuantizedWeight(*wq),
+        recipe=recipe,
+        bias=bias,
+        w_ongrid=ongrid,
+        site=site,
+    )
     return emit_gemm(graph, call, before=node, like=node)
 
 
@@ -147,8 +158,15 @@ def emit_nvfp4_grouped(graph, node, x, weight, wq, offsets, recipe: NVFP4Recipe,
     """nvfp4_grouped_mm(x, weight quantized as wq, offsets)."""
     codes = wq[0]
     ongrid = emit_ongrid_weight(graph, node, x, wq, num_experts=fake(codes).shape[0])
-    call = GemmCall(x=x, weight=weight, w=QuantizedWeight(*wq), recipe=recipe, offsets=offsets,
-                    w_ongrid=ongrid, site=site)  # fmt: skip
+    call = GemmCall(
+        x=x,
+        weight=weight,
+        w=QuantizedWeight(*wq),
+        recipe=recipe,
+        offsets=offsets,
+        w_ongrid=ongrid,
+        site=site,
+    )
     return emit_gemm(graph, call, before=node, like=node)
 
 

@@ -10,12 +10,15 @@ import torch
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--k-chunk", type=int, default=None, metavar="KC",
+        "--k-chunk",
+        type=int,
+        default=None,
+        metavar="KC",
         help="what-if: the learner's forward GEMM and the decode GEMM sum K in chunks of KC "
         "(codegen/configs.py K_CHUNK, both forward ops of this machine's architecture) for the "
         "whole run, e.g. `-m gpu tests/gpu/test_gpu_alignment.py --k-chunk 1024` checks the "
         "bitwise contract under the order split-K decode needs; 0 = one chain",
-    )  # fmt: skip
+    )
 
 
 def pytest_configure(config):

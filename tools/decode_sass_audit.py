@@ -44,8 +44,9 @@ def _sass(case: KernelCase) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compile_sm90(case, "cubin"))
         f.flush()
-        return subprocess.run([tool, "-c", f.name], capture_output=True, text=True,
-                              check=True).stdout  # fmt: skip
+        return subprocess.run(
+            [tool, "-c", f.name], capture_output=True, text=True, check=True
+        ).stdout
 
 
 def spills(sass: str) -> int:
@@ -102,24 +103,55 @@ def cases() -> list[tuple[KernelCase, int]]:
 
     def learner(label, cfg, rows, packed, k_chunk):
         words = packed and cfg.block_k % 64 == 0
-        return (KernelCase(
-            f"{label} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, K_CHUNK={k_chunk}",
-            gk._nvfp4_gemm_kernel,
-            {"a_ptr": (bf16, 0), "b_ptr": ("*u8" if packed else bf16, 0),
-             "bs_ptr": ("*i32" if words else "*u8", 0), "gda_ptr": (f32, 0),
-             "gdb_ptr": (f32, 0), "bias_ptr": (f32, 0), "out_ptr": (bf16, 0),
-             "group_end_ptr": ("*i32", 0), "a_rows_ptr": ("*i32", 0), "M": (i32, rows),
-             "N": (i32, n), "K": (i32, k), "E": (i32, 1), "stride_am": (i32, k),
-             "stride_ak": (i32, 1), "stride_be": (i32, 0),
-             "stride_bn": (i32, k // 2 if packed else k), "stride_bk": (i32, 1),
-             "stride_se": (i32, 0), "stride_sn": (i32, k // (64 if words else 16)),
-             "gda_stride": (i32, 1), "gdb_stride": (i32, 0), "stride_om": (i32, n),
-             "stride_on": (i32, 1)},
-            {"GROUPED": False, "B_PACKED": packed, "HAS_BIAS": False, "DOT_F32": False,
-             "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-             "BLOCK_E": 2, "A_GATHER": False, "GDA_SHARED": False, "SCALE_WORDS": words,
-             "K_CHUNK": k_chunk},
-            cfg.num_warps, cfg.num_stages), cfg.block_n * cfg.block_k)  # fmt: skip
+        return (
+            KernelCase(
+                f"{label} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, K_CHUNK={k_chunk}",
+                gk._nvfp4_gemm_kernel,
+                {
+                    "a_ptr": (bf16, 0),
+                    "b_ptr": ("*u8" if packed else bf16, 0),
+                    "bs_ptr": ("*i32" if words else "*u8", 0),
+                    "gda_ptr": (f32, 0),
+                    "gdb_ptr": (f32, 0),
+                    "bias_ptr": (f32, 0),
+                    "out_ptr": (bf16, 0),
+                    "group_end_ptr": ("*i32", 0),
+                    "a_rows_ptr": ("*i32", 0),
+                    "M": (i32, rows),
+                    "N": (i32, n),
+                    "K": (i32, k),
+                    "E": (i32, 1),
+                    "stride_am": (i32, k),
+                    "stride_ak": (i32, 1),
+                    "stride_be": (i32, 0),
+                    "stride_bn": (i32, k // 2 if packed else k),
+                    "stride_bk": (i32, 1),
+                    "stride_se": (i32, 0),
+                    "stride_sn": (i32, k // (64 if words else 16)),
+                    "gda_stride": (i32, 1),
+                    "gdb_stride": (i32, 0),
+                    "stride_om": (i32, n),
+                    "stride_on": (i32, 1),
+                },
+                {
+                    "GROUPED": False,
+                    "B_PACKED": packed,
+                    "HAS_BIAS": False,
+                    "DOT_F32": False,
+                    "BLOCK_M": cfg.block_m,
+                    "BLOCK_N": cfg.block_n,
+                    "BLOCK_K": cfg.block_k,
+                    "BLOCK_E": 2,
+                    "A_GATHER": False,
+                    "GDA_SHARED": False,
+                    "SCALE_WORDS": words,
+                    "K_CHUNK": k_chunk,
+                },
+                cfg.num_warps,
+                cfg.num_stages,
+            ),
+            cfg.block_n * cfg.block_k,
+        )
 
     old = configs.pick("sm_90", "bf16", "nvfp4_gemm", m)
     wide = configs.pick("sm_90", "bf16", "nvfp4_gemm_ongrid", 4096)
@@ -134,33 +166,76 @@ def cases() -> list[tuple[KernelCase, int]]:
     ]
     variants = []
     for mx, c in configs.DECODE["sm_90"]:
-        variants += [(f"decode kernel, pinned M<={mx}, K_CHUNK=0", c, 0, 1),
-                     (f"decode kernel, pinned M<={mx}, K_CHUNK={kc}", c, kc, 1),
-                     (f"decode kernel, pinned M<={mx}, K_CHUNK={kc}, split 4", c, kc, 4)]  # fmt: skip
+        variants += [
+            (f"decode kernel, pinned M<={mx}, K_CHUNK=0", c, 0, 1),
+            (f"decode kernel, pinned M<={mx}, K_CHUNK={kc}", c, kc, 1),
+            (f"decode kernel, pinned M<={mx}, K_CHUNK={kc}, split 4", c, kc, 4),
+        ]
     for w in (64, 32, 16):
-        variants.append((f"decode kernel, learner orientation, {w} weight rows (sweep candidate)",
-                         configs.DecodeConfig(64, w, 128, num_stages=3, weights_right=True), kc, 1))  # fmt: skip
+        variants.append(
+            (
+                f"decode kernel, learner orientation, {w} weight rows (sweep candidate)",
+                configs.DecodeConfig(64, w, 128, num_stages=3, weights_right=True),
+                kc,
+                1,
+            )
+        )
     for label, c, k_chunk, split in variants:
-        out.append((KernelCase(
-            f"{label}: {c.block_t}x{c.block_w}x{c.block_k}, {c.num_warps} warps",
-            dk._nvfp4_decode_gemm_kernel,
-            {"a_ptr": (bf16, 0), "b_ptr": ("*i32", 0),
-             "bs_ptr": ("*i32" if c.block_k % 64 == 0 else "*u8", 0),
-             "gda_ptr": (f32, 0), "gdb_ptr": (f32, 0), "bias_ptr": (f32, 0), "out_ptr": (bf16, 0),
-             "group_end_ptr": ("*i32", 0), "a_rows_ptr": ("*i32", 0), "M": (i32, m),
-             "N": (i32, n), "K": (i32, k), "E": (i32, 1), "stride_am": (i32, k),
-             "stride_ak": (i32, 1), "stride_be": (i32, 0),
-             "stride_bn": (i32, k // 8),
-             "stride_se": (i32, 0), "stride_sn": (i32, k // (64 if c.block_k % 64 == 0 else 16)),
-             "gda_stride": (i32, 1), "gdb_stride": (i32, 0), "stride_om": (i32, n),
-             "stride_on": (i32, 1), "part_ptr": (f32, 0), "stride_pc": (i32, m * n),
-             "chunks_per_split": (i32, 2)},
-            {"GROUPED": False, "HAS_BIAS": False, "WORDS": True, "BLOCK_T": c.block_t,
-             "BLOCK_W": c.block_w, "BLOCK_K": c.block_k, "BLOCK_E": 2, "A_GATHER": False,
-             "GDA_SHARED": False, "SCALE_WORDS": c.block_k % 64 == 0,
-             "WEIGHTS_RIGHT": c.weights_right,
-             "EVEN_K": True, "K_CHUNK": k_chunk, "SPLIT": split},
-            c.num_warps, c.num_stages), c.block_w * c.block_k))  # fmt: skip
+        out.append(
+            (
+                KernelCase(
+                    f"{label}: {c.block_t}x{c.block_w}x{c.block_k}, {c.num_warps} warps",
+                    dk._nvfp4_decode_gemm_kernel,
+                    {
+                        "a_ptr": (bf16, 0),
+                        "b_ptr": ("*i32", 0),
+                        "bs_ptr": ("*i32" if c.block_k % 64 == 0 else "*u8", 0),
+                        "gda_ptr": (f32, 0),
+                        "gdb_ptr": (f32, 0),
+                        "bias_ptr": (f32, 0),
+                        "out_ptr": (bf16, 0),
+                        "group_end_ptr": ("*i32", 0),
+                        "a_rows_ptr": ("*i32", 0),
+                        "M": (i32, m),
+                        "N": (i32, n),
+                        "K": (i32, k),
+                        "E": (i32, 1),
+                        "stride_am": (i32, k),
+                        "stride_ak": (i32, 1),
+                        "stride_be": (i32, 0),
+                        "stride_bn": (i32, k // 8),
+                        "stride_se": (i32, 0),
+                        "stride_sn": (i32, k // (64 if c.block_k % 64 == 0 else 16)),
+                        "gda_stride": (i32, 1),
+                        "gdb_stride": (i32, 0),
+                        "stride_om": (i32, n),
+                        "stride_on": (i32, 1),
+                        "part_ptr": (f32, 0),
+                        "stride_pc": (i32, m * n),
+                        "chunks_per_split": (i32, 2),
+                    },
+                    {
+                        "GROUPED": False,
+                        "HAS_BIAS": False,
+                        "WORDS": True,
+                        "BLOCK_T": c.block_t,
+                        "BLOCK_W": c.block_w,
+                        "BLOCK_K": c.block_k,
+                        "BLOCK_E": 2,
+                        "A_GATHER": False,
+                        "GDA_SHARED": False,
+                        "SCALE_WORDS": c.block_k % 64 == 0,
+                        "WEIGHTS_RIGHT": c.weights_right,
+                        "EVEN_K": True,
+                        "K_CHUNK": k_chunk,
+                        "SPLIT": split,
+                    },
+                    c.num_warps,
+                    c.num_stages,
+                ),
+                c.block_w * c.block_k,
+            )
+        )
     return out
 
 
@@ -172,25 +247,35 @@ def main() -> None:
     env = environment()
     cols = [*CLASSES, "other", "total"]
     extra = ["hot path", "spills (STL / LDL in the kernel)"]
-    lines = [f"# Decode GEMM main loop, sm_90 SASS compiled without a GPU (Triton "
-             f"{triton.__version__}; the H200 runs 3.6), commit {env['commit']}", "",
-             "Warp instructions per 32 weights in the K loop (M = 16 launch, N = K = 8192; the "
-             "learner's on-grid forward: M = 4096). K_CHUNK: the K summation order's chunk "
-             "(configs.K_CHUNK; 0 = one chain); a chunk-end add sits behind a branch inside the "
-             "loop, so the loop's instructions include it once per iteration's code, executed "
-             "once per chunk.", "",
-             "| kernel | " + " | ".join(cols + extra) + " |",
-             "| --- |" + " --- |" * (len(cols) + 2)]  # fmt: skip
+    lines = [
+        f"# Decode GEMM main loop, sm_90 SASS compiled without a GPU (Triton "
+        f"{triton.__version__}; the H200 runs 3.6), commit {env['commit']}",
+        "",
+        "Warp instructions per 32 weights in the K loop (M = 16 launch, N = K = 8192; the "
+        "learner's on-grid forward: M = 4096). K_CHUNK: the K summation order's chunk "
+        "(configs.K_CHUNK; 0 = one chain); a chunk-end add sits behind a branch inside the "
+        "loop, so the loop's instructions include it once per iteration's code, executed "
+        "once per chunk.",
+        "",
+        "| kernel | " + " | ".join(cols + extra) + " |",
+        "| --- |" + " --- |" * (len(cols) + 2),
+    ]
     payload = {"env": env, "rows": {}}
     for case, weights in cases():
         sass = _sass(case)
         mix = loop_mix(sass)
         scale = case.num_warps / (weights / 32)
         per = {c: round(mix.get(c, 0) * scale, 2) for c in [*cols, "hot path"]}
-        payload["rows"][case.name] = {"per_32_weights": per, "loop_instructions": dict(mix),
-                                      "spills": spills(sass)}  # fmt: skip
-        lines.append(f"| {case.name} | " + " | ".join(f"{per[c]:g}" for c in cols)
-                     + f" | {per['hot path']:g} | {spills(sass)} |")  # fmt: skip
+        payload["rows"][case.name] = {
+            "per_32_weights": per,
+            "loop_instructions": dict(mix),
+            "spills": spills(sass),
+        }
+        lines.append(
+            f"| {case.name} | "
+            + " | ".join(f"{per[c]:g}" for c in cols)
+            + f" | {per['hot path']:g} | {spills(sass)} |"
+        )
         print(lines[-1], flush=True)
     write_results("decode_sass_audit_cpu", payload, "\n".join(lines) + "\n")
 

@@ -46,8 +46,13 @@ def _rotary_factory(head_dim: int, device):
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding, apply_rotary_pos_emb
 
-    cfg = Qwen3Config(hidden_size=32 * head_dim, num_attention_heads=32, num_key_value_heads=4,
-                      head_dim=head_dim, max_position_embeddings=4096)  # fmt: skip
+    cfg = Qwen3Config(
+        hidden_size=32 * head_dim,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+    )
     rope = Qwen3RotaryEmbedding(cfg).to(device)
 
     def rotary(q, k, positions):
@@ -78,13 +83,28 @@ def candidates(tokens: int, device, *, small: bool = False):
     gate_up = randn(routed, 2 * moe_i, scale=3.0)
     return [
         ("MoE SwiGLU silu(gate) * up [T*8, 2I]", _swiglu, [gate_up], [0], None),
-        ("rotary q, k [B, H, S, D] (cos / sin in the graph)", _rotary_factory(head_dim, device),
-         [randn(batch, 32, seq, head_dim), randn(batch, 4, seq, head_dim), positions], [0, 1], None),
-        ("residual adds (x + a) + b [T, H]", _residual,
-         [randn(tokens, hidden), randn(tokens, hidden), randn(tokens, hidden)], [0, 1, 2], None),
-        ("fix: MoE SwiGLU as fp4_compile::silu_mul, compiled, vs the plain SwiGLU eager",
-         _swiglu_op, [gate_up], [0], _swiglu),
-    ]  # fmt: skip
+        (
+            "rotary q, k [B, H, S, D] (cos / sin in the graph)",
+            _rotary_factory(head_dim, device),
+            [randn(batch, 32, seq, head_dim), randn(batch, 4, seq, head_dim), positions],
+            [0, 1],
+            None,
+        ),
+        (
+            "residual adds (x + a) + b [T, H]",
+            _residual,
+            [randn(tokens, hidden), randn(tokens, hidden), randn(tokens, hidden)],
+            [0, 1, 2],
+            None,
+        ),
+        (
+            "fix: MoE SwiGLU as fp4_compile::silu_mul, compiled, vs the plain SwiGLU eager",
+            _swiglu_op,
+            [gate_up],
+            [0],
+            _swiglu,
+        ),
+    ]
 
 
 def _run(fn, inputs, grad_idx, grad_out_seed: int):

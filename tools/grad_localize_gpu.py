@@ -65,8 +65,14 @@ def _grad_diffs(a: dict, b: dict) -> list[dict]:
         )
         if differ.any():
             d = (ga.float() - gb.float()).abs()
-            rows.append({"param": name, "elements_differ": int(differ.sum()),
-                         "numel": ga.numel(), "max_abs_diff": float(d.max())})  # fmt: skip
+            rows.append(
+                {
+                    "param": name,
+                    "elements_differ": int(differ.sum()),
+                    "numel": ga.numel(),
+                    "max_abs_diff": float(d.max()),
+                }
+            )
     return rows
 
 
@@ -78,8 +84,11 @@ def main() -> None:
     args = parser.parse_args()
     dev = "cpu" if args.cpu else "cuda"
     env = environment()
-    md = [f"# backward op-by-op: compiled vs eager lowered, {env.get('gpu', dev)}, torch "
-          f"{env['torch']}, commit {env['commit']} (emulated NVFP4 on sm_90)", ""]  # fmt: skip
+    md = [
+        f"# backward op-by-op: compiled vs eager lowered, {env.get('gpu', dev)}, torch "
+        f"{env['torch']}, commit {env['commit']} (emulated NVFP4 on sm_90)",
+        "",
+    ]
     payload = {"env": env, "runs": {}}
     runs = [(m, r) for m in args.models.split(",") for r in args.recipes.split(",")]
     for model_key, recipe_name in runs:
@@ -96,10 +105,14 @@ def main() -> None:
         culprit = first_culprit(rows)
         grad_rows = _grad_diffs(eager_grads, grads)
         payload["runs"][name] = {"rows": rows, "first_culprit": culprit, "grads": grad_rows}
-        md += [f"## {name}", f"first op with equal inputs and different outputs: "
-               f"{culprit['key'] if culprit else 'none'}", "",
-               "| # | op | paired | inputs equal (differing) | outputs equal | layouts equal |",
-               "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        md += [
+            f"## {name}",
+            f"first op with equal inputs and different outputs: "
+            f"{culprit['key'] if culprit else 'none'}",
+            "",
+            "| # | op | paired | inputs equal (differing) | outputs equal | layouts equal |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for i, r in enumerate(rows):
             md.append(
                 f"| {i} | `{r['op'].removeprefix('fp4_compile.')}` | {r['paired']} | "
@@ -109,12 +122,18 @@ def main() -> None:
         md += ["", "layouts that differ (eager lowered | compiled):"]
         for i, r in enumerate(rows):
             if r.get("layouts"):
-                md += [f"- #{i} `{r['op'].removeprefix('fp4_compile.')}`: "
-                       + "; ".join(f"in{j}: {x} | {y}" for j, (x, y) in
-                                   enumerate(zip(*r["layouts"])) if x != y)]  # fmt: skip
+                md += [
+                    f"- #{i} `{r['op'].removeprefix('fp4_compile.')}`: "
+                    + "; ".join(
+                        f"in{j}: {x} | {y}" for j, (x, y) in enumerate(zip(*r["layouts"])) if x != y
+                    )
+                ]
         md += ["", f"parameter gradients that differ: {len(grad_rows)} of {len(grads)}"]
-        md += [f"- `{g['param']}`: {g['elements_differ']}/{g['numel']} elements, max |d| "
-               f"{g['max_abs_diff']:.3g}" for g in grad_rows]  # fmt: skip
+        md += [
+            f"- `{g['param']}`: {g['elements_differ']}/{g['numel']} elements, max |d| "
+            f"{g['max_abs_diff']:.3g}"
+            for g in grad_rows
+        ]
         md.append("")
     text = "\n".join(md) + "\n"
     print(text)

@@ -60,9 +60,10 @@ def main() -> None:
         "--budget-s", type=float, default=170.0, help="wall-clock budget per variant"
     )
     parser.add_argument(
-        "--variants", default=",".join(VARIANTS),
+        "--variants",
+        default=",".join(VARIANTS),
         help="comma-separated subset of strict,te,bf16 (the step ratio needs strict and bf16)",
-    )  # fmt: skip
+    )
     parser.add_argument("overrides", nargs="*", help="key=value settings for every variant")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]

@@ -63,11 +63,23 @@ def gap_summary(events: list[dict], top: int = 25) -> dict:
         during = sorted({c["name"] for c in cpu if c["ts"] < stop and c["ts"] + c["dur"] > start})[
             :8
         ]
-        largest.append({"gap_us": length, "after_kernel": before[:80], "before_kernel": after[:80],
-                        "cpu_ops_meanwhile": during})  # fmt: skip
-    return {"kernels": len(kernels), "busy_ms": busy / 1e3, "span_ms": span / 1e3,
-            "gaps": len(gaps), "gap_ms": sum(g[0] for g in gaps) / 1e3, "buckets": buckets,
-            "largest": largest}  # fmt: skip
+        largest.append(
+            {
+                "gap_us": length,
+                "after_kernel": before[:80],
+                "before_kernel": after[:80],
+                "cpu_ops_meanwhile": during,
+            }
+        )
+    return {
+        "kernels": len(kernels),
+        "busy_ms": busy / 1e3,
+        "span_ms": span / 1e3,
+        "gaps": len(gaps),
+        "gap_ms": sum(g[0] for g in gaps) / 1e3,
+        "buckets": buckets,
+        "largest": largest,
+    }
 
 
 def attribute_kernels(events: list[dict], top: int = 40) -> dict:
@@ -94,20 +106,25 @@ def attribute_kernels(events: list[dict], top: int = 40) -> dict:
         launch = launches.get(k.get("args", {}).get("correlation"))
         owner = "(none)"
         if launch is not None:
-            around = [o for o in ops_by_tid.get(launch.get("tid"), [])
-                      if o["ts"] <= launch["ts"] <= o["ts"] + o["dur"]]  # fmt: skip
+            around = [
+                o
+                for o in ops_by_tid.get(launch.get("tid"), [])
+                if o["ts"] <= launch["ts"] <= o["ts"] + o["dur"]
+            ]
             if around:
                 owner = max(around, key=lambda o: o["dur"])["name"]
         stock = not _is_triton(k["name"])
-        row = per_op.setdefault(owner, {"op": owner, "gpu_ms": 0.0, "kernels": 0,
-                                        "stock_ms": 0.0, "stock_kernels": 0})  # fmt: skip
+        row = per_op.setdefault(
+            owner, {"op": owner, "gpu_ms": 0.0, "kernels": 0, "stock_ms": 0.0, "stock_kernels": 0}
+        )
         row["gpu_ms"] += k["dur"] / 1e3
         row["kernels"] += 1
         if stock:
             row["stock_ms"] += k["dur"] / 1e3
             row["stock_kernels"] += 1
-        pair = pairs.setdefault((owner, k["name"][:90]), {"op": owner, "kernel": k["name"][:90],
-                                                          "ms": 0.0, "calls": 0})  # fmt: skip
+        pair = pairs.setdefault(
+            (owner, k["name"][:90]), {"op": owner, "kernel": k["name"][:90], "ms": 0.0, "calls": 0}
+        )
         pair["ms"] += k["dur"] / 1e3
         pair["calls"] += 1
     return {
@@ -127,14 +144,14 @@ def attribution_markdown(att: dict) -> list[str]:
             f"| `{o['op']}` | {o['gpu_ms']:.2f} | {o['kernels']} | {o['stock_ms']:.2f} | "
             f"{o['stock_kernels']} |"
             for o in att["by_op"]
-        ),  # fmt: skip
+        ),
         "",
         "| op | kernel | ms | calls |",
         "| --- | --- | --- | --- |",
         *(
             f"| `{p['op']}` | `{p['kernel']}` | {p['ms']:.3f} | {p['calls']} |"
             for p in att["top_pairs"]
-        ),  # fmt: skip
+        ),
         "",
     ]
 
@@ -229,7 +246,7 @@ def main() -> None:
             *(
                 f"| {b['from_us']:g}-{b['to_us']:g} | {b['count']} | {b['sum_ms']:.2f} |"
                 for b in r["buckets"]
-            ),  # fmt: skip
+            ),
             "",
             "| gap us | after kernel | before kernel | CPU ops meanwhile |",
             "| --- | --- | --- | --- |",
@@ -237,7 +254,7 @@ def main() -> None:
                 f"| {g['gap_us']:.0f} | `{g['after_kernel']}` | `{g['before_kernel']}` | "
                 f"{', '.join(g['cpu_ops_meanwhile'])} |"
                 for g in r["largest"]
-            ),  # fmt: skip
+            ),
             "",
         ]
         if "attribution" in r:

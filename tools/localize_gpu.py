@@ -261,8 +261,15 @@ def op_level(model, recipe, sequence, prompt_len, position, device) -> list[str]
     learner = torch.compile(model, backend=_capture_backend(recipe, learner_ops))
     step = torch.compile(RolloutStep(model), backend=_capture_backend(recipe, rollout_ops))
     cfg = model.config
-    cache = StaticKVCache(num_layers=cfg.num_hidden_layers, batch=1, num_kv_heads=cfg.num_key_value_heads,
-                          head_dim=cfg.head_dim, max_seq_len=128, dtype=torch.bfloat16, device=device)  # fmt: skip
+    cache = StaticKVCache(
+        num_layers=cfg.num_hidden_layers,
+        batch=1,
+        num_kv_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        max_seq_len=128,
+        dtype=torch.bfloat16,
+        device=device,
+    )
     tensors = [t for pair in zip(cache.keys, cache.values) for t in pair]
     ids = torch.tensor([sequence], device=device)
     with torch.no_grad():

@@ -91,13 +91,15 @@ def sass_instructions(case: KernelCase) -> int:
 
     import triton
 
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                            "nvdisasm")  # fmt: skip
+    nvdisasm = os.path.join(
+        os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm"
+    )
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compile_sm90(case, "cubin"))
         f.flush()
-        text = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True,
-                              check=True).stdout  # fmt: skip
+        text = subprocess.run(
+            [nvdisasm, "-c", f.name], capture_output=True, text=True, check=True
+        ).stdout
     return len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", text, re.M))
 
 
@@ -115,15 +117,25 @@ def resource_usage(case: KernelCase) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compile_sm90(case, "cubin"))
         f.flush()
-        usage = subprocess.run([os.path.join(tools, "cuobjdump"), "--dump-resource-usage", f.name],
-                               capture_output=True, text=True, check=True).stdout  # fmt: skip
-        sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", f.name],
-                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+        usage = subprocess.run(
+            [os.path.join(tools, "cuobjdump"), "--dump-resource-usage", f.name],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        sass = subprocess.run(
+            [os.path.join(tools, "nvdisasm"), "-c", f.name],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     regs = re.search(r"REG:(\d+)", usage)
     stack = re.search(r"STACK:(\d+)", usage)
-    return {"registers": int(regs.group(1)) if regs else -1,
-            "stack bytes": int(stack.group(1)) if stack else -1,
-            "spill stores": len(re.findall(r"\bSTL\b", sass))}  # fmt: skip
+    return {
+        "registers": int(regs.group(1)) if regs else -1,
+        "stack bytes": int(stack.group(1)) if stack else -1,
+        "spill stores": len(re.findall(r"\bSTL\b", sass)),
+    }
 
 
 def count(ptx: str) -> dict:
@@ -145,56 +157,133 @@ def learner_cases() -> list[KernelCase]:
     i32, bf16, f32, i64 = "i32", "*bf16", "*fp32", "*i64"
     cases = [
         KernelCase(
-            "MoE wgrad (grouped_wgrad)", gw._grouped_wgrad_kernel,
-            {"a_ptr": (bf16, 0), "b_ptr": (bf16, 0), "gda_ptr": (f32, 0), "gdb_ptr": (f32, 0),
-             "out_ptr": (bf16, 0), "start_ptr": (i64, 0), "width_ptr": (i64, 0), "N": (i32, n),
-             "K": (i32, k), "stride_an": (i32, c), "stride_bk": (i32, c), "gda_e": (i32, 0),
-             "gda_r": (i32, 0), "stride_oe": (i32, n * k), "stride_on": (i32, k)},
-            {"DOT_F32": False, "BLOCK_M": wg.block_m, "BLOCK_N": wg.block_n,
-             "BLOCK_K": wg.block_k, "SEGMENT_ALIGN": 16},
-            wg.num_warps, wg.num_stages,
+            "MoE wgrad (grouped_wgrad)",
+            gw._grouped_wgrad_kernel,
+            {
+                "a_ptr": (bf16, 0),
+                "b_ptr": (bf16, 0),
+                "gda_ptr": (f32, 0),
+                "gdb_ptr": (f32, 0),
+                "out_ptr": (bf16, 0),
+                "start_ptr": (i64, 0),
+                "width_ptr": (i64, 0),
+                "N": (i32, n),
+                "K": (i32, k),
+                "stride_an": (i32, c),
+                "stride_bk": (i32, c),
+                "gda_e": (i32, 0),
+                "gda_r": (i32, 0),
+                "stride_oe": (i32, n * k),
+                "stride_on": (i32, k),
+            },
+            {
+                "DOT_F32": False,
+                "BLOCK_M": wg.block_m,
+                "BLOCK_N": wg.block_n,
+                "BLOCK_K": wg.block_k,
+                "SEGMENT_ALIGN": 16,
+            },
+            wg.num_warps,
+            wg.num_stages,
         ),
-    ]  # fmt: skip
+    ]
     for label, (sbe, sbn, sbk), gather in (
         ("MoE forward, B on-grid [E, N, K], A rows gathered", (n * k, k, 1), True),
         ("MoE dgrad, B = W^T view of on-grid [E, N, K]", (n * k, 1, n), False),
     ):
         cases.append(
             KernelCase(
-                f"{label} (nvfp4_gemm)", gemm._nvfp4_gemm_kernel,
-                {"a_ptr": (bf16, 0), "b_ptr": (bf16, 0), "bs_ptr": ("*u8", 0),
-                 "gda_ptr": (f32, 0), "gdb_ptr": (f32, 0), "bias_ptr": (f32, 0),
-                 "out_ptr": (bf16, 0), "group_end_ptr": ("*i32", 0), "a_rows_ptr": ("*i32", 0),
-                 "M": (i32, t), "N": (i32, n), "K": (i32, k), "E": (i32, e),
-                 "stride_am": (i32, k), "stride_ak": (i32, 1), "stride_be": (i32, sbe),
-                 "stride_bn": (i32, sbn), "stride_bk": (i32, sbk), "stride_se": (i32, 0),
-                 "stride_sn": (i32, 0), "gda_stride": (i32, 1), "gdb_stride": (i32, 1),
-                 "stride_om": (i32, n), "stride_on": (i32, 1)},
-                {"GROUPED": True, "B_PACKED": False, "HAS_BIAS": False, "DOT_F32": False,
-                 "BLOCK_M": ongrid.block_m, "BLOCK_N": ongrid.block_n,
-                 "BLOCK_K": ongrid.block_k, "BLOCK_E": e, "A_GATHER": gather,
-                 "GDA_SHARED": False},
-                ongrid.num_warps, ongrid.num_stages,
+                f"{label} (nvfp4_gemm)",
+                gemm._nvfp4_gemm_kernel,
+                {
+                    "a_ptr": (bf16, 0),
+                    "b_ptr": (bf16, 0),
+                    "bs_ptr": ("*u8", 0),
+                    "gda_ptr": (f32, 0),
+                    "gdb_ptr": (f32, 0),
+                    "bias_ptr": (f32, 0),
+                    "out_ptr": (bf16, 0),
+                    "group_end_ptr": ("*i32", 0),
+                    "a_rows_ptr": ("*i32", 0),
+                    "M": (i32, t),
+                    "N": (i32, n),
+                    "K": (i32, k),
+                    "E": (i32, e),
+                    "stride_am": (i32, k),
+                    "stride_ak": (i32, 1),
+                    "stride_be": (i32, sbe),
+                    "stride_bn": (i32, sbn),
+                    "stride_bk": (i32, sbk),
+                    "stride_se": (i32, 0),
+                    "stride_sn": (i32, 0),
+                    "gda_stride": (i32, 1),
+                    "gdb_stride": (i32, 1),
+                    "stride_om": (i32, n),
+                    "stride_on": (i32, 1),
+                },
+                {
+                    "GROUPED": True,
+                    "B_PACKED": False,
+                    "HAS_BIAS": False,
+                    "DOT_F32": False,
+                    "BLOCK_M": ongrid.block_m,
+                    "BLOCK_N": ongrid.block_n,
+                    "BLOCK_K": ongrid.block_k,
+                    "BLOCK_E": e,
+                    "A_GATHER": gather,
+                    "GDA_SHARED": False,
+                },
+                ongrid.num_warps,
+                ongrid.num_stages,
             )
-        )  # fmt: skip
+        )
     dense = configs.pick("sm_90", "bf16", "nvfp4_wgrad", 2048)
     cases.append(
         KernelCase(
-            "dense wgrad [2048, 4096] x [2048, 4096]^T (nvfp4_gemm)", gemm._nvfp4_gemm_kernel,
-            {"a_ptr": (bf16, 0), "b_ptr": (bf16, 0), "bs_ptr": ("*u8", 0), "gda_ptr": (f32, 0),
-             "gdb_ptr": (f32, 0), "bias_ptr": (f32, 0), "out_ptr": (bf16, 0),
-             "group_end_ptr": ("*i32", 0), "a_rows_ptr": ("*i32", 0), "M": (i32, 2048),
-             "N": (i32, 2048), "K": (i32, 4096), "E": (i32, 1), "stride_am": (i32, 4096),
-             "stride_ak": (i32, 1), "stride_be": (i32, 0), "stride_bn": (i32, 4096),
-             "stride_bk": (i32, 1), "stride_se": (i32, 0), "stride_sn": (i32, 0),
-             "gda_stride": (i32, 0), "gdb_stride": (i32, 0), "stride_om": (i32, 2048),
-             "stride_on": (i32, 1)},
-            {"GROUPED": False, "B_PACKED": False, "HAS_BIAS": False, "DOT_F32": False,
-             "BLOCK_M": dense.block_m, "BLOCK_N": dense.block_n, "BLOCK_K": dense.block_k,
-             "BLOCK_E": 2, "A_GATHER": False, "GDA_SHARED": True},
-            dense.num_warps, dense.num_stages,
+            "dense wgrad [2048, 4096] x [2048, 4096]^T (nvfp4_gemm)",
+            gemm._nvfp4_gemm_kernel,
+            {
+                "a_ptr": (bf16, 0),
+                "b_ptr": (bf16, 0),
+                "bs_ptr": ("*u8", 0),
+                "gda_ptr": (f32, 0),
+                "gdb_ptr": (f32, 0),
+                "bias_ptr": (f32, 0),
+                "out_ptr": (bf16, 0),
+                "group_end_ptr": ("*i32", 0),
+                "a_rows_ptr": ("*i32", 0),
+                "M": (i32, 2048),
+                "N": (i32, 2048),
+                "K": (i32, 4096),
+                "E": (i32, 1),
+                "stride_am": (i32, 4096),
+                "stride_ak": (i32, 1),
+                "stride_be": (i32, 0),
+                "stride_bn": (i32, 4096),
+                "stride_bk": (i32, 1),
+                "stride_se": (i32, 0),
+                "stride_sn": (i32, 0),
+                "gda_stride": (i32, 0),
+                "gdb_stride": (i32, 0),
+                "stride_om": (i32, 2048),
+                "stride_on": (i32, 1),
+            },
+            {
+                "GROUPED": False,
+                "B_PACKED": False,
+                "HAS_BIAS": False,
+                "DOT_F32": False,
+                "BLOCK_M": dense.block_m,
+                "BLOCK_N": dense.block_n,
+                "BLOCK_K": dense.block_k,
+                "BLOCK_E": 2,
+                "A_GATHER": False,
+                "GDA_SHARED": True,
+            },
+            dense.num_warps,
+            dense.num_stages,
         )
-    )  # fmt: skip
+    )
     cases += _attention_cases() + _quantize_cases() + _layout_cases() + _row_scale_cases()
     return cases + _fused_producer_cases()
 
@@ -214,23 +303,54 @@ def _fused_producer_cases() -> list[KernelCase]:
     silu_warps = silu["num_warps"]
     return [
         KernelCase(
-            "rms_norm_quantize [4096, 2048]", rq._rms_norm_quantize_kernel,
-            {"x_ptr": ("*bf16", 0), "w_ptr": ("*bf16", 0), "y_ptr": ("*bf16", 0),
-             "ongrid_ptr": ("*bf16", 0), "gd_ptr": ("*fp32", 0), "amax_ptr": ("*fp32", 0),
-             "R": ("i32", 4096), "H": ("i32", 2048), "eps": ("fp32", 1e-6),
-             "one_sixth": ("fp32", 1.0 / 6.0)},
-            {"HAS_W": True, "BLOCK_H": block, "ROWS": rows}, warps, 1, options={},
+            "rms_norm_quantize [4096, 2048]",
+            rq._rms_norm_quantize_kernel,
+            {
+                "x_ptr": ("*bf16", 0),
+                "w_ptr": ("*bf16", 0),
+                "y_ptr": ("*bf16", 0),
+                "ongrid_ptr": ("*bf16", 0),
+                "gd_ptr": ("*fp32", 0),
+                "amax_ptr": ("*fp32", 0),
+                "R": ("i32", 4096),
+                "H": ("i32", 2048),
+                "eps": ("fp32", 1e-6),
+                "one_sixth": ("fp32", 1.0 / 6.0),
+            },
+            {"HAS_W": True, "BLOCK_H": block, "ROWS": rows},
+            warps,
+            1,
+            options={},
         ),
         KernelCase(
-            "silu_mul_quantize halves of [32768, 1536]", sq._silu_mul_quantize_kernel,
-            {"a_ptr": ("*bf16", 0), "b_ptr": ("*bf16", 0), "o_ptr": ("*bf16", 0),
-             "ongrid_ptr": ("*bf16", 0), "gd_ptr": ("*fp32", 0), "amax_ptr": ("*fp32", 0),
-             "m_ptr": ("*u8", 0), "R": ("i32", 32768), "C": ("i32", 768),
-             "sa": ("i32", 1536), "sb": ("i32", 1536), "one_sixth": ("fp32", 1.0 / 6.0)},
-            {"BF16": True, "INTERP": False, "ROW_MASK": False, "BLOCK_R": block_r,
-             "BLOCK_C": block_c, "BLOCK_K": block_k}, silu_warps, 1,
+            "silu_mul_quantize halves of [32768, 1536]",
+            sq._silu_mul_quantize_kernel,
+            {
+                "a_ptr": ("*bf16", 0),
+                "b_ptr": ("*bf16", 0),
+                "o_ptr": ("*bf16", 0),
+                "ongrid_ptr": ("*bf16", 0),
+                "gd_ptr": ("*fp32", 0),
+                "amax_ptr": ("*fp32", 0),
+                "m_ptr": ("*u8", 0),
+                "R": ("i32", 32768),
+                "C": ("i32", 768),
+                "sa": ("i32", 1536),
+                "sb": ("i32", 1536),
+                "one_sixth": ("fp32", 1.0 / 6.0),
+            },
+            {
+                "BF16": True,
+                "INTERP": False,
+                "ROW_MASK": False,
+                "BLOCK_R": block_r,
+                "BLOCK_C": block_c,
+                "BLOCK_K": block_k,
+            },
+            silu_warps,
+            1,
         ),
-    ]  # fmt: skip
+    ]
 
 
 def _row_scale_cases() -> list[KernelCase]:
@@ -239,19 +359,36 @@ def _row_scale_cases() -> list[KernelCase]:
     from fp4_compile.codegen import configs
     from fp4_compile.codegen.moe import row_scale_kernel as rk
 
-    args = {"g_ptr": ("*bf16", 0), "x_ptr": ("*bf16", 0), "w_ptr": ("*fp32", 0),
-            "gx_ptr": ("*bf16", 0), "gw_ptr": ("*fp32", 0), "m_ptr": ("*u8", 0),
-            "gi_ptr": ("*i64", 0), "R": ("i32", 32768), "H": ("i32", 2048),
-            "row_div": ("i32", 8)}  # fmt: skip
+    args = {
+        "g_ptr": ("*bf16", 0),
+        "x_ptr": ("*bf16", 0),
+        "w_ptr": ("*fp32", 0),
+        "gx_ptr": ("*bf16", 0),
+        "gw_ptr": ("*fp32", 0),
+        "m_ptr": ("*u8", 0),
+        "gi_ptr": ("*i64", 0),
+        "R": ("i32", 32768),
+        "H": ("i32", 2048),
+        "row_div": ("i32", 8),
+    }
     cases = []
     pinned = configs.pick_launch("sm_90", "row_scale_backward")
-    for block_r, warps, most in {(pinned["block_r"], pinned["num_warps"], pinned["most_blocks"]),
-                                 (16, 4, 4)}:  # fmt: skip
+    for block_r, warps, most in {
+        (pinned["block_r"], pinned["num_warps"], pinned["most_blocks"]),
+        (16, 4, 4),
+    }:
         nb = rk.blocks_per_step(2048, most)
         flags = {"BLOCK_R": block_r, "BLOCK": 64, "NB": nb, "ROW_MASK": False, "G_GATHER": True}
-        cases.append(KernelCase(f"row_scale backward ({block_r} rows, {warps} warps, {nb} "
-                                f"blocks per step)", rk._row_scale_backward_kernel, args, flags,
-                                warps, 1))  # fmt: skip
+        cases.append(
+            KernelCase(
+                f"row_scale backward ({block_r} rows, {warps} warps, {nb} blocks per step)",
+                rk._row_scale_backward_kernel,
+                args,
+                flags,
+                warps,
+                1,
+            )
+        )
     return cases
 
 
@@ -264,13 +401,24 @@ def _layout_cases() -> list[KernelCase]:
     i64, i32 = "*i64", "*i32"
     return [
         KernelCase(
-            "segment layout: 128 experts, 34688 columns, gather index", sl._segment_layout_kernel,
-            {"ends_ptr": (i32, 0), "src_ptr": (i64, 0), "group_ptr": (i32, 0),
-             "start_ptr": (i64, 0), "width_ptr": (i64, 0), "row_index_ptr": (i64, 0),
-             "src_rows_ptr": (i64, 0), "E": ("i32", 128), "C": ("i32", 34688)},
-            {"BLOCK_C": 16, "BLOCK_E": 128, "ROW_INDEX": True}, 4, 3,
+            "segment layout: 128 experts, 34688 columns, gather index",
+            sl._segment_layout_kernel,
+            {
+                "ends_ptr": (i32, 0),
+                "src_ptr": (i64, 0),
+                "group_ptr": (i32, 0),
+                "start_ptr": (i64, 0),
+                "width_ptr": (i64, 0),
+                "row_index_ptr": (i64, 0),
+                "src_rows_ptr": (i64, 0),
+                "E": ("i32", 128),
+                "C": ("i32", 34688),
+            },
+            {"BLOCK_C": 16, "BLOCK_E": 128, "ROW_INDEX": True},
+            4,
+            3,
         )
-    ]  # fmt: skip
+    ]
 
 
 def _quantize_cases() -> list[KernelCase]:
@@ -285,27 +433,68 @@ def _quantize_cases() -> list[KernelCase]:
     i32, f32 = "i32", "*fp32"
 
     def case(label, cfg, r, k, stride_xr, stride_xc, flags):
-        args = {"x_ptr": ("*bf16", 0), "mult_ptr": (f32, 0), "gd_ptr": (f32, 0),
-                "codes_ptr": ("*u8", 0), "scales_ptr": ("*u8", 0), "ongrid_ptr": ("*bf16", 0),
-                "R": (i32, r), "K": (i32, k), "stride_xr": (i32, stride_xr),
-                "mult_stride": (i32, 0), "gd_stride": (i32, 0), "sr_seed": ("i64", 2**40 + 12345),
-                "seed_ptr": ("*i64", 0), "seed_offset": (i32, 1), "group_ptr": ("*i32", 0),
-                "seg_start_ptr": ("*i64", 0), "seg_width_ptr": ("*i64", 0), "group_stride": (i32, 0), "src_ptr": ("*i64", 0), "stride_xc": (i32, stride_xc),
-                "n_tok": (i32, 0)}  # fmt: skip
-        flags = {"TILE16": False, "STOCHASTIC": False, "ONGRID": True, "SEGMENTED": False,
-                 "SEED_FROM_PTR": False, "PACKED_TOO": False, "ONE_SEGMENT": False, "FLAT32": False,
-                 "BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k, **flags}  # fmt: skip
-        return KernelCase(f"quantize: {label}", qk._quantize_kernel, args, flags,
-                          cfg.num_warps, cfg.num_stages)  # fmt: skip
+        args = {
+            "x_ptr": ("*bf16", 0),
+            "mult_ptr": (f32, 0),
+            "gd_ptr": (f32, 0),
+            "codes_ptr": ("*u8", 0),
+            "scales_ptr": ("*u8", 0),
+            "ongrid_ptr": ("*bf16", 0),
+            "R": (i32, r),
+            "K": (i32, k),
+            "stride_xr": (i32, stride_xr),
+            "mult_stride": (i32, 0),
+            "gd_stride": (i32, 0),
+            "sr_seed": ("i64", 2**40 + 12345),
+            "seed_ptr": ("*i64", 0),
+            "seed_offset": (i32, 1),
+            "group_ptr": ("*i32", 0),
+            "seg_start_ptr": ("*i64", 0),
+            "seg_width_ptr": ("*i64", 0),
+            "group_stride": (i32, 0),
+            "src_ptr": ("*i64", 0),
+            "stride_xc": (i32, stride_xc),
+            "n_tok": (i32, 0),
+        }
+        flags = {
+            "TILE16": False,
+            "STOCHASTIC": False,
+            "ONGRID": True,
+            "SEGMENTED": False,
+            "SEED_FROM_PTR": False,
+            "PACKED_TOO": False,
+            "ONE_SEGMENT": False,
+            "FLAT32": False,
+            "BLOCK_M": cfg.block_m,
+            "BLOCK_K": cfg.block_k,
+            **flags,
+        }
+        return KernelCase(
+            f"quantize: {label}", qk._quantize_kernel, args, flags, cfg.num_warps, cfg.num_stages
+        )
 
     return [
         case("activation [32768, 2048] per-row RNE on-grid", q, 32768, 2048, 2048, 0, {}),
-        case("gradient [32768, 2048] per-tensor SR on-grid", q, 32768, 2048, 2048, 0,
-             {"STOCHASTIC": True, "SEED_FROM_PTR": True, "FLAT32": True}),
+        case(
+            "gradient [32768, 2048] per-tensor SR on-grid",
+            q,
+            32768,
+            2048,
+            2048,
+            0,
+            {"STOCHASTIC": True, "SEED_FROM_PTR": True, "FLAT32": True},
+        ),
         case("weight [196608, 2048] 16x16 on-grid", q, 196608, 2048, 2048, 0, {"TILE16": True}),
-        case("wgrad dY^T segments [1536, 34816] SR", qs, 1536, 34816, 1, 1536,
-             {"STOCHASTIC": True, "SEGMENTED": True, "FLAT32": True}),
-    ]  # fmt: skip
+        case(
+            "wgrad dY^T segments [1536, 34816] SR",
+            qs,
+            1536,
+            34816,
+            1,
+            1536,
+            {"STOCHASTIC": True, "SEGMENTED": True, "FLAT32": True},
+        ),
+    ]
 
 
 def _attention_cases() -> list[KernelCase]:
@@ -322,46 +511,102 @@ def _attention_cases() -> list[KernelCase]:
 
     hq, hkv, t, d = 32, 4, 512, 128  # batch 8: only the strides below see it
     i32, bf16 = "i32", "*bf16"
-    strides = {"sqb": (i32, t * hq * d), "sqh": (i32, d), "sqt": (i32, hq * d),
-               "skb": (i32, t * hkv * d), "skh": (i32, d), "skt": (i32, hkv * d)}  # fmt: skip
+    strides = {
+        "sqb": (i32, t * hq * d),
+        "sqh": (i32, d),
+        "sqt": (i32, hq * d),
+        "skb": (i32, t * hkv * d),
+        "skh": (i32, d),
+        "skt": (i32, hkv * d),
+    }
     no_mask = {"smb": (i32, 0), "smh": (i32, 0), "smt": (i32, 0)}
     mask = {"smb": (i32, t), "smh": (i32, 0), "smt": (i32, t // 32)}  # rows per sequence, words
-    common = {"qs_ptr": ("*i64", 0), "kl_ptr": ("*i64", 0), "m_ptr": ("*i32", 0),
-              "iv_ptr": ("*i32", 0), "ivf_ptr": ("*i32", 0), "lse_ptr": ("*fp32", 0),
-              "Tq": (i32, t), "G": (i32, hq // hkv), "scale": ("fp32", 0.0), **strides}  # fmt: skip
+    common = {
+        "qs_ptr": ("*i64", 0),
+        "kl_ptr": ("*i64", 0),
+        "m_ptr": ("*i32", 0),
+        "iv_ptr": ("*i32", 0),
+        "ivf_ptr": ("*i32", 0),
+        "lse_ptr": ("*fp32", 0),
+        "Tq": (i32, t),
+        "G": (i32, hq // hkv),
+        "scale": ("fp32", 0.0),
+        **strides,
+    }
     fwd = cfgs.pick("sm_90", "any", "invariant_attention", 0)
     dq_cfg = cfgs.pick("sm_90", "any", "invariant_attention_dq", 0)
     dkdv_cfg = cfgs.pick("sm_90", "any", "invariant_attention_dkdv", 0)
-    tensors = {n: (bf16, 0) for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "do_ptr", "dq_ptr",
-                                       "dk_ptr", "dv_ptr")}  # fmt: skip
+    tensors = {
+        n: (bf16, 0)
+        for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "do_ptr", "dq_ptr", "dk_ptr", "dv_ptr")
+    }
     out_strides = {"sob": (i32, hq * t * d), "soh": (i32, t * d), "sot": (i32, d)}
     # the backward runs per query head (G = 1), reading KV head h // 8 in place (KV_REP = 8),
     # dK / dV per query head (summed per group after)
-    grad_strides = {"sgb": (i32, hq * t * d), "sgh": (i32, t * d), "sgt": (i32, d),
-                    "sekb": (i32, hq * t * d), "sekh": (i32, t * d), "sekt": (i32, d),
-                    "G": (i32, 1), "KV_REP": (i32, hq // hkv)}  # fmt: skip
+    grad_strides = {
+        "sgb": (i32, hq * t * d),
+        "sgh": (i32, t * d),
+        "sgt": (i32, d),
+        "sekb": (i32, hq * t * d),
+        "sekh": (i32, t * d),
+        "sekt": (i32, d),
+        "G": (i32, 1),
+        "KV_REP": (i32, hq // hkv),
+    }
     # dO as autograd hands it: the transpose of [B, Tq, Hq, D]
     do_strides = {"sdb": (i32, t * hq * d), "sdh": (i32, d), "sdt": (i32, hq * d)}
     cases = []
-    for label, flags, sm in (("", {"CAUSAL": True, "HAS_MASK": False}, no_mask),
-                             (", mask tensor", {"CAUSAL": False, "HAS_MASK": True}, mask)):  # fmt: skip
+    for label, flags, sm in (
+        ("", {"CAUSAL": True, "HAS_MASK": False}, no_mask),
+        (", mask tensor", {"CAUSAL": False, "HAS_MASK": True}, mask),
+    ):
         flags = {**flags, "DOT": tl.bfloat16, "D": d}
         cases += [
-            KernelCase(f"attention forward (invariant){label}", ik._attention_kernel,
-                       {**tensors, **common, **sm, **out_strides},
-                       {**flags, "BLOCK_M": fwd.block_m, "BLOCK_N": fwd.block_n},
-                       fwd.num_warps, fwd.num_stages, {}),  # launched with Triton's defaults
-            KernelCase(f"attention backward dQ{label}", ab._dq_kernel,
-                       {**tensors, **common, **sm, **do_strides, **out_strides, **grad_strides,
-                        "delta_ptr": ("*fp32", 0)},
-                       {**flags, "BLOCK_M": dq_cfg.block_m, "BLOCK_N": dq_cfg.block_n},
-                       dq_cfg.num_warps, dq_cfg.num_stages, {}),
-            KernelCase(f"attention backward dK/dV{label}", ab._dkdv_kernel,
-                       {**tensors, **common, **sm, **do_strides, **out_strides, **grad_strides,
-                        "delta_ptr": ("*fp32", 0), "Tk": (i32, t)},
-                       {**flags, "BLOCK_M": dkdv_cfg.block_m, "BLOCK_N": dkdv_cfg.block_n},
-                       dkdv_cfg.num_warps, dkdv_cfg.num_stages, {}),
-        ]  # fmt: skip
+            KernelCase(
+                f"attention forward (invariant){label}",
+                ik._attention_kernel,
+                {**tensors, **common, **sm, **out_strides},
+                {**flags, "BLOCK_M": fwd.block_m, "BLOCK_N": fwd.block_n},
+                fwd.num_warps,
+                fwd.num_stages,
+                {},
+            ),  # launched with Triton's defaults
+            KernelCase(
+                f"attention backward dQ{label}",
+                ab._dq_kernel,
+                {
+                    **tensors,
+                    **common,
+                    **sm,
+                    **do_strides,
+                    **out_strides,
+                    **grad_strides,
+                    "delta_ptr": ("*fp32", 0),
+                },
+                {**flags, "BLOCK_M": dq_cfg.block_m, "BLOCK_N": dq_cfg.block_n},
+                dq_cfg.num_warps,
+                dq_cfg.num_stages,
+                {},
+            ),
+            KernelCase(
+                f"attention backward dK/dV{label}",
+                ab._dkdv_kernel,
+                {
+                    **tensors,
+                    **common,
+                    **sm,
+                    **do_strides,
+                    **out_strides,
+                    **grad_strides,
+                    "delta_ptr": ("*fp32", 0),
+                    "Tk": (i32, t),
+                },
+                {**flags, "BLOCK_M": dkdv_cfg.block_m, "BLOCK_N": dkdv_cfg.block_n},
+                dkdv_cfg.num_warps,
+                dkdv_cfg.num_stages,
+                {},
+            ),
+        ]
     return cases
 
 
@@ -372,13 +617,20 @@ def main() -> None:
     import triton
 
     if "--json" in sys.argv[1:]:
-        print(json.dumps({c.name: {**count(compile_sm90(c)), **resource_usage(c)}
-                          for c in learner_cases()}))  # fmt: skip
+        print(
+            json.dumps(
+                {c.name: {**count(compile_sm90(c)), **resource_usage(c)} for c in learner_cases()}
+            )
+        )
         return
-    print(f"# PTX audit: sm_90 code of the learner's hot kernels, compiled without a GPU "
-          f"(Triton {triton.__version__})\n")  # fmt: skip
-    print("| kernel | " + " | ".join(PATTERNS) + " | SASS instructions (per element) "
-          "| registers | stack bytes | spill stores |")  # fmt: skip
+    print(
+        f"# PTX audit: sm_90 code of the learner's hot kernels, compiled without a GPU "
+        f"(Triton {triton.__version__})\n"
+    )
+    print(
+        "| kernel | " + " | ".join(PATTERNS) + " | SASS instructions (per element) "
+        "| registers | stack bytes | spill stores |"
+    )
     print("| --- |" + " --- |" * (len(PATTERNS) + 4))
     for case in learner_cases():
         try:

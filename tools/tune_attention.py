@@ -112,8 +112,7 @@ def forward_invariant(ik, q, k, v, out) -> bool:
     ok = count_bytes_differ(alone, out[:1]) == 0
     for t in (0, 63, 64, 200, T - 1):
         pos = one + t
-        dec, _ = ik.attention(q[:1, :, t : t + 1], k[:1], v[:1], pos, pos + 1, None, True,
-                              D**-0.5)  # fmt: skip
+        dec, _ = ik.attention(q[:1, :, t : t + 1], k[:1], v[:1], pos, pos + 1, None, True, D**-0.5)
         ok = ok and count_bytes_differ(dec, out[:1, :, t : t + 1]) == 0
     return ok
 
@@ -123,13 +122,15 @@ def forward_section(rows, variant: str):
 
     q, k, v, _, qs, kl = inputs()
     mask, causal = launch_args(variant)
-    sdpa = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, is_causal=True, enable_gqa=True))  # fmt: skip
+    sdpa = bench(
+        lambda: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=True
+        )
+    )
     ref = None
     pinned_now = cfgs.pick(ARCH, "any", "invariant_attention", 0)
     for cfg in (pinned_now, *(c for c in FORWARD_CANDIDATES if c != pinned_now)):
-        row = {"section": f"forward {variant}", "config": cfg.__dict__.copy(),
-               "baseline_ms": sdpa}  # fmt: skip
+        row = {"section": f"forward {variant}", "config": cfg.__dict__.copy(), "baseline_ms": sdpa}
         try:
             with pinned(("invariant_attention",), (cfg,)):
 
@@ -160,8 +161,9 @@ def _backward_sweep(rows, section: str, variants, variant: str):
     q.requires_grad_(True), k.requires_grad_(True), v.requires_grad_(True)
 
     def sdpa_step():
-        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                             enable_gqa=True)  # fmt: skip
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=True
+        )
         torch.autograd.grad(o, (q, k, v), go)
 
     base = bench(sdpa_step)
@@ -174,8 +176,9 @@ def _backward_sweep(rows, section: str, variants, variant: str):
             with pinned(BACKWARD_OPS, value):
 
                 def run():
-                    return attention_backward(go, qd, kd, vd, out, lse, qs, kl, mask, causal,
-                                              D**-0.5)  # fmt: skip
+                    return attention_backward(
+                        go, qd, kd, vd, out, lse, qs, kl, mask, causal, D**-0.5
+                    )
 
                 flat = _flat(*run())
                 row["ms"] = bench(run)
@@ -212,22 +215,31 @@ SECTIONS = {"forward": forward_section, "dq": dq_section, "dkdv": dkdv_section}
 
 
 def markdown(env, rows) -> str:
-    lines = [f"# attention config sweep, {env['gpu']}", "",
-             f"torch {env['torch']}, triton {env['triton']}, commit {env['commit']}, "
-             f"{env['date']}. Causal, B={B}, Hq={HQ}, Hkv={HKV}, T={T}, D={D}, bf16. ms = "
-             "do_bench median; baseline = SDPA forward (forward rows) or forward + backward "
-             "(dq, dkdv rows), same run; first row of each section = the pinned config; "
-             "`differ` = output elements whose bits differ from it.", "",
-             "| section | config | ms | baseline ms | baseline / ms | differ | check |",
-             "| --- " * 7 + "|"]  # fmt: skip
+    lines = [
+        f"# attention config sweep, {env['gpu']}",
+        "",
+        f"torch {env['torch']}, triton {env['triton']}, commit {env['commit']}, "
+        f"{env['date']}. Causal, B={B}, Hq={HQ}, Hkv={HKV}, T={T}, D={D}, bf16. ms = "
+        "do_bench median; baseline = SDPA forward (forward rows) or forward + backward "
+        "(dq, dkdv rows), same run; first row of each section = the pinned config; "
+        "`differ` = output elements whose bits differ from it.",
+        "",
+        "| section | config | ms | baseline ms | baseline / ms | differ | check |",
+        "| --- " * 7 + "|",
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['section']} | {r['config']} | ERROR {r['error'][:80]} | | | | |")
             continue
-        check = (f"invariant {r['invariant_ok']}" if "invariant_ok" in r
-                 else f"deterministic {r['deterministic']}")  # fmt: skip
-        lines.append(f"| {r['section']} | `{r['config']}` | {r['ms']:.4f} | {r['baseline_ms']:.4f}"
-                     f" | {r['baseline_ms'] / r['ms']:.2f} | {r['differ']} | {check} |")  # fmt: skip
+        check = (
+            f"invariant {r['invariant_ok']}"
+            if "invariant_ok" in r
+            else f"deterministic {r['deterministic']}"
+        )
+        lines.append(
+            f"| {r['section']} | `{r['config']}` | {r['ms']:.4f} | {r['baseline_ms']:.4f}"
+            f" | {r['baseline_ms'] / r['ms']:.2f} | {r['differ']} | {check} |"
+        )
     return "\n".join(lines) + "\n"
 
 

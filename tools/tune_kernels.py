@@ -129,8 +129,12 @@ def sweep(section: str, case: str, key, candidates, run, rows: list, baseline_ms
     ref = None
     pinned_now = configs.pick(*key, 2**31)
     for cfg in (pinned_now, *(c for c in candidates if c != pinned_now)):
-        row = {"section": section, "case": case, "config": cfg.__dict__.copy(),
-               "baseline_ms": baseline_ms}  # fmt: skip
+        row = {
+            "section": section,
+            "case": case,
+            "config": cfg.__dict__.copy(),
+            "baseline_ms": baseline_ms,
+        }
         try:
             with pinned(key, cfg):
                 out = _bytes(run())
@@ -186,8 +190,15 @@ def quantize_section(rows):
         ),
     }
     for case, run in segments.items():
-        sweep("quantize", case, ("sm_90", "any", "nvfp4_quantize_segments"),
-              QUANT_CANDIDATES, run, rows, baseline_ms=copy_ms)  # fmt: skip
+        sweep(
+            "quantize",
+            case,
+            ("sm_90", "any", "nvfp4_quantize_segments"),
+            QUANT_CANDIDATES,
+            run,
+            rows,
+            baseline_ms=copy_ms,
+        )
 
 
 def weights_section(rows):
@@ -198,17 +209,23 @@ def weights_section(rows):
     from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     key = ("sm_90", "any", "nvfp4_weight_quantize")
-    shapes = {"gate_up [128, 1536, 2048]": (EXPERTS, 2 * MOE_I, HIDDEN),
-              "down [128, 2048, 768]": (EXPERTS, HIDDEN, MOE_I),
-              "q_proj [4096, 2048] per_tensor": (1, 4096, HIDDEN)}  # fmt: skip
+    shapes = {
+        "gate_up [128, 1536, 2048]": (EXPERTS, 2 * MOE_I, HIDDEN),
+        "down [128, 2048, 768]": (EXPERTS, HIDDEN, MOE_I),
+        "q_proj [4096, 2048] per_tensor": (1, 4096, HIDDEN),
+    }
     for case, shape in shapes.items():
         w = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
         mode = "per_tensor" if "per_tensor" in case else "per_expert"
         w = w[0] if mode == "per_tensor" else w
-        two_step = quantize_triton(w, block="16x16", global_scale=mode, out="ongrid",
-                                   one_read_weights=False)  # fmt: skip
-        base_ms = bench(lambda: quantize_triton(w, block="16x16", global_scale=mode, out="ongrid",
-                                                one_read_weights=False))  # fmt: skip
+        two_step = quantize_triton(
+            w, block="16x16", global_scale=mode, out="ongrid", one_read_weights=False
+        )
+        base_ms = bench(
+            lambda: quantize_triton(
+                w, block="16x16", global_scale=mode, out="ongrid", one_read_weights=False
+            )
+        )
         for per_sm in (1, 2, 4, 8):
             label = f"{case}, <= {per_sm} programs per SM"
             run = lambda per_sm=per_sm: wq.quantize_weight_tiles(  # noqa: E731
@@ -236,8 +253,19 @@ def weights_section(rows):
 # row_scale's backward (the MoE combine's, reading the slot gradients through the inverse
 # permutation): (rows per program, warps, 64-column blocks per loop step). A latency-bound block
 # loop at (16, 4, 1): 0.137 ms; more columns per step put more loads in flight (8, 2, 4: 0.0945).
-ROW_SCALE_LAUNCHES = ((16, 4, 1), (16, 4, 2), (16, 4, 4), (8, 4, 4), (8, 4, 8), (16, 8, 4),
-                      (32, 8, 2), (32, 8, 4), (8, 2, 4), (4, 4, 8), (32, 4, 1))  # fmt: skip
+ROW_SCALE_LAUNCHES = (
+    (16, 4, 1),
+    (16, 4, 2),
+    (16, 4, 4),
+    (8, 4, 4),
+    (8, 4, 8),
+    (16, 8, 4),
+    (32, 8, 2),
+    (32, 8, 4),
+    (8, 2, 4),
+    (4, 4, 8),
+    (32, 4, 1),
+)
 
 
 def rowscale_section(rows):
@@ -261,10 +289,18 @@ def rowscale_section(rows):
             def run():
                 return rk.row_scale_backward_triton(grad, x, w, 64, grad_rows=inverse, row_div=k)
 
-            row = {"section": "rowscale", "case": f"combine backward [{s}, {h}] through the inverse",
-                   "config": {"block_m": launch[0], "block_n": 0, "block_k": 64 * launch[2],
-                              "num_warps": launch[1], "num_stages": 1},
-                   "baseline_ms": copy_ms}  # fmt: skip
+            row = {
+                "section": "rowscale",
+                "case": f"combine backward [{s}, {h}] through the inverse",
+                "config": {
+                    "block_m": launch[0],
+                    "block_n": 0,
+                    "block_k": 64 * launch[2],
+                    "num_warps": launch[1],
+                    "num_stages": 1,
+                },
+                "baseline_ms": copy_ms,
+            }
             out = _bytes(run())
             row["ms"] = bench(run)
             ref = out if ref is None else ref
@@ -298,20 +334,43 @@ def wgrad_section(rows):
                 cfg = configs.pick("sm_90", "bf16", "nvfp4_wgrad", n)
                 grid = (triton.cdiv(n, cfg.block_m), triton.cdiv(k, cfg.block_n), EXPERTS)
                 gw._grouped_wgrad_kernel[grid](
-                    a, b, gd_a, gd_b, out, lay["start"], lay["width"],
-                    n, k, a.stride(0), b.stride(0), gd_a.stride(0), 0,
-                    out.stride(0), out.stride(1),
-                    DOT_F32=False, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                    BLOCK_K=cfg.block_k, SEGMENT_ALIGN=align, **cfg.launch_kwargs(),
+                    a,
+                    b,
+                    gd_a,
+                    gd_b,
+                    out,
+                    lay["start"],
+                    lay["width"],
+                    n,
+                    k,
+                    a.stride(0),
+                    b.stride(0),
+                    gd_a.stride(0),
+                    0,
+                    out.stride(0),
+                    out.stride(1),
+                    DOT_F32=False,
+                    BLOCK_M=cfg.block_m,
+                    BLOCK_N=cfg.block_n,
+                    BLOCK_K=cfg.block_k,
+                    SEGMENT_ALIGN=align,
+                    **cfg.launch_kwargs(),
                     enable_fp_fusion=False,
-                )  # fmt: skip
+                )
                 return out
 
             if align == 1 and os.environ.get("TUNE_WGRAD_ALIGN1") != "1":
                 continue  # measured in 2026-12-03_tune_kernels_wgrad_c587fdc.md (3.5x slower)
             cands = WGRAD_CANDIDATES if align == 16 else GEMM_CANDIDATES[:1]
-            sweep("wgrad kernel", f"{name} [128,{n},{k}] align {align}",
-                  ("sm_90", "bf16", "nvfp4_wgrad"), cands, run, rows, baseline_ms=base)  # fmt: skip
+            sweep(
+                "wgrad kernel",
+                f"{name} [128,{n},{k}] align {align}",
+                ("sm_90", "bf16", "nvfp4_wgrad"),
+                cands,
+                run,
+                rows,
+                baseline_ms=base,
+            )
 
 
 def grouped_section(rows):
@@ -335,20 +394,41 @@ def grouped_section(rows):
             def run(wog=wog):
                 return impl.cuda_linear(x, codes, sc, gd, wog, None, recipe, None, offsets=offsets)
 
-            sweep("grouped forward", f"{name} [128,{n},{k}] {label}", key, GEMM_CANDIDATES, run,
-                  rows, baseline_ms=base)  # fmt: skip
+            sweep(
+                "grouped forward",
+                f"{name} [128,{n},{k}] {label}",
+                key,
+                GEMM_CANDIDATES,
+                run,
+                rows,
+                baseline_ms=base,
+            )
         dy = torch.randn(TOKENS * TOPK, n, device="cuda", dtype=torch.bfloat16)
         a, gd_a = quantize_triton(dy, global_scale="per_tensor", out="ongrid")
         base = bench(lambda: torch._grouped_mm(dy, w, offs=offsets))
         rows_per = -(-a.shape[0] // EXPERTS)
 
         def run():
-            return launch_gemm(a, gd_a, w_og.transpose(-1, -2), gd, out_dtype=torch.bfloat16,
-                               offsets=offsets, rows_per_group=rows_per)  # fmt: skip
+            return launch_gemm(
+                a,
+                gd_a,
+                w_og.transpose(-1, -2),
+                gd,
+                out_dtype=torch.bfloat16,
+                offsets=offsets,
+                rows_per_group=rows_per,
+            )
 
         key = ("sm_90", "bf16", "nvfp4_gemm_ongrid")
-        sweep("grouped dgrad", f"{name} W^T on-grid", key, GEMM_CANDIDATES, run, rows,
-              baseline_ms=base)  # fmt: skip
+        sweep(
+            "grouped dgrad",
+            f"{name} W^T on-grid",
+            key,
+            GEMM_CANDIDATES,
+            run,
+            rows,
+            baseline_ms=base,
+        )
 
 
 def dense_section(rows):
@@ -367,8 +447,15 @@ def dense_section(rows):
         def run():
             return launch_gemm(a, gd_a, b, wq.global_decode, out_dtype=torch.bfloat16)
 
-        sweep("dense forward", f"{name} M {TOKENS} packed", key, GEMM_CANDIDATES, run, rows,
-              baseline_ms=base)  # fmt: skip
+        sweep(
+            "dense forward",
+            f"{name} M {TOKENS} packed",
+            key,
+            GEMM_CANDIDATES,
+            run,
+            rows,
+            baseline_ms=base,
+        )
 
 
 def graph_bench(fn) -> float:
@@ -406,36 +493,63 @@ def narrow_section(rows):
             d, gd_d = quantize_triton(dy, global_scale="per_tensor", out="ongrid")
             dt, gd_dt = impl.quantize_transposed_ongrid(dy, global_scale="per_tensor")
             xt, gd_xt = impl.quantize_transposed_ongrid(x, global_scale="per_tensor")
-            sweep("dense forward", f"{name} proj [{TOKENS}, {k}] x [{n}, {k}]^T on-grid", ongrid,
-                  GEMM_CANDIDATES, lambda: launch_gemm(a, gd_a, w_og, gd_w,
-                                                       out_dtype=torch.bfloat16),
-                  rows, baseline_ms=bench(lambda: torch.mm(x, w.t())))  # fmt: skip
-            sweep("dense dgrad", f"{name} proj dY [{TOKENS}, {n}] x W [{n}, {k}]", ongrid,
-                  GEMM_CANDIDATES, lambda: launch_gemm(d, gd_d, w_og.t(), gd_w,
-                                                       out_dtype=torch.bfloat16),
-                  rows, baseline_ms=bench(lambda: torch.mm(dy, w)))  # fmt: skip
-            sweep("dense wgrad", f"{name} proj dW [{n}, {k}] over {TOKENS} tokens (GEMM)", wgrad,
-                  GEMM_CANDIDATES + WGRAD_CANDIDATES[:1],
-                  lambda: launch_gemm(dt, gd_dt, xt, gd_xt, out_dtype=torch.bfloat16,
-                                      config_op="nvfp4_wgrad"),
-                  rows, baseline_ms=bench(lambda: torch.mm(dy.t(), x)))  # fmt: skip
+            sweep(
+                "dense forward",
+                f"{name} proj [{TOKENS}, {k}] x [{n}, {k}]^T on-grid",
+                ongrid,
+                GEMM_CANDIDATES,
+                lambda: launch_gemm(a, gd_a, w_og, gd_w, out_dtype=torch.bfloat16),
+                rows,
+                baseline_ms=bench(lambda: torch.mm(x, w.t())),
+            )
+            sweep(
+                "dense dgrad",
+                f"{name} proj dY [{TOKENS}, {n}] x W [{n}, {k}]",
+                ongrid,
+                GEMM_CANDIDATES,
+                lambda: launch_gemm(d, gd_d, w_og.t(), gd_w, out_dtype=torch.bfloat16),
+                rows,
+                baseline_ms=bench(lambda: torch.mm(dy, w)),
+            )
+            sweep(
+                "dense wgrad",
+                f"{name} proj dW [{n}, {k}] over {TOKENS} tokens (GEMM)",
+                wgrad,
+                GEMM_CANDIDATES + WGRAD_CANDIDATES[:1],
+                lambda: launch_gemm(
+                    dt, gd_dt, xt, gd_xt, out_dtype=torch.bfloat16, config_op="nvfp4_wgrad"
+                ),
+                rows,
+                baseline_ms=bench(lambda: torch.mm(dy.t(), x)),
+            )
     finally:
         bench = saved
 
 
-SECTIONS = {"wgrad": wgrad_section, "quantize": quantize_section, "weights": weights_section,
-            "grouped": grouped_section, "dense": dense_section,
-            "rowscale": rowscale_section, "narrow": narrow_section}  # fmt: skip
+SECTIONS = {
+    "wgrad": wgrad_section,
+    "quantize": quantize_section,
+    "weights": weights_section,
+    "grouped": grouped_section,
+    "dense": dense_section,
+    "rowscale": rowscale_section,
+    "narrow": narrow_section,
+}
 
 
 def markdown(env, rows) -> str:
-    lines = [f"# kernel config sweep, {env['gpu']} (emulated NVFP4 (sm_90))", "",
-             f"torch {env['torch']}, triton {env['triton']}, commit {env['commit']}, "
-             f"{env['date']}. ms = do_bench median; baseline = device copy (quantize), the "
-             "two-step quantize (weights) or BF16 torch._grouped_mm / mm (GEMMs), same run; `differ` = output bytes that differ "
-             "from the pinned config's (first row of each case).", "",
-             "| section | case | BLOCK_M x N x K, warps, stages | ms | baseline ms | baseline / ms "
-             "| differ |", "| --- " * 7 + "|"]  # fmt: skip
+    lines = [
+        f"# kernel config sweep, {env['gpu']} (emulated NVFP4 (sm_90))",
+        "",
+        f"torch {env['torch']}, triton {env['triton']}, commit {env['commit']}, "
+        f"{env['date']}. ms = do_bench median; baseline = device copy (quantize), the "
+        "two-step quantize (weights) or BF16 torch._grouped_mm / mm (GEMMs), same run; `differ` = output bytes that differ "
+        "from the pinned config's (first row of each case).",
+        "",
+        "| section | case | BLOCK_M x N x K, warps, stages | ms | baseline ms | baseline / ms "
+        "| differ |",
+        "| --- " * 7 + "|",
+    ]
     for r in rows:
         c = r["config"]
         cfg = f"{c['block_m']}x{c['block_n']}x{c['block_k']}, {c['num_warps']}w, {c['num_stages']}s"
@@ -445,16 +559,21 @@ def markdown(env, rows) -> str:
             )
             continue
         ratio = r["baseline_ms"] / r["ms"] if r.get("baseline_ms") else float("nan")
-        lines.append(f"| {r['section']} | {r['case']} | {cfg} | {r['ms']:.4f} | "
-                     f"{r['baseline_ms']:.4f} | {ratio:.2f} | {r['bytes_differ_vs_pinned']} |")  # fmt: skip
+        lines.append(
+            f"| {r['section']} | {r['case']} | {cfg} | {r['ms']:.4f} | "
+            f"{r['baseline_ms']:.4f} | {ratio:.2f} | {r['bytes_differ_vs_pinned']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
-    parser.add_argument("--deep", action="store_true",
-                        help="GEMM / wgrad candidates: DEEP_CANDIDATES (pipeline depth)")  # fmt: skip
+    parser.add_argument(
+        "--deep",
+        action="store_true",
+        help="GEMM / wgrad candidates: DEEP_CANDIDATES (pipeline depth)",
+    )
     args = parser.parse_args()
     if args.deep:
         global GEMM_CANDIDATES, WGRAD_CANDIDATES

@@ -45,8 +45,12 @@ def gap(learner_lp: list[torch.Tensor], rollout_lp: list[torch.Tensor]) -> dict:
     b = torch.cat(rollout_lp).double()
     d = (a - b).abs()
     equal = torch.cat(learner_lp).view(torch.int32) == torch.cat(rollout_lp).view(torch.int32)
-    return {"max_abs_dlogp": float(d.max()), "frac_bitwise_equal": float(equal.double().mean()),
-            "token_mult_prob_error": float(torch.exp(d).mean()), "tokens": int(d.numel())}  # fmt: skip
+    return {
+        "max_abs_dlogp": float(d.max()),
+        "frac_bitwise_equal": float(equal.double().mean()),
+        "token_mult_prob_error": float(torch.exp(d).mean()),
+        "tokens": int(d.numel()),
+    }
 
 
 def enable_vllm_nvfp4_emulation_on_cpu() -> None:
@@ -62,14 +66,28 @@ def vllm_generate(llm, prompts, seeds) -> tuple[list[list[int]], list[torch.Tens
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = [SamplingParams(max_tokens=MAX_NEW, temperature=1.0, seed=s, logprobs=0,
-                             ignore_eos=True, detokenize=False) for s in seeds]  # fmt: skip
+    params = [
+        SamplingParams(
+            max_tokens=MAX_NEW,
+            temperature=1.0,
+            seed=s,
+            logprobs=0,
+            ignore_eos=True,
+            detokenize=False,
+        )
+        for s in seeds
+    ]
     with torch._dynamo.config.patch(disable=True):
-        res = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
-                           use_tqdm=False)  # fmt: skip
+        res = llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+        )
     toks = [list(r.outputs[0].token_ids) for r in res]
-    lps = [torch.tensor([d[t].logprob for d, t in zip(r.outputs[0].logprobs, ids)],
-                        dtype=torch.float32) for r, ids in zip(res, toks)]  # fmt: skip
+    lps = [
+        torch.tensor(
+            [d[t].logprob for d, t in zip(r.outputs[0].logprobs, ids)], dtype=torch.float32
+        )
+        for r, ids in zip(res, toks)
+    ]
     return toks, lps
 
 
@@ -86,8 +104,9 @@ def engines(model, recipe, arch: str):
         return out.tokens, out.logprobs
 
     def plugin(prompts, seeds, use_recipe=True, full=False):
-        eng = VLLMRolloutEngine(model, recipe=recipe if use_recipe else None, max_batch=32,
-                                max_seq_len=64, full=full)  # fmt: skip
+        eng = VLLMRolloutEngine(
+            model, recipe=recipe if use_recipe else None, max_batch=32, max_seq_len=64, full=full
+        )
         try:
             return vllm_generate(eng.llm, prompts, seeds)
         finally:
@@ -110,8 +129,10 @@ def engines(model, recipe, arch: str):
     linears_only = "vLLM + plugin, linears only"
     if arch == "qwen3_moe":  # expert GEMMs minite's NVFP4; routing and combine vLLM's
         linears_only += " (NVFP4 experts; vLLM's routing)"
-    out = {"minite engine": minite,
-           "vLLM + plugin, full (minite's model class)": lambda p, s: plugin(p, s, full=True)}  # fmt: skip
+    out = {
+        "minite engine": minite,
+        "vLLM + plugin, full (minite's model class)": lambda p, s: plugin(p, s, full=True),
+    }
     return {
         **out,
         linears_only: plugin,
@@ -133,8 +154,10 @@ def main() -> None:
     set_in_process_env()
     enable_vllm_nvfp4_emulation_on_cpu()
     recipe = NVFP4Recipe.strict()
-    builders = {"qwen3": lambda: tiny_qwen3(layers=2, seed=0),
-                "qwen3_moe": lambda: tiny_qwen3_moe(seed=0)}  # fmt: skip
+    builders = {
+        "qwen3": lambda: tiny_qwen3(layers=2, seed=0),
+        "qwen3_moe": lambda: tiny_qwen3_moe(seed=0),
+    }
     rows = []
     for arch in args.archs.split(","):
         model = builders[arch]()
@@ -174,8 +197,9 @@ def main() -> None:
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['arch']} | {r['engine']} | {r['batch']} | - | failed: "
-                         f"{r['error']} | - | - |")  # fmt: skip
+            lines.append(
+                f"| {r['arch']} | {r['engine']} | {r['batch']} | - | failed: {r['error']} | - | - |"
+            )
             continue
         lines.append(
             f"| {r['arch']} | {r['engine']} | {r['batch']} | {r['tokens']} | "

@@ -59,8 +59,10 @@ def record(model, calls: list) -> None:
 
             def attn_hook(m, a, o, n=name):
                 md = get_forward_context().attn_metadata[m.layer_name]
-                meta = {"query_start_loc": md.query_start_loc.clone(),
-                        "seq_lens": md.seq_lens.clone()}  # fmt: skip
+                meta = {
+                    "query_start_loc": md.query_start_loc.clone(),
+                    "seq_lens": md.seq_lens.clone(),
+                }
                 keep("attention", n, m, o, meta)
 
             m.register_forward_pre_hook(before)
@@ -97,9 +99,16 @@ def learner_ops(model_hf, config):
 
     def linear(module, args, out):
         x = args[0]
-        outs = [nvfp4_linear(x, params[f"{s}.weight"], None, recipe=recipe,
-                             w_q=quantize_weight(params[f"{s}.weight"], recipe))
-                for s in module.minite_names]  # fmt: skip
+        outs = [
+            nvfp4_linear(
+                x,
+                params[f"{s}.weight"],
+                None,
+                recipe=recipe,
+                w_q=quantize_weight(params[f"{s}.weight"], recipe),
+            )
+            for s in module.minite_names
+        ]
         return [(out, torch.cat(outs, dim=-1))]
 
     def lm_head(module, args, out):
@@ -138,8 +147,13 @@ def learner_ops(model_hf, config):
             pairs.append((out[s:e], o[0].transpose(0, 1).reshape(n, -1).to(out.dtype)))
         return pairs
 
-    return {"linear": linear, "lm_head": lm_head, "rms_norm": norm, "rotary": rope,
-            "attention": attn}  # fmt: skip
+    return {
+        "linear": linear,
+        "lm_head": lm_head,
+        "rms_norm": norm,
+        "rotary": rope,
+        "attention": attn,
+    }
 
 
 def main() -> None:
@@ -173,10 +187,11 @@ def main() -> None:
         minite_lp, _ = minite_logprobs(logits, tokens, 1.0)
         d = (vllm_lp.double() - minite_lp.double()).abs()
         stats["log_softmax (sampler)"] = {
-            "calls": 1, "elements": int(tokens.numel()),
+            "calls": 1,
+            "elements": int(tokens.numel()),
             "differ": int((vllm_lp.view(torch.int32) != minite_lp.view(torch.int32)).sum()),
             "max_abs": float(d.max()),
-        }  # fmt: skip
+        }
     engine.close()
     env = environment()
     import vllm
@@ -201,8 +216,10 @@ def main() -> None:
         "log_softmax (sampler)": "fp4_compile logprobs",
     }
     for kind, s in stats.items():
-        lines.append(f"| {kind} | {names[kind]} | {s['calls']} | {s['elements']:,} | "
-                     f"{s['differ']:,} | {s['max_abs']:.3g} |")  # fmt: skip
+        lines.append(
+            f"| {kind} | {names[kind]} | {s['calls']} | {s['elements']:,} | "
+            f"{s['differ']:,} | {s['max_abs']:.3g} |"
+        )
     payload = {"env": env, "stats": stats}
     for path in write_results("vllm_localize", payload, "\n".join(lines) + "\n"):
         print(path)

@@ -66,20 +66,40 @@ def main() -> None:
     model = build_model(args.layers)
     tmp = tempfile.TemporaryDirectory(prefix="minite_sync_")  # removed at exit
     folder = write_model_folder(model, tmp.name, recipe=recipe)
-    llm = small_llm(folder, dtype="bfloat16", max_model_len=64, max_num_seqs=1,
-                    kv_cache_bytes=64 << 20, max_num_batched_tokens=64)  # fmt: skip
+    llm = small_llm(
+        folder,
+        dtype="bfloat16",
+        max_model_len=64,
+        max_num_seqs=1,
+        kv_cache_bytes=64 << 20,
+        max_num_batched_tokens=64,
+    )
     (layout,) = llm.apply_model(ws.layer_layout)
     rows = {"nvfp4": [], "bf16_refit": []}
     for _ in range(args.repeats):
         payload, learner_s = timed(lambda: ws.nvfp4_payload(model, layout, recipe))
-        _, vllm_s = timed(lambda p=payload: llm.apply_model(functools.partial(ws.apply_payload, payload=p)))  # fmt: skip
-        rows["nvfp4"].append({**payload.num_bytes(), "learner_s": learner_s, "vllm_s": vllm_s,
-                              "serialize_s": serialize_s(payload)})  # fmt: skip
+        _, vllm_s = timed(
+            lambda p=payload: llm.apply_model(functools.partial(ws.apply_payload, payload=p))
+        )
+        rows["nvfp4"].append(
+            {
+                **payload.num_bytes(),
+                "learner_s": learner_s,
+                "vllm_s": vllm_s,
+                "serialize_s": serialize_s(payload),
+            }
+        )
         payload, learner_s = timed(lambda: ws.bf16_payload(model))
         refit = functools.partial(ws.apply_bf16_refit, payload=payload, recipe=recipe)
         _, vllm_s = timed(lambda f=refit: llm.apply_model(f))
-        rows["bf16_refit"].append({**payload.num_bytes(), "learner_s": learner_s, "vllm_s": vllm_s,
-                                   "serialize_s": serialize_s(payload)})  # fmt: skip
+        rows["bf16_refit"].append(
+            {
+                **payload.num_bytes(),
+                "learner_s": learner_s,
+                "vllm_s": vllm_s,
+                "serialize_s": serialize_s(payload),
+            }
+        )
 
     def median(kind, key):
         vals = sorted(r[key] for r in rows[kind])
@@ -100,8 +120,13 @@ def main() -> None:
     import vllm
 
     env["vllm"] = vllm.__version__
-    payload = {"env": env, "layers": args.layers, "shapes": REAL_SHAPES["qwen3-1.7b"][2], "rows": rows,
-               "extrapolated": extrapolated}  # fmt: skip
+    payload = {
+        "env": env,
+        "layers": args.layers,
+        "shapes": REAL_SHAPES["qwen3-1.7b"][2],
+        "rows": rows,
+        "extrapolated": extrapolated,
+    }
     total_s = {k: median(k, "learner_s") + median(k, "vllm_s") for k in rows}
     lines = [
         "# Weight sync into vLLM: NVFP4 bytes vs BF16 refit",

@@ -33,9 +33,19 @@ def store_row_sums(out_ptr, acc, rows, cols, rlive, cmask, C, BF16: tl.constexpr
 
 
 @triton.jit
-def _gather_rows_backward_kernel(g_ptr, order_ptr, start_ptr, count_ptr, out_ptr, R, C, ROW_DIV,
-                                 BF16: tl.constexpr, BLOCK_R: tl.constexpr,
-                                 BLOCK_C: tl.constexpr):  # fmt: skip
+def _gather_rows_backward_kernel(
+    g_ptr,
+    order_ptr,
+    start_ptr,
+    count_ptr,
+    out_ptr,
+    R,
+    C,
+    ROW_DIV,
+    BF16: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     # position p's gradient is row p // ROW_DIV of g (1: g itself; k: the expanded gradient of
     # a sum over k slots, `moe_combine`, read without the expanded copy)
     pid = tl.program_id(0).to(
@@ -59,8 +69,9 @@ def _gather_rows_backward_kernel(g_ptr, order_ptr, start_ptr, count_ptr, out_ptr
     store_row_sums(out_ptr, acc, rows, cols, rlive, cmask, C, BF16)
 
 
-def gather_rows_backward_triton(grad: torch.Tensor, idx: torch.Tensor, num_rows: int,
-                                row_div: int = 1):  # fmt: skip
+def gather_rows_backward_triton(
+    grad: torch.Tensor, idx: torch.Tensor, num_rows: int, row_div: int = 1
+):
     """The backward of x[idx] (x of `num_rows` rows) given grad, whose row q // row_div is
     position q's gradient (row_div > 1: the expanded gradient of a sum over row_div slots)."""
     check_kernel_device(grad, "grad")
@@ -72,9 +83,18 @@ def gather_rows_backward_triton(grad: torch.Tensor, idx: torch.Tensor, num_rows:
         lc = pick_launch(arch_of(grad.device), "gather_rows")
         grid = (triton.cdiv(num_rows, lc["block_r"]) * triton.cdiv(c, lc["block_c"]),)
         _gather_rows_backward_kernel[grid](
-            g2, order, starts, counts, out, num_rows, c, row_div,
+            g2,
+            order,
+            starts,
+            counts,
+            out,
+            num_rows,
+            c,
+            row_div,
             BF16=grad.dtype == torch.bfloat16,
-            BLOCK_R=lc["block_r"], BLOCK_C=lc["block_c"],
-            **warps_kwargs(lc), **compile_options(grad.device),
-        )  # fmt: skip
+            BLOCK_R=lc["block_r"],
+            BLOCK_C=lc["block_c"],
+            **warps_kwargs(lc),
+            **compile_options(grad.device),
+        )
     return out

@@ -31,8 +31,15 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @triton.jit
-def _group_sum_kernel(x_ptr, out_ptr, N, C, ROUND_EACH_BF16: tl.constexpr,
-                      ROUND_END_BF16: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+def _group_sum_kernel(
+    x_ptr,
+    out_ptr,
+    N,
+    C,
+    ROUND_EACH_BF16: tl.constexpr,
+    ROUND_END_BF16: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     a = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < C
@@ -66,8 +73,14 @@ def group_sum(x_ANC: torch.Tensor, *, round_each: bool, out_dtype: torch.dtype) 
         block = lc["block"]
         to_bf16 = out_dtype == torch.bfloat16
         _group_sum_kernel[(a, triton.cdiv(c, block))](
-            x, out, n, c, ROUND_EACH_BF16=round_each and to_bf16,
-            ROUND_END_BF16=not round_each and to_bf16, BLOCK=block,
-            **warps_kwargs(lc), **compile_options(x.device),
-        )  # fmt: skip
+            x,
+            out,
+            n,
+            c,
+            ROUND_EACH_BF16=round_each and to_bf16,
+            ROUND_END_BF16=not round_each and to_bf16,
+            BLOCK=block,
+            **warps_kwargs(lc),
+            **compile_options(x.device),
+        )
     return out

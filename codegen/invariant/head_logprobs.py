@@ -94,11 +94,21 @@ class _HeadLogprobs(torch.autograd.Function):
             dlogits = torch.ops.fp4_compile.invariant_logprobs_backward(
                 None if grad_logp is None else grad_logp[rows].contiguous(),
                 None if grad_ent is None else grad_ent[rows].contiguous(),
-                logits, tokens_M[rows], logp[rows], ent[rows], ctx.temperature,
-            )  # fmt: skip
+                logits,
+                tokens_M[rows],
+                logp[rows],
+                ent[rows],
+                ctx.temperature,
+            )
             del logits
-            _grad_gemms(dlogits.to(gemm_dtype), h_MH[rows].to(gemm_dtype), w_op, dh[rows], dw_acc,
-                        use_kernels=ctx.use_kernels)  # fmt: skip
+            _grad_gemms(
+                dlogits.to(gemm_dtype),
+                h_MH[rows].to(gemm_dtype),
+                w_op,
+                dh[rows],
+                dw_acc,
+                use_kernels=ctx.use_kernels,
+            )
         # rounded to the operand dtype, then to the caller's (the lowering's cast nodes' backward)
         return dh.to(h_MH.dtype), dw_acc.to(gemm_dtype).to(w_VH.dtype), None, None, None, None
 

@@ -23,9 +23,27 @@ from ..triton_helpers import dot_dtype
 
 
 @triton.jit
-def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym, syn,
-                   HAS_BIAS: tl.constexpr, ACC_IN: tl.constexpr, DOT: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+def _linear_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    sxm,
+    sxk,
+    swn,
+    swk,
+    sym,
+    syn,
+    HAS_BIAS: tl.constexpr,
+    ACC_IN: tl.constexpr,
+    DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     pid_m, pid_n = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -38,10 +56,16 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym,
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):  # sequential K loop: the reduction order never follows M
         kk = k0 + rk
-        a = tl.load(x_ptr + rm[:, None] * sxm + kk[None, :] * sxk,
-                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0).to(tl.float32)  # fmt: skip
-        b = tl.load(w_ptr + rn[None, :] * swn + kk[:, None] * swk,
-                    mask=(rn[None, :] < N) & (kk[:, None] < K), other=0.0).to(tl.float32)  # fmt: skip
+        a = tl.load(
+            x_ptr + rm[:, None] * sxm + kk[None, :] * sxk,
+            mask=(rm[:, None] < M) & (kk[None, :] < K),
+            other=0.0,
+        ).to(tl.float32)
+        b = tl.load(
+            w_ptr + rn[None, :] * swn + kk[:, None] * swk,
+            mask=(rn[None, :] < N) & (kk[:, None] < K),
+            other=0.0,
+        ).to(tl.float32)
         acc = tl.dot(a.to(DOT), b.to(DOT), acc, input_precision="ieee")
     if HAS_BIAS:
         acc = acc + tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
@@ -71,9 +95,25 @@ def linear(x_MK, w_NK, bias_N, out_dtype, *, accumulate_into=None):
     )
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
     _linear_kernel[grid](
-        x_MK, w_NK, bias_N if bias_N is not None else y, y, m, n, k,
-        x_MK.stride(0), x_MK.stride(1), w_NK.stride(0), w_NK.stride(1), y.stride(0), y.stride(1),
-        HAS_BIAS=bias_N is not None, ACC_IN=accumulate_into is not None, DOT=dot_dtype(), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, **cfg.launch_kwargs(),
-    )  # fmt: skip
+        x_MK,
+        w_NK,
+        bias_N if bias_N is not None else y,
+        y,
+        m,
+        n,
+        k,
+        x_MK.stride(0),
+        x_MK.stride(1),
+        w_NK.stride(0),
+        w_NK.stride(1),
+        y.stride(0),
+        y.stride(1),
+        HAS_BIAS=bias_N is not None,
+        ACC_IN=accumulate_into is not None,
+        DOT=dot_dtype(),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        **cfg.launch_kwargs(),
+    )
     return y if accumulate_into is not None else y.to(out_dtype)

@@ -18,8 +18,7 @@ from ..runtime import arch_of, check_kernel_device
 
 
 @triton.jit
-def _logprobs_kernel(x_ptr, t_ptr, lp_ptr, ent_ptr, V, sx, temperature,
-                     BLOCK_V: tl.constexpr):  # fmt: skip
+def _logprobs_kernel(x_ptr, t_ptr, lp_ptr, ent_ptr, V, sx, temperature, BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * sx
     cols = tl.arange(0, BLOCK_V)
@@ -51,7 +50,14 @@ def logprobs(logits_MV, tokens_M, temperature: float):
     ent = torch.empty_like(lp)
     lc = pick_launch(arch_of(logits_MV.device), "logprobs")
     _logprobs_kernel[(m,)](
-        logits_MV, tokens_M.contiguous(), lp, ent, vocab, logits_MV.stride(0),
-        float(temperature), BLOCK_V=lc["block_v"], **warps_kwargs(lc),
-    )  # fmt: skip
+        logits_MV,
+        tokens_M.contiguous(),
+        lp,
+        ent,
+        vocab,
+        logits_MV.stride(0),
+        float(temperature),
+        BLOCK_V=lc["block_v"],
+        **warps_kwargs(lc),
+    )
     return lp, ent

@@ -40,8 +40,16 @@ from .reference import partial_sum as partial_sum_reference  # noqa: F401  (the 
 
 
 @triton.jit
-def _partial_sum_kernel(p_ptr, out_ptr, P, H, CHAINS: tl.constexpr, LOG_CHAINS: tl.constexpr,
-                        BLOCK_H: tl.constexpr, NUM_STAGES: tl.constexpr):  # fmt: skip
+def _partial_sum_kernel(
+    p_ptr,
+    out_ptr,
+    P,
+    H,
+    CHAINS: tl.constexpr,
+    LOG_CHAINS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
     cols = tl.program_id(0).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
     live = cols < H
     chain = tl.arange(0, CHAINS)
@@ -53,19 +61,18 @@ def _partial_sum_kernel(p_ptr, out_ptr, P, H, CHAINS: tl.constexpr, LOG_CHAINS: 
         acc += tl.load(ptrs + t * CHAINS * H, mask=live[:, None], other=0.0)
     if full >= 1 and full * CHAINS < P:  # the last, partial tile: the first chains' last rows
         rows = full * CHAINS + chain
-        x = tl.load(ptrs + full * CHAINS * H, mask=live[:, None] & (rows < P)[None, :],
-                    other=0.0)  # fmt: skip
+        x = tl.load(ptrs + full * CHAINS * H, mask=live[:, None] & (rows < P)[None, :], other=0.0)
         acc = tl.where((rows < P)[None, :], acc + x, acc)
     for level in tl.static_range(LOG_CHAINS):
         left, right = tl.split(tl.reshape(acc, (BLOCK_H, CHAINS >> (level + 1), 2)))
         first_right = tl.arange(0, CHAINS >> (level + 1)) * (2 << level) + (1 << level)
         acc = tl.where((first_right < P)[None, :], left + right, left)
-    tl.store(out_ptr + cols, tl.reshape(acc, (BLOCK_H,)).to(out_ptr.dtype.element_ty),
-             mask=live)  # fmt: skip
+    tl.store(out_ptr + cols, tl.reshape(acc, (BLOCK_H,)).to(out_ptr.dtype.element_ty), mask=live)
 
 
-def partial_sum(partial_PH: torch.Tensor, out_dtype: torch.dtype, *,
-                chains: int = CHAINS) -> torch.Tensor:  # fmt: skip
+def partial_sum(
+    partial_PH: torch.Tensor, out_dtype: torch.dtype, *, chains: int = CHAINS
+) -> torch.Tensor:
     """partial [P >= 1, H] FP32 -> [H] in out_dtype: the fixed-order sum over P (module
     docstring). `chains` (a power of two) is part of the order; tests vary it."""
     check_kernel_device(partial_PH, "partial")
@@ -84,8 +91,15 @@ def partial_sum(partial_PH: torch.Tensor, out_dtype: torch.dtype, *,
         lc = pick_launch(arch_of(p.device), "partial_sum")
         block_h = min(max(lc["tile_elements"] // chains, 1), triton.next_power_of_2(hdim))
         _partial_sum_kernel[(triton.cdiv(hdim, block_h),)](
-            p, out, num_programs, hdim, CHAINS=chains, LOG_CHAINS=chains.bit_length() - 1,
-            BLOCK_H=block_h, NUM_STAGES=lc["num_stages"],
-            **warps_kwargs(lc), **compile_options(p.device),
-        )  # fmt: skip
+            p,
+            out,
+            num_programs,
+            hdim,
+            CHAINS=chains,
+            LOG_CHAINS=chains.bit_length() - 1,
+            BLOCK_H=block_h,
+            NUM_STAGES=lc["num_stages"],
+            **warps_kwargs(lc),
+            **compile_options(p.device),
+        )
     return out.to(out_dtype)

@@ -315,8 +315,9 @@ def silu_mul_backward(grad, a, b, row_mask=None):
 PARTIAL_SUM_CHAINS = 64  # part of the numerics: the order of the sum (`partial_sum_kernel`)
 
 
-def partial_sum(partial_PH: torch.Tensor, out_dtype: torch.dtype, *,
-                chains: int = PARTIAL_SUM_CHAINS) -> torch.Tensor:  # fmt: skip
+def partial_sum(
+    partial_PH: torch.Tensor, out_dtype: torch.dtype, *, chains: int = PARTIAL_SUM_CHAINS
+) -> torch.Tensor:
     """`partial_sum_kernel.partial_sum`'s order as torch FP32 adds (any device): each chain a
     loop over its rows, then the pairwise tree, then one cast."""
     p = partial_PH.float()

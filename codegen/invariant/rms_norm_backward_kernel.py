@@ -50,10 +50,25 @@ def tiles_per_program() -> int:
 
 @triton.jit
 def _rms_norm_backward_kernel(
-    g_ptr, h_ptr, w_ptr, dh_ptr, dwp_ptr, R, H, eps, g_d1, g_d2, g_s0, g_s1, g_s2,
-    HAS_W: tl.constexpr, ROUND_N: tl.constexpr, TILE_R: tl.constexpr, TILES: tl.constexpr,
+    g_ptr,
+    h_ptr,
+    w_ptr,
+    dh_ptr,
+    dwp_ptr,
+    R,
+    H,
+    eps,
+    g_d1,
+    g_d2,
+    g_s0,
+    g_s1,
+    g_s2,
+    HAS_W: tl.constexpr,
+    ROUND_N: tl.constexpr,
+    TILE_R: tl.constexpr,
+    TILES: tl.constexpr,
     BLOCK_H: tl.constexpr,
-):  # fmt: skip
+):
     # grad_y row r = (i0 * g_d1 + i1) * g_d2 + i2 lives at i0 * g_s0 + i1 * g_s1 + i2 * g_s2
     # (its elements unit-strided); h and dh are contiguous [R, H]
     pid = tl.program_id(0).to(tl.int64)
@@ -83,8 +98,7 @@ def _rms_norm_backward_kernel(
             dw += tl.sum(g * n_q, axis=0)
             g = g * w[None, :]
         dh = rstd[:, None] * (g - n * (tl.sum(g * n, axis=1) / H)[:, None])
-        tl.store(dh_ptr + rows[:, None] * H + cols[None, :], dh.to(dh_ptr.dtype.element_ty),
-                 mask=m)  # fmt: skip
+        tl.store(dh_ptr + rows[:, None] * H + cols[None, :], dh.to(dh_ptr.dtype.element_ty), mask=m)
     if HAS_W:
         tl.store(dwp_ptr + pid * H + cols, dw, mask=live)
 
@@ -117,8 +131,7 @@ def rms_norm_backward(grad_y, h, weight, eps: float):
     rows_per_program = tile_r * tiles
     programs = max(triton.cdiv(r, rows_per_program), 1)
     has_w = weight is not None
-    partial = torch.empty((programs, hdim) if has_w else (1,), dtype=torch.float32,
-                          device=h.device)  # fmt: skip
+    partial = torch.empty((programs, hdim) if has_w else (1,), dtype=torch.float32, device=h.device)
     if h.dtype == torch.float32:
         round_n = 0
     elif h.dtype == torch.bfloat16:
@@ -127,10 +140,26 @@ def rms_norm_backward(grad_y, h, weight, eps: float):
         round_n = 2
     if r:
         _rms_norm_backward_kernel[(programs,)](
-            g, h2, weight if has_w else h2, dh, partial, r, hdim, eps, d1, d2, s0, s1, s2,
-            HAS_W=has_w, ROUND_N=round_n, TILE_R=tile_r, TILES=tiles,
-            BLOCK_H=block, num_warps=warps,
-        )  # fmt: skip
+            g,
+            h2,
+            weight if has_w else h2,
+            dh,
+            partial,
+            r,
+            hdim,
+            eps,
+            d1,
+            d2,
+            s0,
+            s1,
+            s2,
+            HAS_W=has_w,
+            ROUND_N=round_n,
+            TILE_R=tile_r,
+            TILES=tiles,
+            BLOCK_H=block,
+            num_warps=warps,
+        )
     elif has_w:
         partial.zero_()
     dh = dh.to(h.dtype).reshape(h.shape)

@@ -20,8 +20,21 @@ from ..runtime import check_kernel_device, interpreting
 
 
 @triton.jit
-def rms_norm_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES: tl.constexpr,
-                 HAS_W: tl.constexpr, FINISH: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+def rms_norm_row(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    y_ptr,
+    h_ptr,
+    row,
+    R,
+    H,
+    eps,
+    HAS_RES: tl.constexpr,
+    HAS_W: tl.constexpr,
+    FINISH: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     cols = tl.arange(0, BLOCK_H)
     live = (cols < H) & ((cols * 0 + row) < R)  # (row < R as a vector: the interpreter's masks)
     h = tl.load(x_ptr + row * H + cols, mask=live, other=0.0)
@@ -42,16 +55,29 @@ def rms_norm_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES: tl.
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, R, H, eps, HAS_RES: tl.constexpr,
-                     HAS_W: tl.constexpr, FINISH: tl.constexpr, BLOCK_H: tl.constexpr,
-                     ROWS: tl.constexpr = 1):  # fmt: skip
+def _rms_norm_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    y_ptr,
+    h_ptr,
+    R,
+    H,
+    eps,
+    HAS_RES: tl.constexpr,
+    HAS_W: tl.constexpr,
+    FINISH: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    ROWS: tl.constexpr = 1,
+):
     # ROWS rows per program, one after the other with the one-row code (the same reduction,
     # instruction for instruction; short rows such as the q / k norms' 128 columns otherwise
     # make one tiny program per row: [131072, 128] took 80 us on the H200)
     for r in tl.static_range(ROWS):
         row = tl.program_id(0).to(tl.int64) * ROWS + r
-        rms_norm_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES, HAS_W,
-                     FINISH, BLOCK_H)  # fmt: skip
+        rms_norm_row(
+            x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES, HAS_W, FINISH, BLOCK_H
+        )
 
 
 def rms_norm_rows_per_program(block: int) -> int:
@@ -83,10 +109,21 @@ def rms_norm(x, weight, residual, eps: float):
     y = torch.empty(x2.shape, dtype=torch.float32 if interp else x.dtype, device=x.device)
     block, rows, warps = rms_norm_launch(hdim)
     _rms_norm_kernel[(triton.cdiv(x2.shape[0], rows),)](
-        x2, r2, weight if weight is not None else x2, y, h, x2.shape[0], hdim, eps,
-        HAS_RES=residual is not None, HAS_W=weight is not None, FINISH=not interp, BLOCK_H=block,
-        ROWS=rows, num_warps=warps,
-    )  # fmt: skip
+        x2,
+        r2,
+        weight if weight is not None else x2,
+        y,
+        h,
+        x2.shape[0],
+        hdim,
+        eps,
+        HAS_RES=residual is not None,
+        HAS_W=weight is not None,
+        FINISH=not interp,
+        BLOCK_H=block,
+        ROWS=rows,
+        num_warps=warps,
+    )
     if interp:
         y = y.to(x.dtype)
         if weight is not None:

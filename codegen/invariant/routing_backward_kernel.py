@@ -54,9 +54,24 @@ def _selected(p, cols, i_row, j, si1):
 
 @triton.jit
 def _routing_backward_kernel(
-    g_ptr, x_ptr, i_ptr, dz_ptr, E, sg0, sg1, sx0, sx1, si0, si1, sd0, sd1,
-    TOP_K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, LEVELS: tl.constexpr,
-):  # fmt: skip
+    g_ptr,
+    x_ptr,
+    i_ptr,
+    dz_ptr,
+    E,
+    sg0,
+    sg1,
+    sx0,
+    sx1,
+    si0,
+    si1,
+    sd0,
+    sd1,
+    TOP_K: tl.constexpr,
+    NORM: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    LEVELS: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_E)
     live = cols < E
@@ -129,9 +144,20 @@ def routing_backward(
     block_e, levels, warps = launch_shape(num_experts)
     if m:
         _routing_backward_kernel[(m,)](
-            grad_w_MK, logits_ME, idx_MK, dz, num_experts, *grad_w_MK.stride(),
-            *logits_ME.stride(), *idx_MK.stride(), *dz.stride(), TOP_K=idx_MK.shape[1],
-            NORM=bool(norm_topk_prob), BLOCK_E=block_e, LEVELS=levels, num_warps=warps,
+            grad_w_MK,
+            logits_ME,
+            idx_MK,
+            dz,
+            num_experts,
+            *grad_w_MK.stride(),
+            *logits_ME.stride(),
+            *idx_MK.stride(),
+            *dz.stride(),
+            TOP_K=idx_MK.shape[1],
+            NORM=bool(norm_topk_prob),
+            BLOCK_E=block_e,
+            LEVELS=levels,
+            num_warps=warps,
             **compile_options(logits_ME.device),
-        )  # fmt: skip
+        )
     return dz.to(logits_ME.dtype)

@@ -26,8 +26,18 @@ def launch_shape(num_experts: int) -> tuple[int, int, int]:
 
 
 @triton.jit
-def _routing_kernel(x_ptr, w_ptr, i_ptr, E, sx, TOP_K: tl.constexpr, K_P2: tl.constexpr,
-                    NORM: tl.constexpr, BLOCK_E: tl.constexpr, LEVELS: tl.constexpr):  # fmt: skip
+def _routing_kernel(
+    x_ptr,
+    w_ptr,
+    i_ptr,
+    E,
+    sx,
+    TOP_K: tl.constexpr,
+    K_P2: tl.constexpr,
+    NORM: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    LEVELS: tl.constexpr,
+):
     """One row per program: softmax in FP32 (the row sum by an explicit pairwise tree of halves,
     the tree of `fixed_order.tree_sum`), top-k by repeated max (ties: the lower expert, as
     a stable descending sort), renormalized by the sum of the k values in order."""
@@ -77,8 +87,16 @@ def routing(logits_ME, top_k: int, norm_topk_prob: bool):
     block_e, levels, warps = launch_shape(num_experts)
     if m:
         _routing_kernel[(m,)](
-            x, w, idx, num_experts, x.stride(0), TOP_K=top_k,
-            K_P2=max(triton.next_power_of_2(top_k), 2), NORM=bool(norm_topk_prob),
-            BLOCK_E=block_e, LEVELS=levels, num_warps=warps,
-        )  # fmt: skip
+            x,
+            w,
+            idx,
+            num_experts,
+            x.stride(0),
+            TOP_K=top_k,
+            K_P2=max(triton.next_power_of_2(top_k), 2),
+            NORM=bool(norm_topk_prob),
+            BLOCK_E=block_e,
+            LEVELS=levels,
+            num_warps=warps,
+        )
     return w, idx

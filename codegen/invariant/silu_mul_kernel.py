@@ -61,9 +61,21 @@ def silu_mul_values(a, b, BF16: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _silu_mul_kernel(a_ptr, b_ptr, o_ptr, m_ptr, R, C, sa, sb,
-                     BF16: tl.constexpr, INTERP: tl.constexpr, BLOCK_R: tl.constexpr,
-                     BLOCK_C: tl.constexpr, ROW_MASK: tl.constexpr = False):  # fmt: skip
+def _silu_mul_kernel(
+    a_ptr,
+    b_ptr,
+    o_ptr,
+    m_ptr,
+    R,
+    C,
+    sa,
+    sb,
+    BF16: tl.constexpr,
+    INTERP: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    ROW_MASK: tl.constexpr = False,
+):
     # ROW_MASK: rows r with m[r] != 0 read a and b as zeros (the op on `x.masked_fill(m, 0)`'s
     # halves, without that copy: `passes/fold_row_masks.py`)
     rows = (tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
@@ -79,10 +91,25 @@ def _silu_mul_kernel(a_ptr, b_ptr, o_ptr, m_ptr, R, C, sa, sb,
 
 
 @triton.jit
-def _silu_mul_backward_kernel(g_ptr, a_ptr, b_ptr, ga_ptr, gb_ptr, m_ptr, R, C, sg, sa, sb, so,
-                              BF16: tl.constexpr, INTERP: tl.constexpr,
-                              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                              ROW_MASK: tl.constexpr = False):  # fmt: skip
+def _silu_mul_backward_kernel(
+    g_ptr,
+    a_ptr,
+    b_ptr,
+    ga_ptr,
+    gb_ptr,
+    m_ptr,
+    R,
+    C,
+    sg,
+    sa,
+    sb,
+    so,
+    BF16: tl.constexpr,
+    INTERP: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    ROW_MASK: tl.constexpr = False,
+):
     # ROW_MASK: rows r with m[r] != 0 get +0.0 gradients (`masked_fill`'s backward), whatever
     # a, b and grad hold there. so: the row stride of both outputs (C: two [R, C] tensors; 2C:
     # the halves of one [R, 2C] gradient, `silu_mul_halves`)
@@ -143,10 +170,21 @@ def silu_mul_triton(a: torch.Tensor, b: torch.Tensor, row_mask=None) -> torch.Te
     out = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     grid, tile, warps = _launch(r, c)
     _silu_mul_kernel[grid](
-        a2, b2, out, m if m is not None else out, r, c, a2.stride(0), b2.stride(0),
-        BF16=a.dtype == torch.bfloat16, INTERP=interpreting(), **tile,
-        ROW_MASK=m is not None, **warps, **compile_options(a.device),
-    )  # fmt: skip
+        a2,
+        b2,
+        out,
+        m if m is not None else out,
+        r,
+        c,
+        a2.stride(0),
+        b2.stride(0),
+        BF16=a.dtype == torch.bfloat16,
+        INTERP=interpreting(),
+        **tile,
+        ROW_MASK=m is not None,
+        **warps,
+        **compile_options(a.device),
+    )
     return out
 
 
@@ -165,10 +203,23 @@ def silu_mul_backward_triton(grad, a, b, row_mask=None, *, into_halves=False):
         grad_b = torch.empty(b.shape, dtype=b.dtype, device=b.device)
     grid, tile, warps = _launch(r, c)
     _silu_mul_backward_kernel[grid](
-        g2, a2, b2, grad_a, grad_b, m if m is not None else grad_a, r, c, g2.stride(0),
-        a2.stride(0), b2.stride(0), 2 * c if into_halves else c,
-        BF16=a.dtype == torch.bfloat16, INTERP=interpreting(),
-        **tile, ROW_MASK=m is not None, **warps,
+        g2,
+        a2,
+        b2,
+        grad_a,
+        grad_b,
+        m if m is not None else grad_a,
+        r,
+        c,
+        g2.stride(0),
+        a2.stride(0),
+        b2.stride(0),
+        2 * c if into_halves else c,
+        BF16=a.dtype == torch.bfloat16,
+        INTERP=interpreting(),
+        **tile,
+        ROW_MASK=m is not None,
+        **warps,
         **compile_options(a.device),
-    )  # fmt: skip
+    )
     return whole if into_halves else (grad_a, grad_b)

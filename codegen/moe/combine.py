@@ -39,14 +39,18 @@ def _check_inverse(idx: torch.Tensor, idx_inverse) -> None:
     if idx_inverse is None:
         return
     if idx_inverse.dtype not in (torch.int32, torch.int64) or idx_inverse.shape != idx.shape:
-        raise ValueError(f"idx_inverse must be int [S={idx.shape[0]}], got {idx_inverse.dtype} "
-                         f"{tuple(idx_inverse.shape)}")  # fmt: skip
+        raise ValueError(
+            f"idx_inverse must be int [S={idx.shape[0]}], got {idx_inverse.dtype} "
+            f"{tuple(idx_inverse.shape)}"
+        )
     if idx.device.type == "cpu" and idx.numel():
         s = idx.shape[0]
         valid = bool(((idx_inverse >= 0) & (idx_inverse < s)).all())
         if not valid or not torch.equal(idx[idx_inverse], torch.arange(s, dtype=idx.dtype)):
-            raise ValueError("idx_inverse must be the inverse permutation of idx "
-                             "(idx[idx_inverse[r]] == r for every r)")  # fmt: skip
+            raise ValueError(
+                "idx_inverse must be the inverse permutation of idx "
+                "(idx[idx_inverse[r]] == r for every r)"
+            )
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int, row_mask=None) -> None:
@@ -54,24 +58,31 @@ def _check(x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int, row_mask
         row_mask.dtype != torch.bool
         or tuple(row_mask.shape) not in ((x.shape[0],), (x.shape[0], 1))
     ):
-        raise ValueError(f"row_mask must be bool [S] or [S, 1] (S={x.shape[0]}), got "
-                         f"{row_mask.dtype} {tuple(row_mask.shape)}")  # fmt: skip
+        raise ValueError(
+            f"row_mask must be bool [S] or [S, 1] (S={x.shape[0]}), got "
+            f"{row_mask.dtype} {tuple(row_mask.shape)}"
+        )
     if x.dim() != 2 or not x.dtype.is_floating_point:
         raise ValueError(f"moe_combine needs x floating [S, H], got {x.dtype} {tuple(x.shape)}")
     if w.shape != (x.shape[0], 1) or not w.dtype.is_floating_point:
         raise ValueError(f"moe_combine needs w floating [S, 1], got {w.dtype} {tuple(w.shape)}")
     if idx.dim() != 1 or idx.shape[0] != x.shape[0] or idx.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"moe_combine needs idx int [S={x.shape[0]}], got {idx.dtype} "
-                         f"{tuple(idx.shape)}")  # fmt: skip
+        raise ValueError(
+            f"moe_combine needs idx int [S={x.shape[0]}], got {idx.dtype} {tuple(idx.shape)}"
+        )
     if not isinstance(k, int) or k < 1 or x.shape[0] % k:
         raise ValueError(f"k must be a positive int dividing S={x.shape[0]}, got {k!r}")
 
 
 @torch.library.custom_op("fp4_compile::moe_combine", mutates_args=())
 def moe_combine(
-    x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int,
-    row_mask: torch.Tensor | None = None, idx_inverse: torch.Tensor | None = None,
-) -> torch.Tensor:  # fmt: skip
+    x: torch.Tensor,
+    w: torch.Tensor,
+    idx: torch.Tensor,
+    k: int,
+    row_mask: torch.Tensor | None = None,
+    idx_inverse: torch.Tensor | None = None,
+) -> torch.Tensor:
     """`row_mask` (bool [S] / [S, 1]): the combine of `x.masked_fill(row_mask, 0)` without that
     copy (transformers' sentinel post-mask folded in: `passes/fold_row_masks.py`).
     `idx_inverse` (int [S], idx[idx_inverse[r]] == r): idx is a permutation and this is its
@@ -105,15 +116,24 @@ def slot_grad_sums_from_inverse(grad: torch.Tensor, idx_inverse: torch.Tensor, k
 
 def _fused_backward_kernel(grad, x, w, idx_inverse) -> bool:
     """The slot gradients read in place by `row_scale`'s backward kernel (CUDA, its dtypes)."""
-    return (idx_inverse is not None and x.device.type == "cuda" and x.numel() > 0
-            and all(t.dtype in ROW_SCALE_KERNEL_DTYPES for t in (grad, x, w)))  # fmt: skip
+    return (
+        idx_inverse is not None
+        and x.device.type == "cuda"
+        and x.numel() > 0
+        and all(t.dtype in ROW_SCALE_KERNEL_DTYPES for t in (grad, x, w))
+    )
 
 
 @torch.library.custom_op("fp4_compile::moe_combine_backward", mutates_args=())
 def moe_combine_backward(
-    grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int,
-    row_mask: torch.Tensor | None = None, idx_inverse: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    idx: torch.Tensor,
+    k: int,
+    row_mask: torch.Tensor | None = None,
+    idx_inverse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(grad_x in x.dtype, grad_w in w.dtype); with `row_mask`, through the folded masked_fill
     (masked rows: x read as zeros, grad_x +0.0). With `idx_inverse` (idx's inverse
     permutation) the slot sums are one term each, read in place: one kernel, no sort."""
@@ -121,8 +141,9 @@ def moe_combine_backward(
     if _fused_backward_kernel(grad, x, w, idx_inverse):
         from .row_scale_kernel import row_scale_backward_triton
 
-        return row_scale_backward_triton(grad, x, w, ROW_SCALE_BLOCK, row_mask,
-                                         grad_rows=idx_inverse, row_div=k)  # fmt: skip
+        return row_scale_backward_triton(
+            grad, x, w, ROW_SCALE_BLOCK, row_mask, grad_rows=idx_inverse, row_div=k
+        )
     # the slot sums on the kernel for every dtype `gather_rows`' backward has one for (fp16 too:
     # its torch reference reads a count on the host, which a CUDA-graph capture refuses)
     if idx_inverse is not None:

@@ -23,8 +23,22 @@ from ..triton_helpers import round_bf16_keep_nan
 
 
 @triton.jit
-def _slot_value(x_ptr, w_ptr, idx_ptr, m_ptr, t, j, S, H, cols, tmask, cmask, K_TOP,
-                BF16: tl.constexpr, ROW_MASK: tl.constexpr):  # fmt: skip
+def _slot_value(
+    x_ptr,
+    w_ptr,
+    idx_ptr,
+    m_ptr,
+    t,
+    j,
+    S,
+    H,
+    cols,
+    tmask,
+    cmask,
+    K_TOP,
+    BF16: tl.constexpr,
+    ROW_MASK: tl.constexpr,
+):
     p = tl.load(idx_ptr + t * K_TOP + j, mask=tmask, other=0).to(tl.int64)
     p = tl.where(p < 0, p + S, p)
     wv = tl.load(w_ptr + p, mask=tmask, other=0.0).to(tl.float32)
@@ -39,9 +53,21 @@ def _slot_value(x_ptr, w_ptr, idx_ptr, m_ptr, t, j, S, H, cols, tmask, cmask, K_
 
 
 @triton.jit
-def _moe_combine_kernel(x_ptr, w_ptr, idx_ptr, out_ptr, m_ptr, S, T, H, K_TOP: tl.constexpr,
-                        BF16: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-                        ROW_MASK: tl.constexpr = False):  # fmt: skip
+def _moe_combine_kernel(
+    x_ptr,
+    w_ptr,
+    idx_ptr,
+    out_ptr,
+    m_ptr,
+    S,
+    T,
+    H,
+    K_TOP: tl.constexpr,
+    BF16: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    ROW_MASK: tl.constexpr = False,
+):
     # the k slots unrolled (K_TOP a constant): every slot's index, weight and row loads can be
     # in flight at once, not one slot's chain of dependent loads after another (the sums are
     # still added in slot order)
@@ -50,15 +76,20 @@ def _moe_combine_kernel(x_ptr, w_ptr, idx_ptr, out_ptr, m_ptr, S, T, H, K_TOP: t
     tmask = t < T
     cmask = cols < H
     t64 = t.to(tl.int64)
-    acc = _slot_value(x_ptr, w_ptr, idx_ptr, m_ptr, t64, 0, S, H, cols, tmask, cmask, K_TOP,
-                      BF16, ROW_MASK)  # fmt: skip
+    acc = _slot_value(
+        x_ptr, w_ptr, idx_ptr, m_ptr, t64, 0, S, H, cols, tmask, cmask, K_TOP, BF16, ROW_MASK
+    )
     for j in tl.static_range(1, K_TOP):
-        acc = acc + _slot_value(x_ptr, w_ptr, idx_ptr, m_ptr, t64, j, S, H, cols, tmask, cmask,
-                                K_TOP, BF16, ROW_MASK)  # fmt: skip
+        acc = acc + _slot_value(
+            x_ptr, w_ptr, idx_ptr, m_ptr, t64, j, S, H, cols, tmask, cmask, K_TOP, BF16, ROW_MASK
+        )
         if BF16:
             acc = round_bf16_keep_nan(acc)
-    tl.store(out_ptr + t64[:, None] * H + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=tmask[:, None] & cmask[None, :])  # fmt: skip
+    tl.store(
+        out_ptr + t64[:, None] * H + cols[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=tmask[:, None] & cmask[None, :],
+    )
 
 
 def moe_combine_triton(x, w, idx, k, out_dtype, row_mask=None):
@@ -72,9 +103,20 @@ def moe_combine_triton(x, w, idx, k, out_dtype, row_mask=None):
     if t and h:
         lc = pick_launch(arch_of(x.device), "moe_combine")
         _moe_combine_kernel[(triton.cdiv(t, lc["block_t"]), triton.cdiv(h, lc["block_h"]))](
-            x2, w1, idx1, out, m if m is not None else out, s, t, h, k,
-            BF16=out_dtype == torch.bfloat16, BLOCK_T=lc["block_t"], BLOCK_H=lc["block_h"],
-            ROW_MASK=m is not None, **warps_kwargs(lc),
+            x2,
+            w1,
+            idx1,
+            out,
+            m if m is not None else out,
+            s,
+            t,
+            h,
+            k,
+            BF16=out_dtype == torch.bfloat16,
+            BLOCK_T=lc["block_t"],
+            BLOCK_H=lc["block_h"],
+            ROW_MASK=m is not None,
+            **warps_kwargs(lc),
             **compile_options(x.device),
-        )  # fmt: skip
+        )
     return out.to(out_dtype)

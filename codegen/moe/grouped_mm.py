@@ -40,8 +40,9 @@ def grouped_kernel(x_TK, w_ENK, offsets, out_dtype) -> torch.Tensor:
 
     one = torch.ones((1,), dtype=torch.float32, device=x_TK.device)
     # rows_per_group=1: the same pinned config for every call (batch invariance by construction)
-    return launch_gemm(x_TK, one, w_ENK, one, out_dtype=out_dtype, offsets=offsets,
-                       rows_per_group=1)  # fmt: skip
+    return launch_gemm(
+        x_TK, one, w_ENK, one, out_dtype=out_dtype, offsets=offsets, rows_per_group=1
+    )
 
 
 @invariant_grouped_mm.register_fake

@@ -98,10 +98,22 @@ def _add_block_sums(acc, s, START: tl.constexpr, BLOCK_R: tl.constexpr, NB: tl.c
 
 @triton.jit
 def _row_scale_backward_block(
-    g_ptr, x_ptr, gx_ptr, w, r64, g64, rmask, keep, h0, H,
-    BLOCK_R: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, ROW_MASK: tl.constexpr,
+    g_ptr,
+    x_ptr,
+    gx_ptr,
+    w,
+    r64,
+    g64,
+    rmask,
+    keep,
+    h0,
+    H,
+    BLOCK_R: tl.constexpr,
+    BLOCK: tl.constexpr,
+    NB: tl.constexpr,
+    ROW_MASK: tl.constexpr,
     G_GATHER: tl.constexpr,
-):  # fmt: skip
+):
     """Store grad_x for columns [h0, h0 + NB * BLOCK) and return the tree sums of grad * x of
     those NB blocks, [BLOCK_R, NB] (ROW_MASK: rows where `keep` is false read x as +0.0 and
     store a +0.0 grad_x). grad's row of row r is g64[r] (G_GATHER: read as the one-term FP32
@@ -129,10 +141,22 @@ def _row_scale_backward_block(
 
 @triton.jit
 def _row_scale_backward_kernel(
-    g_ptr, x_ptr, w_ptr, gx_ptr, gw_ptr, m_ptr, gi_ptr, R, H, row_div,
-    BLOCK_R: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr = 1,
-    ROW_MASK: tl.constexpr = False, G_GATHER: tl.constexpr = False,
-):  # fmt: skip
+    g_ptr,
+    x_ptr,
+    w_ptr,
+    gx_ptr,
+    gw_ptr,
+    m_ptr,
+    gi_ptr,
+    R,
+    H,
+    row_div,
+    BLOCK_R: tl.constexpr,
+    BLOCK: tl.constexpr,
+    NB: tl.constexpr = 1,
+    ROW_MASK: tl.constexpr = False,
+    G_GATHER: tl.constexpr = False,
+):
     # ROW_MASK: the backward of row_scale(x.masked_fill(m, 0), w) through the masked_fill: rows
     # with m[r] != 0 read x as zeros, and their grad_x is +0.0 (masked_fill's backward).
     # G_GATHER: row r's gradient is grad[gi[r] // row_div] (`moe_combine`'s backward through a
@@ -154,14 +178,30 @@ def _row_scale_backward_kernel(
         keep = tl.load(m_ptr + rows, mask=rmask, other=1) == 0
     # the first block's sum starts the accumulator (no identity constant: a -0.0 literal came
     # out as +0.0 on the H200, turning a sum of negative zeros positive)
-    sums = _row_scale_backward_block(g_ptr, x_ptr, gx_ptr, w, r64, g64, rmask, keep, 0, H,
-                                     BLOCK_R, BLOCK, NB, ROW_MASK, G_GATHER)  # fmt: skip
+    sums = _row_scale_backward_block(
+        g_ptr, x_ptr, gx_ptr, w, r64, g64, rmask, keep, 0, H, BLOCK_R, BLOCK, NB, ROW_MASK, G_GATHER
+    )
     acc = _add_block_sums(_column(sums, 0, BLOCK_R, NB), sums, 1, BLOCK_R, NB)
     # a plain loop: as a cp.async software pipeline (tl.range num_stages=3) this kernel took
     # 1.10 ms instead of 0.26 ms for the learner's two calls on the H200 (83327b7)
     for h0 in range(NB * BLOCK, H, NB * BLOCK):
-        sums = _row_scale_backward_block(g_ptr, x_ptr, gx_ptr, w, r64, g64, rmask, keep, h0,
-                                         H, BLOCK_R, BLOCK, NB, ROW_MASK, G_GATHER)  # fmt: skip
+        sums = _row_scale_backward_block(
+            g_ptr,
+            x_ptr,
+            gx_ptr,
+            w,
+            r64,
+            g64,
+            rmask,
+            keep,
+            h0,
+            H,
+            BLOCK_R,
+            BLOCK,
+            NB,
+            ROW_MASK,
+            G_GATHER,
+        )
         acc = _add_block_sums(acc, sums, 0, BLOCK_R, NB)
     tl.store(gw_ptr + rows, acc, mask=rmask)
 
@@ -191,9 +231,17 @@ def row_scale_triton(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if r and h:
         lc = configs.pick_launch(arch_of(x.device), "row_scale")
         grid = (triton.cdiv(r, lc["block_r"]), triton.cdiv(h, lc["block_h"]))
-        _row_scale_kernel[grid](x2, w1, y, r, h, BLOCK_R=lc["block_r"], BLOCK_H=lc["block_h"],
-                                **configs.warps_kwargs(lc),
-                                **compile_options(x.device))  # fmt: skip
+        _row_scale_kernel[grid](
+            x2,
+            w1,
+            y,
+            r,
+            h,
+            BLOCK_R=lc["block_r"],
+            BLOCK_H=lc["block_h"],
+            **configs.warps_kwargs(lc),
+            **compile_options(x.device),
+        )
     return y.to(out_dtype).reshape(x.shape)
 
 
@@ -209,9 +257,15 @@ def blocks_per_step(h: int, most: int) -> int:
 
 
 def row_scale_backward_triton(
-    grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, block: int = 64, row_mask=None, *,
-    grad_rows: torch.Tensor | None = None, row_div: int = 1,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    block: int = 64,
+    row_mask=None,
+    *,
+    grad_rows: torch.Tensor | None = None,
+    row_div: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(grad_x in x.dtype, grad_w in w.dtype), bitwise `row_scale.row_scale_backward` (with
     `row_mask`, bool [R]: `row_scale_backward_reference(..., row_mask)`). With `grad_rows`
     (int [R]), row r's gradient is `+0.0 + grad[grad_rows[r] // row_div]` (FP32, rounded back:
@@ -226,11 +280,15 @@ def row_scale_backward_triton(
     r = x2.shape[0]
     if grad_rows is not None:
         if grad_rows.shape != (r,) or grad_rows.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"grad_rows must be int32/int64 [{r}], got {grad_rows.dtype} "
-                             f"{tuple(grad_rows.shape)}")  # fmt: skip
+            raise ValueError(
+                f"grad_rows must be int32/int64 [{r}], got {grad_rows.dtype} "
+                f"{tuple(grad_rows.shape)}"
+            )
         if not isinstance(row_div, int) or row_div < 1 or g2.shape[0] * row_div != r:
-            raise ValueError(f"row_div must be a positive int with grad rows * row_div == {r}, "
-                             f"got {row_div!r} and grad {tuple(grad.shape)}")  # fmt: skip
+            raise ValueError(
+                f"row_div must be a positive int with grad rows * row_div == {r}, "
+                f"got {row_div!r} and grad {tuple(grad.shape)}"
+            )
     elif g2.shape != x2.shape:
         raise ValueError(
             f"grad {tuple(grad.shape)}, x {tuple(x.shape)} and w {tuple(w.shape)} disagree"
@@ -247,10 +305,22 @@ def row_scale_backward_triton(
         lc = configs.pick_launch(arch_of(x.device), "row_scale_backward")
         block_r, most_blocks = lc["block_r"], lc["most_blocks"]
         _row_scale_backward_kernel[(triton.cdiv(r, block_r),)](
-            g2, x2, w1, gx, gw, m if m is not None else gw,
-            grad_rows.contiguous() if grad_rows is not None else gw, r, h, row_div,
-            BLOCK_R=block_r, BLOCK=block, NB=blocks_per_step(h, most_blocks),
-            ROW_MASK=m is not None, G_GATHER=grad_rows is not None,
-            **configs.warps_kwargs(lc), **compile_options(x.device),
-        )  # fmt: skip
+            g2,
+            x2,
+            w1,
+            gx,
+            gw,
+            m if m is not None else gw,
+            grad_rows.contiguous() if grad_rows is not None else gw,
+            r,
+            h,
+            row_div,
+            BLOCK_R=block_r,
+            BLOCK=block,
+            NB=blocks_per_step(h, most_blocks),
+            ROW_MASK=m is not None,
+            G_GATHER=grad_rows is not None,
+            **configs.warps_kwargs(lc),
+            **compile_options(x.device),
+        )
     return gx.to(x.dtype).reshape(x.shape), gw.to(w.dtype).reshape(w.shape)

@@ -20,8 +20,7 @@ from ..runtime import KernelTarget, arch_of, check_kernel_device, compile_option
 
 
 @triton.jit
-def row_abs_max_nan(x_ptr, rows, rmask, K, stride_xr, BLOCK_R: tl.constexpr,
-                    BLOCK_K: tl.constexpr):  # fmt: skip
+def row_abs_max_nan(x_ptr, rows, rmask, K, stride_xr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """(max |x| FP32 [BLOCK_R], any-NaN flag int32 [BLOCK_R]) of the given rows: the loop shared
     with the per-row global stage of `global_scale_kernel`."""
     amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
@@ -37,8 +36,9 @@ def row_abs_max_nan(x_ptr, rows, rmask, K, stride_xr, BLOCK_R: tl.constexpr,
 
 
 @triton.jit
-def _row_abs_max_kernel(x_ptr, out_ptr, R, K, stride_xr, BLOCK_R: tl.constexpr,
-                        BLOCK_K: tl.constexpr):  # fmt: skip
+def _row_abs_max_kernel(
+    x_ptr, out_ptr, R, K, stride_xr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr
+):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
     amax, nan = row_abs_max_nan(x_ptr, rows, rmask, K, stride_xr, BLOCK_R, BLOCK_K)
@@ -57,15 +57,23 @@ def row_abs_max(x2: torch.Tensor, *, target: KernelTarget | None = None) -> torc
     lc = pick_launch(target.arch, "row_abs_max")
     if r and k:
         _row_abs_max_kernel[(triton.cdiv(r, lc["block_r"]),)](
-            x2, out, r, k, x2.stride(0), BLOCK_R=lc["block_r"], BLOCK_K=lc["block_k"],
-            **warps_kwargs(lc), **target.options,
-        )  # fmt: skip
+            x2,
+            out,
+            r,
+            k,
+            x2.stride(0),
+            BLOCK_R=lc["block_r"],
+            BLOCK_K=lc["block_k"],
+            **warps_kwargs(lc),
+            **target.options,
+        )
     return out
 
 
 @triton.jit
-def _chunk_abs_max_kernel(x_ptr, out_ptr, R, K, P, stride_xr, BLOCK_R: tl.constexpr,
-                          BLOCK_K: tl.constexpr):  # fmt: skip
+def _chunk_abs_max_kernel(
+    x_ptr, out_ptr, R, K, P, stride_xr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr
+):
     rows = (tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     rmask = rows < R
     cols = tl.program_id(1).to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -74,8 +82,11 @@ def _chunk_abs_max_kernel(x_ptr, out_ptr, R, K, P, stride_xr, BLOCK_R: tl.conste
     x = x.to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
     nan = tl.max((x != x).to(tl.int32), axis=1)
-    tl.store(out_ptr + rows * P + tl.program_id(1).to(tl.int64), tl.where(nan > 0, float("nan"), amax),
-             mask=rmask)  # fmt: skip
+    tl.store(
+        out_ptr + rows * P + tl.program_id(1).to(tl.int64),
+        tl.where(nan > 0, float("nan"), amax),
+        mask=rmask,
+    )
 
 
 def chunk_abs_max(x2: torch.Tensor, *, target: KernelTarget) -> torch.Tensor:
@@ -87,9 +98,17 @@ def chunk_abs_max(x2: torch.Tensor, *, target: KernelTarget) -> torch.Tensor:
     out = torch.empty((r, triton.cdiv(k, lc["block_k"])), dtype=torch.float32, device=x2.device)
     if r:
         _chunk_abs_max_kernel[(triton.cdiv(r, lc["block_r"]), out.shape[1])](
-            x2, out, r, k, out.shape[1], x2.stride(0), BLOCK_R=lc["block_r"],
-            BLOCK_K=lc["block_k"], **warps_kwargs(lc), **target.options,
-        )  # fmt: skip
+            x2,
+            out,
+            r,
+            k,
+            out.shape[1],
+            x2.stride(0),
+            BLOCK_R=lc["block_r"],
+            BLOCK_K=lc["block_k"],
+            **warps_kwargs(lc),
+            **target.options,
+        )
     return out
 
 
@@ -115,9 +134,13 @@ def vector_abs_max(v: torch.Tensor) -> torch.Tensor:
     out = torch.empty((), dtype=torch.float32, device=v.device)
     lc = pick_launch(arch_of(v.device), "vector_abs_max")
     _vector_abs_max_kernel[(1,)](
-        v.contiguous(), out, v.numel(), BLOCK=lc["block"], **warps_kwargs(lc),
+        v.contiguous(),
+        out,
+        v.numel(),
+        BLOCK=lc["block"],
+        **warps_kwargs(lc),
         **compile_options(v.device),
-    )  # fmt: skip
+    )
     return out
 
 
@@ -155,8 +178,9 @@ def segment_abs_max(x_TD: torch.Tensor, ends: torch.Tensor, rows: torch.Tensor |
 
 
 @triton.jit
-def _segment_column_abs_max_kernel(x_ptr, ends_ptr, out_ptr, D, stride_xt,
-                                   BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+def _segment_column_abs_max_kernel(
+    x_ptr, ends_ptr, out_ptr, D, stride_xt, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr
+):
     e = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -171,8 +195,7 @@ def _segment_column_abs_max_kernel(x_ptr, ends_ptr, out_ptr, D, stride_xt,
         x = x.to(tl.float32)
         amax = tl.maximum(amax, tl.max(tl.abs(x), axis=0))
         nan = tl.maximum(nan, tl.max((x != x).to(tl.int32), axis=0))
-    tl.store(out_ptr + e.to(tl.int64) * D + cols, tl.where(nan > 0, float("nan"), amax),
-             mask=cmask)  # fmt: skip
+    tl.store(out_ptr + e.to(tl.int64) * D + cols, tl.where(nan > 0, float("nan"), amax), mask=cmask)
 
 
 def segment_column_abs_max(x_TD: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
@@ -193,7 +216,14 @@ def segment_column_abs_max(x_TD: torch.Tensor, ends: torch.Tensor) -> torch.Tens
     block_t = lc["tile_elements"] // block_d * 16  # rows per step: 16 x tile / block_d
     if num_experts and d:
         _segment_column_abs_max_kernel[(num_experts, triton.cdiv(d, block_d))](
-            x_TD, ends, out, d, x_TD.stride(0), BLOCK_T=block_t, BLOCK_D=block_d,
-            **warps_kwargs(lc), **compile_options(x_TD.device),
-        )  # fmt: skip
+            x_TD,
+            ends,
+            out,
+            d,
+            x_TD.stride(0),
+            BLOCK_T=block_t,
+            BLOCK_D=block_d,
+            **warps_kwargs(lc),
+            **compile_options(x_TD.device),
+        )
     return out

@@ -49,8 +49,9 @@ def quantize_op(
     codes, scales, gd = torch.ops.fp4_compile.quantize(
         x, block, mode, amax, rounding, 0 if seed is None else int(seed)
     )
-    return NVFP4Tensor(codes=codes, block_scales=scales, global_decode=gd, shape=tuple(x.shape),
-                       block=block)  # fmt: skip
+    return NVFP4Tensor(
+        codes=codes, block_scales=scales, global_decode=gd, shape=tuple(x.shape), block=block
+    )
 
 
 def quantize_weight(
@@ -76,8 +77,9 @@ def quantize_weight(
             raise ValueError("group must hold [N, K] weights, `weight` among them")
         amax = torch.ops.fp4_compile.weight_group_amax([m.detach() for m in group])
         codes, scales, gd = torch.ops.fp4_compile.quantize(w, "16x16", "shared", amax, "rne", 0)
-        return NVFP4Tensor(codes=codes, block_scales=scales, global_decode=gd,
-                           shape=tuple(w.shape), block="16x16")  # fmt: skip
+        return NVFP4Tensor(
+            codes=codes, block_scales=scales, global_decode=gd, shape=tuple(w.shape), block="16x16"
+        )
     if rec.weight.global_scale == "static":
         if static_amax is None:
             raise ValueError("recipe.weight.global_scale='static' needs static_amax")
@@ -118,8 +120,15 @@ def nvfp4_linear(
     decides x's quantization (x_amax for a static recipe)."""
     rec = as_recipe(recipe)
     wq = _weight_q(weight, rec, w_q)
-    return GemmCall(x=x, weight=weight, w=wq, recipe=rec, bias=bias, w_ongrid=w_ongrid,
-                    x_amax=_static_amax(x_amax, "x_amax")).run()  # fmt: skip
+    return GemmCall(
+        x=x,
+        weight=weight,
+        w=wq,
+        recipe=rec,
+        bias=bias,
+        w_ongrid=w_ongrid,
+        x_amax=_static_amax(x_amax, "x_amax"),
+    ).run()
 
 
 def nvfp4_grouped_linear(
@@ -141,5 +150,12 @@ def nvfp4_grouped_linear(
     if not isinstance(offsets, torch.Tensor):
         raise TypeError(f"offsets must be an int32 tensor, got {type(offsets).__name__}")
     wq = _weight_q(weight, rec, w_q)
-    return GemmCall(x=x, weight=weight, w=wq, recipe=rec, offsets=offsets, w_ongrid=w_ongrid,
-                    x_amax=_static_amax(x_amax, "x_amax")).run()  # fmt: skip
+    return GemmCall(
+        x=x,
+        weight=weight,
+        w=wq,
+        recipe=rec,
+        offsets=offsets,
+        w_ongrid=w_ongrid,
+        x_amax=_static_amax(x_amax, "x_amax"),
+    ).run()

@@ -39,15 +39,38 @@ FLAT32_LIMIT = 2**31  # flat SR indices below it: int32 arithmetic (tests lower 
 
 @triton.jit(do_not_specialize=["sr_seed"])
 def _quantize_kernel(
-    x_ptr, mult_ptr, gd_ptr, codes_ptr, scales_ptr, ongrid_ptr,
-    R, K, stride_xr, mult_stride, gd_stride, sr_seed, seed_ptr, seed_offset,
-    group_ptr, seg_start_ptr, seg_width_ptr, group_stride, src_ptr,
-    stride_xc, n_tok,
-    TILE16: tl.constexpr, STOCHASTIC: tl.constexpr, ONGRID: tl.constexpr,
-    SEGMENTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    SEED_FROM_PTR: tl.constexpr = False, PACKED_TOO: tl.constexpr = False,
-    ONE_SEGMENT: tl.constexpr = False, FLAT32: tl.constexpr = False,
-):  # fmt: skip
+    x_ptr,
+    mult_ptr,
+    gd_ptr,
+    codes_ptr,
+    scales_ptr,
+    ongrid_ptr,
+    R,
+    K,
+    stride_xr,
+    mult_stride,
+    gd_stride,
+    sr_seed,
+    seed_ptr,
+    seed_offset,
+    group_ptr,
+    seg_start_ptr,
+    seg_width_ptr,
+    group_stride,
+    src_ptr,
+    stride_xc,
+    n_tok,
+    TILE16: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    ONGRID: tl.constexpr,
+    SEGMENTED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SEED_FROM_PTR: tl.constexpr = False,
+    PACKED_TOO: tl.constexpr = False,
+    ONE_SEGMENT: tl.constexpr = False,
+    FLAT32: tl.constexpr = False,
+):
     # FLAT32: every stochastic-rounding flat index is below 2**31: the stream is drawn with
     # int32 index arithmetic and one mixer round (`sr_uniform32`), the same bits.
     # ONGRID: store the on-grid values; else the packed codes and scale bytes. PACKED_TOO (with
@@ -84,8 +107,9 @@ def _quantize_kernel(
             src = tl.load(src_ptr + cols3, mask=cols3 < K, other=-1)
         # (a token-major [BLOCK_K, BLOCK_M] load, transposed in registers, is slower on the
         # H200: benchmarks/results/2026-12-04_learner_1bb6149.md)
-        x = tl.load(x_ptr + rows3_64 * stride_xr + src * stride_xc, mask=mask & (src >= 0),
-                    other=0.0)  # fmt: skip
+        x = tl.load(
+            x_ptr + rows3_64 * stride_xr + src * stride_xc, mask=mask & (src >= 0), other=0.0
+        )
     else:
         x = tl.load(x_ptr + rows3_64 * stride_xr + cols3, mask=mask, other=0.0)
     x = x.to(tl.float32)
@@ -158,12 +182,26 @@ def _quantize_kernel(
         val = signed_value(mag_n, v, s_val)
         tl.store(ongrid_ptr + rows3_64 * K + cols3, val.to(ongrid_ptr.dtype.element_ty), mask=mask)
     if PACKED_TOO or not ONGRID:
-        store_packed(codes_ptr, scales_ptr, code, s_code, rows, rmask, pid_k, blk, K, BLOCK_M,
-                      BLOCK_K)  # fmt: skip
+        store_packed(
+            codes_ptr, scales_ptr, code, s_code, rows, rmask, pid_k, blk, K, BLOCK_M, BLOCK_K
+        )
 
 
-def launch_rows(x2, gd_rows, mult_rows, codes, scales, ongrid, *, per_row: bool, tile16: bool,
-                seed_args, out: str, cfg, target: KernelTarget) -> None:  # fmt: skip
+def launch_rows(
+    x2,
+    gd_rows,
+    mult_rows,
+    codes,
+    scales,
+    ongrid,
+    *,
+    per_row: bool,
+    tile16: bool,
+    seed_args,
+    out: str,
+    cfg,
+    target: KernelTarget,
+) -> None:
     """Steps 3-4 over x2 [R, K] (unit stride along K) into the given outputs: gd_rows /
     mult_rows FP32, one per row (per_row) or one for all; seed_args: `seed_launch_args`' triple,
     or None (RNE); out "packed", "ongrid" or "both"."""
@@ -174,20 +212,44 @@ def launch_rows(x2, gd_rows, mult_rows, codes, scales, ongrid, *, per_row: bool,
     stride = 1 if per_row else 0
     grid = (triton.cdiv(r, cfg.block_m), triton.cdiv(k, cfg.block_k))
     _quantize_kernel[grid](
-        x2, mult_rows, gd_rows, codes, scales, ongrid,
-        r, k, x2.stride(0), stride, stride,
-        host_seed, gd_rows if seed_t is None else seed_t, seed_off,
-        gd_rows, gd_rows, gd_rows, 0, gd_rows, 0, 0,  # no segments
-        TILE16=tile16, STOCHASTIC=seed_args is not None, ONGRID=out != "packed",
-        SEGMENTED=False, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
-        SEED_FROM_PTR=seed_t is not None, PACKED_TOO=out == "both",
+        x2,
+        mult_rows,
+        gd_rows,
+        codes,
+        scales,
+        ongrid,
+        r,
+        k,
+        x2.stride(0),
+        stride,
+        stride,
+        host_seed,
+        gd_rows if seed_t is None else seed_t,
+        seed_off,
+        gd_rows,
+        gd_rows,
+        gd_rows,
+        0,
+        gd_rows,
+        0,
+        0,  # no segments
+        TILE16=tile16,
+        STOCHASTIC=seed_args is not None,
+        ONGRID=out != "packed",
+        SEGMENTED=False,
+        BLOCK_M=cfg.block_m,
+        BLOCK_K=cfg.block_k,
+        SEED_FROM_PTR=seed_t is not None,
+        PACKED_TOO=out == "both",
         FLAT32=r * k < FLAT32_LIMIT,
-        **cfg.launch_kwargs(), **target.options,
-    )  # fmt: skip
+        **cfg.launch_kwargs(),
+        **target.options,
+    )
 
 
-def launch_transposed(x_TD, gd, mult, ongrid, *, per_row: bool, layout, seed_args, cfg,
-                      target: KernelTarget) -> None:  # fmt: skip
+def launch_transposed(
+    x_TD, gd, mult, ongrid, *, per_row: bool, layout, seed_args, cfg, target: KernelTarget
+) -> None:
     """Steps 3-4 of the transposed operand X [D, C] (column c: token src[c] of x [T, D], zeros
     where src[c] < 0) into `ongrid` [D, C]: gd / mult FP32 [G] or [G, D] (per_row: per row of
     X); layout (src, block_group, seg_start, seg_width), or None for one segment of all tokens
@@ -200,13 +262,36 @@ def launch_transposed(x_TD, gd, mult, ongrid, *, per_row: bool, layout, seed_arg
     host_seed, seed_t, seed_off = (0, None, 0) if seed_args is None else seed_args
     grid = (triton.cdiv(r, cfg.block_m), triton.cdiv(c, cfg.block_k))
     _quantize_kernel[grid](
-        x_TD, mult, gd, ongrid, ongrid, ongrid,
-        r, c, x_TD.stride(1), 1 if per_row else 0, 0,
-        host_seed, gd if seed_t is None else seed_t, seed_off,
-        block_group, seg_start, seg_width, r if per_row else 1,
-        src, x_TD.stride(0), x_TD.shape[0],
-        TILE16=False, STOCHASTIC=seed_args is not None, ONGRID=True, SEGMENTED=True,
-        BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, ONE_SEGMENT=one,
-        FLAT32=r * c < FLAT32_LIMIT, SEED_FROM_PTR=seed_t is not None,
-        **cfg.launch_kwargs(), **target.options,
-    )  # fmt: skip
+        x_TD,
+        mult,
+        gd,
+        ongrid,
+        ongrid,
+        ongrid,
+        r,
+        c,
+        x_TD.stride(1),
+        1 if per_row else 0,
+        0,
+        host_seed,
+        gd if seed_t is None else seed_t,
+        seed_off,
+        block_group,
+        seg_start,
+        seg_width,
+        r if per_row else 1,
+        src,
+        x_TD.stride(0),
+        x_TD.shape[0],
+        TILE16=False,
+        STOCHASTIC=seed_args is not None,
+        ONGRID=True,
+        SEGMENTED=True,
+        BLOCK_M=cfg.block_m,
+        BLOCK_K=cfg.block_k,
+        ONE_SEGMENT=one,
+        FLAT32=r * c < FLAT32_LIMIT,
+        SEED_FROM_PTR=seed_t is not None,
+        **cfg.launch_kwargs(),
+        **target.options,
+    )

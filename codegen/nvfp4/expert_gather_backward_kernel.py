@@ -37,9 +37,20 @@ def _inverse_permutation_kernel(perm_ptr, inv_ptr, S, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _slot_rows_sum_kernel(g_ptr, inv_ptr, xi_ptr, out_ptr, T, C, S, TOP_K: tl.constexpr,
-                          K_P2: tl.constexpr, BF16: tl.constexpr, BLOCK_T: tl.constexpr,
-                          BLOCK_C: tl.constexpr):  # fmt: skip
+def _slot_rows_sum_kernel(
+    g_ptr,
+    inv_ptr,
+    xi_ptr,
+    out_ptr,
+    T,
+    C,
+    S,
+    TOP_K: tl.constexpr,
+    K_P2: tl.constexpr,
+    BF16: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     pid = tl.program_id(0).to(tl.int64)
     num_col_blocks = tl.cdiv(C, BLOCK_C)
     tok = (pid // num_col_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -63,15 +74,17 @@ def _slot_rows_sum_kernel(g_ptr, inv_ptr, xi_ptr, out_ptr, T, C, S, TOP_K: tl.co
     store_row_sums(out_ptr, acc, tok, cols, tlive, cmask, C, BF16)
 
 
-def check_perm_precondition(x_index: torch.Tensor, perm: torch.Tensor, rows: int, *,
-                            data: bool = True) -> int:  # fmt: skip
+def check_perm_precondition(
+    x_index: torch.Tensor, perm: torch.Tensor, rows: int, *, data: bool = True
+) -> int:
     """k = S / rows, after checking (CPU with `data`: in full; CUDA or fake tensors: shapes and
     dtypes, a full check would synchronize) that perm is a permutation of 0..S-1 and
     x_index[q] >= 0 implies x_index[q] == perm[q] // k."""
     s = x_index.shape[0]
     if perm.dim() != 1 or perm.shape[0] != s or perm.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"x_perm must be int32/int64 [S={s}], got {perm.dtype} "
-                         f"{tuple(perm.shape)}")  # fmt: skip
+        raise ValueError(
+            f"x_perm must be int32/int64 [S={s}], got {perm.dtype} {tuple(perm.shape)}"
+        )
     if rows < 1 or s % rows:
         raise ValueError(f"x_perm needs S={s} to be a multiple of x's rows ({rows})")
     k = s // rows
@@ -79,13 +92,16 @@ def check_perm_precondition(x_index: torch.Tensor, perm: torch.Tensor, rows: int
         is_perm = torch.equal(torch.sort(perm).values, torch.arange(s, dtype=perm.dtype))
         used = x_index >= 0
         if not is_perm or not torch.equal(x_index[used], (perm[used] // k).to(x_index.dtype)):
-            raise ValueError("x_perm must be a permutation with x_index[q] == x_perm[q] // k "
-                             "wherever x_index[q] >= 0")  # fmt: skip
+            raise ValueError(
+                "x_perm must be a permutation with x_index[q] == x_perm[q] // k "
+                "wherever x_index[q] >= 0"
+            )
     return k
 
 
-def expert_gather_backward_triton(grad: torch.Tensor, x_index: torch.Tensor, perm: torch.Tensor,
-                                  rows: int) -> torch.Tensor:  # fmt: skip
+def expert_gather_backward_triton(
+    grad: torch.Tensor, x_index: torch.Tensor, perm: torch.Tensor, rows: int
+) -> torch.Tensor:
     """[rows, C] in grad's dtype (bfloat16 / float32): the position-ordered FP32 sums of grad's
     rows q with x_index[q] == t, for each row t (see the module docstring)."""
     check_kernel_device(grad, "grad")
@@ -108,8 +124,19 @@ def expert_gather_backward_triton(grad: torch.Tensor, x_index: torch.Tensor, per
     if rows and c:
         grid = (triton.cdiv(rows, lc["block_t"]) * triton.cdiv(c, lc["block_c"]),)
         _slot_rows_sum_kernel[grid](
-            g2, inv, x_index.contiguous(), out, rows, c, s, TOP_K=k,
-            K_P2=triton.next_power_of_2(k), BF16=grad.dtype == torch.bfloat16,
-            BLOCK_T=lc["block_t"], BLOCK_C=lc["block_c"], **opts, **compile_options(grad.device),
-        )  # fmt: skip
+            g2,
+            inv,
+            x_index.contiguous(),
+            out,
+            rows,
+            c,
+            s,
+            TOP_K=k,
+            K_P2=triton.next_power_of_2(k),
+            BF16=grad.dtype == torch.bfloat16,
+            BLOCK_T=lc["block_t"],
+            BLOCK_C=lc["block_c"],
+            **opts,
+            **compile_options(grad.device),
+        )
     return out

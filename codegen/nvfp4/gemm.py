@@ -63,8 +63,13 @@ def transpose_tiled(w: NVFP4Tensor) -> NVFP4Tensor:
     codes_t = pack_codes(unpack_codes(w.codes).transpose(0, 1).contiguous())
     tile = w.block_scales[::BLOCK_SIZE, :]  # [N/16, K/16], one scale per tile
     scales_t = tile.transpose(0, 1).repeat_interleave(BLOCK_SIZE, dim=0).contiguous()
-    return NVFP4Tensor(codes=codes_t, block_scales=scales_t, global_decode=w.global_decode,
-                       shape=(k, n), block="16x16")  # fmt: skip
+    return NVFP4Tensor(
+        codes=codes_t,
+        block_scales=scales_t,
+        global_decode=w.global_decode,
+        shape=(k, n),
+        block="16x16",
+    )
 
 
 def cpu_linear(x2, w: NVFP4Tensor, bias, recipe, x_amax):
@@ -76,8 +81,14 @@ def cpu_linear(x2, w: NVFP4Tensor, bias, recipe, x_amax):
 
 
 def q_grad(t, recipe, seed):
-    return ref.quantize(t, block="1x16", global_scale=recipe.grad.global_scale,
-                        rounding=recipe.grad.rounding, seed=seed, check_finite=False)  # fmt: skip
+    return ref.quantize(
+        t,
+        block="1x16",
+        global_scale=recipe.grad.global_scale,
+        rounding=recipe.grad.rounding,
+        seed=seed,
+        check_finite=False,
+    )
 
 
 def cpu_dgrad(dy2, w: NVFP4Tensor, weight, recipe, seed):
@@ -90,8 +101,9 @@ def cpu_wgrad(dy2, x2, recipe, seed):
     if recipe.wgrad == "bf16":
         return torch.mm(dy2.to(torch.bfloat16).t(), x2.to(torch.bfloat16)).to(torch.float32)
     dyt = q_grad(pad_tokens(dy2.t().contiguous()), recipe, seed)
-    xt = ref.quantize(pad_tokens(x2.t().contiguous()), block="1x16", global_scale="per_tensor",
-                      check_finite=False)  # fmt: skip
+    xt = ref.quantize(
+        pad_tokens(x2.t().contiguous()), block="1x16", global_scale="per_tensor", check_finite=False
+    )
     return ref.nvfp4_mm(dyt, xt)
 
 
@@ -109,8 +121,9 @@ def cpu_activation_operands(x2, recipe, x_amax, *, transposed: bool):
     xq = ref.quantize(x2, block="1x16", global_scale=act_global(recipe, x_amax), check_finite=False)
     if not transposed:
         return xq.on_grid(torch.bfloat16), xq.global_decode, *no_transposed_operand(x2)
-    xtq = ref.quantize(pad_tokens(x2.t().contiguous()), block="1x16", global_scale="per_tensor",
-                       check_finite=False)  # fmt: skip
+    xtq = ref.quantize(
+        pad_tokens(x2.t().contiguous()), block="1x16", global_scale="per_tensor", check_finite=False
+    )
     return (
         xq.on_grid(torch.bfloat16),
         xq.global_decode,
@@ -152,7 +165,8 @@ def cpu_grouped_quantized(x_ongrid, x_gd, w: NVFP4Tensor, offsets, x_index=None)
         if end > start:
             w_e = w[e]
             acc = ref.exact_dot_ongrid(x_ongrid[start:end], w_e.on_grid(torch.bfloat16))
-            out[start:end] = ref.apply_global_scales(acc, x_gd[start:end],
-                                                     w_e.global_decode.reshape(()))  # fmt: skip
+            out[start:end] = ref.apply_global_scales(
+                acc, x_gd[start:end], w_e.global_decode.reshape(())
+            )
         start = end
     return out

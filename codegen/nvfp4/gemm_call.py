@@ -39,17 +39,39 @@ OP_ARGS: dict[str, tuple[str, ...]] = {
     "nvfp4_linear": (*_BASE, "bias", *_TAIL),
     "nvfp4_grouped_mm": (*_BASE, "offsets", *_TAIL, "x_index", "x_perm"),
     "nvfp4_linear_quantized": (*_BASE, "bias", *_TAIL, "x_ongrid", "x_gd", "xt_ongrid", "xt_gd"),
-    "nvfp4_grouped_mm_quantized": (*_BASE, "offsets", *_TAIL, "x_index", "x_perm", "x_ongrid", "x_gd"),
-}  # fmt: skip
+    "nvfp4_grouped_mm_quantized": (
+        *_BASE,
+        "offsets",
+        *_TAIL,
+        "x_index",
+        "x_perm",
+        "x_ongrid",
+        "x_gd",
+    ),
+}
 # the trailing arguments nvfp4_linear / nvfp4_grouped_mm may leave out, and their defaults
 DEFAULTS = {"w_ongrid": None, "site": 0, "x_index": None, "x_perm": None}
 GEMM_OPS = tuple(OP_ARGS)
 # each argument's schema type (`site` an int, SymInt as custom_op infers it)
-ARG_TYPES = {"x": "Tensor", "weight": "Tensor", "w_codes": "Tensor", "w_scales": "Tensor",
-             "w_global_decode": "Tensor", "bias": "Tensor?", "offsets": "Tensor",
-             "x_amax": "Tensor?", "recipe": "str", "w_ongrid": "Tensor?", "site": "SymInt",
-             "x_index": "Tensor?", "x_perm": "Tensor?", "x_ongrid": "Tensor", "x_gd": "Tensor",
-             "xt_ongrid": "Tensor", "xt_gd": "Tensor"}  # fmt: skip
+ARG_TYPES = {
+    "x": "Tensor",
+    "weight": "Tensor",
+    "w_codes": "Tensor",
+    "w_scales": "Tensor",
+    "w_global_decode": "Tensor",
+    "bias": "Tensor?",
+    "offsets": "Tensor",
+    "x_amax": "Tensor?",
+    "recipe": "str",
+    "w_ongrid": "Tensor?",
+    "site": "SymInt",
+    "x_index": "Tensor?",
+    "x_perm": "Tensor?",
+    "x_ongrid": "Tensor",
+    "x_gd": "Tensor",
+    "xt_ongrid": "Tensor",
+    "xt_gd": "Tensor",
+}
 
 
 def op_schema(op_name: str) -> str:
@@ -182,11 +204,21 @@ class GemmCall(NamedTuple):
         if self.x_perm is not None and self.x_index is None:
             raise ValueError("x_perm needs x_index (it describes the gather)")
         w = QuantizedWeight.of(self.w)
-        out = {"x": self.x, "weight": self.weight, "w_codes": w.codes, "w_scales": w.scales,
-               "w_global_decode": w.global_decode, "bias": self.bias, "offsets": self.offsets,
-               "x_amax": self.x_amax, "recipe": encode_recipe(self.recipe),
-               "w_ongrid": self.w_ongrid, "site": self.site, "x_index": self.x_index,
-               "x_perm": self.x_perm}  # fmt: skip
+        out = {
+            "x": self.x,
+            "weight": self.weight,
+            "w_codes": w.codes,
+            "w_scales": w.scales,
+            "w_global_decode": w.global_decode,
+            "bias": self.bias,
+            "offsets": self.offsets,
+            "x_amax": self.x_amax,
+            "recipe": encode_recipe(self.recipe),
+            "w_ongrid": self.w_ongrid,
+            "site": self.site,
+            "x_index": self.x_index,
+            "x_perm": self.x_perm,
+        }
         ops = self.x_operands
         if ops is not None:
             if not isinstance(ops, ActivationOperands):
@@ -236,16 +268,23 @@ class GemmCall(NamedTuple):
                 values[name] = DEFAULTS[name]
         operands = None
         if op_name.endswith("_quantized"):
-            operands = ActivationOperands(values["x_ongrid"], values["x_gd"],
-                                          values.get("xt_ongrid"), values.get("xt_gd"))  # fmt: skip
+            operands = ActivationOperands(
+                values["x_ongrid"], values["x_gd"], values.get("xt_ongrid"), values.get("xt_gd")
+            )
         return cls(
-            x=values["x"], weight=values["weight"],
+            x=values["x"],
+            weight=values["weight"],
             w=QuantizedWeight(values["w_codes"], values["w_scales"], values["w_global_decode"]),
-            recipe=decode_recipe(values["recipe"]), bias=values.get("bias"),
-            offsets=values.get("offsets"), x_amax=values["x_amax"], w_ongrid=values["w_ongrid"],
-            site=values["site"], x_index=values.get("x_index"), x_perm=values.get("x_perm"),
+            recipe=decode_recipe(values["recipe"]),
+            bias=values.get("bias"),
+            offsets=values.get("offsets"),
+            x_amax=values["x_amax"],
+            w_ongrid=values["w_ongrid"],
+            site=values["site"],
+            x_index=values.get("x_index"),
+            x_perm=values.get("x_perm"),
             x_operands=operands,
-        )  # fmt: skip
+        )
 
     @classmethod
     def of(cls, node) -> GemmCall:
@@ -268,8 +307,9 @@ def register_gemm(op_name: str, forward, fake, *, setup_context, backward):
         return fake(GemmCall.from_args(op_name, args, kwargs))
 
     run.__name__ = run_fake.__name__ = op_name
-    op = torch.library.custom_op(f"fp4_compile::{op_name}", run, mutates_args=(),
-                                 schema=op_schema(op_name))  # fmt: skip
+    op = torch.library.custom_op(
+        f"fp4_compile::{op_name}", run, mutates_args=(), schema=op_schema(op_name)
+    )
     op.register_fake(run_fake)
     op.register_autograd(backward, setup_context=setup_context)
     return op

@@ -53,8 +53,9 @@ def gathered_global_scale(x2, x_index, recipe, x_amax):
     return gs
 
 
-def cuda_linear(x2, w_codes, w_scales, w_gd, w_ongrid, bias, recipe, x_amax, offsets=None,
-                x_index=None):  # fmt: skip
+def cuda_linear(
+    x2, w_codes, w_scales, w_gd, w_ongrid, bias, recipe, x_amax, offsets=None, x_index=None
+):
     """The forward GEMM. `x_index` (MoE): the product's rows are x2[x_index] (a zero row where
     x_index < 0: `gather_zero_rows`); x2 is quantized
     once per row (1x16 blocks are row-local, so a gathered row's quantization is its source
@@ -64,16 +65,28 @@ def cuda_linear(x2, w_codes, w_scales, w_gd, w_ongrid, bias, recipe, x_amax, off
     from .gemm_kernel import launch_gemm, ongrid_weight
     from .quantize_kernel import quantize_triton
 
-    gs = act_global(recipe, x_amax) if x_index is None else gathered_global_scale(
-        x2, x_index, recipe, x_amax)  # fmt: skip
+    gs = (
+        act_global(recipe, x_amax)
+        if x_index is None
+        else gathered_global_scale(x2, x_index, recipe, x_amax)
+    )
     a, gd_a = quantize_triton(x2, block="1x16", global_scale=gs, out="ongrid")
     m = x2.shape[0] if x_index is None else x_index.shape[0]
     rows = m if offsets is None else max(1, -(-m // w_codes.shape[0]))
     if w_ongrid is None and forward_uses_ongrid(x2.device.type, rows):
         w_ongrid = ongrid_weight(w_codes, w_scales)
     b = w_ongrid if w_ongrid is not None else (w_codes, w_scales)
-    return launch_gemm(a, gd_a, b, w_gd, bias=bias, out_dtype=x2.dtype, offsets=offsets,
-                       rows_per_group=rows, a_rows=x_index)  # fmt: skip
+    return launch_gemm(
+        a,
+        gd_a,
+        b,
+        w_gd,
+        bias=bias,
+        out_dtype=x2.dtype,
+        offsets=offsets,
+        rows_per_group=rows,
+        a_rows=x_index,
+    )
 
 
 def _ongrid_weight(w_codes, w_scales, w_gd, w_ongrid, n, k):
@@ -94,8 +107,20 @@ def grad_amax(dy2, recipe):
     return tensor_abs_max(dy2)
 
 
-def cuda_dgrad(dy2, w_codes, w_scales, w_gd, w_ongrid, weight, recipe, seed, offsets=None, *,
-               out_dtype=torch.float32, dy_amax=None):  # fmt: skip
+def cuda_dgrad(
+    dy2,
+    w_codes,
+    w_scales,
+    w_gd,
+    w_ongrid,
+    weight,
+    recipe,
+    seed,
+    offsets=None,
+    *,
+    out_dtype=torch.float32,
+    dy_amax=None,
+):
     """dX [T, K] in `out_dtype`: the GEMM stores it directly (its FP32 epilogue, then one
     round-to-nearest-even cast, as `.to(out_dtype)` would). `dy_amax`: dY's per-tensor amax
     when the caller has it (`grad_amax`)."""
@@ -108,12 +133,19 @@ def cuda_dgrad(dy2, w_codes, w_scales, w_gd, w_ongrid, weight, recipe, seed, off
             raise NotImplementedError("grouped dgrad in bf16 is done per expert by the caller")
         return torch.mm(dy2.to(torch.bfloat16), weight.to(torch.bfloat16)).to(out_dtype)
     scale = recipe.grad.global_scale if dy_amax is None else dy_amax
-    a, gd_a = quantize_triton(dy2, block="1x16", global_scale=scale,
-                              rounding=recipe.grad.rounding, seed=seed, out="ongrid")  # fmt: skip
+    a, gd_a = quantize_triton(
+        dy2,
+        block="1x16",
+        global_scale=scale,
+        rounding=recipe.grad.rounding,
+        seed=seed,
+        out="ongrid",
+    )
     w_t = _ongrid_weight(w_codes, w_scales, w_gd, w_ongrid, n, k).transpose(-1, -2)  # view
     rows = None if offsets is None else max(1, -(-dy2.shape[0] // w_codes.shape[0]))
-    return launch_gemm(a, gd_a, w_t, w_gd, out_dtype=out_dtype, offsets=offsets,
-                       rows_per_group=rows)  # fmt: skip
+    return launch_gemm(
+        a, gd_a, w_t, w_gd, out_dtype=out_dtype, offsets=offsets, rows_per_group=rows
+    )
 
 
 def quantize_transposed_ongrid(t_TD, *, global_scale, rounding="rne", seed=None):
@@ -156,8 +188,9 @@ def cuda_wgrad(dy2, x2, recipe, seed, *, out_dtype=torch.float32, dy_amax=None):
     if recipe.wgrad == "bf16":
         return torch.mm(dy2.to(torch.bfloat16).t(), x2.to(torch.bfloat16)).to(out_dtype)
     scale = recipe.grad.global_scale if dy_amax is None else dy_amax  # zero padding: same amax
-    a, gd_a = quantize_transposed_ongrid(dy2, global_scale=scale,
-                                         rounding=recipe.grad.rounding, seed=seed)  # fmt: skip
+    a, gd_a = quantize_transposed_ongrid(
+        dy2, global_scale=scale, rounding=recipe.grad.rounding, seed=seed
+    )
     b, gd_b = quantize_transposed_ongrid(x2, global_scale="per_tensor")
     return launch_gemm(a, gd_a, b, gd_b, out_dtype=out_dtype, config_op="nvfp4_wgrad")
 
@@ -182,8 +215,7 @@ def cuda_linear_quantized(x_ongrid, x_gd, w_codes, w_scales, w_gd, w_ongrid, bia
     if w_ongrid is None and forward_uses_ongrid(x_ongrid.device.type, rows):
         w_ongrid = ongrid_weight(w_codes, w_scales)
     b = w_ongrid if w_ongrid is not None else (w_codes, w_scales)
-    return launch_gemm(x_ongrid, x_gd, b, w_gd, bias=bias, out_dtype=out_dtype,
-                       rows_per_group=rows)  # fmt: skip
+    return launch_gemm(x_ongrid, x_gd, b, w_gd, bias=bias, out_dtype=out_dtype, rows_per_group=rows)
 
 
 def cuda_wgrad_quantized(dy2, xt_ongrid, xt_gd, recipe, seed, *, out_dtype, dy_amax=None):
@@ -191,13 +223,15 @@ def cuda_wgrad_quantized(dy2, xt_ongrid, xt_gd, recipe, seed, *, out_dtype, dy_a
     from .gemm_kernel import launch_gemm
 
     scale = recipe.grad.global_scale if dy_amax is None else dy_amax
-    a, gd_a = quantize_transposed_ongrid(dy2, global_scale=scale,
-                                         rounding=recipe.grad.rounding, seed=seed)  # fmt: skip
+    a, gd_a = quantize_transposed_ongrid(
+        dy2, global_scale=scale, rounding=recipe.grad.rounding, seed=seed
+    )
     return launch_gemm(a, gd_a, xt_ongrid, xt_gd, out_dtype=out_dtype, config_op="nvfp4_wgrad")
 
 
-def cuda_grouped_quantized(x_ongrid, x_gd, w_codes, w_scales, w_gd, w_ongrid, offsets, out_dtype,
-                           x_index=None):  # fmt: skip
+def cuda_grouped_quantized(
+    x_ongrid, x_gd, w_codes, w_scales, w_gd, w_ongrid, offsets, out_dtype, x_index=None
+):
     """`cuda_linear` with offsets (and x_index) given x's per-row quantization: the same GEMM
     launch."""
     from .gemm_kernel import launch_gemm, ongrid_weight
@@ -207,5 +241,13 @@ def cuda_grouped_quantized(x_ongrid, x_gd, w_codes, w_scales, w_gd, w_ongrid, of
     if w_ongrid is None and forward_uses_ongrid(x_ongrid.device.type, rows):
         w_ongrid = ongrid_weight(w_codes, w_scales)
     b = w_ongrid if w_ongrid is not None else (w_codes, w_scales)
-    return launch_gemm(x_ongrid, x_gd, b, w_gd, out_dtype=out_dtype, offsets=offsets,
-                       rows_per_group=rows, a_rows=x_index)  # fmt: skip
+    return launch_gemm(
+        x_ongrid,
+        x_gd,
+        b,
+        w_gd,
+        out_dtype=out_dtype,
+        offsets=offsets,
+        rows_per_group=rows,
+        a_rows=x_index,
+    )

@@ -85,8 +85,13 @@ def check_weight(x, w_codes, w_scales, w_gd, *, experts: bool, w_ongrid=None) ->
 def weight_tensor(w_codes, w_scales, w_gd, n: int, k: int) -> NVFP4Tensor:
     """Rebuild the NVFP4Tensor from the op arguments (w_scales: E4M3 bytes as uint8)."""
     require_packed_bytes(w_codes)
-    return NVFP4Tensor(codes=w_codes, block_scales=w_scales.view(torch.float8_e4m3fn), global_decode=w_gd,
-                       shape=(*w_codes.shape[:-2], n, k), block="16x16")  # fmt: skip
+    return NVFP4Tensor(
+        codes=w_codes,
+        block_scales=w_scales.view(torch.float8_e4m3fn),
+        global_decode=w_gd,
+        shape=(*w_codes.shape[:-2], n, k),
+        block="16x16",
+    )
 
 
 def pad_tokens(t_RM: torch.Tensor) -> torch.Tensor:
@@ -99,8 +104,9 @@ def gather_zero_rows(x2: torch.Tensor, x_index: torch.Tensor) -> torch.Tensor:
     """x2[x_index] with a zero row where x_index < 0 (the grouped ops' `x_index` semantics:
     the experts' token gather, masked rows zeroed), as a copy."""
     rows = x2[x_index.clamp(min=0)]
-    return torch.where((x_index >= 0).unsqueeze(-1), rows, torch.zeros((), dtype=x2.dtype,
-                                                                      device=x2.device))  # fmt: skip
+    return torch.where(
+        (x_index >= 0).unsqueeze(-1), rows, torch.zeros((), dtype=x2.dtype, device=x2.device)
+    )
 
 
 def no_transposed_operand(x2):

@@ -49,17 +49,30 @@ def amax_global_stage(amax: torch.Tensor, *, target: KernelTarget | None = None)
         target = target or kernel_target(amax)
         lc = pick_launch(target.arch, "amax_global")
         _amax_global_kernel[(triton.cdiv(flat.numel(), lc["block"]),)](
-            flat, gd, mult, flat.numel(), ONE_SIXTH_F32, BLOCK=lc["block"], **warps_kwargs(lc),
+            flat,
+            gd,
+            mult,
+            flat.numel(),
+            ONE_SIXTH_F32,
+            BLOCK=lc["block"],
+            **warps_kwargs(lc),
             **target.options,
-        )  # fmt: skip
+        )
     return gd.reshape(amax.shape), mult.reshape(amax.shape)
 
 
 @triton.jit
 def _row_global_kernel(
-    x_ptr, gd_ptr, mult_ptr, R, K, stride_xr, one_sixth,
-    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    gd_ptr,
+    mult_ptr,
+    R,
+    K,
+    stride_xr,
+    one_sixth,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
     amax, nan = row_abs_max_nan(x_ptr, rows, rmask, K, stride_xr, BLOCK_R, BLOCK_K)
@@ -79,15 +92,25 @@ def row_global_stage(x2: torch.Tensor, *, target: KernelTarget | None = None):
     lc = pick_launch(target.arch, "row_abs_max")  # the tiling of `row_abs_max`: one read of x
     if r:
         _row_global_kernel[(triton.cdiv(r, lc["block_r"]),)](
-            x2, gd, mult, r, k, x2.stride(0), ONE_SIXTH_F32,
-            BLOCK_R=lc["block_r"], BLOCK_K=lc["block_k"], **warps_kwargs(lc), **target.options,
-        )  # fmt: skip
+            x2,
+            gd,
+            mult,
+            r,
+            k,
+            x2.stride(0),
+            ONE_SIXTH_F32,
+            BLOCK_R=lc["block_r"],
+            BLOCK_K=lc["block_k"],
+            **warps_kwargs(lc),
+            **target.options,
+        )
     return gd, mult
 
 
 @triton.jit
-def _expert_global_kernel(rows_ptr, gd_ptr, mult_ptr, gd_rows_ptr, mult_rows_ptr, N, one_sixth,
-                          BLOCK: tl.constexpr):  # fmt: skip
+def _expert_global_kernel(
+    rows_ptr, gd_ptr, mult_ptr, gd_rows_ptr, mult_rows_ptr, N, one_sixth, BLOCK: tl.constexpr
+):
     e = tl.program_id(0).to(tl.int64)
     base = e.to(tl.int64) * N
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -111,16 +134,19 @@ def _expert_global_kernel(rows_ptr, gd_ptr, mult_ptr, gd_rows_ptr, mult_rows_ptr
         tl.store(mult_rows_ptr + base + i, mult_b, mask=i < N)
 
 
-def expert_global_stage(row_amax: torch.Tensor, experts: int, *,
-                        target: KernelTarget | None = None):  # fmt: skip
+def expert_global_stage(
+    row_amax: torch.Tensor, experts: int, *, target: KernelTarget | None = None
+):
     """Row maxima of stacked expert weights (FP32 [E * N], `abs_max_kernel.row_abs_max` of [E * N, K])
     -> (global decode [E], multiplier [E], both repeated per row [E * N]) in ONE launch:
     each expert's amax (the max of its rows' maxima, NaN if one is NaN, as torch's amax), then
     `scales_from_amax`. Replaces a torch max reduce, the scale launch and the two copies that
     expanded the per-expert scales to the quantize kernel's per-row operands."""
     if row_amax.dim() != 1 or row_amax.dtype != torch.float32 or row_amax.numel() % experts:
-        raise ValueError(f"row_amax must be FP32 [E * N] for E={experts}, got "
-                         f"{row_amax.dtype}{list(row_amax.shape)}")  # fmt: skip
+        raise ValueError(
+            f"row_amax must be FP32 [E * N] for E={experts}, got "
+            f"{row_amax.dtype}{list(row_amax.shape)}"
+        )
     n = row_amax.numel() // experts
     dev = row_amax.device
     gd, mult = (torch.empty(experts, dtype=torch.float32, device=dev) for _ in range(2))
@@ -129,7 +155,15 @@ def expert_global_stage(row_amax: torch.Tensor, experts: int, *,
         target = target or kernel_target(row_amax)
         lc = pick_launch(target.arch, "expert_global")
         _expert_global_kernel[(experts,)](
-            row_amax.contiguous(), gd, mult, gd_rows, mult_rows, n, ONE_SIXTH_F32,
-            BLOCK=lc["block"], **warps_kwargs(lc), **target.options,
-        )  # fmt: skip
+            row_amax.contiguous(),
+            gd,
+            mult,
+            gd_rows,
+            mult_rows,
+            n,
+            ONE_SIXTH_F32,
+            BLOCK=lc["block"],
+            **warps_kwargs(lc),
+            **target.options,
+        )
     return gd, mult, gd_rows, mult_rows

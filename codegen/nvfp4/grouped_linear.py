@@ -77,12 +77,21 @@ def _grouped_forward(call: GemmCall) -> torch.Tensor:
     )
     x_index, x_perm = call.x_index, call.x_perm
     w_codes, w_scales, w_global_decode = call.weight_operand()
-    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
-                             w_ongrid=w_ongrid)  # fmt: skip
+    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True, w_ongrid=w_ongrid)
     _check_grouped(x, offsets, w_codes.shape[0], x_index, x_perm)
     if x.device.type == "cuda":
-        return impl.cuda_linear(x, w_codes, w_scales, w_global_decode, w_ongrid, None, rec,
-                                x_amax, offsets=offsets, x_index=x_index)  # fmt: skip
+        return impl.cuda_linear(
+            x,
+            w_codes,
+            w_scales,
+            w_global_decode,
+            w_ongrid,
+            None,
+            rec,
+            x_amax,
+            offsets=offsets,
+            x_index=x_index,
+        )
     if x_index is not None:
         x = impl.gather_zero_rows(x, x_index)
     ref.check_offsets(offsets, x.shape[0], w_codes.shape[0])
@@ -100,16 +109,20 @@ def _grouped_fake(call: GemmCall) -> torch.Tensor:
     return x.new_empty((x.shape[0] if x_index is None else x_index.shape[0], n))
 
 
-def _scatter_gathered(dx_g: torch.Tensor, x_index: torch.Tensor, rows: int, *,
-                      x_perm: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def _scatter_gathered(
+    dx_g: torch.Tensor, x_index: torch.Tensor, rows: int, *, x_perm: torch.Tensor | None = None
+) -> torch.Tensor:
     """The gradient of x from that of `gather_zero_rows(x, x_index)`: `gather_rows_backward`'s
     position-ordered sums, a zero row's positions sent to one extra row that is dropped. The
     same bits as masking those positions' gradients to +0.0 and summing them in (the unfolded
     graph: masked_fill's backward, then the gather's): each sum starts from +0.0, so it is never
     -0.0, and adding +0.0 to it changes no bit. With x_perm (CUDA, bf16 / fp32): each row's
     positions found through perm's inverse, no sort (`expert_gather_backward_kernel.py`)."""
-    if x_perm is not None and dx_g.device.type == "cuda" and dx_g.dtype in (
-        torch.bfloat16, torch.float32):  # fmt: skip
+    if (
+        x_perm is not None
+        and dx_g.device.type == "cuda"
+        and dx_g.dtype in (torch.bfloat16, torch.float32)
+    ):
         from .expert_gather_backward_kernel import expert_gather_backward_triton
 
         return expert_gather_backward_triton(dx_g, x_index, x_perm, rows)
@@ -141,8 +154,7 @@ def nvfp4_grouped_mm_backward(
     gathered rows' gradient) and the wgrad reads X^T through the index."""
     rec = impl.op_recipe(recipe)
     seed = backward_seed(seed, x.device)
-    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
-                             w_ongrid=w_ongrid)  # fmt: skip
+    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True, w_ongrid=w_ongrid)
     num_experts = w_codes.shape[0]
     cuda = x.device.type == "cuda"
     x_src = x
@@ -151,8 +163,15 @@ def nvfp4_grouped_mm_backward(
     rows = x.shape[0] if x_index is None else x_index.shape[0]
     dx, dw = x.new_empty((0,)), x.new_empty((0,), dtype=weight.dtype)
     dy_rows = dy_amax = None
-    if (cuda and needs_x and needs_w and rec.dgrad == "nvfp4" and rec.wgrad == "nvfp4"
-            and rec.grad.global_scale == "per_tensor" and grad_out.numel()):  # fmt: skip
+    if (
+        cuda
+        and needs_x
+        and needs_w
+        and rec.dgrad == "nvfp4"
+        and rec.wgrad == "nvfp4"
+        and rec.grad.global_scale == "per_tensor"
+        and grad_out.numel()
+    ):
         # one read of dY for both amaxes: the dgrad's per tensor (the max of the row maxima,
         # as `tensor_abs_max`) and the wgrad's per expert (each expert's max of its rows')
         from .abs_max_kernel import row_abs_max, vector_abs_max
@@ -161,9 +180,19 @@ def nvfp4_grouped_mm_backward(
         dy_amax = vector_abs_max(dy_rows)
     if needs_x:
         if cuda and rec.dgrad == "nvfp4":
-            dx = impl.cuda_dgrad(grad_out, w_codes, w_scales, w_global_decode, w_ongrid, weight,
-                                 rec, seed, offsets=offsets, out_dtype=x.dtype,
-                                 dy_amax=dy_amax)  # fmt: skip
+            dx = impl.cuda_dgrad(
+                grad_out,
+                w_codes,
+                w_scales,
+                w_global_decode,
+                w_ongrid,
+                weight,
+                rec,
+                seed,
+                offsets=offsets,
+                out_dtype=x.dtype,
+                dy_amax=dy_amax,
+            )
         else:
             dx = torch.zeros((rows, k), dtype=torch.float32, device=x.device)
             dyq = None if rec.dgrad == "bf16" else impl.q_grad(grad_out, rec, seed)
@@ -173,8 +202,13 @@ def nvfp4_grouped_mm_backward(
                     dx[s:t] = impl.cpu_dgrad(grad_out[s:t], None, weight[e], rec, seed)
                 else:
                     w_e = w[e]
-                    w_e = impl.weight_tensor(w_e.codes, w_e.block_scales.view(torch.uint8),
-                                             w_e.global_decode.reshape(()), n, k)  # fmt: skip
+                    w_e = impl.weight_tensor(
+                        w_e.codes,
+                        w_e.block_scales.view(torch.uint8),
+                        w_e.global_decode.reshape(()),
+                        n,
+                        k,
+                    )
                     dx[s:t] = ref.nvfp4_mm(dyq[s:t], impl.transpose_tiled(w_e))
             dx = dx.to(x.dtype)
         if x_index is not None:  # the gradient of x: each row's gathered copies summed
@@ -182,8 +216,16 @@ def nvfp4_grouped_mm_backward(
     if needs_w and cuda and rec.wgrad == "nvfp4":  # all experts at once, == the loop below
         from .grouped_wgrad_kernel import grouped_wgrad
 
-        dw = grouped_wgrad(grad_out, x, offsets, rec, seed, out_dtype=weight.dtype,
-                           dy_row_amax=dy_rows, x_index=x_index)  # fmt: skip
+        dw = grouped_wgrad(
+            grad_out,
+            x,
+            offsets,
+            rec,
+            seed,
+            out_dtype=weight.dtype,
+            dy_row_amax=dy_rows,
+            x_index=x_index,
+        )
     elif needs_w:
         if x_index is not None and cuda:
             x = impl.gather_zero_rows(x, x_index)
@@ -196,8 +238,22 @@ def nvfp4_grouped_mm_backward(
 
 
 @nvfp4_grouped_mm_backward.register_fake
-def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, offsets, w_ongrid, recipe, seed,
-      needs_x, needs_w, x_index=None, x_perm=None):  # fmt: skip
+def _(
+    grad_out,
+    x,
+    weight,
+    w_codes,
+    w_scales,
+    w_global_decode,
+    offsets,
+    w_ongrid,
+    recipe,
+    seed,
+    needs_x,
+    needs_w,
+    x_index=None,
+    x_perm=None,
+):
     e, (n, k) = w_codes.shape[0], impl.weight_nk(w_codes, w_ongrid)
     dx = x.new_empty(x.shape) if needs_x else x.new_empty((0,))
     dw = x.new_empty((e, n, k) if needs_w else (0,), dtype=weight.dtype)
@@ -208,9 +264,22 @@ def grouped_setup_context(ctx, inputs, output, *, op_name: str = "nvfp4_grouped_
     """Autograd's context of `op_name` (nvfp4_grouped_mm or its `_quantized` twin, whose
     backward is this one's)."""
     a = op_inputs(op_name, inputs)
-    ctx.save_for_backward(*(a[n] for n in ("x", "weight", "w_codes", "w_scales",
-                                           "w_global_decode", "offsets", "w_ongrid", "x_index",
-                                           "x_perm")))  # fmt: skip
+    ctx.save_for_backward(
+        *(
+            a[n]
+            for n in (
+                "x",
+                "weight",
+                "w_codes",
+                "w_scales",
+                "w_global_decode",
+                "offsets",
+                "w_ongrid",
+                "x_index",
+                "x_perm",
+            )
+        )
+    )
     ctx.recipe = a["recipe"]
     ctx.site = a["site"]
     ctx.weight_dtype = a["weight"].dtype
@@ -223,13 +292,30 @@ def grouped_backward(ctx, grad_out):
     needs = needs_input_grad(ctx.op_name, ctx.needs_input_grad)
     rec = impl.op_recipe(ctx.recipe)
     dx, dw = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(
-        grad_out, x, weight, w_codes, w_scales, w_gd, offsets, w_ongrid, ctx.recipe,
-        site_seed(rec.seed, ctx.site), needs["x"], needs["weight"], x_index, x_perm,
-    )  # fmt: skip
+        grad_out,
+        x,
+        weight,
+        w_codes,
+        w_scales,
+        w_gd,
+        offsets,
+        w_ongrid,
+        ctx.recipe,
+        site_seed(rec.seed, ctx.site),
+        needs["x"],
+        needs["weight"],
+        x_index,
+        x_perm,
+    )
     dx = dx if needs["x"] else None
     dw = dw.to(ctx.weight_dtype) if needs["weight"] else None
     return input_grads(ctx.op_name, x=dx, weight=dw)
 
 
-nvfp4_grouped_mm = register_gemm("nvfp4_grouped_mm", _grouped_forward, _grouped_fake,
-                                 setup_context=grouped_setup_context, backward=grouped_backward)  # fmt: skip
+nvfp4_grouped_mm = register_gemm(
+    "nvfp4_grouped_mm",
+    _grouped_forward,
+    _grouped_fake,
+    setup_context=grouped_setup_context,
+    backward=grouped_backward,
+)

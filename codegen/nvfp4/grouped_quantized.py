@@ -58,12 +58,12 @@ def _forward(call: GemmCall) -> torch.Tensor:
     x, offsets, w_ongrid, x_index = call.x, call.offsets, call.w_ongrid, call.x_index
     w_codes, w_scales, w_global_decode = call.weight_operand()
     x_ongrid, x_gd = call.x_operands[:2]
-    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True,
-                             w_ongrid=w_ongrid)  # fmt: skip
+    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=True, w_ongrid=w_ongrid)
     _check(x, call.recipe, x_ongrid, x_gd, offsets, w_codes.shape[0], x_index)
     if x.device.type == "cuda":
-        return impl.cuda_grouped_quantized(x_ongrid, x_gd, w_codes, w_scales, w_global_decode,
-                                           w_ongrid, offsets, x.dtype, x_index)  # fmt: skip
+        return impl.cuda_grouped_quantized(
+            x_ongrid, x_gd, w_codes, w_scales, w_global_decode, w_ongrid, offsets, x.dtype, x_index
+        )
     w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
     return impl.cpu_grouped_quantized(x_ongrid, x_gd, w, offsets, x_index).to(x.dtype)
 

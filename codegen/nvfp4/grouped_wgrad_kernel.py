@@ -34,11 +34,27 @@ from .segment_layout_kernel import segment_layout
 
 @triton.jit
 def _grouped_wgrad_kernel(
-    a_ptr, b_ptr, gda_ptr, gdb_ptr, out_ptr, start_ptr, width_ptr,
-    N, K, stride_an, stride_bk, gda_e, gda_r, stride_oe, stride_on,
-    DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    gda_ptr,
+    gdb_ptr,
+    out_ptr,
+    start_ptr,
+    width_ptr,
+    N,
+    K,
+    stride_an,
+    stride_bk,
+    gda_e,
+    gda_r,
+    stride_oe,
+    stride_on,
+    DOT_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     SEGMENT_ALIGN: tl.constexpr,
-):  # fmt: skip
+):
     # SEGMENT_ALIGN: every segment start AND width is a multiple of it (16: `segment_layout`
     # pads widths to 16). Said to the compiler, the loads along the token columns become
     # pipelined 16-byte async copies: with the start alone the K-tail mask `kk < width` had
@@ -58,10 +74,16 @@ def _grouped_wgrad_kernel(
     for k0 in range(0, width, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         kmask = kk < width
-        a = tl.load(a_ptr + rows[:, None] * stride_an + (start + kk)[None, :],
-                    mask=rmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
-        b = tl.load(b_ptr + cols[None, :] * stride_bk + (start + kk)[:, None],
-                    mask=cmask[None, :] & kmask[:, None], other=0.0)  # fmt: skip
+        a = tl.load(
+            a_ptr + rows[:, None] * stride_an + (start + kk)[None, :],
+            mask=rmask[:, None] & kmask[None, :],
+            other=0.0,
+        )
+        b = tl.load(
+            b_ptr + cols[None, :] * stride_bk + (start + kk)[:, None],
+            mask=cmask[None, :] & kmask[:, None],
+            other=0.0,
+        )
         if DOT_F32:
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         else:
@@ -70,8 +92,11 @@ def _grouped_wgrad_kernel(
     gdb = tl.load(gdb_ptr + e)
     out = ((acc * gda[:, None]) * gdb).to(out_ptr.dtype.element_ty)
     e64 = e.to(tl.int64)
-    tl.store(out_ptr + e64 * stride_oe + rows[:, None] * stride_on + cols[None, :], out,
-             mask=rmask[:, None] & cmask[None, :])  # fmt: skip
+    tl.store(
+        out_ptr + e64 * stride_oe + rows[:, None] * stride_on + cols[None, :],
+        out,
+        mask=rmask[:, None] & cmask[None, :],
+    )
 
 
 def _segment_amax(t_TD: torch.Tensor, offsets: torch.Tensor, per_row: bool, rows=None):
@@ -135,16 +160,31 @@ def grouped_wgrad(
         b, gd_b = quantize_segments_ongrid(x_TK, lay["src_rows"], *seg, amax_x)
     cfg = pick(arch_of(dev), "bf16" if dev.type == "cuda" else "fp32", "nvfp4_wgrad", n)
     interp = interpreting() or dev.type != "cuda"
-    out = torch.empty((num_experts, n, k), dtype=torch.float32 if interp else out_dtype,
-                      device=dev)  # fmt: skip
+    out = torch.empty((num_experts, n, k), dtype=torch.float32 if interp else out_dtype, device=dev)
     if n and k and num_experts:
         grid = (triton.cdiv(n, cfg.block_m), triton.cdiv(k, cfg.block_n), num_experts)
         _grouped_wgrad_kernel[grid](
-            a, b, gd_a, gd_b, out, lay["start"], lay["width"],
-            n, k, a.stride(0), b.stride(0), gd_a.stride(0), 1 if gd_a.dim() == 2 else 0,
-            out.stride(0), out.stride(1),
+            a,
+            b,
+            gd_a,
+            gd_b,
+            out,
+            lay["start"],
+            lay["width"],
+            n,
+            k,
+            a.stride(0),
+            b.stride(0),
+            gd_a.stride(0),
+            1 if gd_a.dim() == 2 else 0,
+            out.stride(0),
+            out.stride(1),
             DOT_F32=interpreting() or dev.type != "cuda",
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            SEGMENT_ALIGN=BLOCK_SIZE, **cfg.launch_kwargs(), **compile_options(dev),
-        )  # fmt: skip
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            SEGMENT_ALIGN=BLOCK_SIZE,
+            **cfg.launch_kwargs(),
+            **compile_options(dev),
+        )
     return out.to(out_dtype)

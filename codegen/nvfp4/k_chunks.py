@@ -33,12 +33,30 @@ def chunk_count(k: int, kc: int) -> int:
 
 @triton.jit
 def _fold_chunks_kernel(
-    part_ptr, gda_ptr, gdb_ptr, bias_ptr, out_ptr, group_end_ptr, a_rows_ptr,
-    M, N, E, C, stride_pc, gda_stride, gdb_stride, stride_om, stride_on,
-    GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, A_GATHER: tl.constexpr,
-    GDA_SHARED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    part_ptr,
+    gda_ptr,
+    gdb_ptr,
+    bias_ptr,
+    out_ptr,
+    group_end_ptr,
+    a_rows_ptr,
+    M,
+    N,
+    E,
+    C,
+    stride_pc,
+    gda_stride,
+    gdb_stride,
+    stride_om,
+    stride_on,
+    GROUPED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    A_GATHER: tl.constexpr,
+    GDA_SHARED: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
     BLOCK_E: tl.constexpr,
-):  # fmt: skip
+):
     # rows, experts, the gathered gd_a rows and GDA_SHARED exactly as the GEMM kernels read them
     c_tiles = tl.cdiv(N, BLOCK_C)
     t = tl.program_id(0).to(tl.int64) // c_tiles
@@ -74,8 +92,11 @@ def _fold_chunks_kernel(
     out = (total * gda[:, None]) * gdb
     if HAS_BIAS:
         out = out + tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on,
-             out.to(out_ptr.dtype.element_ty), mask=mask)  # fmt: skip
+    tl.store(
+        out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on,
+        out.to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 def fold_chunks(
@@ -102,13 +123,30 @@ def fold_chunks(
     rows_tiles = triton.cdiv(m, lc["block_r"]) + (num_experts if offsets is not None else 0)
     ends = offsets if offsets is not None else gd_a
     _fold_chunks_kernel[(rows_tiles * triton.cdiv(n, lc["block_c"]),)](
-        partials, gd_a, gd_b, bias if bias is not None else gd_b, out, ends,
+        partials,
+        gd_a,
+        gd_b,
+        bias if bias is not None else gd_b,
+        out,
+        ends,
         a_rows if a_rows is not None else ends,
-        m, n, num_experts, c, partials.stride(0),
-        1 if gd_a.numel() > 1 else 0, 1 if gd_b.numel() > 1 else 0, out.stride(0), out.stride(1),
-        GROUPED=offsets is not None, HAS_BIAS=bias is not None, A_GATHER=a_rows is not None,
-        GDA_SHARED=gd_a.numel() == 1, BLOCK_R=lc["block_r"], BLOCK_C=lc["block_c"],
+        m,
+        n,
+        num_experts,
+        c,
+        partials.stride(0),
+        1 if gd_a.numel() > 1 else 0,
+        1 if gd_b.numel() > 1 else 0,
+        out.stride(0),
+        out.stride(1),
+        GROUPED=offsets is not None,
+        HAS_BIAS=bias is not None,
+        A_GATHER=a_rows is not None,
+        GDA_SHARED=gd_a.numel() == 1,
+        BLOCK_R=lc["block_r"],
+        BLOCK_C=lc["block_c"],
         BLOCK_E=max(triton.next_power_of_2(num_experts), 2),
-        **warps_kwargs(lc), **compile_options(partials.device),
-    )  # fmt: skip
+        **warps_kwargs(lc),
+        **compile_options(partials.device),
+    )
     return out

@@ -57,8 +57,9 @@ def backward_seed(site_key: int, device: torch.device) -> int | DeviceSeed:
 def _linear_forward(call: GemmCall) -> torch.Tensor:
     x, bias, x_amax, w_ongrid, rec = call.x, call.bias, call.x_amax, call.w_ongrid, call.recipe
     w_codes, w_scales, w_global_decode = call.weight_operand()
-    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
-                             w_ongrid=w_ongrid)  # fmt: skip
+    n, k = impl.check_weight(
+        x, w_codes, w_scales, w_global_decode, experts=False, w_ongrid=w_ongrid
+    )
     x2 = _flat(x)
     if x.device.type == "cuda":
         y = impl.cuda_linear(x2, w_codes, w_scales, w_global_decode, w_ongrid, bias, rec, x_amax)
@@ -94,8 +95,9 @@ def nvfp4_linear_backward(
     from it (`sr_stream.call_seed`), so steps and layers never share rounding noise."""
     rec = impl.op_recipe(recipe)
     seed = backward_seed(seed, x.device)
-    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
-                             w_ongrid=w_ongrid)  # fmt: skip
+    n, k = impl.check_weight(
+        x, w_codes, w_scales, w_global_decode, experts=False, w_ongrid=w_ongrid
+    )
     dy2, x2 = _flat(grad_out), _flat(x)
     cuda = x.device.type == "cuda"
     empty = x.new_empty((0,), dtype=torch.float32)
@@ -103,8 +105,18 @@ def nvfp4_linear_backward(
     dy_amax = impl.grad_amax(dy2, rec) if cuda and needs_x and needs_w else None
     if needs_x:
         if cuda:
-            dx2 = impl.cuda_dgrad(dy2, w_codes, w_scales, w_global_decode, w_ongrid, weight, rec,
-                                  seed, out_dtype=x.dtype, dy_amax=dy_amax)  # fmt: skip
+            dx2 = impl.cuda_dgrad(
+                dy2,
+                w_codes,
+                w_scales,
+                w_global_decode,
+                w_ongrid,
+                weight,
+                rec,
+                seed,
+                out_dtype=x.dtype,
+                dy_amax=dy_amax,
+            )
         else:
             w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
             dx2 = impl.cpu_dgrad(dy2, w, weight, rec, seed)
@@ -120,8 +132,20 @@ def nvfp4_linear_backward(
 
 
 @nvfp4_linear_backward.register_fake
-def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, w_ongrid, recipe, seed,
-      needs_x, needs_w, needs_bias):  # fmt: skip
+def _(
+    grad_out,
+    x,
+    weight,
+    w_codes,
+    w_scales,
+    w_global_decode,
+    w_ongrid,
+    recipe,
+    seed,
+    needs_x,
+    needs_w,
+    needs_bias,
+):
     n, k = impl.weight_nk(w_codes, w_ongrid)
     dx = x.new_empty(x.shape) if needs_x else x.new_empty((0,))
     dw = x.new_empty((n, k) if needs_w else (0,), dtype=weight.dtype)
@@ -131,8 +155,9 @@ def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, w_ongrid, recipe,
 
 def _linear_setup_context(ctx, inputs, output):
     a = op_inputs("nvfp4_linear", inputs)
-    ctx.save_for_backward(a["x"], a["weight"], a["w_codes"], a["w_scales"], a["w_global_decode"],
-                          a["w_ongrid"])  # fmt: skip
+    ctx.save_for_backward(
+        a["x"], a["weight"], a["w_codes"], a["w_scales"], a["w_global_decode"], a["w_ongrid"]
+    )
     ctx.recipe = a["recipe"]
     ctx.site = a["site"]
     ctx.weight_dtype = a["weight"].dtype
@@ -144,15 +169,29 @@ def _linear_backward(ctx, grad_out):
     needs = needs_input_grad("nvfp4_linear", ctx.needs_input_grad)
     rec = impl.op_recipe(ctx.recipe)
     dx, dw, db = torch.ops.fp4_compile.nvfp4_linear_backward(
-        grad_out, x, weight, w_codes, w_scales, w_gd, w_ongrid, ctx.recipe,
-        site_seed(rec.seed, ctx.site), needs["x"], needs["weight"],
+        grad_out,
+        x,
+        weight,
+        w_codes,
+        w_scales,
+        w_gd,
+        w_ongrid,
+        ctx.recipe,
+        site_seed(rec.seed, ctx.site),
+        needs["x"],
+        needs["weight"],
         needs["bias"] and ctx.bias_dtype is not None,
-    )  # fmt: skip
+    )
     dx = dx if needs["x"] else None
     dw = dw.to(ctx.weight_dtype) if needs["weight"] else None
     db = db.to(ctx.bias_dtype) if (needs["bias"] and ctx.bias_dtype is not None) else None
     return input_grads("nvfp4_linear", x=dx, weight=dw, bias=db)
 
 
-nvfp4_linear = register_gemm("nvfp4_linear", _linear_forward, _linear_fake,
-                             setup_context=_linear_setup_context, backward=_linear_backward)  # fmt: skip
+nvfp4_linear = register_gemm(
+    "nvfp4_linear",
+    _linear_forward,
+    _linear_fake,
+    setup_context=_linear_setup_context,
+    backward=_linear_backward,
+)

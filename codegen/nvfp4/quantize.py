@@ -65,8 +65,10 @@ def _no_packed_bytes(x):
     """The (codes, block scales) of a weight quantized on-grid only: [..., N, 0] each, shapes
     that say so (`gemm.check_weight` then takes K from the on-grid copy)."""
     lead = x.shape[:-1]
-    return (x.new_empty((*lead, 0), dtype=torch.uint8),
-            x.new_empty((*lead, 0), dtype=torch.float8_e4m3fn))  # fmt: skip
+    return (
+        x.new_empty((*lead, 0), dtype=torch.uint8),
+        x.new_empty((*lead, 0), dtype=torch.float8_e4m3fn),
+    )
 
 
 def _quantize_impl(x, block, gs, rounding, seed, with_ongrid=False, packed=True, into=None):
@@ -80,11 +82,25 @@ def _quantize_impl(x, block, gs, rounding, seed, with_ongrid=False, packed=True,
         if isinstance(gs, torch.Tensor) and gs.numel() > 1:
             gs = gs.reshape(-1, 1, 1)
         if with_ongrid and not packed:
-            ongrid, gd = quantize_triton(x, block=block, global_scale=gs, rounding=rounding,
-                                         seed=seed, out="ongrid", into=into)  # fmt: skip
+            ongrid, gd = quantize_triton(
+                x,
+                block=block,
+                global_scale=gs,
+                rounding=rounding,
+                seed=seed,
+                out="ongrid",
+                into=into,
+            )
             return (*_no_packed_bytes(x), gd.contiguous(), ongrid)
-        q = quantize_triton(x, block=block, global_scale=gs, rounding=rounding, seed=seed,
-                            out="both" if with_ongrid else "packed", into=into)  # fmt: skip
+        q = quantize_triton(
+            x,
+            block=block,
+            global_scale=gs,
+            rounding=rounding,
+            seed=seed,
+            out="both" if with_ongrid else "packed",
+            into=into,
+        )
         if with_ongrid:
             q, ongrid = q
             return q.codes, q.block_scales, q.global_decode, ongrid
@@ -93,8 +109,9 @@ def _quantize_impl(x, block, gs, rounding, seed, with_ongrid=False, packed=True,
             raise ValueError("per-expert global scales are for 16x16 expert weights [E, N, K]")
         q = ref.quantize_experts(x, global_amax_E=None if gs == "per_expert" else gs.reshape(-1))
     else:
-        q = ref.quantize(x, block=block, global_scale=gs, rounding=rounding, seed=seed,
-                         check_finite=False)  # fmt: skip
+        q = ref.quantize(
+            x, block=block, global_scale=gs, rounding=rounding, seed=seed, check_finite=False
+        )
     if with_ongrid:
         scale_bytes = q.block_scales.view(torch.uint8)
         ongrid = ongrid_weight(q.codes, scale_bytes)
@@ -104,8 +121,19 @@ def _quantize_impl(x, block, gs, rounding, seed, with_ongrid=False, packed=True,
 
 
 @torch.no_grad()
-def quantize_into(x, block, global_scale, static_amax, rounding, seed, *, codes, scales,
-                  global_decode, ongrid=None) -> None:  # fmt: skip
+def quantize_into(
+    x,
+    block,
+    global_scale,
+    static_amax,
+    rounding,
+    seed,
+    *,
+    codes,
+    scales,
+    global_decode,
+    ongrid=None,
+) -> None:
     """Write what `quantize(x, block, global_scale, static_amax, rounding, seed)` returns
     (ongrid None) or `quantize_with_ongrid(..., packed)` does (packed: codes hold bytes, not
     [..., N, 0]) into the given tensors, which keep their addresses (a weight store's). The

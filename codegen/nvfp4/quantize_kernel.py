@@ -69,9 +69,15 @@ def quantize_triton(
         if _one_read(x, global_scale, groups):
             from .weight_quantize_kernel import quantize_weight_tiles
 
-            return quantize_weight_tiles(x, global_scale, out=out, ongrid_dtype=ongrid_dtype,
-                                         expert_groups=max(groups, 1), target=target,
-                                         into=into)  # fmt: skip
+            return quantize_weight_tiles(
+                x,
+                global_scale,
+                out=out,
+                ongrid_dtype=ongrid_dtype,
+                expert_groups=max(groups, 1),
+                target=target,
+                into=into,
+            )
     shape, k = tuple(x.shape), x.shape[-1]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -81,8 +87,9 @@ def quantize_triton(
         # rows' maxima in parts, then `row_codes` folds them (max: exact in any order) and
         # quantizes as steps 2-4 below do, the same bits
         parts = chunk_abs_max(x2, target=target)
-        ongrid, gd_rows, _ = row_codes_from_parts(x2, parts, target=target,
-                                                  ongrid_dtype=ongrid_dtype)  # fmt: skip
+        ongrid, gd_rows, _ = row_codes_from_parts(
+            x2, parts, target=target, ongrid_dtype=ongrid_dtype
+        )
         return ongrid.reshape(shape), gd_rows.reshape(*shape[:-1], 1)
     # steps 1-2: the global decode (as the NVFP4Tensor holds it) and, per row of x2 (or one for
     # all), the global decode and the multiplier the codes kernel reads
@@ -91,9 +98,20 @@ def quantize_triton(
     seed_args = seed_launch_args(seed, target.device) if rounding == "stochastic" else None
     codes, scales, ongrid = _outputs(x2, out, ongrid_dtype, into)
     cfg = pick(target.arch, "any", "nvfp4_quantize", x2.shape[0])
-    launch_rows(x2, gd_rows, mult_rows, codes, scales, ongrid, per_row=gd.dim() > 0,
-                tile16=block == "16x16", seed_args=seed_args, out=out, cfg=cfg,
-                target=target)  # fmt: skip
+    launch_rows(
+        x2,
+        gd_rows,
+        mult_rows,
+        codes,
+        scales,
+        ongrid,
+        per_row=gd.dim() > 0,
+        tile16=block == "16x16",
+        seed_args=seed_args,
+        out=out,
+        cfg=cfg,
+        target=target,
+    )
     if out == "ongrid":
         return ongrid.reshape(shape), gd
     q = NVFP4Tensor(
@@ -106,8 +124,9 @@ def quantize_triton(
     return (q, ongrid.reshape(shape)) if out == "both" else q
 
 
-def global_stage(x: torch.Tensor, global_scale: str | torch.Tensor, *,
-                 target: KernelTarget | None = None):  # fmt: skip
+def global_stage(
+    x: torch.Tensor, global_scale: str | torch.Tensor, *, target: KernelTarget | None = None
+):
     """Steps 1-2 of `reference.quantize`, bitwise: -> (global_decode, multiplier), each [] or
     [..., R, 1] (or [E, 1, 1] for "per_expert" / a static amax of shape [E, 1, 1]). The amax in
     one read of x (`abs_max_kernel`), the scales in one launch (`amax_global_stage`)."""
@@ -127,8 +146,9 @@ def global_stage(x: torch.Tensor, global_scale: str | torch.Tensor, *,
         # two launches instead of about ten: max |x| per row in one read of x, then the per-row
         # global stage over those maxima as ONE row (its max is the tensor's amax; the same
         # enc / gd / mult roundings as below), bitwise the torch ops of this function
-        rows = row_abs_max(x.reshape(-1, x.shape[-1]) if x.dim() > 1 else x.reshape(1, -1),
-                           target=target)  # fmt: skip
+        rows = row_abs_max(
+            x.reshape(-1, x.shape[-1]) if x.dim() > 1 else x.reshape(1, -1), target=target
+        )
         gd, mult = row_global_stage(rows.reshape(1, -1), target=target)
         return gd.reshape(()), mult.reshape(())
     else:
@@ -261,8 +281,17 @@ def _transposed(x_TD, amax, c, seed, layout, ongrid_dtype, target):
     ongrid = torch.empty((r, c), dtype=ongrid_dtype, device=x_TD.device)
     seed_args = None if seed is None else seed_launch_args(seed, target.device)
     cfg = pick(target.arch, "any", "nvfp4_quantize_segments", r)
-    launch_transposed(x_TD, gd, mult, ongrid, per_row=amax.dim() == 2, layout=layout,
-                      seed_args=seed_args, cfg=cfg, target=target)  # steps 3-4 # fmt: skip
+    launch_transposed(
+        x_TD,
+        gd,
+        mult,
+        ongrid,
+        per_row=amax.dim() == 2,
+        layout=layout,
+        seed_args=seed_args,
+        cfg=cfg,
+        target=target,
+    )  # steps 3-4
     return ongrid, gd
 
 

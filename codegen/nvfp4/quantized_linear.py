@@ -109,12 +109,14 @@ def _linear_quantized_forward(call: GemmCall) -> torch.Tensor:
     x, bias, w_ongrid = call.x, call.bias, call.w_ongrid
     w_codes, w_scales, w_global_decode = call.weight_operand()
     x_ongrid, x_gd, xt_ongrid, xt_gd = call.x_operands
-    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
-                             w_ongrid=w_ongrid)  # fmt: skip
+    n, k = impl.check_weight(
+        x, w_codes, w_scales, w_global_decode, experts=False, w_ongrid=w_ongrid
+    )
     _check_operands(x, x_ongrid, x_gd, xt_ongrid, xt_gd)
     if x.device.type == "cuda":
-        y = impl.cuda_linear_quantized(x_ongrid, x_gd, w_codes, w_scales, w_global_decode,
-                                       w_ongrid, bias, x.dtype)  # fmt: skip
+        y = impl.cuda_linear_quantized(
+            x_ongrid, x_gd, w_codes, w_scales, w_global_decode, w_ongrid, bias, x.dtype
+        )
     else:
         w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
         y = impl.cpu_linear_quantized(x_ongrid, x_gd, w, bias, x.dtype)
@@ -148,15 +150,26 @@ def nvfp4_linear_quantized_backward(
     (else, and for a BF16 wgrad, X itself): the same outputs, bit for bit."""
     if not xt_ongrid.numel():
         return torch.ops.fp4_compile.nvfp4_linear_backward(
-            grad_out, x, weight, w_codes, w_scales, w_global_decode, w_ongrid, recipe, seed,
-            needs_x, needs_w, needs_bias,
-        )  # fmt: skip
+            grad_out,
+            x,
+            weight,
+            w_codes,
+            w_scales,
+            w_global_decode,
+            w_ongrid,
+            recipe,
+            seed,
+            needs_x,
+            needs_w,
+            needs_bias,
+        )
     rec = impl.op_recipe(recipe)
     if rec.wgrad == "bf16":
         raise ValueError("xt_ongrid is given but recipe.wgrad is 'bf16' (it reads X itself)")
     seed = backward_seed(seed, x.device)  # one draw per call, as nvfp4_linear_backward
-    n, k = impl.check_weight(x, w_codes, w_scales, w_global_decode, experts=False,
-                             w_ongrid=w_ongrid)  # fmt: skip
+    n, k = impl.check_weight(
+        x, w_codes, w_scales, w_global_decode, experts=False, w_ongrid=w_ongrid
+    )
     dy2 = _flat(grad_out)
     cuda = x.device.type == "cuda"
     empty = x.new_empty((0,), dtype=torch.float32)
@@ -164,16 +177,27 @@ def nvfp4_linear_quantized_backward(
     dy_amax = impl.grad_amax(dy2, rec) if cuda and needs_x and needs_w else None
     if needs_x:
         if cuda:
-            dx2 = impl.cuda_dgrad(dy2, w_codes, w_scales, w_global_decode, w_ongrid, weight, rec,
-                                  seed, out_dtype=x.dtype, dy_amax=dy_amax)  # fmt: skip
+            dx2 = impl.cuda_dgrad(
+                dy2,
+                w_codes,
+                w_scales,
+                w_global_decode,
+                w_ongrid,
+                weight,
+                rec,
+                seed,
+                out_dtype=x.dtype,
+                dy_amax=dy_amax,
+            )
         else:
             w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
             dx2 = impl.cpu_dgrad(dy2, w, weight, rec, seed)
         dx = dx2.to(x.dtype).reshape(x.shape)
     if needs_w:
         if cuda:
-            dw = impl.cuda_wgrad_quantized(dy2, xt_ongrid, xt_gd, rec, seed + 1,
-                                           out_dtype=weight.dtype, dy_amax=dy_amax)  # fmt: skip
+            dw = impl.cuda_wgrad_quantized(
+                dy2, xt_ongrid, xt_gd, rec, seed + 1, out_dtype=weight.dtype, dy_amax=dy_amax
+            )
         else:
             dw = impl.cpu_wgrad_quantized(dy2, xt_ongrid, xt_gd, rec, seed + 1).to(weight.dtype)
     if needs_bias:
@@ -182,8 +206,22 @@ def nvfp4_linear_quantized_backward(
 
 
 @nvfp4_linear_quantized_backward.register_fake
-def _(grad_out, x, weight, w_codes, w_scales, w_global_decode, w_ongrid, xt_ongrid, xt_gd,
-      recipe, seed, needs_x, needs_w, needs_bias):  # fmt: skip
+def _(
+    grad_out,
+    x,
+    weight,
+    w_codes,
+    w_scales,
+    w_global_decode,
+    w_ongrid,
+    xt_ongrid,
+    xt_gd,
+    recipe,
+    seed,
+    needs_x,
+    needs_w,
+    needs_bias,
+):
     n, k = impl.weight_nk(w_codes, w_ongrid)
     dx = x.new_empty(x.shape) if needs_x else x.new_empty((0,))
     dw = x.new_empty((n, k) if needs_w else (0,), dtype=weight.dtype)
@@ -197,8 +235,16 @@ def _setup_context(ctx, inputs, output):
     # with X^T's operand given the backward reads only x's shape, dtype and device: a
     # zero-stride stand-in, so that autograd keeps the operand alive instead of x as well
     x_kept = x.new_zeros(()).expand(x.shape) if xt_ongrid.numel() else x
-    ctx.save_for_backward(x_kept, weight, a["w_codes"], a["w_scales"], a["w_global_decode"],
-                          a["w_ongrid"], xt_ongrid, a["xt_gd"])  # fmt: skip
+    ctx.save_for_backward(
+        x_kept,
+        weight,
+        a["w_codes"],
+        a["w_scales"],
+        a["w_global_decode"],
+        a["w_ongrid"],
+        xt_ongrid,
+        a["xt_gd"],
+    )
     ctx.recipe = a["recipe"]
     ctx.site = a["site"]
     ctx.weight_dtype = weight.dtype
@@ -210,10 +256,21 @@ def _backward(ctx, grad_out):
     needs = needs_input_grad("nvfp4_linear_quantized", ctx.needs_input_grad)
     rec = impl.op_recipe(ctx.recipe)
     dx, dw, db = torch.ops.fp4_compile.nvfp4_linear_quantized_backward(
-        grad_out, x, weight, w_codes, w_scales, w_gd, w_ongrid, xt_ongrid, xt_gd, ctx.recipe,
-        site_seed(rec.seed, ctx.site), needs["x"], needs["weight"],
+        grad_out,
+        x,
+        weight,
+        w_codes,
+        w_scales,
+        w_gd,
+        w_ongrid,
+        xt_ongrid,
+        xt_gd,
+        ctx.recipe,
+        site_seed(rec.seed, ctx.site),
+        needs["x"],
+        needs["weight"],
         needs["bias"] and ctx.bias_dtype is not None,
-    )  # fmt: skip
+    )
     dx = dx if needs["x"] else None
     dw = dw.to(ctx.weight_dtype) if needs["weight"] else None
     db = db.to(ctx.bias_dtype) if (needs["bias"] and ctx.bias_dtype is not None) else None

@@ -48,8 +48,7 @@ from .row_codes_kernel import row_codes_from_parts
 
 
 @triton.jit
-def _quantize_row(y_ptr, ongrid_ptr, gd_ptr, amax_ptr, row, R, H, one_sixth,
-                  BLOCK_H: tl.constexpr):  # fmt: skip
+def _quantize_row(y_ptr, ongrid_ptr, gd_ptr, amax_ptr, row, R, H, one_sixth, BLOCK_H: tl.constexpr):
     NB: tl.constexpr = BLOCK_H // 16
     cols3 = tl.arange(0, NB)[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]  # [1, NB, 16]
     live = (cols3 < H) & ((cols3 * 0 + row) < R)
@@ -70,13 +69,24 @@ def _quantize_row(y_ptr, ongrid_ptr, gd_ptr, amax_ptr, row, R, H, one_sixth,
 
 
 @triton.jit
-def _rms_norm_quantize_kernel(x_ptr, w_ptr, y_ptr, ongrid_ptr, gd_ptr, amax_ptr, R, H, eps,
-                              one_sixth, HAS_W: tl.constexpr, BLOCK_H: tl.constexpr,
-                              ROWS: tl.constexpr):  # fmt: skip
+def _rms_norm_quantize_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    ongrid_ptr,
+    gd_ptr,
+    amax_ptr,
+    R,
+    H,
+    eps,
+    one_sixth,
+    HAS_W: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    ROWS: tl.constexpr,
+):
     for r in tl.static_range(ROWS):
         row = tl.program_id(0).to(tl.int64) * ROWS + r
-        rms_norm_row(x_ptr, x_ptr, w_ptr, y_ptr, y_ptr, row, R, H, eps, False, HAS_W, True,
-                     BLOCK_H)  # fmt: skip
+        rms_norm_row(x_ptr, x_ptr, w_ptr, y_ptr, y_ptr, row, R, H, eps, False, HAS_W, True, BLOCK_H)
     tl.debug_barrier()  # this program's rows of y, stored by all its threads, are read back
     for r in tl.static_range(ROWS):
         row = tl.program_id(0).to(tl.int64) * ROWS + r
@@ -84,13 +94,22 @@ def _rms_norm_quantize_kernel(x_ptr, w_ptr, y_ptr, ongrid_ptr, gd_ptr, amax_ptr,
 
 
 @triton.jit
-def _rms_norm_amax_kernel(x_ptr, w_ptr, y_ptr, part_ptr, R, H, eps, HAS_W: tl.constexpr,
-                          BLOCK_H: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+def _rms_norm_amax_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    part_ptr,
+    R,
+    H,
+    eps,
+    HAS_W: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    ROWS: tl.constexpr,
+):
     # step 1 of the split form: the norm's rows, then each row's max |y| (NaN where it holds one)
     for r in tl.static_range(ROWS):
         row = tl.program_id(0).to(tl.int64) * ROWS + r
-        rms_norm_row(x_ptr, x_ptr, w_ptr, y_ptr, y_ptr, row, R, H, eps, False, HAS_W, True,
-                     BLOCK_H)  # fmt: skip
+        rms_norm_row(x_ptr, x_ptr, w_ptr, y_ptr, y_ptr, row, R, H, eps, False, HAS_W, True, BLOCK_H)
     tl.debug_barrier()  # this program's rows of y, stored by all its threads, are read back
     for r in tl.static_range(ROWS):
         row = tl.program_id(0).to(tl.int64) * ROWS + r
@@ -100,12 +119,12 @@ def _rms_norm_amax_kernel(x_ptr, w_ptr, y_ptr, part_ptr, R, H, eps, HAS_W: tl.co
         amax = tl.max(tl.abs(y), axis=1)  # [1]
         nan = tl.max((y != y).to(tl.int32), axis=1)
         one = tl.arange(0, 1)
-        tl.store(part_ptr + row + one, tl.where(nan > 0, float("nan"), amax),
-                 mask=(one + row) < R)  # fmt: skip
+        tl.store(part_ptr + row + one, tl.where(nan > 0, float("nan"), amax), mask=(one + row) < R)
 
 
-def rms_norm_quantize(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
-                      split: bool | None = None):  # fmt: skip
+def rms_norm_quantize(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, split: bool | None = None
+):
     """x [..., H] -> (y [M, H] in x's dtype, on-grid BF16 [M, H], global decode FP32 [M, 1],
     row maxima FP32 [M]) in one launch, or for few rows in the split form's two (module
     docstring; the same bits). split: force the form (tests); None = `configs.LAUNCH`'s
@@ -131,9 +150,18 @@ def rms_norm_quantize(x: torch.Tensor, weight: torch.Tensor | None, eps: float, 
         parts = torch.empty((m, 1), dtype=torch.float32, device=dev)
         if m:
             _rms_norm_amax_kernel[(triton.cdiv(m, rows),)](
-                x2, weight if weight is not None else x2, y, parts, m, hdim, eps,
-                HAS_W=weight is not None, BLOCK_H=block, ROWS=rows, num_warps=warps,
-            )  # fmt: skip
+                x2,
+                weight if weight is not None else x2,
+                y,
+                parts,
+                m,
+                hdim,
+                eps,
+                HAS_W=weight is not None,
+                BLOCK_H=block,
+                ROWS=rows,
+                num_warps=warps,
+            )
         ongrid, gd, amax = row_codes_from_parts(y, parts, target=target)
         return y, ongrid, gd.reshape(m, 1), amax
     ongrid = torch.empty((m, hdim), dtype=torch.bfloat16, device=dev)
@@ -141,7 +169,19 @@ def rms_norm_quantize(x: torch.Tensor, weight: torch.Tensor | None, eps: float, 
     amax = torch.empty((m,), dtype=torch.float32, device=dev)
     if m:
         _rms_norm_quantize_kernel[(triton.cdiv(m, rows),)](
-            x2, weight if weight is not None else x2, y, ongrid, gd, amax, m, hdim, eps,
-            ONE_SIXTH_F32, HAS_W=weight is not None, BLOCK_H=block, ROWS=rows, num_warps=warps,
-        )  # fmt: skip
+            x2,
+            weight if weight is not None else x2,
+            y,
+            ongrid,
+            gd,
+            amax,
+            m,
+            hdim,
+            eps,
+            ONE_SIXTH_F32,
+            HAS_W=weight is not None,
+            BLOCK_H=block,
+            ROWS=rows,
+            num_warps=warps,
+        )
     return y, ongrid, gd.reshape(m, 1), amax

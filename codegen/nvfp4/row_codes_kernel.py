@@ -36,9 +36,21 @@ from ..triton_helpers import (
 
 
 @triton.jit
-def _row_codes_kernel(y_ptr, part_ptr, ongrid_ptr, gd_ptr, amax_ptr, R, C, P, stride_yr, one_sixth,
-                      BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-                      BLOCK_P: tl.constexpr):  # fmt: skip
+def _row_codes_kernel(
+    y_ptr,
+    part_ptr,
+    ongrid_ptr,
+    gd_ptr,
+    amax_ptr,
+    R,
+    C,
+    P,
+    stride_yr,
+    one_sixth,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
     rows = (tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     rmask = rows < R
     amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
@@ -71,8 +83,13 @@ def _row_codes_kernel(y_ptr, part_ptr, ongrid_ptr, gd_ptr, amax_ptr, R, C, P, st
     tl.store(ongrid_ptr + rows3 * C + cols3, val.to(ongrid_ptr.dtype.element_ty), mask=mask3)
 
 
-def row_codes_from_parts(y: torch.Tensor, parts: torch.Tensor, *, target: KernelTarget,
-                         ongrid_dtype: torch.dtype = torch.bfloat16):  # fmt: skip
+def row_codes_from_parts(
+    y: torch.Tensor,
+    parts: torch.Tensor,
+    *,
+    target: KernelTarget,
+    ongrid_dtype: torch.dtype = torch.bfloat16,
+):
     """y [R, C] (unit stride along C; the stored values), parts FP32 [R, P] (contiguous: max |y|
     over P column chunks, NaN where a chunk holds one) -> (on-grid [R, C] in ongrid_dtype,
     global decode FP32 [R], row maxima FP32 [R]), bitwise the per-row quantize of y (module
@@ -86,8 +103,20 @@ def row_codes_from_parts(y: torch.Tensor, parts: torch.Tensor, *, target: Kernel
     if r and c:
         grid = (triton.cdiv(r, lc["block_r"]), triton.cdiv(c, lc["block_k"]))
         _row_codes_kernel[grid](
-            y, parts, ongrid, gd, amax, r, c, parts.shape[1], y.stride(0), ONE_SIXTH_F32,
-            BLOCK_R=lc["block_r"], BLOCK_K=lc["block_k"], BLOCK_P=lc["block_p"],
-            **warps_kwargs(lc), **target.options,
-        )  # fmt: skip
+            y,
+            parts,
+            ongrid,
+            gd,
+            amax,
+            r,
+            c,
+            parts.shape[1],
+            y.stride(0),
+            ONE_SIXTH_F32,
+            BLOCK_R=lc["block_r"],
+            BLOCK_K=lc["block_k"],
+            BLOCK_P=lc["block_p"],
+            **warps_kwargs(lc),
+            **target.options,
+        )
     return ongrid, gd, amax

@@ -28,9 +28,19 @@ from ..runtime import arch_of, check_kernel_device
 
 @triton.jit
 def _segment_layout_kernel(
-    ends_ptr, src_ptr, group_ptr, start_ptr, width_ptr, row_index_ptr, src_rows_ptr, E, C,
-    BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr, ROW_INDEX: tl.constexpr,
-):  # fmt: skip
+    ends_ptr,
+    src_ptr,
+    group_ptr,
+    start_ptr,
+    width_ptr,
+    row_index_ptr,
+    src_rows_ptr,
+    E,
+    C,
+    BLOCK_C: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    ROW_INDEX: tl.constexpr,
+):
     # int32 throughout (tokens and columns < 2**31, checked by the launcher), and small
     # [BLOCK_C, BLOCK_E] tiles: a [64, 128] int64 tile spills to local memory on the H200
     # (benchmarks/results/2026-12-04_learner_ea76afb.md)
@@ -83,16 +93,19 @@ def segment_layout(
     of a source tensor, the MoE gather) also `src_rows` int64 [C]: row_index[src], -1 padding."""
     check_kernel_device(offsets, "offsets")
     if offsets.dim() != 1 or offsets.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"offsets must be int32/int64 [E], got {offsets.dtype}"
-                         f"{list(offsets.shape)}")  # fmt: skip
+        raise ValueError(
+            f"offsets must be int32/int64 [E], got {offsets.dtype}{list(offsets.shape)}"
+        )
     num_experts = offsets.shape[0]
     if num_experts == 0:
         raise ValueError("offsets must hold at least one expert's end")
     if row_index is not None and (
         row_index.dim() != 1 or row_index.shape[0] != num_tokens or row_index.is_floating_point()
     ):
-        raise ValueError(f"row_index must be an integer [{num_tokens}] tensor, got "
-                         f"{row_index.dtype}{list(row_index.shape)}")  # fmt: skip
+        raise ValueError(
+            f"row_index must be an integer [{num_tokens}] tensor, got "
+            f"{row_index.dtype}{list(row_index.shape)}"
+        )
     cols = -(-(num_tokens + (BLOCK_SIZE - 1) * num_experts) // BLOCK_SIZE) * BLOCK_SIZE
     dev = offsets.device
     src = torch.empty((cols,), dtype=torch.int64, device=dev)
@@ -106,10 +119,19 @@ def segment_layout(
     block_c = max(BLOCK_SIZE, lc["tile_elements"] // block_e)
     src_rows = torch.empty_like(src) if row_index is not None else None
     _segment_layout_kernel[(triton.cdiv(cols, block_c),)](
-        offsets, src, group, start, width,
-        row_index if row_index is not None else src, src_rows if src_rows is not None else src,
-        num_experts, cols, BLOCK_C=block_c, BLOCK_E=block_e, ROW_INDEX=row_index is not None,
-    )  # fmt: skip
+        offsets,
+        src,
+        group,
+        start,
+        width,
+        row_index if row_index is not None else src,
+        src_rows if src_rows is not None else src,
+        num_experts,
+        cols,
+        BLOCK_C=block_c,
+        BLOCK_E=block_e,
+        ROW_INDEX=row_index is not None,
+    )
     out = {"src": src, "start": start, "width": width, "cols": cols, "block_group": group}
     if src_rows is not None:
         out["src_rows"] = src_rows

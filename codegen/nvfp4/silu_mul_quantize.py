@@ -70,8 +70,11 @@ def silu_mul_halves_quantize(
 def _(x, row_mask, recipe):
     _check(x, recipe)
     r, c = x.shape[0], x.shape[-1] // 2
-    return (x.new_empty((r, c)), x.new_empty((r, c), dtype=torch.bfloat16),
-            x.new_empty((r, 1), dtype=torch.float32))  # fmt: skip
+    return (
+        x.new_empty((r, c)),
+        x.new_empty((r, c), dtype=torch.bfloat16),
+        x.new_empty((r, 1), dtype=torch.float32),
+    )
 
 
 def _setup(ctx, inputs, output):
@@ -111,8 +114,7 @@ def _cuda_pair(a, b, row_mask, rec, transposed):
     c = a.shape[-1]
     if not kernel_applies(a, b):  # silu_mul's own non-kernel path, then the quantize: same bits
         y = silu_mul(a, b, row_mask)
-        return y, *impl.cuda_activation_operands(y.reshape(-1, c), rec, None,
-                                                 transposed=transposed)  # fmt: skip
+        return y, *impl.cuda_activation_operands(y.reshape(-1, c), rec, None, transposed=transposed)
     y2, ongrid, gd, row_amax = kernel(a.reshape(-1, c), b.reshape(-1, c), row_mask)
     y = y2.reshape(a.shape)
     if not transposed:

@@ -45,10 +45,26 @@ from .row_codes_kernel import row_codes_from_parts
 
 
 @triton.jit
-def _silu_mul_quantize_kernel(a_ptr, b_ptr, o_ptr, ongrid_ptr, gd_ptr, amax_ptr, m_ptr, R, C, sa, sb,
-                              one_sixth, BF16: tl.constexpr, INTERP: tl.constexpr,
-                              ROW_MASK: tl.constexpr, BLOCK_R: tl.constexpr,
-                              BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+def _silu_mul_quantize_kernel(
+    a_ptr,
+    b_ptr,
+    o_ptr,
+    ongrid_ptr,
+    gd_ptr,
+    amax_ptr,
+    m_ptr,
+    R,
+    C,
+    sa,
+    sb,
+    one_sixth,
+    BF16: tl.constexpr,
+    INTERP: tl.constexpr,
+    ROW_MASK: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
     keep = rmask
@@ -63,8 +79,9 @@ def _silu_mul_quantize_kernel(a_ptr, b_ptr, o_ptr, ongrid_ptr, gd_ptr, amax_ptr,
         a = tl.load(a_ptr + rows[:, None] * sa + cols[None, :], mask=lmask, other=0.0)
         b = tl.load(b_ptr + rows[:, None] * sb + cols[None, :], mask=lmask, other=0.0)
         out = silu_mul_values(a.to(tl.float32), b.to(tl.float32), BF16, INTERP)
-        tl.store(o_ptr + rows[:, None] * C + cols[None, :], out.to(o_ptr.dtype.element_ty),
-                 mask=mask)  # fmt: skip
+        tl.store(
+            o_ptr + rows[:, None] * C + cols[None, :], out.to(o_ptr.dtype.element_ty), mask=mask
+        )
         amax = tl.maximum(amax, tl.max(tl.where(mask, tl.abs(out), 0.0), axis=1))
         nan = tl.maximum(nan, tl.max((mask & (out != out)).to(tl.int32), axis=1))
     gd, mult = scales_from_amax(amax, nan > 0, one_sixth, BLOCK_R)
@@ -85,9 +102,23 @@ def _silu_mul_quantize_kernel(a_ptr, b_ptr, o_ptr, ongrid_ptr, gd_ptr, amax_ptr,
 
 
 @triton.jit
-def _silu_mul_parts_kernel(a_ptr, b_ptr, o_ptr, part_ptr, m_ptr, R, C, P, sa, sb,
-                           BF16: tl.constexpr, INTERP: tl.constexpr, ROW_MASK: tl.constexpr,
-                           BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
+def _silu_mul_parts_kernel(
+    a_ptr,
+    b_ptr,
+    o_ptr,
+    part_ptr,
+    m_ptr,
+    R,
+    C,
+    P,
+    sa,
+    sb,
+    BF16: tl.constexpr,
+    INTERP: tl.constexpr,
+    ROW_MASK: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     # step 1 of the split form: one [BLOCK_R, BLOCK_C] tile of out and its rows' chunk maxima
     rows = (tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     rmask = rows < R
@@ -100,16 +131,23 @@ def _silu_mul_parts_kernel(a_ptr, b_ptr, o_ptr, part_ptr, m_ptr, R, C, P, sa, sb
     a = tl.load(a_ptr + rows[:, None] * sa + cols[None, :], mask=lmask, other=0.0)
     b = tl.load(b_ptr + rows[:, None] * sb + cols[None, :], mask=lmask, other=0.0)
     out = silu_mul_values(a.to(tl.float32), b.to(tl.float32), BF16, INTERP)
-    tl.store(o_ptr + rows[:, None] * C + cols[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=mask)  # fmt: skip
+    tl.store(o_ptr + rows[:, None] * C + cols[None, :], out.to(o_ptr.dtype.element_ty), mask=mask)
     amax = tl.max(tl.where(mask, tl.abs(out), 0.0), axis=1)
     nan = tl.max((mask & (out != out)).to(tl.int32), axis=1)
-    tl.store(part_ptr + rows * P + tl.program_id(1).to(tl.int64), tl.where(nan > 0, float("nan"), amax),
-             mask=rmask)  # fmt: skip
+    tl.store(
+        part_ptr + rows * P + tl.program_id(1).to(tl.int64),
+        tl.where(nan > 0, float("nan"), amax),
+        mask=rmask,
+    )
 
 
-def silu_mul_quantize(a: torch.Tensor, b: torch.Tensor, row_mask: torch.Tensor | None = None, *,
-                      split: bool | None = None):  # fmt: skip
+def silu_mul_quantize(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    row_mask: torch.Tensor | None = None,
+    *,
+    split: bool | None = None,
+):
     """a, b [R, C] (unit inner stride, any row stride; bf16 or FP32) -> (silu(a) * b [R, C] in
     a's dtype, its on-grid BF16 operand [R, C], per-row global decode FP32 [R, 1], row maxima
     FP32 [R] (NaN where the row holds one, as `abs_max_kernel.row_abs_max`)) in one launch, or
@@ -137,11 +175,24 @@ def silu_mul_quantize(a: torch.Tensor, b: torch.Tensor, row_mask: torch.Tensor |
         parts = torch.empty((r, triton.cdiv(c, tile_c)), dtype=torch.float32, device=a.device)
         if r and c:
             _silu_mul_parts_kernel[(triton.cdiv(r, tile_r), parts.shape[1])](
-                a, b, out, parts, m if m is not None else parts, r, c, parts.shape[1],
-                a.stride(0), b.stride(0), BF16=a.dtype == torch.bfloat16, INTERP=interpreting(),
-                ROW_MASK=m is not None, BLOCK_R=tile_r, BLOCK_C=tile_c, **warps_kwargs(lc),
+                a,
+                b,
+                out,
+                parts,
+                m if m is not None else parts,
+                r,
+                c,
+                parts.shape[1],
+                a.stride(0),
+                b.stride(0),
+                BF16=a.dtype == torch.bfloat16,
+                INTERP=interpreting(),
+                ROW_MASK=m is not None,
+                BLOCK_R=tile_r,
+                BLOCK_C=tile_c,
+                **warps_kwargs(lc),
                 **target.options,
-            )  # fmt: skip
+            )
         ongrid, gd, amax = row_codes_from_parts(out, parts, target=target)
         return out, ongrid, gd.reshape(r, 1), amax
     ongrid = torch.empty((r, c), dtype=torch.bfloat16, device=a.device)
@@ -149,9 +200,25 @@ def silu_mul_quantize(a: torch.Tensor, b: torch.Tensor, row_mask: torch.Tensor |
     amax = torch.empty((r,), dtype=torch.float32, device=a.device)
     if r and c:
         _silu_mul_quantize_kernel[(triton.cdiv(r, block_r),)](
-            a, b, out, ongrid, gd, amax, m if m is not None else gd, r, c, a.stride(0), b.stride(0),
-            ONE_SIXTH_F32, BF16=a.dtype == torch.bfloat16, INTERP=interpreting(),
-            ROW_MASK=m is not None, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_K=block_k,
-            **warps_kwargs(lc), **target.options,
-        )  # fmt: skip
+            a,
+            b,
+            out,
+            ongrid,
+            gd,
+            amax,
+            m if m is not None else gd,
+            r,
+            c,
+            a.stride(0),
+            b.stride(0),
+            ONE_SIXTH_F32,
+            BF16=a.dtype == torch.bfloat16,
+            INTERP=interpreting(),
+            ROW_MASK=m is not None,
+            BLOCK_R=block_r,
+            BLOCK_C=block_c,
+            BLOCK_K=block_k,
+            **warps_kwargs(lc),
+            **target.options,
+        )
     return out, ongrid, gd.reshape(r, 1), amax

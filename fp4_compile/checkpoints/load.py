@@ -39,8 +39,10 @@ def checkpoint_format(config: dict) -> str:
         return "compressed-tensors"
     if method == "modelopt" and qc.get("quant_algo") == "NVFP4":
         return "modelopt"
-    raise ValueError(f"config.json: quantization_config is not NVFP4 compressed-tensors or "
-                     f"ModelOpt (quant_method={method!r})")  # fmt: skip
+    raise ValueError(
+        f"config.json: quantization_config is not NVFP4 compressed-tensors or "
+        f"ModelOpt (quant_method={method!r})"
+    )
 
 
 def read_weights(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -111,9 +111,11 @@ def plan_export(model, recipe: NVFP4Recipe) -> ExportPlan:
         path: module.weight.detach()
         for path, module in model.named_modules()
         if isinstance(module, torch.nn.Linear)
-        and gemm_precision(recipe, path, n=module.weight.shape[0], k=module.weight.shape[1],
-                           num_layers=num_layers)[0] == "nvfp4"
-    }  # fmt: skip
+        and gemm_precision(
+            recipe, path, n=module.weight.shape[0], k=module.weight.shape[1], num_layers=num_layers
+        )[0]
+        == "nvfp4"
+    }
     group_of = {
         path: [nvfp4[p] for p in paths]
         for paths in shared_scale_groups(nvfp4, recipe).values()

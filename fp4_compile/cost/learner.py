@@ -102,16 +102,25 @@ def adamw_rows(model: torch.nn.Module) -> list[OpCost]:
     read = sum(p.numel() * (2 * p.element_size() + 8) for p in params)
     written = sum(p.numel() * (p.element_size() + 8) for p in params)
     launches = -(-len(params) // ADAMW_TENSORS_PER_LAUNCH)
-    return [OpCost(op="AdamW (fused)", nodes=["optimizer"], launches=launches, bytes_read=read,
-                   bytes_written=written, flops=0,
-                   note="launches estimated: multi_tensor_apply chunks")]  # fmt: skip
+    return [
+        OpCost(
+            op="AdamW (fused)",
+            nodes=["optimizer"],
+            launches=launches,
+            bytes_read=read,
+            bytes_written=written,
+            flops=0,
+            note="launches estimated: multi_tensor_apply chunks",
+        )
+    ]
 
 
 QUANTIZE_WEIGHTS = ("every_call", *FORMS)  # the learner's modes (and the store's earlier form)
 
 
-def learner_step_cost(model, note: str, *, recipe: str, batch: int, seq: int,
-                      quantize_weights: str = "every_call") -> dict:  # fmt: skip
+def learner_step_cost(
+    model, note: str, *, recipe: str, batch: int, seq: int, quantize_weights: str = "every_call"
+) -> dict:
     """The cost model's object of one learner step (one micro-batch): forward, backward, AdamW
     and the weight quantize: in every forward (`every_call`) or the store's rewrite once per
     optimizer step (`on_change`, `weight_store.py`). `at_micro_batches` prices a step
@@ -119,8 +128,9 @@ def learner_step_cost(model, note: str, *, recipe: str, batch: int, seq: int,
     if batch < 1 or seq < 1:
         raise ValueError(f"batch and seq must be >= 1, got {batch} and {seq}")
     if quantize_weights not in QUANTIZE_WEIGHTS:
-        raise ValueError(f"quantize_weights must be one of {QUANTIZE_WEIGHTS}, got "
-                         f"{quantize_weights!r}")  # fmt: skip
+        raise ValueError(
+            f"quantize_weights must be one of {QUANTIZE_WEIGHTS}, got {quantize_weights!r}"
+        )
     store = None if quantize_weights == "every_call" else learner_store(model, quantize_weights)
     fw, bw, params = learner_graphs(model, recipe, batch=batch, seq=seq, store=store)
     frac, assumption = expert_fraction(model, batch * seq)
@@ -159,6 +169,7 @@ def at_micro_batches(res: dict, micro_batches: int) -> dict:
     per_call = ["forward", "backward"]
     once = ["optimizer"]
     (per_call if res["weight_quantize_per"] == "micro-batch" else once).append("weight_quantize")
-    return {key: sum(res[p][key] for p in per_call) * micro_batches
-            + sum(res[p][key] for p in once)
-            for key in ("launches", "bytes", "roofline_ms")}  # fmt: skip
+    return {
+        key: sum(res[p][key] for p in per_call) * micro_batches + sum(res[p][key] for p in once)
+        for key in ("launches", "bytes", "roofline_ms")
+    }

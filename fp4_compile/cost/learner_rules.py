@@ -40,8 +40,15 @@ def _size(x) -> int:
 
 
 def _row(op, node, read, written, flops=0, note="") -> OpCost:
-    return OpCost(op=op, nodes=[node.name], launches=1, bytes_read=int(read),
-                  bytes_written=int(written), flops=int(flops), note=note)  # fmt: skip
+    return OpCost(
+        op=op,
+        nodes=[node.name],
+        launches=1,
+        bytes_read=int(read),
+        bytes_written=int(written),
+        flops=int(flops),
+        note=note,
+    )
 
 
 def _recipe(a: dict):
@@ -67,26 +74,43 @@ def _dense_backward(node: fx.Node) -> list[OpCost]:
         rows.append(_row(f"{name}: dY amax", node, m * n * e, 4))
     if nx:
         if rec.dgrad == "bf16":
-            rows.append(_row(f"{name}: dgrad BF16 mm", node, (m * n + n * k) * 2, m * k * e,
-                             2 * m * n * k))  # fmt: skip
+            rows.append(
+                _row(f"{name}: dgrad BF16 mm", node, (m * n + n * k) * 2, m * k * e, 2 * m * n * k)
+            )
         else:
             rows.append(_row(f"{name}: dY quantize (on-grid)", node, m * n * e, m * n * 2))
             if not isinstance(a["w_ongrid"], fx.Node):
-                rows.append(_row(f"{name}: weight dequantize", node, n * k // 2 + n * k // 16,
-                                 n * k * 2))  # fmt: skip
-            rows.append(_row(f"{name}: dgrad GEMM", node, (m * n + n * k) * 2, m * k * e,
-                             2 * m * n * k))  # fmt: skip
+                rows.append(
+                    _row(f"{name}: weight dequantize", node, n * k // 2 + n * k // 16, n * k * 2)
+                )
+            rows.append(
+                _row(f"{name}: dgrad GEMM", node, (m * n + n * k) * 2, m * k * e, 2 * m * n * k)
+            )
     if nw:
         if rec.wgrad == "bf16":
-            rows.append(_row(f"{name}: wgrad BF16 mm", node, (m * n + m * k) * 2, n * k * _size(w),
-                             2 * m * n * k))  # fmt: skip
+            rows.append(
+                _row(
+                    f"{name}: wgrad BF16 mm",
+                    node,
+                    (m * n + m * k) * 2,
+                    n * k * _size(w),
+                    2 * m * n * k,
+                )
+            )
         else:
             rows.append(_row(f"{name}: dY^T quantize", node, m * n * e, n * m16 * 2))
             if not xt_given:
                 rows.append(_row(f"{name}: X amax", node, m * k * e, 4))
                 rows.append(_row(f"{name}: X^T quantize", node, m * k * e, k * m16 * 2))
-            rows.append(_row(f"{name}: wgrad GEMM", node, (n + k) * m16 * 2, n * k * _size(w),
-                             2 * m16 * n * k))  # fmt: skip
+            rows.append(
+                _row(
+                    f"{name}: wgrad GEMM",
+                    node,
+                    (n + k) * m16 * 2,
+                    n * k * _size(w),
+                    2 * m16 * n * k,
+                )
+            )
     if a.get("needs_bias"):
         rows.append(_row(f"{name}: dbias", node, m * n * e, n * 4))
     return rows
@@ -110,22 +134,44 @@ def _grouped_backward(node: fx.Node, expert_fraction: float) -> list[OpCost]:
         rows.append(_row(f"{name}: dY amax", node, t * 4, 4))
     if nx:
         if rec.dgrad == "bf16":
-            rows.append(_row(f"{name}: dgrad BF16 per expert", node, (t * n + wbytes) * 2,
-                             t * k * e, 2 * t * n * k))  # fmt: skip
+            rows.append(
+                _row(
+                    f"{name}: dgrad BF16 per expert",
+                    node,
+                    (t * n + wbytes) * 2,
+                    t * k * e,
+                    2 * t * n * k,
+                )
+            )
         else:
             rows.append(_row(f"{name}: dY quantize (on-grid)", node, t * n * e, t * n * 2))
             if not isinstance(a["w_ongrid"], fx.Node):
-                rows.append(_row(f"{name}: weight dequantize", node, wbytes // 2 + wbytes // 16,
-                                 wbytes * 2))  # fmt: skip
-            rows.append(_row(f"{name}: dgrad grouped GEMM", node, t * n * 2 + wbytes * 2,
-                             t * k * e, 2 * t * n * k))  # fmt: skip
+                rows.append(
+                    _row(f"{name}: weight dequantize", node, wbytes // 2 + wbytes // 16, wbytes * 2)
+                )
+            rows.append(
+                _row(
+                    f"{name}: dgrad grouped GEMM",
+                    node,
+                    t * n * 2 + wbytes * 2,
+                    t * k * e,
+                    2 * t * n * k,
+                )
+            )
         if isinstance(a.get("x_index"), fx.Node):
             xr = _shape(x)[0]
             rows.append(_row(f"{name}: dX scatter of gathered rows", node, t * k * e, xr * k * e))
     if nw:
         if rec.wgrad == "bf16":
-            rows.append(_row(f"{name}: wgrad BF16 per expert", node, (t * n + t * k) * 2,
-                             experts * n * k * _size(w), 2 * t * n * k))  # fmt: skip
+            rows.append(
+                _row(
+                    f"{name}: wgrad BF16 per expert",
+                    node,
+                    (t * n + t * k) * 2,
+                    experts * n * k * _size(w),
+                    2 * t * n * k,
+                )
+            )
         else:
             t16 = t + 16 * experts  # each expert's segment padded to 16 tokens
             rows.append(_row(f"{name}: segment layout", node, experts * 8, t * 8))
@@ -133,8 +179,15 @@ def _grouped_backward(node: fx.Node, expert_fraction: float) -> list[OpCost]:
             rows.append(_row(f"{name}: dY^T segments quantize", node, t * n * e, n * t16 * 2))
             rows.append(_row(f"{name}: X row maxima", node, t * k * e, t * 4))
             rows.append(_row(f"{name}: X^T segments quantize", node, t * k * e, k * t16 * 2))
-            rows.append(_row(f"{name}: wgrad grouped GEMM", node, (n + k) * t16 * 2,
-                             experts * n * k * _size(w), 2 * t16 * n * k))  # fmt: skip
+            rows.append(
+                _row(
+                    f"{name}: wgrad grouped GEMM",
+                    node,
+                    (n + k) * t16 * 2,
+                    experts * n * k * _size(w),
+                    2 * t16 * n * k,
+                )
+            )
     return rows
 
 
@@ -160,9 +213,14 @@ def _bf16_grouped_backward(node: fx.Node, expert_fraction: float) -> list[OpCost
     wb = int(experts * n * k * expert_fraction) * _size(w)
     rows = [
         _row(f"{name}: dgrad per expert", node, t * n * _size(dy) + wb, t * k * 4, 2 * t * n * k),
-        _row(f"{name}: wgrad per expert", node, t * (n + k) * _size(dy), experts * n * k * 4,
-             2 * t * n * k),
-    ]  # fmt: skip
+        _row(
+            f"{name}: wgrad per expert",
+            node,
+            t * (n + k) * _size(dy),
+            experts * n * k * 4,
+            2 * t * n * k,
+        ),
+    ]
     for r in rows:
         r.launches = experts
     return rows

@@ -65,8 +65,9 @@ def step_inputs(model, *, batch: int, tokens: int, context: int, max_seq_len: in
     pos = torch.zeros((batch, tokens), dtype=torch.long, **meta)
     kv_len = torch.full((batch,), context, dtype=torch.long, **meta)
     shape = (batch, cfg.num_key_value_heads, max_seq_len, head_dim)
-    caches = [torch.zeros(shape, dtype=torch.bfloat16, **meta)
-              for _ in range(2 * cfg.num_hidden_layers)]  # fmt: skip
+    caches = [
+        torch.zeros(shape, dtype=torch.bfloat16, **meta) for _ in range(2 * cfg.num_hidden_layers)
+    ]
     return (ids, pos, kv_len, *caches)
 
 
@@ -75,8 +76,9 @@ def lowered_step(model, recipe: str, *, batch: int, tokens: int, context: int, m
     with `recipe` ("strict", "bf16"), or as transformers' own ops ("stock")."""
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
-    example = step_inputs(model, batch=batch, tokens=tokens, context=context,
-                          max_seq_len=max_seq_len)  # fmt: skip
+    example = step_inputs(
+        model, batch=batch, tokens=tokens, context=context, max_seq_len=max_seq_len
+    )
     with torch.no_grad():
         program = torch.export.export(RolloutStep(model).eval(), example, strict=False)
         if recipe != "stock":
@@ -100,19 +102,24 @@ def expert_fraction(model, tokens: int) -> tuple[float, str]:
 
 
 def phase_cost(model, recipe: str, *, batch: int, tokens: int, context: int, max_seq_len: int):
-    program = lowered_step(model, recipe, batch=batch, tokens=tokens, context=context,
-                           max_seq_len=max_seq_len)  # fmt: skip
+    program = lowered_step(
+        model, recipe, batch=batch, tokens=tokens, context=context, max_seq_len=max_seq_len
+    )
     sig = program.graph_signature
     frac, assumption = expert_fraction(model, batch * tokens)
     rows, per_version = step_costs(
-        program.graph_module, params=set(sig.inputs_to_parameters),
-        caches=set(sig.user_inputs[3:]), context=context, expert_fraction=frac,
-    )  # fmt: skip
+        program.graph_module,
+        params=set(sig.inputs_to_parameters),
+        caches=set(sig.user_inputs[3:]),
+        context=context,
+        expert_fraction=frac,
+    )
     return rows, per_version, assumption
 
 
-def step_cost(model, note: str, *, batch: int, context: int, recipe: str,
-              max_seq_len: int | None = None) -> dict:  # fmt: skip
+def step_cost(
+    model, note: str, *, batch: int, context: int, recipe: str, max_seq_len: int | None = None
+) -> dict:
     """The cost model's object for one (model, batch, context, recipe): the decode step's totals
     and rows, the prefill's totals, the work done once per weight version."""
     if batch < 1 or context < 1:
@@ -138,7 +145,7 @@ def step_cost(model, note: str, *, batch: int, context: int, recipe: str,
             "tokens_per_sequence": context,
             "assumption": pre_assumption,
             "by_op": by_op(pre_rows)[:5],
-        },  # fmt: skip
+        },
         "per_weight_version": summarize(per_version),
         "constants": constants(),
     }

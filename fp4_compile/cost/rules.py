@@ -21,24 +21,77 @@ COPY_BYTES_PER_S = 4254e9
 # cuBLAS BF16 8192^3 on the H200: `benchmarks/results/2026-12-02_gemm.md` (678 TFLOP/s).
 BF16_FLOPS_PER_S = 678e12
 
-_VIEWS = {"view", "_unsafe_view", "reshape", "transpose", "permute", "t", "unsqueeze", "squeeze",
-          "expand", "slice", "select", "alias", "detach", "as_strided", "chunk", "split",
-          "split_with_sizes", "unbind", "_assert_tensor_metadata", "sym_size", "sym_numel",
-          "sym_stride", "lift_fresh_copy", "unflatten", "flatten", "narrow"}  # fmt: skip
+_VIEWS = {
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "transpose",
+    "permute",
+    "t",
+    "unsqueeze",
+    "squeeze",
+    "expand",
+    "slice",
+    "select",
+    "alias",
+    "detach",
+    "as_strided",
+    "chunk",
+    "split",
+    "split_with_sizes",
+    "unbind",
+    "_assert_tensor_metadata",
+    "sym_size",
+    "sym_numel",
+    "sym_stride",
+    "lift_fresh_copy",
+    "unflatten",
+    "flatten",
+    "narrow",
+}
 _GEMMS = {"mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "_grouped_mm"}
-_ATTENTION = {"scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
-              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"}  # fmt: skip
-EXTERN = _GEMMS | _ATTENTION | {
-    "sort", "topk", "cumsum", "cumprod", "histc", "bincount", "argsort", "scatter", "scatter_",
-    "scatter_add", "scatter_add_", "index_put", "index_put_", "index_add", "index_add_",
-    "nonzero", "searchsorted", "multinomial", "index_copy_", "index_copy",
-}  # fmt: skip
+_ATTENTION = {
+    "scaled_dot_product_attention",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+}
+EXTERN = (
+    _GEMMS
+    | _ATTENTION
+    | {
+        "sort",
+        "topk",
+        "cumsum",
+        "cumprod",
+        "histc",
+        "bincount",
+        "argsort",
+        "scatter",
+        "scatter_",
+        "scatter_add",
+        "scatter_add_",
+        "index_put",
+        "index_put_",
+        "index_add",
+        "index_add_",
+        "nonzero",
+        "searchsorted",
+        "multinomial",
+        "index_copy_",
+        "index_copy",
+    }
+)
 _IN_PLACE = {"scatter_", "index_put_", "index_copy_", "index_add_", "scatter_add_"}
 _WEIGHT_CACHED = {"quantize", "quantize_with_ongrid", "weight_group_amax"}
 # fp4_compile ops whose CUDA dispatch launches more than one kernel: x quantized inside the op
 EXTRA_LAUNCHES = {"nvfp4_linear": 1, "nvfp4_grouped_mm": 1}
-_NVFP4_GEMMS = {"nvfp4_linear", "nvfp4_linear_quantized", "nvfp4_grouped_mm",
-                "nvfp4_grouped_mm_quantized"}  # fmt: skip
+_NVFP4_GEMMS = {
+    "nvfp4_linear",
+    "nvfp4_linear_quantized",
+    "nvfp4_grouped_mm",
+    "nvfp4_grouped_mm_quantized",
+}
 _BF16_GEMMS = {"invariant_linear", "invariant_grouped_mm"}
 _GROUPED = {"nvfp4_grouped_mm", "nvfp4_grouped_mm_quantized", "invariant_grouped_mm", "_grouped_mm"}
 
@@ -201,9 +254,17 @@ def _fp4_cost(n: fx.Node, g: _Graph, ctx: dict) -> OpCost:
     copies = reads_cache and written >= _cache_layer_bytes(g) > 0  # attention's output is none
     if copies:
         kv = _COPY
-    return OpCost(op=op_name(n), nodes=[n.name], launches=launches, bytes_read=read,
-                  bytes_written=written, flops=flops, kv_cache=kv, copies_kv_cache=copies,
-                  note=note)  # fmt: skip
+    return OpCost(
+        op=op_name(n),
+        nodes=[n.name],
+        launches=launches,
+        bytes_read=read,
+        bytes_written=written,
+        flops=flops,
+        kv_cache=kv,
+        copies_kv_cache=copies,
+        note=note,
+    )
 
 
 def _gemm_facts(n, g: _Graph, ctx, name, launches, read):
@@ -272,8 +333,15 @@ def _extern_cost(n: fx.Node, g: _Graph, ctx: dict) -> OpCost:
     if name in _ATTENTION:
         flops = 4 * int(_val(n.args[0]).numel()) * int(_val(n.args[1]).shape[-2])
         kv = "reads the whole static cache (S slots)"
-    return OpCost(op=op_name(n), nodes=[n.name], launches=1, bytes_read=read,
-                  bytes_written=written, flops=flops, kv_cache=kv)  # fmt: skip
+    return OpCost(
+        op=op_name(n),
+        nodes=[n.name],
+        launches=1,
+        bytes_read=read,
+        bytes_written=written,
+        flops=flops,
+        kv_cache=kv,
+    )
 
 
 def _is_weight_version(n: fx.Node, g: _Graph) -> bool:
@@ -285,9 +353,13 @@ def _is_weight_version(n: fx.Node, g: _Graph) -> bool:
 
 
 def step_costs(
-    gm: fx.GraphModule, *, params: set[str], caches: set[str], context: int,
+    gm: fx.GraphModule,
+    *,
+    params: set[str],
+    caches: set[str],
+    context: int,
     expert_fraction: float,
-) -> tuple[list[OpCost], list[OpCost]]:  # fmt: skip
+) -> tuple[list[OpCost], list[OpCost]]:
     """(rows of the step, rows run once per weight version) of graph `gm`, by the module's rules."""
     g = _Graph(gm, params, caches)
     ctx = {"context": context, "expert_fraction": expert_fraction}
@@ -357,9 +429,18 @@ def _fused_rows(g: _Graph, fusible: list[fx.Node], stage: dict) -> list[OpCost]:
         written = sum(_nbytes(_val(n)) for n in members if _leaves(n, inside, users, g))
         copies = cache_in and written >= _cache_layer_bytes(g) > 0
         name = "fused: " + "+".join(sorted({_short(n) for n in members}))[:80]
-        rows.append(OpCost(op=name, nodes=[n.name for n in members], launches=1,
-                           bytes_read=read, bytes_written=written, flops=0,
-                           copies_kv_cache=copies, kv_cache=_COPY if copies else ""))  # fmt: skip
+        rows.append(
+            OpCost(
+                op=name,
+                nodes=[n.name for n in members],
+                launches=1,
+                bytes_read=read,
+                bytes_written=written,
+                flops=0,
+                copies_kv_cache=copies,
+                kv_cache=_COPY if copies else "",
+            )
+        )
     return rows
 
 

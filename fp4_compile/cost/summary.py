@@ -12,7 +12,7 @@ def summarize(rows: list[OpCost]) -> dict:
         "launches": sum(r.launches for r in rows),
         "launches_eager": sum(
             len(r.nodes) if r.op.startswith("fused") else r.launches for r in rows
-        ),  # fmt: skip
+        ),
         "bytes": sum(r.bytes for r in rows),
         "bytes_read": sum(r.bytes_read for r in rows),
         "bytes_written": sum(r.bytes_written for r in rows),
@@ -26,8 +26,18 @@ def by_op(rows: list[OpCost]) -> list[dict]:
     """Rows summed per op name, most bytes first."""
     agg: dict[str, dict] = {}
     for r in rows:
-        a = agg.setdefault(r.op, {"op": r.op, "count": 0, "launches": 0, "bytes": 0, "flops": 0,
-                                  "roofline_us": 0.0, "kv_cache": r.kv_cache})  # fmt: skip
+        a = agg.setdefault(
+            r.op,
+            {
+                "op": r.op,
+                "count": 0,
+                "launches": 0,
+                "bytes": 0,
+                "flops": 0,
+                "roofline_us": 0.0,
+                "kv_cache": r.kv_cache,
+            },
+        )
         a["count"] += 1
         a["launches"] += r.launches
         a["bytes"] += r.bytes

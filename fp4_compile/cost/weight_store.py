@@ -56,23 +56,62 @@ def refresh_rows(store, form: str) -> list[OpCost]:
         if group and group not in groups:
             groups.add(group)
             read = sum(_nbytes(store.params[m]) for m in group)
-            rows.append(OpCost(op="refresh: weight_group_amax", nodes=[name], launches=1,
-                               bytes_read=read, bytes_written=4, flops=0))  # fmt: skip
+            rows.append(
+                OpCost(
+                    op="refresh: weight_group_amax",
+                    nodes=[name],
+                    launches=1,
+                    bytes_read=read,
+                    bytes_written=4,
+                    flops=0,
+                )
+            )
         packed = _nbytes(e.codes) + _nbytes(e.scales)
         gd = _nbytes(e.global_decode)
         op = "quantize_with_ongrid" if e.ongrid is not None else "quantize"
         w = store.params[name]
         if per_expert_quantize(e.spec.global_scale) and not FORMS[form].get("row_maxima_given"):
-            rows.append(OpCost(op="refresh: expert weight row maxima", nodes=[name], launches=1,
-                               bytes_read=_nbytes(w), bytes_written=w.numel() // w.shape[-1] * 4,
-                               flops=0, note=EXPERT_ROW_MAXIMA))  # fmt: skip
-        rows.append(OpCost(op=f"refresh: {op}", nodes=[name], launches=1,
-                           bytes_read=_nbytes(w) + (4 if group else 0),
-                           bytes_written=packed + gd + _nbytes(e.ongrid), flops=0))  # fmt: skip
+            rows.append(
+                OpCost(
+                    op="refresh: expert weight row maxima",
+                    nodes=[name],
+                    launches=1,
+                    bytes_read=_nbytes(w),
+                    bytes_written=w.numel() // w.shape[-1] * 4,
+                    flops=0,
+                    note=EXPERT_ROW_MAXIMA,
+                )
+            )
+        rows.append(
+            OpCost(
+                op=f"refresh: {op}",
+                nodes=[name],
+                launches=1,
+                bytes_read=_nbytes(w) + (4 if group else 0),
+                bytes_written=packed + gd + _nbytes(e.ongrid),
+                flops=0,
+            )
+        )
         if copies:
-            rows.append(OpCost(op="refresh: copy into the store", nodes=[name], launches=3,
-                               bytes_read=packed + gd, bytes_written=packed + gd, flops=0))  # fmt: skip
+            rows.append(
+                OpCost(
+                    op="refresh: copy into the store",
+                    nodes=[name],
+                    launches=3,
+                    bytes_read=packed + gd,
+                    bytes_written=packed + gd,
+                    flops=0,
+                )
+            )
         else:
-            rows.append(OpCost(op="refresh: global decode copy", nodes=[name], launches=1,
-                               bytes_read=gd, bytes_written=gd, flops=0))  # fmt: skip
+            rows.append(
+                OpCost(
+                    op="refresh: global decode copy",
+                    nodes=[name],
+                    launches=1,
+                    bytes_read=gd,
+                    bytes_written=gd,
+                    flops=0,
+                )
+            )
     return rows

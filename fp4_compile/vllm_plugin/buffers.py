@@ -25,17 +25,22 @@ def linear_buffers(weight_NK: torch.Tensor, shards: tuple[int, ...], recipe: NVF
         raise ValueError(f"shards {shards} do not add up to the weight's {weight_NK.shape[0]} rows")
     bounds = [sum(shards[:i]) for i in range(len(shards) + 1)]
     parts = [weight_NK[a:b] for a, b in zip(bounds, bounds[1:])]
-    shared = (len(parts) > 1 and recipe.shared_weight_scale
-              and recipe.weight.global_scale == "per_tensor")  # fmt: skip
+    shared = (
+        len(parts) > 1 and recipe.shared_weight_scale and recipe.weight.global_scale == "per_tensor"
+    )
     codes, scales, gds = [], [], []
     for part in parts:
-        c, s, gd = quantize_weight_bytes(part, recipe, experts=False,
-                                         group=parts if shared else None)  # fmt: skip
+        c, s, gd = quantize_weight_bytes(
+            part, recipe, experts=False, group=parts if shared else None
+        )
         codes.append(c)
         scales.append(s.view(torch.uint8))
         gds.append(gd.reshape(1))
-    return {"minite_codes": torch.cat(codes), "minite_scales": torch.cat(scales),
-            "minite_global_decode": torch.cat(gds)}  # fmt: skip
+    return {
+        "minite_codes": torch.cat(codes),
+        "minite_scales": torch.cat(scales),
+        "minite_global_decode": torch.cat(gds),
+    }
 
 
 def expert_buffers(w13_EKH: torch.Tensor, w2_EHI: torch.Tensor, recipe: NVFP4Recipe) -> dict:

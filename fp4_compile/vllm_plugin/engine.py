@@ -107,23 +107,32 @@ class VLLMRolloutEngine:
         if self.recipe is None:
             model.save_pretrained(str(self.folder), safe_serialization=True)
         else:
-            write_model_folder(model, self.folder, recipe=self.recipe, full=full,
-                               temperature=temperature)  # fmt: skip
+            write_model_folder(
+                model, self.folder, recipe=self.recipe, full=full, temperature=temperature
+            )
         cfg = getattr(model.config, "text_config", None) or model.config
         self.vocab_size = int(cfg.vocab_size)
-        kv_bytes = kv_cache_bytes(model.config, dtype=dtype, max_batch=max_batch,
-                                  max_seq_len=max_seq_len)  # fmt: skip
+        kv_bytes = kv_cache_bytes(
+            model.config, dtype=dtype, max_batch=max_batch, max_seq_len=max_seq_len
+        )
         with torch._dynamo.config.patch(disable=True):  # vLLM's sampler helper: no Inductor
             self.llm = LLM(
-                str(self.folder), skip_tokenizer_init=True,
-                dtype=str(dtype).removeprefix("torch."), enforce_eager=True,
-                max_model_len=max_seq_len, max_num_seqs=max_batch,
-                kv_cache_memory_bytes=kv_bytes, seed=seed,
-                **({} if max_num_batched_tokens is None
-                   else {"max_num_batched_tokens": max_num_batched_tokens}),
+                str(self.folder),
+                skip_tokenizer_init=True,
+                dtype=str(dtype).removeprefix("torch."),
+                enforce_eager=True,
+                max_model_len=max_seq_len,
+                max_num_seqs=max_batch,
+                kv_cache_memory_bytes=kv_bytes,
+                seed=seed,
+                **(
+                    {}
+                    if max_num_batched_tokens is None
+                    else {"max_num_batched_tokens": max_num_batched_tokens}
+                ),
                 # full: the model returns minite's log-probs as its "logits"; report them as is
                 logprobs_mode="raw_logits" if full else "processed_logprobs",
-            )  # fmt: skip
+            )
         (self.layout,) = self.llm.apply_model(layer_layout)
         self.last_sync: dict[str, float] = {}
         """bytes and seconds of the last `update_weights` (learner side, vLLM side)."""
@@ -217,7 +226,7 @@ class VLLMRolloutEngine:
                 logprobs=0,
                 stop_token_ids=stop,
                 detokenize=False,
-            )  # fmt: skip
+            )
             for s in seeds
         ]
         with torch._dynamo.config.patch(disable=True):  # vLLM's sampler helper: no Inductor

@@ -35,8 +35,11 @@ def expert_linear(x_TK, layer, name: str, e: int, recipe: NVFP4Recipe) -> torch.
     codes = getattr(layer, f"minite_{name}_codes")[e]
     n, k = codes.shape[0], x_TK.shape[-1]
     stand_in = x_TK.new_zeros(()).expand(n, k)  # the op's master weight: unused here
-    w = QuantizedWeight(codes=codes, scales=getattr(layer, f"minite_{name}_scales")[e],
-                        global_decode=getattr(layer, f"minite_{name}_global_decode")[e].reshape(()))  # fmt: skip
+    w = QuantizedWeight(
+        codes=codes,
+        scales=getattr(layer, f"minite_{name}_scales")[e],
+        global_decode=getattr(layer, f"minite_{name}_global_decode")[e].reshape(()),
+    )
     return GemmCall(x=x_TK, weight=stand_in, w=w, recipe=recipe).run()
 
 
@@ -52,17 +55,33 @@ class MiniteExpertsMethod(UnquantizedFusedMoEMethod):
     def is_monolithic(self) -> bool:
         return False  # vLLM's router selects the experts, then calls `apply`
 
-    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition,
-                       params_dtype, **extra_weight_attrs):  # fmt: skip
-        super().create_weights(layer, num_experts, hidden_size, intermediate_size_per_partition,
-                               params_dtype, **extra_weight_attrs)  # fmt: skip
+    def create_weights(
+        self,
+        layer,
+        num_experts,
+        hidden_size,
+        intermediate_size_per_partition,
+        params_dtype,
+        **extra_weight_attrs,
+    ):
+        super().create_weights(
+            layer,
+            num_experts,
+            hidden_size,
+            intermediate_size_per_partition,
+            params_dtype,
+            **extra_weight_attrs,
+        )
         num_layers = self.config.num_layers
         if num_layers is None:
             raise ValueError("MiniteConfig.num_layers is unset (vLLM passes the model config)")
-        for name, n, k in (("w13", 2 * intermediate_size_per_partition, hidden_size),
-                           ("w2", hidden_size, intermediate_size_per_partition)):  # fmt: skip
-            precision, reason = gemm_precision(self.config.recipe, self.prefix, n=n, k=k,
-                                               num_layers=num_layers)  # fmt: skip
+        for name, n, k in (
+            ("w13", 2 * intermediate_size_per_partition, hidden_size),
+            ("w2", hidden_size, intermediate_size_per_partition),
+        ):
+            precision, reason = gemm_precision(
+                self.config.recipe, self.prefix, n=n, k=k, num_layers=num_layers
+            )
             if precision != "nvfp4":
                 raise ValueError(
                     f"{self.prefix!r} {name}: the recipe keeps these experts in BF16 ({reason}); "
@@ -73,8 +92,9 @@ class MiniteExpertsMethod(UnquantizedFusedMoEMethod):
 
     def process_weights_after_loading(self, layer) -> None:
         # quantize the loaded weights first: vLLM's own set-up may re-lay them for its kernels
-        write_buffers(layer, expert_buffers(layer.w13_weight.data, layer.w2_weight.data,
-                                            self.config.recipe))  # fmt: skip
+        write_buffers(
+            layer, expert_buffers(layer.w13_weight.data, layer.w2_weight.data, self.config.recipe)
+        )
         super().process_weights_after_loading(layer)
 
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):

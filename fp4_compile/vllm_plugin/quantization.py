@@ -184,8 +184,9 @@ class MiniteLinearMethod(LinearMethodBase):
         layer.minite_names = learner_names(self.prefix, len(output_partition_sizes))
         layer.minite_precision = self.precision(layer, input_size_per_partition)
         if self.config.prequantized and layer.minite_precision == "nvfp4":
-            create_packed_params(layer, output_partition_sizes, input_size_per_partition,
-                                 weight_loader)  # fmt: skip
+            create_packed_params(
+                layer, output_partition_sizes, input_size_per_partition, weight_loader
+            )
             return
         weight = ModelWeightParameter(
             data=torch.empty(
@@ -244,12 +245,18 @@ def create_packed_params(layer, output_partition_sizes, k: int, weight_loader) -
     (`weight_packed`, `weight_scale`, `weight_global_scale` ENCODE, `input_global_scale`, which
     minite's per-row activation scales do not use)."""
     n, num_shards = sum(output_partition_sizes), len(output_partition_sizes)
-    packed = ModelWeightParameter(data=torch.empty(n, k // 2, dtype=torch.uint8), input_dim=1,
-                                  output_dim=0, weight_loader=weight_loader)  # fmt: skip
+    packed = ModelWeightParameter(
+        data=torch.empty(n, k // 2, dtype=torch.uint8),
+        input_dim=1,
+        output_dim=0,
+        weight_loader=weight_loader,
+    )
     scales = GroupQuantScaleParameter(
-        data=torch.empty(n, k // BLOCK_SIZE, dtype=torch.float8_e4m3fn), input_dim=1,
-        output_dim=0, weight_loader=weight_loader,
-    )  # fmt: skip
+        data=torch.empty(n, k // BLOCK_SIZE, dtype=torch.float8_e4m3fn),
+        input_dim=1,
+        output_dim=0,
+        weight_loader=weight_loader,
+    )
     layer.register_parameter("weight_packed", packed)
     layer.register_parameter("weight_scale", scales)
     for name in ("weight_global_scale", "input_global_scale"):
@@ -285,8 +292,14 @@ def quantize_layer(layer: torch.nn.Module, recipe: NVFP4Recipe) -> None:
 
 def set_nvfp4_bytes(layer, codes_NK2, scales_NK16, global_decode_S) -> None:
     """Write a linear layer's NVFP4 bytes in place (buffers created on the first call)."""
-    write_buffers(layer, {"minite_codes": codes_NK2, "minite_scales": scales_NK16,
-                          "minite_global_decode": global_decode_S})  # fmt: skip
+    write_buffers(
+        layer,
+        {
+            "minite_codes": codes_NK2,
+            "minite_scales": scales_NK16,
+            "minite_global_decode": global_decode_S,
+        },
+    )
 
 
 def nvfp4_apply(layer, x_MK: torch.Tensor, bias, recipe: NVFP4Recipe) -> torch.Tensor:
@@ -297,8 +310,11 @@ def nvfp4_apply(layer, x_MK: torch.Tensor, bias, recipe: NVFP4Recipe) -> torch.T
         n = rows.stop - rows.start
         # the op's `weight` (the master, for autograd) is unused here: a zero-stride stand-in
         stand_in = x_MK.new_zeros(()).expand(n, k)
-        w = QuantizedWeight(codes=layer.minite_codes[rows], scales=layer.minite_scales[rows],
-                            global_decode=layer.minite_global_decode[i].reshape(()))  # fmt: skip
+        w = QuantizedWeight(
+            codes=layer.minite_codes[rows],
+            scales=layer.minite_scales[rows],
+            global_decode=layer.minite_global_decode[i].reshape(()),
+        )
         bias_n = None if bias is None else bias[rows]
         outs.append(GemmCall(x=x_MK, weight=stand_in, w=w, recipe=recipe, bias=bias_n).run())
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)

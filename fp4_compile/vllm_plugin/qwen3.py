@@ -127,15 +127,17 @@ class MiniteQwen3ForCausalLM(Qwen3ForCausalLM):
         if rope.get("rope_type", "default") != "default":
             raise ValueError(f"{ARCHITECTURE} supports the default rotary only, got {rope}")
 
-    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None,
-                **kwargs):  # fmt: skip
+    def forward(
+        self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs
+    ):
         h = inputs_embeds if inputs_embeds is not None else self.model.embed_tokens(input_ids)
         context = get_forward_context().attn_metadata
         first = self.model.layers[self.model.start_layer].self_attn
         cos, sin = rotary_cos_sin(positions, first.head_dim, self.minite_rope_theta, h.dtype)
         for layer in self.model.layers[self.model.start_layer : self.model.end_layer]:
-            h = h + self.attention_block(layer.self_attn, norm(layer.input_layernorm, h),
-                                         cos, sin, context)  # fmt: skip
+            h = h + self.attention_block(
+                layer.self_attn, norm(layer.input_layernorm, h), cos, sin, context
+            )
             h = h + self.mlp_block(layer.mlp, norm(layer.post_attention_layernorm, h))
         return norm(self.model.norm, h)
 

@@ -26,18 +26,31 @@ def dynamo_disabled(disabled: bool):
         yield
 
 
-def small_llm(folder, *, dtype: str = "float32", max_model_len: int = 256, max_num_seqs: int = 32,
-              kv_cache_bytes: int = 64 << 20, **kwargs):  # fmt: skip
+def small_llm(
+    folder,
+    *,
+    dtype: str = "float32",
+    max_model_len: int = 256,
+    max_num_seqs: int = 32,
+    kv_cache_bytes: int = 64 << 20,
+    **kwargs,
+):
     """vLLM's LLM for a tiny model folder: eager, no tokenizer, a fixed KV cache size."""
     from vllm import LLM
 
     set_in_process_env()
     with dynamo_disabled(True):
         return LLM(
-            str(folder), skip_tokenizer_init=True, dtype=dtype, enforce_eager=True,
-            max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-            kv_cache_memory_bytes=kv_cache_bytes, seed=0, **kwargs,
-        )  # fmt: skip
+            str(folder),
+            skip_tokenizer_init=True,
+            dtype=dtype,
+            enforce_eager=True,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            kv_cache_memory_bytes=kv_cache_bytes,
+            seed=0,
+            **kwargs,
+        )
 
 
 def learner_shards_q(params: dict, shards, recipe) -> list:

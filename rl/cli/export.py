@@ -59,8 +59,10 @@ def resolve_checkpoint(source: str | Path) -> Path:
         found = latest_checkpoint(folder)
         if found is not None:
             return found
-    raise ValueError(f"source {str(source)!r} is neither a checkpoint file nor a run folder "
-                     "holding checkpoints/step_*.ckpt")  # fmt: skip
+    raise ValueError(
+        f"source {str(source)!r} is neither a checkpoint file nor a run folder "
+        "holding checkpoints/step_*.ckpt"
+    )
 
 
 def policy_from_checkpoint(path: str | Path):

@@ -146,12 +146,32 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 # TrainConfig fields a model=DIR run does not read (the checkpoint's config.json decides)
-ARCHITECTURE_FIELDS = ("arch", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate",
-                       "experts", "experts_per_token", "moe_intermediate")  # fmt: skip
+ARCHITECTURE_FIELDS = (
+    "arch",
+    "hidden",
+    "layers",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "intermediate",
+    "experts",
+    "experts_per_token",
+    "moe_intermediate",
+)
 # config.json keys shown instead, for model=DIR
-MODEL_CONFIG_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "intermediate_size", "num_experts",
-                     "num_experts_per_tok", "moe_intermediate_size", "vocab_size")  # fmt: skip
+MODEL_CONFIG_KEYS = (
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "vocab_size",
+)
 
 
 def printable_config(cfg, args: argparse.Namespace) -> dict:
@@ -191,9 +211,12 @@ def _train(args: argparse.Namespace, cfg) -> int:
     try:
         with stop.installed() if one_process else contextlib.nullcontext():
             result = train(
-                cfg, resume=args.resume, fresh=args.fresh, progress=not args.no_progress,
+                cfg,
+                resume=args.resume,
+                fresh=args.fresh,
+                progress=not args.no_progress,
                 stop=stop if one_process else None,
-            )  # fmt: skip
+            )
     except KeyboardInterrupt:
         if one_process:
             _report_interrupted(cfg, again)
@@ -227,8 +250,9 @@ def _report_interrupted(cfg, again: str) -> None:
     out_dir = Path(cfg.out_dir)
     records = read_jsonl(out_dir / "metrics.jsonl")
     if records:
-        text = summary(records, title=f"minite train {cfg.name} --variant {cfg.variant} "
-                       "(interrupted)")  # fmt: skip
+        text = summary(
+            records, title=f"minite train {cfg.name} --variant {cfg.variant} (interrupted)"
+        )
         (out_dir / "summary.txt").write_text(text + "\n")
         print(text)
         print("plots: " + ", ".join(str(p) for p in write_plots(records, out_dir)))
@@ -251,9 +275,19 @@ def _launch(args: argparse.Namespace, *, out_dir: str) -> int:
 
     from ..train.distributed import NCCL_ENV
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={args.nproc}", "-m", "fp4_compile.cli", "train", args.preset,
-           "--variant", args.variant]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={args.nproc}",
+        "-m",
+        "fp4_compile.cli",
+        "train",
+        args.preset,
+        "--variant",
+        args.variant,
+    ]
     cmd += ["--resume"] if args.resume else []
     cmd += ["--fresh"] if args.fresh else []
     cmd += ["--no-progress"] if args.no_progress else []

@@ -172,11 +172,26 @@ class TrainConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         positive = (
-            "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "experts",
-            "experts_per_token", "moe_intermediate", "num_digits", "prompts_per_step",
-            "group_size", "steps", "updates_per_batch", "warm_start_batch", "checkpoint_every",
-            "keep_checkpoints", "log_every", "eval_size",
-        )  # fmt: skip
+            "hidden",
+            "layers",
+            "heads",
+            "kv_heads",
+            "head_dim",
+            "intermediate",
+            "experts",
+            "experts_per_token",
+            "moe_intermediate",
+            "num_digits",
+            "prompts_per_step",
+            "group_size",
+            "steps",
+            "updates_per_batch",
+            "warm_start_batch",
+            "checkpoint_every",
+            "keep_checkpoints",
+            "log_every",
+            "eval_size",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")

@@ -32,9 +32,14 @@ def heldout_problems(task: Task, *, seed: int, size: int) -> list[Problem]:
 
 
 def evaluate(
-    engine, task: Task, tok: Tokenizer, problems: list[Problem], *, max_prompt_tokens: int,
+    engine,
+    task: Task,
+    tok: Tokenizer,
+    problems: list[Problem],
+    *,
+    max_prompt_tokens: int,
     max_new_tokens: int,
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     """Greedy answers to `problems` in batches of exactly `engine.max_batch` rows (the last one
     filled up with copies of its first prompt, whose answers are dropped), so the engine sees
     the batch size it was compiled for."""

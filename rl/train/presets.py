@@ -40,13 +40,32 @@ def tiny(variant: str = "strict") -> TrainConfig:
     batch has one shape (8 prompts x 8 samples, width 11), so the learner compiles once."""
     cfg = TrainConfig(
         name="tiny",
-        arch="qwen3", hidden=64, layers=2, heads=4, kv_heads=2, head_dim=32, intermediate=128,
-        task="sort", num_digits=4, partial_credit=0.5,
-        prompts_per_step=8, group_size=8, temperature=1.0,
-        steps=30, lr=5e-4, clip_low=0.2, clip_high=0.28, aggregation="token",
-        warm_start_steps=60, warm_start_lr=3e-3, warm_start_batch=64,
-        seed=0, device="cpu", compile=True, checkpoint_every=10,
-    )  # fmt: skip
+        arch="qwen3",
+        hidden=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        head_dim=32,
+        intermediate=128,
+        task="sort",
+        num_digits=4,
+        partial_credit=0.5,
+        prompts_per_step=8,
+        group_size=8,
+        temperature=1.0,
+        steps=30,
+        lr=5e-4,
+        clip_low=0.2,
+        clip_high=0.28,
+        aggregation="token",
+        warm_start_steps=60,
+        warm_start_lr=3e-3,
+        warm_start_batch=64,
+        seed=0,
+        device="cpu",
+        compile=True,
+        checkpoint_every=10,
+    )
     return _variant(cfg, variant)
 
 
@@ -67,14 +86,35 @@ def h200_moe(variant: str = "strict") -> TrainConfig:
     then only had room to go down (the same file, its overtrained warm start section)."""
     cfg = TrainConfig(
         name="h200-moe",
-        arch="qwen3_moe", hidden=512, layers=4, heads=8, kv_heads=4, head_dim=64,
-        intermediate=1024, experts=16, experts_per_token=4, moe_intermediate=256,
-        task="mix", num_digits=3, partial_credit=0.5,
-        prompts_per_step=64, group_size=8, temperature=1.0,
-        steps=40, lr=2e-4, clip_low=0.2, clip_high=0.28, aggregation="token",
-        warm_start_steps=150, warm_start_lr=1e-3, warm_start_batch=256,
-        seed=0, device="cuda", compile=True, checkpoint_every=20,
-    )  # fmt: skip
+        arch="qwen3_moe",
+        hidden=512,
+        layers=4,
+        heads=8,
+        kv_heads=4,
+        head_dim=64,
+        intermediate=1024,
+        experts=16,
+        experts_per_token=4,
+        moe_intermediate=256,
+        task="mix",
+        num_digits=3,
+        partial_credit=0.5,
+        prompts_per_step=64,
+        group_size=8,
+        temperature=1.0,
+        steps=40,
+        lr=2e-4,
+        clip_low=0.2,
+        clip_high=0.28,
+        aggregation="token",
+        warm_start_steps=150,
+        warm_start_lr=1e-3,
+        warm_start_batch=256,
+        seed=0,
+        device="cuda",
+        compile=True,
+        checkpoint_every=20,
+    )
     return _variant(cfg, variant)
 
 
@@ -95,9 +135,16 @@ def h200_evidence(variant: str = "strict") -> TrainConfig:
     compilation and 16 evaluations (the warm start runs once, in the first)."""
     cfg = dataclasses.replace(
         h200_moe(variant),
-        name="h200-evidence", task="sort", num_digits=6, steps=150, warm_start_steps=80,
-        eval_every=10, eval_size=512, checkpoint_every=150, keep_checkpoints=1,
-    )  # fmt: skip
+        name="h200-evidence",
+        task="sort",
+        num_digits=6,
+        steps=150,
+        warm_start_steps=80,
+        eval_every=10,
+        eval_size=512,
+        checkpoint_every=150,
+        keep_checkpoints=1,
+    )
     return _variant(cfg, variant)
 
 
@@ -105,9 +152,12 @@ def h200_evidence_dense(variant: str = "strict") -> TrainConfig:
     """`h200-evidence` with a dense Qwen3 (hidden 512, 6 layers, intermediate 2048: 23.6M
     parameters), the same task, schedule and seeds."""
     cfg = dataclasses.replace(
-        h200_evidence(variant), name="h200-evidence-dense", arch="qwen3", layers=6,
+        h200_evidence(variant),
+        name="h200-evidence-dense",
+        arch="qwen3",
+        layers=6,
         intermediate=2048,
-    )  # fmt: skip
+    )
     return _variant(cfg, variant)
 
 

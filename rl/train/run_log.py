@@ -256,8 +256,14 @@ def summary(records: list[dict], *, title: str, extra: dict | None = None) -> st
                 f"{label:44s} {worst.__name__} over run: {worst(vals):.3g}   last: {vals[-1]:.3g}"
             )
     # where a step's time goes (seconds), then throughput
-    perf = ("perf/step_s", "perf/rollout_s", "perf/learner_s", "perf/eval_s",
-            "perf/rollout_tokens_per_s", "perf/learner_tokens_per_s")  # fmt: skip
+    perf = (
+        "perf/step_s",
+        "perf/rollout_s",
+        "perf/learner_s",
+        "perf/eval_s",
+        "perf/rollout_tokens_per_s",
+        "perf/learner_tokens_per_s",
+    )
     for key in perf:
         # the first steps compile; report the later ones
         rows = records[1:] if len(records) > 1 else records

@@ -79,8 +79,9 @@ class StockRolloutEngine:
             for q in plan.quantized:
                 # decoded where the engine runs (exact E2M1 x E4M3, one FP32 rounding: the
                 # same bits on any device)
-                w = decode_weight(*(t.to(self.device) for t in (q.codes, q.block_scales,
-                                                                 q.global_decode)))  # fmt: skip
+                w = decode_weight(
+                    *(t.to(self.device) for t in (q.codes, q.block_scales, q.global_decode))
+                )
                 split = split_expert_name(q.name)
                 if split is None:
                     decoded[f"{q.name}.weight"] = w
@@ -141,9 +142,12 @@ class StockRolloutEngine:
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         out = self.model(
-            input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True,
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=positions,
+            use_cache=True,
             **{self._cache_arg: cache},
-        )  # fmt: skip
+        )
         last = out.logits[:, -1]
         pos = positions[:, -1]
         tokens_BN = torch.zeros((num, max_new_tokens), dtype=torch.long, device=self.device)
@@ -171,9 +175,12 @@ class StockRolloutEngine:
             attn = torch.cat([attn, torch.ones((num, 1), dtype=attn.dtype, device=self.device)], 1)
             pos = pos + 1
             out = self.model(
-                input_ids=picked[:, None], attention_mask=attn, position_ids=pos[:, None],
-                use_cache=True, **{self._cache_arg: cache},
-            )  # fmt: skip
+                input_ids=picked[:, None],
+                attention_mask=attn,
+                position_ids=pos[:, None],
+                use_cache=True,
+                **{self._cache_arg: cache},
+            )
             last = out.logits[:, -1]
         tokens_all, logps_all = tokens_BN[:, :steps].cpu(), logps_BN[:, :steps].cpu()
         tokens, logps, reasons = [], [], []

@@ -149,31 +149,44 @@ class GRPOTrainer:
                 raise ValueError("rollout_engine='vllm_full' runs minite's numerics: compile=True")
             # vLLM loads the weights from a folder it writes; compile=False runs vLLM's own path
             self.engine = VLLMRolloutEngine(
-                self.model, recipe=self.recipe if cfg.compile else None,
-                max_batch=self.num_local, max_seq_len=self.width, seed=cfg.seed, full=full,
+                self.model,
+                recipe=self.recipe if cfg.compile else None,
+                max_batch=self.num_local,
+                max_seq_len=self.width,
+                seed=cfg.seed,
+                full=full,
                 temperature=cfg.temperature,
-            )  # fmt: skip
+            )
         elif cfg.rollout_engine == "stock":  # the alignment ablation's mismatched rollout
             from .stock_rollout import StockRolloutEngine
 
             if self.world > 1:
                 raise ValueError("rollout_engine='stock' runs in one process")
             self.engine = StockRolloutEngine(
-                self.model, recipe=self.recipe, device=self.device, max_batch=self.num_local,
+                self.model,
+                recipe=self.recipe,
+                device=self.device,
+                max_batch=self.num_local,
                 max_seq_len=self.width,
-            )  # fmt: skip
+            )
         else:
             self.engine = RolloutEngine(
-                copy.deepcopy(self.model), recipe=self.recipe, device=self.device,
-                max_batch=self.num_local, max_seq_len=self.width, compile=cfg.compile,
+                copy.deepcopy(self.model),
+                recipe=self.recipe,
+                device=self.device,
+                max_batch=self.num_local,
+                max_seq_len=self.width,
+                compile=cfg.compile,
                 cuda_graphs=cfg.rollout_cuda_graphs,
-            )  # fmt: skip
+            )
         if self.world > 1:
             ddp.shard_model(self.model)  # FSDP2: parameters, gradients, optimizer state sharded
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+            self.model.parameters(),
+            lr=cfg.lr,
+            betas=(cfg.beta1, cfg.beta2),
             weight_decay=cfg.weight_decay,
-        )  # fmt: skip
+        )
         if state is not None:
             if self.world > 1:
                 ddp.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
@@ -187,8 +200,11 @@ class GRPOTrainer:
             # frozen: its NVFP4 weights quantized once, not in every forward (one process; the
             # same bits, tests/rollout/test_learner_weight_store.py)
             once = "on_change" if self.world == 1 else "every_call"
-            self.ref = (_compile(self.ref_model, self.recipe, quantize_weights=once)
-                        if cfg.compile else self.ref_model)  # fmt: skip
+            self.ref = (
+                _compile(self.ref_model, self.recipe, quantize_weights=once)
+                if cfg.compile
+                else self.ref_model
+            )
 
     # ---- checkpoints ---------------------------------------------------------------------
     def _identity(self) -> dict:
@@ -249,9 +265,13 @@ class GRPOTrainer:
             return {}
         t0 = time.perf_counter()
         metrics = evaluate(
-            self.engine, self.task, self.tok, self.heldout,
-            max_prompt_tokens=self.max_prompt_tokens, max_new_tokens=self.max_new_tokens,
-        )  # fmt: skip
+            self.engine,
+            self.task,
+            self.tok,
+            self.heldout,
+            max_prompt_tokens=self.max_prompt_tokens,
+            max_new_tokens=self.max_new_tokens,
+        )
         metrics["perf/eval_s"] = time.perf_counter() - t0
         return metrics
 
@@ -288,9 +308,12 @@ class GRPOTrainer:
             decoder, head_weight = parts
             hidden = learner_hidden(decoder, ids_NW)[:, :-1]
             logp = head_token_logprobs(
-                hidden.reshape(-1, hidden.shape[-1]), head_weight,
-                ids_NW[:, 1:].reshape(-1), self.cfg.temperature, DEFAULT_CHUNK_ROWS,
-            )  # fmt: skip
+                hidden.reshape(-1, hidden.shape[-1]),
+                head_weight,
+                ids_NW[:, 1:].reshape(-1),
+                self.cfg.temperature,
+                DEFAULT_CHUNK_ROWS,
+            )
             return logp.reshape(ids_NW.shape[0], -1)
         with no_silent_eager_fallback():
             logits = model(input_ids=ids_NW, use_cache=False).logits
@@ -319,15 +342,23 @@ class GRPOTrainer:
             for j in range(group)
         ]
         out = self.engine.generate(
-            prompts, max_new_tokens=self.max_new_tokens, temperature=cfg.temperature, seed=seeds,
+            prompts,
+            max_new_tokens=self.max_new_tokens,
+            temperature=cfg.temperature,
+            seed=seeds,
             eos_token_id=tok.eos_id,
-        )  # fmt: skip
+        )
         t_rollout = time.perf_counter() - t_start
         completions = [tok.decode(t) for t in out.tokens]  # each up to its own EOS
         # the verifier scores the answer the task extracts from each completion
         rewards = [self.task.reward(problems[i // group], c) for i, c in enumerate(completions)]
-        self.last_rollout = {"problems": problems, "prompts": prompts, "output": out,
-                             "completions": completions, "rewards": rewards}  # fmt: skip
+        self.last_rollout = {
+            "problems": problems,
+            "prompts": prompts,
+            "output": out,
+            "completions": completions,
+            "rewards": rewards,
+        }
 
         t_learn = time.perf_counter()
         ids, mask, rollout_logp = self._pack(prompts, out)
@@ -336,18 +367,25 @@ class GRPOTrainer:
         dev: dict[str, torch.Tensor] = {}
         norm = {}
         if self.world > 1:  # global denominators: each rank's loss is its share of the global one
-            norm = {"global_tokens": ddp.global_token_count(mask),
-                    "global_seqs": ddp.global_token_count((mask.sum(1) > 0).to(mask.dtype))}  # fmt: skip
+            norm = {
+                "global_tokens": ddp.global_token_count(mask),
+                "global_seqs": ddp.global_token_count((mask.sum(1) > 0).to(mask.dtype)),
+            }
         for update in range(cfg.updates_per_batch):
             logp = self._logprobs(self.learner, ids)
             if update == 0:
                 old_logp = logp.detach()
                 # the mismatch over the GLOBAL batch, in the single-process order
-                lt, lr, lm = (ddp.gather_groups(t, self.local_groups, group)
-                              for t in (old_logp.contiguous(), rollout_logp, mask))  # fmt: skip
+                lt, lr, lm = (
+                    ddp.gather_groups(t, self.local_groups, group)
+                    for t in (old_logp.contiguous(), rollout_logp, mask)
+                )
                 dev.update(mismatch_tensors(lt, lr, lm))
-                bounds = dict(tis_cap=cfg.tis_cap, mis_token_bounds=cfg.mis_token_bounds,
-                              mis_seq_bounds=cfg.mis_seq_bounds)  # fmt: skip
+                bounds = dict(
+                    tis_cap=cfg.tis_cap,
+                    mis_token_bounds=cfg.mis_token_bounds,
+                    mis_seq_bounds=cfg.mis_seq_bounds,
+                )
                 is_weight, keep, corr = rollout_correction(old_logp, rollout_logp, mask, **bounds)
                 if self.world > 1:  # its statistics over the global batch
                     corr = rollout_correction(lt, lr, lm, **bounds)[2]
@@ -357,10 +395,18 @@ class GRPOTrainer:
                     with torch.no_grad():
                         ref_logp = self._logprobs(self.ref, ids)
             loss, stats = policy_loss(
-                logp, old_logp, adv, keep, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                aggregation=cfg.aggregation, is_weight=is_weight, ref_logp=ref_logp,
-                kl_coef=cfg.kl_coef, **norm,
-            )  # fmt: skip
+                logp,
+                old_logp,
+                adv,
+                keep,
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                aggregation=cfg.aggregation,
+                is_weight=is_weight,
+                ref_logp=ref_logp,
+                kl_coef=cfg.kl_coef,
+                **norm,
+            )
             self.optimizer.zero_grad(set_to_none=True)
             # FSDP2 averages gradients over ranks: scale the rank's share back to the sum
             (loss * self.world if self.world > 1 else loss).backward()
@@ -378,8 +424,10 @@ class GRPOTrainer:
         t_end = time.perf_counter()
 
         # host-side results of every rank, back in the single-process order
-        local = [(len(t), len(p), r, c, f, self.task.extract_answer(c)) for t, p, r, c, f in
-                 zip(out.tokens, prompts, rewards, completions, out.finish_reasons)]  # fmt: skip
+        local = [
+            (len(t), len(p), r, c, f, self.task.extract_answer(c))
+            for t, p, r, c, f in zip(out.tokens, prompts, rewards, completions, out.finish_reasons)
+        ]
         gathered = ddp.gather_group_objects(local, self.local_groups, group)
         gen_tokens = sum(g[0] for g in gathered)
         real_tokens = sum(g[1] for g in gathered) + gen_tokens

@@ -24,10 +24,24 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig, derive_seed, model_dir_identity
 
 WARM_START_FIELDS = (
-    "arch", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "experts",
-    "experts_per_token", "moe_intermediate", "task", "num_digits", "warm_start_steps",
-    "warm_start_lr", "warm_start_batch", "seed", "device",
-)  # fmt: skip
+    "arch",
+    "hidden",
+    "layers",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "intermediate",
+    "experts",
+    "experts_per_token",
+    "moe_intermediate",
+    "task",
+    "num_digits",
+    "warm_start_steps",
+    "warm_start_lr",
+    "warm_start_batch",
+    "seed",
+    "device",
+)
 
 
 def warm_start_key(cfg: TrainConfig, tok: Tokenizer) -> str:

@@ -41,8 +41,10 @@ def test_stock_engine_holds_the_learners_nvfp4_weights(model):
     plan = plan_export(model, recipe)
     assert engine.num_nvfp4_linears == len(plan.quantized) > 0
     mine = dict(engine.model.named_parameters())
-    decoded = {f"{q.name}.weight": decode_weight(q.codes, q.block_scales, q.global_decode)
-               for q in plan.quantized}  # fmt: skip
+    decoded = {
+        f"{q.name}.weight": decode_weight(q.codes, q.block_scales, q.global_decode)
+        for q in plan.quantized
+    }
     for name, p in model.named_parameters():
         want = decoded.get(name, p.detach()).to(torch.bfloat16)
         assert_bitwise_equal(mine[name], want, name)
@@ -97,10 +99,16 @@ def _synthetic_records(steps, *, gap, acc0, acc1, seed, reward_slope=0.5):
     recs = []
     for s in range(steps):
         frac = s / max(1, steps - 1)
-        r = {"step": s, "reward/mean": 0.6 + reward_slope * frac + 0.01 * seed,
-             "reward/exact_frac": 0.1 + 0.5 * frac, "mismatch/max_abs_dlogp": gap * (1 + frac),
-             "rollout_corr/k3_kl": gap * 1e-2, "perf/step_s": 0.5, "perf/rollout_s": 0.2,
-             "perf/learner_s": 0.3}  # fmt: skip
+        r = {
+            "step": s,
+            "reward/mean": 0.6 + reward_slope * frac + 0.01 * seed,
+            "reward/exact_frac": 0.1 + 0.5 * frac,
+            "mismatch/max_abs_dlogp": gap * (1 + frac),
+            "rollout_corr/k3_kl": gap * 1e-2,
+            "perf/step_s": 0.5,
+            "perf/rollout_s": 0.2,
+            "perf/learner_s": 0.3,
+        }
         if s % 5 == 0:
             r["eval/accuracy"] = acc0 + (acc1 - acc0) * frac
             r["eval/reward"] = r["eval/accuracy"]
@@ -119,9 +127,19 @@ def test_summary_table_and_plot_on_synthetic_metrics(tmp_path):
             row.update(ab.run_figures(row))
             rows.append(row)
     rows.append({"variant": "te", "setting": "on", "seed": 0, "skipped": "deadline"})
-    rows.append({"variant": "bf16", "setting": "on", "seed": 0, "rc": 0, "wall_s": 1.0,
-                 **ab.summarize(_synthetic_records(20, gap=0.0, acc0=0.2, acc1=0.2, seed=0,
-                                                   reward_slope=-0.5), steps_planned=20)})  # fmt: skip
+    rows.append(
+        {
+            "variant": "bf16",
+            "setting": "on",
+            "seed": 0,
+            "rc": 0,
+            "wall_s": 1.0,
+            **ab.summarize(
+                _synthetic_records(20, gap=0.0, acc0=0.2, acc1=0.2, seed=0, reward_slope=-0.5),
+                steps_planned=20,
+            ),
+        }
+    )
     rows[-1].update(ab.run_figures(rows[-1]))
     s0 = rows[0]
     assert s0["complete"] and s0["gap_zero_every_step"] and s0["k3_kl_mean"] == 0.0
@@ -143,8 +161,9 @@ def test_summary_table_and_plot_on_synthetic_metrics(tmp_path):
     class Args:
         preset, seeds, variants, settings = "cpu", "0,1,2", "strict,mismatch,te", "on"
 
-    md = ab.markdown({"gpu": "none (CPU)", "torch": "x", "commit": "abc1234"}, Args, [], rows,
-                     ab.aggregate(rows))  # fmt: skip
+    md = ab.markdown(
+        {"gpu": "none (CPU)", "torch": "x", "commit": "abc1234"}, Args, [], rows, ab.aggregate(rows)
+    )
     assert "| strict | on | 0,1,2 |" in md and "te (on-policy) seeds 0: deadline" in md
     png = tmp_path / "curves.png"
     ab.plot(rows, png)
@@ -162,8 +181,12 @@ def test_run_plan_and_settings():
     assert runs[:4] == [(v, "on", 0) for v in variants[:4]]
     assert runs[4:8] == [(v, "on", 1) for v in variants[:4]]
     assert runs[8:10] == [("te", "on", 0), ("te", "on", 1)]
-    assert runs[10:] == [("strict", "off", 0), ("mismatch", "off", 0), ("strict", "off", 1),
-                         ("mismatch", "off", 1)]  # fmt: skip
+    assert runs[10:] == [
+        ("strict", "off", 0),
+        ("mismatch", "off", 0),
+        ("strict", "off", 1),
+        ("mismatch", "off", 1),
+    ]
     on = ab.run_overrides("cpu", "mismatch-tis", "on", 1, [])
     assert "rollout_engine=stock" in on and "tis_cap=2" in on and on[-1] == "seed=1"
     off = ab.run_overrides("cpu", "mismatch", "off", 0, [])
@@ -181,12 +204,24 @@ def test_smoke_runs_end_to_end(tmp_path, monkeypatch):
     out = tmp_path / "out"
     monkeypatch.setenv("OUT", str(out))
     monkeypatch.setenv("MINITE_COMMIT", "abc1234")
-    payload = ab.main(["--smoke", "--seeds", "0", "--variants", "strict,mismatch",
-                       "--settings", "on", "--work-dir", str(tmp_path / "work")])  # fmt: skip
+    payload = ab.main(
+        [
+            "--smoke",
+            "--seeds",
+            "0",
+            "--variants",
+            "strict,mismatch",
+            "--settings",
+            "on",
+            "--work-dir",
+            str(tmp_path / "work"),
+        ]
+    )
     rows = payload["rows"]
     assert [(r["variant"], r["rc"], r["steps"]) for r in rows] == [
-        ("strict", 0, 3), ("mismatch", 0, 3)
-    ]  # fmt: skip
+        ("strict", 0, 3),
+        ("mismatch", 0, 3),
+    ]
     # eager FP32 on both sides (compile=false): FP32 rounding apart; the stock engine: NVFP4
     # weights, BF16 activations, KV cache: a real gap
     assert rows[0]["gap_max"] < 1e-5 and rows[1]["gap_max"] > 1e-3, rows
@@ -203,8 +238,9 @@ def test_rows_from_work_reads_finished_running_and_missing_runs(tmp_path):
     for name, steps, finished in (("strict-on-s0", 300, True), ("mismatch-on-s0", 40, False)):
         run = tmp_path / name
         run.mkdir()
-        recs = _synthetic_records(steps, gap=0.0 if name.startswith("strict") else 0.5,
-                                  acc0=0.5, acc1=0.7, seed=0)  # fmt: skip
+        recs = _synthetic_records(
+            steps, gap=0.0 if name.startswith("strict") else 0.5, acc0=0.5, acc1=0.7, seed=0
+        )
         if not finished:
             recs = recs[:-1]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -215,16 +251,30 @@ def test_rows_from_work_reads_finished_running_and_missing_runs(tmp_path):
     assert rows[0]["rc"] == 0 and rows[0]["complete"] and rows[0]["steps"] == 300
     assert rows[1]["rc"] == "running" and not rows[1]["complete"] and rows[1]["steps"] == 40
     assert rows[2]["skipped"] == "not run (yet)"
-    md = ab.markdown({"gpu": "-", "torch": "-", "commit": "-"}, type("A", (), {
-        "preset": "cpu", "seeds": "0", "variants": "strict,mismatch,bf16", "settings": "on"}),
-        [], rows, ab.aggregate(rows))  # fmt: skip
+    md = ab.markdown(
+        {"gpu": "-", "torch": "-", "commit": "-"},
+        type(
+            "A",
+            (),
+            {"preset": "cpu", "seeds": "0", "variants": "strict,mismatch,bf16", "settings": "on"},
+        ),
+        [],
+        rows,
+        ab.aggregate(rows),
+    )
     assert "| mismatch | on | 0 | 40 (cut) |" in md
 
 
 def test_takeoff_step_is_the_first_10_step_mean_at_half_reward():
     steps = list(range(100))
-    row = {"curves": {"step": steps, "reward/mean": [0.1] * 50 + [0.9] * 50,
-                      "mismatch/max_abs_dlogp": [0.0] * 100, "rollout_corr/k3_kl": [0.0] * 100}}  # fmt: skip
+    row = {
+        "curves": {
+            "step": steps,
+            "reward/mean": [0.1] * 50 + [0.9] * 50,
+            "mismatch/max_abs_dlogp": [0.0] * 100,
+            "rollout_corr/k3_kl": [0.0] * 100,
+        }
+    }
     assert ab.run_figures(row)["takeoff_step"] == 54  # 5 of the last 10 steps at 0.9
     row["curves"]["reward/mean"] = [0.1] * 100
     assert ab.run_figures(row)["takeoff_step"] is None

@@ -13,8 +13,10 @@ def test_profile_kernel_filter_keeps_aten_lambda_kernels():
     assert is_annotation("## Call CompiledFxGraph abc ##")
     assert is_annotation("ProfilerStep#2")
     assert is_annotation("my_region#1")
-    kernel = ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda("
-              "at::TensorIteratorBase&)::{lambda()#3}::operator()() const>")  # fmt: skip
+    kernel = (
+        "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda("
+        "at::TensorIteratorBase&)::{lambda()#3}::operator()() const>"
+    )
     assert not is_annotation(kernel)
     assert not is_annotation("_quantize_kernel")
 

@@ -24,8 +24,17 @@ def test_smoke_run_writes_one_results_file(tmp_path, monkeypatch):
     out = tmp_path / "out"
     monkeypatch.setenv("OUT", str(out))
     monkeypatch.setenv("MINITE_COMMIT", "abc1234")
-    main(["--smoke", "--presets", "h200-evidence", "--variants", "strict,te",
-          "--work-dir", str(tmp_path / "work")])  # fmt: skip
+    main(
+        [
+            "--smoke",
+            "--presets",
+            "h200-evidence",
+            "--variants",
+            "strict,te",
+            "--work-dir",
+            str(tmp_path / "work"),
+        ]
+    )
     files = _outputs(out)
     assert [f.rsplit("abc1234", 1)[1] for f in files] == [".json", ".md", ".png", "_runs.tgz"]
     payload = json.loads((out / files[0]).read_text())

@@ -106,8 +106,12 @@ def test_compressed_tensors_bytes_are_the_learners(tmp_path, kind):
     assert qc["quant_method"] == "compressed-tensors" and qc["format"] == "nvfp4-pack-quantized"
     w = qc["config_groups"]["group_0"]["weights"]
     assert (w["num_bits"], w["type"], w["strategy"], w["group_size"], w["symmetric"]) == (
-        4, "float", "tensor_group", 16, True
-    )  # fmt: skip
+        4,
+        "float",
+        "tensor_group",
+        16,
+        True,
+    )
     assert qc["config_groups"]["group_0"]["input_activations"]["dynamic"] == "local"
     assert "lm_head" in qc["ignore"]
     assert qc["minite"]["fingerprint"] == RECIPE.fingerprint()
@@ -171,8 +175,11 @@ def test_compressed_tensors_decompressor_matches_minite(tmp_path, kind):
         ours = _dequantized(codes, scales, gd)
         assert theirs.dtype == torch.bfloat16, theirs.dtype
         assert_bitwise_equal(theirs, ours.to(torch.bfloat16), f"{name} (compressed-tensors, BF16)")
-        reader = decode_weight(local["weight_packed"], local["weight_scale"],
-                               torch.ones(()) / local["weight_global_scale"].reshape(()))  # fmt: skip
+        reader = decode_weight(
+            local["weight_packed"],
+            local["weight_scale"],
+            torch.ones(()) / local["weight_global_scale"].reshape(()),
+        )
         assert_bitwise_equal(reader, ours, f"{name} (our reader, FP32)")
 
 
@@ -220,10 +227,17 @@ def test_load_round_trip(tmp_path, kind, fmt):
         elif name.endswith("gate_up_proj"):
             path = name.removesuffix(".gate_up_proj")
             num_experts = tensor.shape[0]
-            want = torch.stack([
-                torch.cat([_dequantized(*learner[f"{path}.{e}.{p}"]) for p in ("gate_proj", "up_proj")])
-                for e in range(num_experts)
-            ])  # fmt: skip
+            want = torch.stack(
+                [
+                    torch.cat(
+                        [
+                            _dequantized(*learner[f"{path}.{e}.{p}"])
+                            for p in ("gate_proj", "up_proj")
+                        ]
+                    )
+                    for e in range(num_experts)
+                ]
+            )
         elif name.endswith("down_proj") and tensor.dim() == 3:
             path = name.removesuffix(".down_proj")
             want = torch.stack(

@@ -72,8 +72,9 @@ def test_cpu_code_is_not_contracted_whatever_the_environment_says():
 
     torch.manual_seed(0)
     a, b, c = (torch.randn(4096) for _ in range(3))
-    with config.patch({"cpp.enable_floating_point_contract_flag": "fast",
-                       "force_disable_caches": True}):  # fmt: skip
+    with config.patch(
+        {"cpp.enable_floating_point_contract_flag": "fast", "force_disable_caches": True}
+    ):
         torch._dynamo.reset()
         contracted = torch.compile(lambda a, b, c: a * b + c, backend="inductor")(a, b, c)
         torch._dynamo.reset()

@@ -94,8 +94,9 @@ def test_shared_weight_scale_default_and_version_1_dicts():
     """Every named recipe shares weight global scales over fused groups; a format_version 1 dict
     (written before the field existed, every weight its own scale) reads back as the numerics it
     described: shared_weight_scale=False."""
-    assert all(r.shared_weight_scale for r in (NVFP4Recipe.strict(), NVFP4Recipe.te(),
-                                               NVFP4Recipe.bf16()))  # fmt: skip
+    assert all(
+        r.shared_weight_scale for r in (NVFP4Recipe.strict(), NVFP4Recipe.te(), NVFP4Recipe.bf16())
+    )
     v1 = {**NVFP4Recipe.strict().to_dict(), "format_version": 1}
     del v1["shared_weight_scale"]
     assert NVFP4Recipe.from_dict(v1) == NVFP4Recipe.strict(shared_weight_scale=False)

@@ -37,8 +37,10 @@ def test_uniforms_one_round_below_2_32_two_above():
     idx = torch.tensor([5, 2**32 - 1, 2**32 + 5, 3 * 2**32 + 5])
     u = uniforms_at(idx, key)
     one = [(mix32_int((i & M32) ^ key) >> 8) / 2.0**24 for i in idx.tolist()]
-    two = [(mix32_int(mix32_int((i & M32) ^ key) ^ (i >> 32) ^ (key >> 1)) >> 8) / 2.0**24
-           for i in idx.tolist()]  # fmt: skip
+    two = [
+        (mix32_int(mix32_int((i & M32) ^ key) ^ (i >> 32) ^ (key >> 1)) >> 8) / 2.0**24
+        for i in idx.tolist()
+    ]
     assert u.tolist() == one[:2] + two[2:]
     assert len(set(u.tolist())) == 4 and u[0] != u[2]
 

@@ -46,8 +46,19 @@ def test_json_has_the_step_keys(configs):
     prefill summary."""
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        main(["--model", configs["moe"], "--batch", "2", "--context", "16", "--recipe",
-              "stock", "--json"])  # fmt: skip
+        main(
+            [
+                "--model",
+                configs["moe"],
+                "--batch",
+                "2",
+                "--context",
+                "16",
+                "--recipe",
+                "stock",
+                "--json",
+            ]
+        )
     res = json.loads(buf.getvalue())
     for key in ("launches", "bytes", "flops", "roofline_ms", "per_op", "prefill", "assumptions"):
         assert key in res, key

@@ -17,8 +17,10 @@ BATCH, SEQ = 2, 32
 @pytest.fixture(scope="module")
 def dense():
     model = tiny_qwen3(layers=1, dtype=torch.bfloat16).to("meta")
-    return model, {r: learner_step_cost(model, "tiny", recipe=r, batch=BATCH, seq=SEQ)
-                   for r in ("strict", "stock")}  # fmt: skip
+    return model, {
+        r: learner_step_cost(model, "tiny", recipe=r, batch=BATCH, seq=SEQ)
+        for r in ("strict", "stock")
+    }
 
 
 def _flops(res, pred) -> int:
@@ -32,8 +34,11 @@ def test_each_nvfp4_gemm_has_its_dgrad_and_wgrad_gemm(dense):
     # hand count: q, k, v, o, gate, up, down of the one layer, 2*M*N*K each, M = BATCH*SEQ
     layer = model.model.layers[0]
     linears = [*vars(layer.self_attn)["_modules"].values(), *vars(layer.mlp)["_modules"].values()]
-    want = sum(2 * BATCH * SEQ * m.in_features * m.out_features
-               for m in linears if isinstance(m, torch.nn.Linear))  # fmt: skip
+    want = sum(
+        2 * BATCH * SEQ * m.in_features * m.out_features
+        for m in linears
+        if isinstance(m, torch.nn.Linear)
+    )
     assert fwd == want
     assert _flops(res, lambda op: op.endswith(": dgrad GEMM")) == want
     assert _flops(res, lambda op: op.endswith(": wgrad GEMM")) == want
@@ -78,9 +83,12 @@ def test_on_change_moves_the_weight_quantize_out_of_the_forward(build):
     earlier form decoded each on-grid copy in every forward."""
     model = build(layers=1, dtype=torch.bfloat16).to("meta")
     batch, seq = 8, 128  # 1024 tokens: >= 256 rows per expert of the tiny MoE's 4
-    res = {m: learner_step_cost(model, "tiny", recipe="strict", batch=batch, seq=seq,
-                                quantize_weights=m)
-           for m in ("every_call", "on_change", "on_change, decode per call")}  # fmt: skip
+    res = {
+        m: learner_step_cost(
+            model, "tiny", recipe="strict", batch=batch, seq=seq, quantize_weights=m
+        )
+        for m in ("every_call", "on_change", "on_change, decode per call")
+    }
     every, now, before = res["every_call"], res["on_change"], res["on_change, decode per call"]
     weights = every["weight_quantize"]
     assert weights["bytes"] > 0 and every["ongrid_decode_per_call"]["bytes"] == 0
@@ -106,22 +114,28 @@ def test_expert_weights_quantize_in_two_steps_and_the_what_if_drops_one_read():
     experts = {n: p for n, p in model.named_parameters() if p.dim() == 3}
     assert experts
     what_if = "on_change, row maxima from the optimizer (not built)"
-    res = {m: learner_step_cost(model, "tiny", recipe="strict", batch=8, seq=128,
-                                quantize_weights=m)
-           for m in ("every_call", "on_change", what_if)}  # fmt: skip
+    res = {
+        m: learner_step_cost(model, "tiny", recipe="strict", batch=8, seq=128, quantize_weights=m)
+        for m in ("every_call", "on_change", what_if)
+    }
     w_bytes = sum(p.numel() * p.element_size() for p in experts.values())
     row_max_bytes = w_bytes + sum(p.numel() // p.shape[-1] * 4 for p in experts.values())
-    maxima = [a for a in res["on_change"]["by_op"]
-              if a["op"] == "refresh: expert weight row maxima"]  # fmt: skip
+    maxima = [
+        a for a in res["on_change"]["by_op"] if a["op"] == "refresh: expert weight row maxima"
+    ]
     assert len(maxima) == 1 and maxima[0]["count"] == len(experts), maxima
     assert maxima[0]["bytes"] == row_max_bytes
-    assert res["on_change"]["weight_quantize"]["bytes"] - res[what_if]["weight_quantize"][
-        "bytes"] == row_max_bytes  # fmt: skip
+    assert (
+        res["on_change"]["weight_quantize"]["bytes"] - res[what_if]["weight_quantize"]["bytes"]
+        == row_max_bytes
+    )
     assert not any(a["op"] == maxima[0]["op"] for a in res[what_if]["by_op"])
     # every_call: the same two reads (and launches) inside its quantize ops, so its weight work
     # is on_change's less the global decode copies (the test above)
     gd = next(a for a in res["on_change"]["by_op"] if a["op"] == "refresh: global decode copy")
     assert res["every_call"]["weight_quantize"]["bytes"] == (
-        res["on_change"]["weight_quantize"]["bytes"] - gd["bytes"])  # fmt: skip
+        res["on_change"]["weight_quantize"]["bytes"] - gd["bytes"]
+    )
     assert res["every_call"]["weight_quantize"]["launches"] == (
-        res["on_change"]["weight_quantize"]["launches"] - gd["launches"])  # fmt: skip
+        res["on_change"]["weight_quantize"]["launches"] - gd["launches"]
+    )

@@ -71,7 +71,13 @@ def test_grouped_equals_experts_alone(per_expert, k):
     for i in range(e):
         rows = slice(i * per_expert, (i + 1) * per_expert)
         alone = gi.nvfp4_gemm.cuda_linear(
-            xs[rows], wq.codes[i], wq.block_scales[i].view(torch.uint8),
-            wq.global_decode[i].reshape(()), None, None, recipe, None,
-        )  # fmt: skip
+            xs[rows],
+            wq.codes[i],
+            wq.block_scales[i].view(torch.uint8),
+            wq.global_decode[i].reshape(()),
+            None,
+            None,
+            recipe,
+            None,
+        )
         assert_bitwise_equal(y[rows], alone, f"expert {i}")

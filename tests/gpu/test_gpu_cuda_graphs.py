@@ -78,8 +78,13 @@ def _assert_same(a, b, what):
 def test_sampling_inside_the_graph_equals_plain(sampling):
     torch._dynamo.reset()
     build, prompt = ENGINE_MODELS["tiny_qwen3_moe"]
-    engine = RolloutEngine(build().eval(), recipe=NVFP4Recipe.strict(), max_batch=16,
-                           max_seq_len=prompt + 64, cuda_graphs=True)  # fmt: skip
+    engine = RolloutEngine(
+        build().eval(),
+        recipe=NVFP4Recipe.strict(),
+        max_batch=16,
+        max_seq_len=prompt + 64,
+        cuda_graphs=True,
+    )
     prompts = [[1 + (i * 5 + j) % 127 for j in range(prompt - i % 7)] for i in range(11)]
     graph = engine.generate(prompts, max_new_tokens=NEW_TOKENS, seed=5, **sampling)
     engine.cuda_graphs = False
@@ -95,8 +100,13 @@ def test_replay_after_update_weights_uses_the_new_weights():
     torch._dynamo.reset()
     recipe = NVFP4Recipe.strict()
     learner_model = tiny_qwen3_moe(layers=2).to(DEVICE).bfloat16()
-    engine = RolloutEngine(copy.deepcopy(learner_model).eval(), recipe=recipe, max_batch=8,
-                           max_seq_len=64, cuda_graphs=True)  # fmt: skip
+    engine = RolloutEngine(
+        copy.deepcopy(learner_model).eval(),
+        recipe=recipe,
+        max_batch=8,
+        max_seq_len=64,
+        cuda_graphs=True,
+    )
     prompts = [[1 + (i * 3 + j) % 127 for j in range(5 + i)] for i in range(6)]  # 2 padded
     before = engine.generate(prompts, max_new_tokens=16, seed=2)
     params = [p for p in learner_model.parameters() if p.dim() >= 2]

@@ -34,9 +34,9 @@ def _run(fn, inputs, grad_idx):
 def test_compiled_elementwise_equals_eager(case):
     """Bitwise: the Inductor-compiled subgraph (minite's settings) == its eager reference,
     forward output and the gradient of every input."""
-    (name, fn, inputs, grad_idx, reference), = [
+    ((name, fn, inputs, grad_idx, reference),) = [
         c for c in candidates(TOKENS, torch.device(DEVICE)) if c[0].startswith(CASES[case])
-    ]  # fmt: skip
+    ]
     torch._dynamo.reset()
     compiled = torch.compile(fn, fullgraph=True, backend=inductor_as_minite)
     want_y, want_g = _run(reference or fn, inputs, grad_idx)

@@ -58,8 +58,9 @@ def test_shared_quantize_qkv_equals_nvfp4_linear(recipe_name):
         outs = []
         for site, (w, wq) in enumerate(weights):
             args = (x, w, *wq, None, None, recipe.numerics_key, None, site)
-            outs.append(ops.nvfp4_linear_quantized(*args, *operands) if shared
-                        else ops.nvfp4_linear(*args))  # fmt: skip
+            outs.append(
+                ops.nvfp4_linear_quantized(*args, *operands) if shared else ops.nvfp4_linear(*args)
+            )
         loss = sum(o.float().pow(2).mean() for o in outs)
         loss.backward()
         return [o.detach() for o in outs], x.grad.clone(), [w.grad.clone() for w, _ in weights]
@@ -121,8 +122,20 @@ def test_grouped_mm_quantized_equals_nvfp4_grouped_mm():
         torch.randint(0, e, (TOKENS * 8,), generator=g, device=DEVICE), minlength=e
     )
     offsets = counts.cumsum(0).to(torch.int32)
-    args = (x, w, codes, scales.view(torch.uint8), gd, offsets, None, recipe.numerics_key, None,
-            3, x_index, None)  # fmt: skip
+    args = (
+        x,
+        w,
+        codes,
+        scales.view(torch.uint8),
+        gd,
+        offsets,
+        None,
+        recipe.numerics_key,
+        None,
+        3,
+        x_index,
+        None,
+    )
     dy = _randn(TOKENS * 8, n, seed=9).to(torch.bfloat16)
 
     def run(op, *extra):
@@ -144,8 +157,9 @@ def test_expert_groups_one_read_quantize_equals_two_step(groups):
     [128, 1536, 2048]: on-grid values and per-expert global decodes."""
     w = _randn(128, 1536, HIDDEN, seed=10, scale=0.02).to(torch.bfloat16)
     got = gi.quantize_weight_tiles(w, "per_expert", out="ongrid", expert_groups=groups)
-    want = gi.quantize_triton(w, block="16x16", global_scale="per_expert", out="ongrid",
-                              one_read_weights=False)  # fmt: skip
+    want = gi.quantize_triton(
+        w, block="16x16", global_scale="per_expert", out="ongrid", one_read_weights=False
+    )
     assert_bitwise_equal(got[0], want[0], f"on-grid ({groups} groups)")
     assert_bitwise_equal(got[1], want[1], f"global decode ({groups} groups)")
 

@@ -55,6 +55,7 @@ def test_on_change_equals_every_call_on_the_gpu(cuda_graphs):
     assert all(e.ongrid is not None for e in store.entries.values())
     for step in range(STEPS):
         assert torch.equal(want_logits[step], got_logits[step]), f"step {step}: logits differ"
-        bad = [n for n in want_grads[step]
-               if not torch.equal(want_grads[step][n], got_grads[step][n])]  # fmt: skip
+        bad = [
+            n for n in want_grads[step] if not torch.equal(want_grads[step][n], got_grads[step][n])
+        ]
         assert not bad, f"step {step}: gradients differ for {bad}"

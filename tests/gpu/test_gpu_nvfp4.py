@@ -184,9 +184,15 @@ def test_grouped_equals_per_expert_loop(name, weights):
     for i, end in enumerate(offsets.tolist()):
         if end > start:
             want = gi.nvfp4_gemm.cuda_linear(
-                x[start:end], wq.codes[i], wq.block_scales[i].view(torch.uint8),
-                wq.global_decode[i].reshape(()), None if og is None else og[i], None, recipe, None,
-            )  # fmt: skip
+                x[start:end],
+                wq.codes[i],
+                wq.block_scales[i].view(torch.uint8),
+                wq.global_decode[i].reshape(()),
+                None if og is None else og[i],
+                None,
+                recipe,
+                None,
+            )
             assert_bitwise_equal(y[start:end], want, f"expert {i}")
         start = end
 

@@ -74,9 +74,12 @@ def test_learner_forward_backward_full_vocab(dense, shape):
     logits_gib = num * length * VOCAB * 4 / 2**30
     assert all(torch.isfinite(x).all() for x in logp)
     above_weights = (torch.cuda.max_memory_allocated() - base) / 2**30
-    _record(f"learner_{num}x{length}", seconds_with_compile=round(seconds, 1),
-            fp32_logits_gib=round(logits_gib, 1),
-            peak_above_weights_gib=round(above_weights, 2))  # fmt: skip
+    _record(
+        f"learner_{num}x{length}",
+        seconds_with_compile=round(seconds, 1),
+        fp32_logits_gib=round(logits_gib, 1),
+        peak_above_weights_gib=round(above_weights, 2),
+    )
     # activations, gradients and one head chunk; [tokens x vocab] FP32 logits alone are more
     assert above_weights < logits_gib
 
@@ -88,8 +91,9 @@ def test_engine_prefill_64x2048_then_256_new_tokens(dense):
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(1024, 2049, (64,), generator=g).tolist()
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
-    engine = RolloutEngine(dense, recipe=recipe, device=DEVICE, max_batch=64,
-                           max_seq_len=2048 + 256, cuda_graphs=True)  # fmt: skip
+    engine = RolloutEngine(
+        dense, recipe=recipe, device=DEVICE, max_batch=64, max_seq_len=2048 + 256, cuda_graphs=True
+    )
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     out = engine.generate(prompts, max_new_tokens=256, temperature=1.0, seed=0)
@@ -111,8 +115,9 @@ def test_engine_8192_new_tokens(dense):
     8k-token sequences (the learner at 8k-token sequences)."""
     recipe = NVFP4Recipe.strict()
     prompts = _sequences(8, 64, VOCAB, seed=3)
-    engine = RolloutEngine(dense, recipe=recipe, device=DEVICE, max_batch=8,
-                           max_seq_len=64 + 8192, cuda_graphs=True)  # fmt: skip
+    engine = RolloutEngine(
+        dense, recipe=recipe, device=DEVICE, max_batch=8, max_seq_len=64 + 8192, cuda_graphs=True
+    )
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     out = engine.generate(prompts, max_new_tokens=8192, temperature=1.0, seed=7)

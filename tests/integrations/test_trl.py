@@ -55,11 +55,22 @@ def _reward(completions, **unused):
 
 def _config(tmp_path, **over):
     base = dict(
-        output_dir=str(tmp_path / "out"), bf16=False, per_device_train_batch_size=4,
-        num_generations=2, max_completion_length=8, max_steps=3, logging_steps=1,
-        learning_rate=1e-3, seed=0, gradient_checkpointing=False, router_aux_loss_coef=0.0,
-        save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "out"),
+        bf16=False,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=8,
+        max_steps=3,
+        logging_steps=1,
+        learning_rate=1e-3,
+        seed=0,
+        gradient_checkpointing=False,
+        router_aux_loss_coef=0.0,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     return GRPOConfig(**{**base, **over})
 
 
@@ -84,14 +95,22 @@ def test_trl_grpo_learner_equals_rollout_bitwise(tmp_path, arch):
     # dense: against a reference; MoE: with the config's load-balancing loss (TRL's default)
     dense = arch == "qwen3"
     # dense: two gradient-accumulation micro-batches per optimizer step
-    over = ({"beta": 0.04, "gradient_accumulation_steps": 2} if dense
-            else {"beta": 0.0, "router_aux_loss_coef": None})  # fmt: skip
+    over = (
+        {"beta": 0.04, "gradient_accumulation_steps": 2}
+        if dense
+        else {"beta": 0.0, "router_aux_loss_coef": None}
+    )
     record = _Record()
     trainer = MiniteGRPOTrainer(
-        model, reward_funcs=_reward, args=_config(tmp_path, **over),
-        train_dataset=Dataset.from_dict({"prompt": PROMPTS * 3}), processing_class=tok,
-        recipe="strict", max_prompt_length=8, callbacks=[record],
-    )  # fmt: skip
+        model,
+        reward_funcs=_reward,
+        args=_config(tmp_path, **over),
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS * 3}),
+        processing_class=tok,
+        recipe="strict",
+        max_prompt_length=8,
+        callbacks=[record],
+    )
     record.trainer = trainer
     trainer.train()
 
@@ -142,9 +161,12 @@ def test_trl_refuses_what_breaks_the_bits(tmp_path, over, match):
     model = tiny_qwen3(layers=1, vocab=64)
     with pytest.raises(ValueError, match=match):
         MiniteGRPOTrainer(
-            model, reward_funcs=_reward, args=_config(tmp_path, **over),
-            train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=_tokenizer(),
-        )  # fmt: skip
+            model,
+            reward_funcs=_reward,
+            args=_config(tmp_path, **over),
+            train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+            processing_class=_tokenizer(),
+        )
 
 
 def test_trl_refuses_attention_dropout(tmp_path):
@@ -152,15 +174,21 @@ def test_trl_refuses_attention_dropout(tmp_path):
     model.config.attention_dropout = 0.1
     with pytest.raises(ValueError, match="attention_dropout=0.1"):
         MiniteGRPOTrainer(
-            model, reward_funcs=_reward, args=_config(tmp_path),
-            train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=_tokenizer(),
-        )  # fmt: skip
+            model,
+            reward_funcs=_reward,
+            args=_config(tmp_path),
+            train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+            processing_class=_tokenizer(),
+        )
 
 
 def test_trl_refuses_a_user_rollout_func(tmp_path):
     with pytest.raises(ValueError, match="rollout_func"):
         MiniteGRPOTrainer(
-            tiny_qwen3(layers=1, vocab=64), reward_funcs=_reward, args=_config(tmp_path),
-            train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=_tokenizer(),
+            tiny_qwen3(layers=1, vocab=64),
+            reward_funcs=_reward,
+            args=_config(tmp_path),
+            train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+            processing_class=_tokenizer(),
             rollout_func=lambda prompts, trainer: {},
-        )  # fmt: skip
+        )

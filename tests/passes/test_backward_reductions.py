@@ -28,8 +28,9 @@ def _joint_graphs(model, recipe):
 
             return compiler
 
-        return aot_module_simplified(gm, example_inputs, fw_compiler=keep("fw"),
-                                     bw_compiler=keep("bw"))  # fmt: skip
+        return aot_module_simplified(
+            gm, example_inputs, fw_compiler=keep("fw"), bw_compiler=keep("bw")
+        )
 
     torch._dynamo.reset()
     ids = torch.randint(0, model.config.vocab_size, (2, 16))

@@ -41,9 +41,17 @@ def _run(model, ids):
     }
 
 
-@pytest.mark.parametrize("fold", [fold_expert_gathers, fold_moe_combine, fold_row_masks,
-                                  fold_swiglu_halves, attach_combine_inverse],
-                         ids=lambda f: f.__name__)  # fmt: skip
+@pytest.mark.parametrize(
+    "fold",
+    [
+        fold_expert_gathers,
+        fold_moe_combine,
+        fold_row_masks,
+        fold_swiglu_halves,
+        attach_combine_inverse,
+    ],
+    ids=lambda f: f.__name__,
+)
 @pytest.mark.parametrize("sentinel_mask", [False, True], ids=["plain", "sentinel-mask"])
 def test_fold_fires_and_changes_no_bit(sentinel_mask, fold, monkeypatch):
     model = _model(sentinel_mask)
@@ -179,8 +187,7 @@ def test_fold_refuses_what_would_change_the_result(case):
             x.masked_fill_(mask, 0.0)
         return y
 
-    args = (h, idx, mask, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode,
-            offsets)  # fmt: skip
+    args = (h, idx, mask, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, offsets)
     gm = _gather_gemm_graph(f, *args)
     want = gm(h.clone(), *args[1:])
     report = LoweringReport(recipe_fingerprint="test")
@@ -256,8 +263,13 @@ def test_row_mask_fold_on_aten_graphs(case):
     assert_bitwise_equal(got[0], want[0], f"{case}: silu_mul")
     assert_bitwise_equal(got[1], want[1], f"{case}: moe_combine")
     folded = report.counts.get("row_mask_folded", 0)
-    expected = {"fold": 2, "other_reader": 1, "source_written": 1, "in_place_fill": 1,
-                "one_half_elsewhere": 1}[case]  # fmt: skip
+    expected = {
+        "fold": 2,
+        "other_reader": 1,
+        "source_written": 1,
+        "in_place_fill": 1,
+        "one_half_elsewhere": 1,
+    }[case]
     assert folded == expected, (case, folded)
     fills = [n for n in gm.graph.nodes if "masked_fill" in str(n.target)]
     assert len(fills) == 2 - expected
@@ -342,8 +354,9 @@ def test_combine_inverse_only_where_the_graph_proves_it(case, tracer):
     assert_bitwise_equal(got, want, case)
 
 
-@pytest.mark.parametrize("case", ["fires", "index_written", "perm_written", "not_a_sort",
-                                  "k_does_not_match"])  # fmt: skip
+@pytest.mark.parametrize(
+    "case", ["fires", "index_written", "perm_written", "not_a_sort", "k_does_not_match"]
+)
 def test_expert_gather_perm_only_where_the_graph_proves_it(case):
     """fold_expert_gathers attaches x_perm only when the gather index is `perm // k` of a sort's
     indices, k * rows == S, and neither perm nor the index is written or viewed."""
@@ -372,8 +385,16 @@ def test_expert_gather_perm_only_where_the_graph_proves_it(case):
         x = ops.gather_rows(h, idx)
         return ops.nvfp4_grouped_mm(x, w, codes, scales, gd, offsets, None, rec)
 
-    args = (h, ids, given, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode,
-            offsets)  # fmt: skip
+    args = (
+        h,
+        ids,
+        given,
+        w,
+        wq.codes,
+        wq.block_scales.view(torch.uint8),
+        wq.global_decode,
+        offsets,
+    )
     gm = _gather_gemm_graph(f, *args)
     report = LoweringReport(recipe_fingerprint="test")
     fold_expert_gathers(gm, NVFP4Recipe.strict(), report)

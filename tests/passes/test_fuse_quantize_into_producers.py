@@ -38,8 +38,9 @@ def _run(model, ids, recipe):
 def test_fused_norm_quantize_is_bitwise_the_unfused_graph(arch, dtype, monkeypatch):
     recipe = NVFP4Recipe.strict()
     model = MODELS[arch](layers=2, dtype=dtype)
-    ids = torch.randint(0, model.config.vocab_size, (2, 12),
-                        generator=torch.Generator().manual_seed(2))  # fmt: skip
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(2)
+    )
     y, g, report = _run(model, ids, recipe)
     # per layer: the input norm (q/k/v) and the post-attention norm (dense gate/up, or the
     # experts' gate_up through the token gather)

@@ -12,8 +12,13 @@ from fp4_compile import NVFP4Recipe
 from fp4_compile.models import tiny_qwen3
 
 aten = torch.ops.aten
-VIEWS = {aten.squeeze.dim, aten.unsqueeze.default, aten.view.default, aten.slice.Tensor,
-         aten.alias.default}  # fmt: skip
+VIEWS = {
+    aten.squeeze.dim,
+    aten.unsqueeze.default,
+    aten.view.default,
+    aten.slice.Tensor,
+    aten.alias.default,
+}
 CACHE_WRITES = {aten.scatter_.src, aten.index_put_.default, aten.copy_.default}
 
 
@@ -42,8 +47,9 @@ def test_decode_graph_reads_the_cache_in_place(rollout_graph):
     targets = {str(n.target) for n in graph.nodes if n.op == "call_function"}
     assert not [t for t in targets if "repeat" in t], targets
     caches = [n.name for n in graph.nodes if n.op == "placeholder" and "caches" in n.name]
-    attention = [n for n in graph.nodes
-                 if n.target is torch.ops.fp4_compile.invariant_attention.default]  # fmt: skip
+    attention = [
+        n for n in graph.nodes if n.target is torch.ops.fp4_compile.invariant_attention.default
+    ]
     assert len(attention) == 2 and len(caches) == 4
     read = []
     for node in attention:

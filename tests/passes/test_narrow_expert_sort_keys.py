@@ -38,9 +38,13 @@ def _lowered(gm):
 
 
 def _sort_key_dtypes(gm):
-    return [n.args[0].meta["val"].dtype if "val" in n.args[0].meta
-            else n.args[0].meta["example_value"].dtype
-            for n in gm.graph.nodes if "sort" in str(n.target)]  # fmt: skip
+    return [
+        n.args[0].meta["val"].dtype
+        if "val" in n.args[0].meta
+        else n.args[0].meta["example_value"].dtype
+        for n in gm.graph.nodes
+        if "sort" in str(n.target)
+    ]
 
 
 def _inputs(experts):
@@ -49,8 +53,9 @@ def _inputs(experts):
     return torch.randn(64, experts), torch.randint(-(2**40), 2**40, (300,))
 
 
-@pytest.mark.parametrize("experts,narrow", [(8, torch.uint8), (256, torch.uint8),
-                                            (300, torch.int16)])  # fmt: skip
+@pytest.mark.parametrize(
+    "experts,narrow", [(8, torch.uint8), (256, torch.uint8), (300, torch.int16)]
+)
 def test_dynamo_graph_expert_sort_is_narrowed(experts, narrow):
     logits, other = _inputs(experts)
     captured = []

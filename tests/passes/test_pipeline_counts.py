@@ -71,10 +71,19 @@ def test_qwen3_moe_renormalized_routing_is_absorbed():
     different orders under eager and Inductor on the H200)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    cfg = Qwen3MoeConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
-                         moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=4,
-                         norm_topk_prob=True)  # fmt: skip
+    cfg = Qwen3MoeConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=4,
+        norm_topk_prob=True,
+    )
     torch.manual_seed(0)
     rep = _explain(Qwen3MoeForCausalLM(cfg))
     assert rep.counts["routing_topk"] == 2 and rep.counts["routing_renorm"] == 2
@@ -246,9 +255,14 @@ def test_fuse_quantize_option_is_the_ab_of_the_fusions():
 
     fused, y_fused = _compiled_counts(tiny_qwen3_moe(layers=1))
     plain, y_plain = _compiled_counts(tiny_qwen3_moe(layers=1), options={"fuse_quantize": False})
-    fusion_counts = {"activation_quantize_shared", "activation_quantize_saved",
-                     "rms_norm_quantize_fused", "silu_mul_quantize_fused",
-                     "expert_input_from_norm", "expert_input_from_silu_mul"}  # fmt: skip
+    fusion_counts = {
+        "activation_quantize_shared",
+        "activation_quantize_saved",
+        "rms_norm_quantize_fused",
+        "silu_mul_quantize_fused",
+        "expert_input_from_norm",
+        "expert_input_from_silu_mul",
+    }
     assert fusion_counts <= set(fused.counts)
     assert not fusion_counts & set(plain.counts)
     assert {k: v for k, v in fused.counts.items() if k not in fusion_counts} == plain.counts
@@ -273,11 +287,13 @@ def test_symbolic_shapes_get_the_static_folds_and_bits():
         0, model.config.vocab_size, (3, 24), generator=torch.Generator().manual_seed(1)
     )
     with torch.no_grad():
-        got = torch.compile(model, backend="minite", options={"recipe": NVFP4Recipe.strict()},
-                            dynamic=True)(input_ids=ids, use_cache=False).logits  # fmt: skip
+        got = torch.compile(
+            model, backend="minite", options={"recipe": NVFP4Recipe.strict()}, dynamic=True
+        )(input_ids=ids, use_cache=False).logits
         torch._dynamo.reset()
-        want = torch.compile(model, backend="minite", options={"recipe": NVFP4Recipe.strict()},
-                             dynamic=False)(input_ids=ids, use_cache=False).logits  # fmt: skip
+        want = torch.compile(
+            model, backend="minite", options={"recipe": NVFP4Recipe.strict()}, dynamic=False
+        )(input_ids=ids, use_cache=False).logits
     assert_bitwise_equal(got, want, "logits at a second shape")
 
 

@@ -83,10 +83,16 @@ def _transposed_flags(gm):
     """The `transposed` argument of every node that quantizes an X for NVFP4 linears: the
     shared quantize, or the producer that emits it (`fuse_quantize_into_producers`)."""
     ops = torch.ops.fp4_compile
-    position = {ops.quantize_activation.default: 3, ops.rms_norm_quantize.default: 4,
-                ops.silu_mul_quantize.default: 4}  # fmt: skip
-    return [n.args[position[n.target]] for n in gm.graph.nodes
-            if n.op == "call_function" and n.target in position]  # fmt: skip
+    position = {
+        ops.quantize_activation.default: 3,
+        ops.rms_norm_quantize.default: 4,
+        ops.silu_mul_quantize.default: 4,
+    }
+    return [
+        n.args[position[n.target]]
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target in position
+    ]
 
 
 def test_transposed_operand_only_where_an_nvfp4_wgrad_reads_it():
@@ -121,6 +127,7 @@ def test_exported_rollout_shares_the_quantize_without_the_transposed_operand():
     learner forward's, and never quantizes X^T."""
     from fp4_compile.rollout.export import export_rollout
 
-    art = export_rollout(tiny_qwen3(layers=1), recipe=NVFP4Recipe.strict(), max_batch=2,
-                         max_seq_len=16)  # fmt: skip
+    art = export_rollout(
+        tiny_qwen3(layers=1), recipe=NVFP4Recipe.strict(), max_batch=2, max_seq_len=16
+    )
     assert _transposed_flags(art.program.graph_module) == [False] * 3

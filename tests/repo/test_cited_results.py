@@ -7,8 +7,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 NAME = re.compile(r"\b(20\d\d-\d\d-\d\d_[A-Za-z0-9_.+-]*[A-Za-z0-9])\b")
-SOURCES = ["README.md", "CONTRIBUTING.md", "docs", "fp4_compile", "passes", "codegen", "rl",
-           "benchmarks", "tools", "tests"]  # fmt: skip
+SOURCES = [
+    "README.md",
+    "CONTRIBUTING.md",
+    "docs",
+    "fp4_compile",
+    "passes",
+    "codegen",
+    "rl",
+    "benchmarks",
+    "tools",
+    "tests",
+]
 SUFFIXES = {".md", ".py", ".sh", ".toml"}
 
 

@@ -17,8 +17,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # a token that starts with a top-level folder: fp4_compile passes codegen rl tests benchmarks
 # tools docs .ci
-PATH = re.compile(r"(?<![\w./-])((?:fp4_compile|passes|codegen|rl|tests|benchmarks|tools|docs|\.ci)"
-                  r"/[\w./*<>{},-]*)")  # fmt: skip
+PATH = re.compile(
+    r"(?<![\w./-])((?:fp4_compile|passes|codegen|rl|tests|benchmarks|tools|docs|\.ci)"
+    r"/[\w./*<>{},-]*)"
+)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 MODULE = re.compile(r"(?<![\w./-])((?:benchmarks|tools)(?:\.[A-Za-z_]\w*)+)")
 RESULTS = ROOT / "benchmarks" / "results"
@@ -39,8 +41,11 @@ def _sources() -> list[Path]:
     for top in ("fp4_compile", "passes", "codegen", "rl", "tests", "benchmarks", "tools"):
         files += [f for f in sorted((ROOT / top).rglob("*")) if f.suffix in (".py", ".sh", ".md")]
     this = Path(__file__).resolve()
-    return [f for f in files if f.is_file() and f != this
-            and (RESULTS not in f.parents or f.name == "README.md")]  # fmt: skip
+    return [
+        f
+        for f in files
+        if f.is_file() and f != this and (RESULTS not in f.parents or f.name == "README.md")
+    ]
 
 
 def _alternatives(token: str) -> list[str]:

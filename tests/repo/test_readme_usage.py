@@ -35,8 +35,14 @@ def test_usage_snippet_defines_every_name_it_reads():
 
 def test_benchmarks_and_tools_print_an_index():
     for package, expected in (("benchmarks", "step_cost"), ("tools", "localize_gpu")):
-        out = subprocess.run([sys.executable, "-m", package], cwd=ROOT, capture_output=True,
-                             text=True, check=True, timeout=60).stdout  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", package],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
         assert out.startswith(f"python -m {package}.<name>:"), out
         modules = {p.stem for p in (ROOT / package).glob("*.py") if not p.stem.startswith("_")}
         listed = {line.split()[0] for line in out.splitlines() if line.startswith("  ")}

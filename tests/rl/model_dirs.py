@@ -73,8 +73,13 @@ def make_run(run_dir: Path, *, step: int = 30) -> Path:
     """A tiny-preset run folder holding one GRPO checkpoint (weights: the random init)."""
     cfg = get_preset("tiny")
     model = build_model(cfg, 32)
-    state = {"step": step, "model": model.state_dict(), "recipe": cfg.recipe().to_dict(),
-             "config": cfg.to_dict(), "tokenizer": {"chars": "0123456789"}}  # fmt: skip
+    state = {
+        "step": step,
+        "model": model.state_dict(),
+        "recipe": cfg.recipe().to_dict(),
+        "config": cfg.to_dict(),
+        "tokenizer": {"chars": "0123456789"},
+    }
     save_checkpoint(step_path(run_dir / "checkpoints", step), state, kind="grpo")
     return run_dir
 

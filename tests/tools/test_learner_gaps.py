@@ -37,26 +37,41 @@ def test_attribute_kernels_to_the_outermost_fp4_compile_op():
         return {"cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "tid": tid}
 
     def launch(corr, ts, tid=1):
-        return {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 1.0,
-                "tid": tid, "args": {"correlation": corr}}  # fmt: skip
+        return {
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "ts": ts,
+            "dur": 1.0,
+            "tid": tid,
+            "args": {"correlation": corr},
+        }
 
     def kernel(corr, name, dur):
-        return {"cat": "kernel", "name": name, "ts": 100.0 + corr, "dur": dur,
-                "args": {"correlation": corr}}  # fmt: skip
+        return {
+            "cat": "kernel",
+            "name": name,
+            "ts": 100.0 + corr,
+            "dur": dur,
+            "args": {"correlation": corr},
+        }
 
     stock = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>()"
     events = [
         op("fp4_compile::nvfp4_grouped_mm_backward", 0.0, 50.0),
         op("fp4_compile::quantize", 10.0, 5.0),  # nested: the outer op owns its kernels
         op("aten::fill_", 20.0, 2.0),
-        launch(1, 11.0), kernel(1, "_quantize_kernel", 30.0),
-        launch(2, 21.0), kernel(2, stock, 2.0),
-        launch(3, 60.0), kernel(3, "triton_poi_fused_add_0", 4.0),  # outside any op
-        launch(4, 12.0, tid=2), kernel(4, "_row_abs_max_kernel", 8.0),  # another thread
+        launch(1, 11.0),
+        kernel(1, "_quantize_kernel", 30.0),
+        launch(2, 21.0),
+        kernel(2, stock, 2.0),
+        launch(3, 60.0),
+        kernel(3, "triton_poi_fused_add_0", 4.0),  # outside any op
+        launch(4, 12.0, tid=2),
+        kernel(4, "_row_abs_max_kernel", 8.0),  # another thread
         kernel(5, "no_launch_seen", 1.0),
         {**launch(6, 13.0), "cat": "cuda_driver", "name": "cuLaunchKernelEx"},  # Triton's path
         kernel(6, "_ongrid_kernel", 5.0),
-    ]  # fmt: skip
+    ]
     att = attribute_kernels(events)
     by_op = {r["op"]: r for r in att["by_op"]}
     mm = by_op["fp4_compile::nvfp4_grouped_mm_backward"]

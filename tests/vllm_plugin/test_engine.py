@@ -61,8 +61,9 @@ def test_generate_interface_and_batch_independence(engine):
 def test_eos_stops_a_request(engine):
     first = engine.generate([PROMPTS[0]], max_new_tokens=6, temperature=1.0, seed=21)
     eos = first.tokens[0][2]
-    out = engine.generate([PROMPTS[0]], max_new_tokens=6, temperature=1.0, seed=21,
-                          eos_token_id=eos)  # fmt: skip
+    out = engine.generate(
+        [PROMPTS[0]], max_new_tokens=6, temperature=1.0, seed=21, eos_token_id=eos
+    )
     stop = first.tokens[0].index(eos) + 1
     assert out.tokens[0] == first.tokens[0][:stop]
     assert out.finish_reasons == ["eos"]
@@ -97,7 +98,7 @@ def test_update_weights_sends_the_learners_nvfp4_bytes(engine, learner):
                 m.minite_codes.clone(),
                 m.minite_scales.clone(),
                 m.minite_global_decode.clone(),
-            )  # fmt: skip
+            )
             for n, m in model.named_modules()
             if getattr(m, "minite_precision", None) == "nvfp4"
         }
@@ -118,8 +119,11 @@ def test_update_weights_sends_the_learners_nvfp4_bytes(engine, learner):
     fresh = VLLMRolloutEngine(updated, recipe=RECIPE, max_batch=8, max_seq_len=64, full=False)
     try:
         kwargs = dict(max_new_tokens=5, temperature=1.0, seed=[1, 2, 3, 4])
-        assert_same_output(engine.generate(PROMPTS, **kwargs), fresh.generate(PROMPTS, **kwargs),
-                           "synced engine vs fresh engine")  # fmt: skip
+        assert_same_output(
+            engine.generate(PROMPTS, **kwargs),
+            fresh.generate(PROMPTS, **kwargs),
+            "synced engine vs fresh engine",
+        )
     finally:
         fresh.close()
     engine.update_weights(learner)  # leave the module's engine as it was

@@ -29,10 +29,12 @@ RECIPE = NVFP4Recipe.strict()
 
 
 def held_experts(model):
-    return {n: {k: v.clone() for k, v in m.named_buffers() if k.startswith("minite_w")}
-            | {"names": m.minite_names}
-            for n, m in model.named_modules()
-            if getattr(m, "minite_precision", None) == "nvfp4_experts"}  # fmt: skip
+    return {
+        n: {k: v.clone() for k, v in m.named_buffers() if k.startswith("minite_w")}
+        | {"names": m.minite_names}
+        for n, m in model.named_modules()
+        if getattr(m, "minite_precision", None) == "nvfp4_experts"
+    }
 
 
 def assert_learner_bytes(held, learner):
@@ -42,10 +44,16 @@ def assert_learner_bytes(held, learner):
         for tag, learner_name in zip(("w13", "w2"), bufs["names"]):
             wq = quantize_weight(params[learner_name], RECIPE)
             assert_bitwise_equal(bufs[f"minite_{tag}_codes"], wq.codes, f"{name} {tag} codes")
-            assert_bitwise_equal(bufs[f"minite_{tag}_scales"], wq.block_scales.view(torch.uint8),
-                                 f"{name} {tag} scales")  # fmt: skip
-            assert_bitwise_equal(bufs[f"minite_{tag}_global_decode"],
-                                 wq.global_decode.reshape(-1), f"{name} {tag} global")  # fmt: skip
+            assert_bitwise_equal(
+                bufs[f"minite_{tag}_scales"],
+                wq.block_scales.view(torch.uint8),
+                f"{name} {tag} scales",
+            )
+            assert_bitwise_equal(
+                bufs[f"minite_{tag}_global_decode"],
+                wq.global_decode.reshape(-1),
+                f"{name} {tag} global",
+            )
 
 
 def test_moe_experts_run_the_learners_nvfp4_bytes():
@@ -62,8 +70,9 @@ def test_moe_experts_run_the_learners_nvfp4_bytes():
                 if isinstance(method, MiniteExpertsMethod):
                     original = method.apply
 
-                    def apply(layer, x, topk_weights, topk_ids, original=original, name=name,
-                              **rest):  # fmt: skip
+                    def apply(
+                        layer, x, topk_weights, topk_ids, original=original, name=name, **rest
+                    ):
                         y = original(layer, x, topk_weights, topk_ids, **rest)
                         calls.append((name, layer, x.clone(), topk_ids.clone()))
                         return y
@@ -87,8 +96,9 @@ def test_moe_experts_run_the_learners_nvfp4_bytes():
             if e not in ids[r].tolist():
                 continue
             checked += 1
-            gu = nvfp4_linear(x[r : r + 1], gate_up[e], recipe=RECIPE,
-                              w_q=quantize_weight(gate_up[e], RECIPE))  # fmt: skip
+            gu = nvfp4_linear(
+                x[r : r + 1], gate_up[e], recipe=RECIPE, w_q=quantize_weight(gate_up[e], RECIPE)
+            )
             g, u = (t.contiguous() for t in gu.chunk(2, dim=-1))
             h = torch.ops.fp4_compile.silu_mul(g, u)
             got = nvfp4_linear(h, down[e], recipe=RECIPE, w_q=quantize_weight(down[e], RECIPE))

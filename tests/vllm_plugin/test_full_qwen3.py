@@ -76,8 +76,9 @@ def continuous_batching(llm, prompts, max_tokens, arrive_at_step):
                 i = pending.pop(0)
                 # unseeded: vLLM 0.32 on CPU fails seeded requests whose prefill is chunked
                 # ("CPU Generator does not use offset", gpu_model_runner.py)
-                params = SamplingParams(max_tokens=max_tokens[i], temperature=1.0, logprobs=0,
-                                        detokenize=False)  # fmt: skip
+                params = SamplingParams(
+                    max_tokens=max_tokens[i], temperature=1.0, logprobs=0, detokenize=False
+                )
                 engine.add_request(str(i), TokensPrompt(prompt_token_ids=prompts[i]), params)
             for out in engine.step():
                 if out.finished:
@@ -92,13 +93,17 @@ def continuous_batching(llm, prompts, max_tokens, arrive_at_step):
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
 def test_vllm_full_equals_learner_under_continuous_batching(arch):
     model = tiny_qwen3(layers=2, seed=2) if arch == "qwen3" else tiny_qwen3_moe(seed=2)
-    engine = VLLMRolloutEngine(model, recipe=RECIPE, max_batch=8, max_seq_len=64, full=True,
-                               max_num_batched_tokens=16)  # fmt: skip
+    engine = VLLMRolloutEngine(
+        model, recipe=RECIPE, max_batch=8, max_seq_len=64, full=True, max_num_batched_tokens=16
+    )
     try:
-        prompts = [[(11 * i + 5 * j + 2) % 128 for j in range(n)]
-                   for i, n in enumerate((1, 23, 5, 31, 9, 2))]  # fmt: skip
-        done = continuous_batching(engine.llm, prompts, max_tokens=[7, 3, 9, 5, 4, 8],
-                                   arrive_at_step=[0, 0, 1, 2, 4, 6])  # fmt: skip
+        prompts = [
+            [(11 * i + 5 * j + 2) % 128 for j in range(n)]
+            for i, n in enumerate((1, 23, 5, 31, 9, 2))
+        ]
+        done = continuous_batching(
+            engine.llm, prompts, max_tokens=[7, 3, 9, 5, 4, 8], arrive_at_step=[0, 0, 1, 2, 4, 6]
+        )
         assert sorted(done) == list(range(len(prompts)))
         learner = torch.compile(model, backend="minite", options={"recipe": RECIPE})
         seqs = [prompts[i] + done[i][0] for i in range(len(prompts))]

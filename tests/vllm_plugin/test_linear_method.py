@@ -120,8 +120,12 @@ def layer_bytes(vllm_model):
     out = {}
     for name, m in vllm_model.named_modules():
         if getattr(m, "minite_precision", None) == "nvfp4":
-            out[name] = (m.minite_names, m.minite_codes.clone(), m.minite_scales.clone(),
-                         m.minite_global_decode.clone())  # fmt: skip
+            out[name] = (
+                m.minite_names,
+                m.minite_codes.clone(),
+                m.minite_scales.clone(),
+                m.minite_global_decode.clone(),
+            )
     return out
 
 

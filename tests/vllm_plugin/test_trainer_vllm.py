@@ -25,12 +25,23 @@ from fp4_compile.rl.train.trainer import train  # noqa: E402
 from fp4_compile.testing import assert_bitwise_equal  # noqa: E402
 
 
-@pytest.mark.parametrize("rollout_engine, arch",
-                         [("vllm_linears", "qwen3"), ("vllm", "qwen3"), ("vllm_full", "qwen3_moe")])  # fmt: skip
+@pytest.mark.parametrize(
+    "rollout_engine, arch",
+    [("vllm_linears", "qwen3"), ("vllm", "qwen3"), ("vllm_full", "qwen3_moe")],
+)
 def test_grpo_with_vllm_rollouts(tmp_path, rollout_engine, arch):
-    over = dict(steps=2, prompts_per_step=2, group_size=4, warm_start_steps=3,
-                warm_start_batch=8, eval_every=0, rollout_engine=rollout_engine, arch=arch,
-                out_dir=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    over = dict(
+        steps=2,
+        prompts_per_step=2,
+        group_size=4,
+        warm_start_steps=3,
+        warm_start_batch=8,
+        eval_every=0,
+        rollout_engine=rollout_engine,
+        arch=arch,
+        out_dir=str(tmp_path / "run"),
+        cache_dir=str(tmp_path / "cache"),
+    )
     cfg = get_preset("tiny").with_overrides([f"{k}={v}" for k, v in over.items()])
     result = train(cfg, progress=False, log=lambda *_: None)
     records = [r for r in result["records"] if "mismatch/max_abs_dlogp" in r]

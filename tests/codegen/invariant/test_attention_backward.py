@@ -130,8 +130,9 @@ def _fp32_error_bound(name):
     scores = q @ kk.transpose(-1, -2) * scale
     p = torch.softmax(scores.masked_fill(~vis, float("-inf")), -1).nan_to_num(0.0)
     o = p @ vv
-    ds_abs = p * (go.abs() @ vv.abs().transpose(-1, -2)
-                  + (go.abs() * o.abs()).sum(-1, keepdim=True))  # fmt: skip
+    ds_abs = p * (
+        go.abs() @ vv.abs().transpose(-1, -2) + (go.abs() * o.abs()).sum(-1, keepdim=True)
+    )
     smax = float(scores.masked_fill(~vis, 0.0).abs().max())
     c = (d + max(tq * group, tk) + 8) * 2.0**-24 * (1 + smax)
 
@@ -207,8 +208,9 @@ def test_transposed_k_and_v_and_int32_positions(ab, name):
     k_t = k.transpose(1, 2).contiguous().transpose(1, 2)
     v_t = v.transpose(1, 2).contiguous().transpose(1, 2)
     assert k_t.stride() == v_t.stride() and not k_t.is_contiguous()
-    got = ab.attention_backward(go, q, k_t, v_t, out, lse, q_start.int(), kv_len.int(), mask,
-                                causal, scale)  # fmt: skip
+    got = ab.attention_backward(
+        go, q, k_t, v_t, out, lse, q_start.int(), kv_len.int(), mask, causal, scale
+    )
     want = ab.attention_backward(go, q, k, v, out, lse, q_start, kv_len, mask, causal, scale)
     assert got[1].is_contiguous() and got[2].is_contiguous()
     for n, a, w in zip("qkv", got, want):

@@ -132,8 +132,7 @@ def test_fp32_kv_forward_equals_bf16_kv():
     got = OP(q, k.float(), v.float(), qs, kl, mask, causal, 0.2)
     want = OP(q, k, v, qs, kl, mask, causal, 0.2)
     assert_bitwise_equal(got[0], want[0], "out")
-    torch.library.opcheck(OP, (q, k.float().requires_grad_(), v.float(), qs, kl, mask, causal,
-                               0.2))  # fmt: skip
+    torch.library.opcheck(OP, (q, k.float().requires_grad_(), v.float(), qs, kl, mask, causal, 0.2))
 
 
 # ------------------------------------------------------------------------ the Triton kernels

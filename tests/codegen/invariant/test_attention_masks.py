@@ -99,8 +99,9 @@ def _assert_interval_path_equals_bit_path(ik, ab, mask, monkeypatch, label):
 def test_interval_path_equals_byte_path_and_causal(kernels, monkeypatch):
     ik, ab = kernels
     _assert_interval_path_equals_bit_path(ik, ab, _causal_padded(), monkeypatch, "padded")
-    causal_tensor = _forward_backward(ik, ab, torch.ones(T, T, dtype=torch.bool).tril().to(DEV),
-                                      False)  # fmt: skip
+    causal_tensor = _forward_backward(
+        ik, ab, torch.ones(T, T, dtype=torch.bool).tril().to(DEV), False
+    )
     causal = _forward_backward(ik, ab, None, True)
     for got, want, name in zip(causal_tensor[:2], causal[:2], ("out", "lse")):
         assert_bitwise_equal(got, want, f"{name}: causal mask tensor vs is_causal")

@@ -22,8 +22,9 @@ def _equal_nan_anywhere(got, want, what):
     own BF16 conversions give 0x7FC0, 0xFFFF or 0x7FFF depending on the path)."""
     got = got.cpu()
     assert torch.equal(torch.isnan(got), torch.isnan(want)), f"{what}: NaN positions"
-    assert_bitwise_equal(got.where(~torch.isnan(got), 0.0),
-                         want.where(~torch.isnan(want), 0.0), what)  # fmt: skip
+    assert_bitwise_equal(
+        got.where(~torch.isnan(got), 0.0), want.where(~torch.isnan(want), 0.0), what
+    )
 
 
 def _x(a, n, c, dtype, seed):
@@ -49,9 +50,14 @@ def test_round_each_equals_ordered_sum_torch(dtype, shape):
     assert torch.signbit(got[0, 0]) and torch.isinf(got[0, 2]) and torch.isnan(got[0, 3])
 
 
-@pytest.mark.parametrize("dtype,out", [(torch.bfloat16, torch.bfloat16),
-                                       (torch.float32, torch.bfloat16),
-                                       (torch.float32, torch.float32)])  # fmt: skip
+@pytest.mark.parametrize(
+    "dtype,out",
+    [
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.bfloat16),
+        (torch.float32, torch.float32),
+    ],
+)
 def test_round_end_equals_kv_group_sum_torch(dtype, out):
     from fp4_compile.codegen.invariant.group_sum_kernel import group_sum
     from fp4_compile.codegen.invariant.reference import kv_group_sum

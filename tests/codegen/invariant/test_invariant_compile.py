@@ -44,8 +44,11 @@ class Block(torch.nn.Module):
 
 def _inputs():
     g = torch.Generator().manual_seed(1)
-    return (torch.randn(2, 24, 64, generator=g).bfloat16(), torch.randint(0, 300, (2, 24), generator=g),
-            torch.tensor([24, 17]))  # fmt: skip
+    return (
+        torch.randn(2, 24, 64, generator=g).bfloat16(),
+        torch.randint(0, 300, (2, 24), generator=g),
+        torch.tensor([24, 17]),
+    )
 
 
 def test_compile_fullgraph_matches_eager_and_trains():
@@ -72,8 +75,14 @@ def test_export_matches_eager():
     eager = model(x, tokens, lengths)
     program = torch.export.export(model, (x, tokens, lengths))
     names = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
-    for op in ("invariant_linear", "invariant_attention", "invariant_logprobs", "invariant_routing",
-               "invariant_rms_norm", "invariant_add_rms_norm"):  # fmt: skip
+    for op in (
+        "invariant_linear",
+        "invariant_attention",
+        "invariant_logprobs",
+        "invariant_routing",
+        "invariant_rms_norm",
+        "invariant_add_rms_norm",
+    ):
         assert any(op in name for name in names), f"{op} missing from the exported graph"
     for a, b in zip(program.module()(x, tokens, lengths), eager):
         assert_bitwise_equal(a, b, "exported")

@@ -123,12 +123,21 @@ def test_attention_kernel_ragged_and_batch(ik):
     for i in range(3):
         n = int(lengths[i])
         one = torch.tensor([n])
-        alone, _ = ik.attention(q[i : i + 1, :, :n], k[i : i + 1, :, :n], v[i : i + 1, :, :n],
-                                torch.zeros(1, dtype=torch.int64), one, None, True, 0.25)  # fmt: skip
+        alone, _ = ik.attention(
+            q[i : i + 1, :, :n],
+            k[i : i + 1, :, :n],
+            v[i : i + 1, :, :n],
+            torch.zeros(1, dtype=torch.int64),
+            one,
+            None,
+            True,
+            0.25,
+        )
         assert_bitwise_equal(out[i : i + 1, :, :n], alone, f"ragged seq {i}")
         last = one - 1
-        dec, _ = ik.attention(q[i : i + 1, :, n - 1 : n], k[i : i + 1], v[i : i + 1], last, one,
-                              None, True, 0.25)  # fmt: skip
+        dec, _ = ik.attention(
+            q[i : i + 1, :, n - 1 : n], k[i : i + 1], v[i : i + 1], last, one, None, True, 0.25
+        )
         assert_bitwise_equal(dec, out[i : i + 1, :, n - 1 : n], f"ragged decode {i}")
     mask = (torch.arange(40)[None, :] < lengths[:, None])[:, None, None, :].expand(3, 1, 40, 40)
     masked, _ = ik.attention(q, k, v, zeros, torch.full((3,), 40), mask, True, 0.25)

@@ -143,8 +143,9 @@ def test_partial_sum_is_the_ordered_fp32_sum_bitwise(dtype):
         sequential = _sequential_sum(x).to(dtype)
         got = partial_sum(x.to(DEV), dtype, chains=1).cpu()
         assert_bitwise_equal(got, sequential, f"P={num_programs} one chain vs sequential")
-        assert_bitwise_equal(partial_sum_reference(x, dtype, chains=1), sequential,
-                             "reference with one chain")  # fmt: skip
+        assert_bitwise_equal(
+            partial_sum_reference(x, dtype, chains=1), sequential, "reference with one chain"
+        )
         for chains in (4, CHAINS):
             got = partial_sum(x.to(DEV), dtype, chains=chains).cpu()
             want = partial_sum_reference(x, dtype, chains=chains)
@@ -166,8 +167,10 @@ def test_partial_sum_within_fp32_error_of_float64_and_deterministic(monkeypatch)
     exact, magnitude = x.double().sum(0), x.double().abs().sum(0)
     for dtype in (torch.float32, torch.bfloat16):
         got = partial_sum(x.to(DEV), dtype).cpu()
-        half_ulp = (torch.nextafter(got.abs(), torch.tensor(float("inf"), dtype=dtype)).double()
-                    - got.abs().double()) / 2  # fmt: skip
+        half_ulp = (
+            torch.nextafter(got.abs(), torch.tensor(float("inf"), dtype=dtype)).double()
+            - got.abs().double()
+        ) / 2
         bound = (num_programs - 1) * 2.0**-23 * magnitude + half_ulp
         err = (got.double() - exact).abs()
         assert bool((err <= bound).all()), f"{int((err > bound).sum())} columns past the bound"

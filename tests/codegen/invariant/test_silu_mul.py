@@ -116,9 +116,13 @@ def test_silu_mul_halves_equals_silu_mul_on_the_chunks(device, masked):
     x = torch.cat(_halves(torch.bfloat16, rows, cols, 5, device), dim=-1)
     mask = (torch.arange(rows, device=device) % 3 == 1) if masked else None
     args = () if mask is None else (mask,)
-    assert_autograd_bitwise_equal(lambda x_: silu_mul_halves(x_, *args),
-                                  lambda x_: silu_mul(*x_.chunk(2, dim=-1), *args), (x,),
-                                  "silu_mul_halves vs silu_mul on the chunks", grad_seed=6)  # fmt: skip
+    assert_autograd_bitwise_equal(
+        lambda x_: silu_mul_halves(x_, *args),
+        lambda x_: silu_mul(*x_.chunk(2, dim=-1), *args),
+        (x,),
+        "silu_mul_halves vs silu_mul on the chunks",
+        grad_seed=6,
+    )
 
 
 def test_silu_mul_halves_kernel_writes_both_halves():

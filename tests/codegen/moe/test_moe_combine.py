@@ -34,21 +34,38 @@ def _four_ops(x, w, idx, k):
     return ops.ordered_sum(y.view(x.shape[0] // k, k, x.shape[1]), 1, False)
 
 
-@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
-                                    (torch.bfloat16, torch.float32)], ids=["bf16", "fp32", "mixed"])  # fmt: skip
+@pytest.mark.parametrize(
+    "dtypes",
+    [
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.float32),
+    ],
+    ids=["bf16", "fp32", "mixed"],
+)
 @pytest.mark.parametrize("permutation", [True, False], ids=["perm", "repeats"])
 def test_op_equals_the_four_ops(dtypes, permutation):
     """Forward and both gradients == the composition's autograd, bitwise (CPU: the reference
     implementations; CUDA: the kernels on both sides)."""
     x, w, idx, k = _case(*dtypes, permutation=permutation)
     x, w, idx = x.to(DEV), w.to(DEV), idx.to(DEV)  # CUDA: the kernels on both sides
-    assert_autograd_bitwise_equal(lambda x_, w_: ops.moe_combine(x_, w_, idx, k),
-                                  lambda x_, w_: _four_ops(x_, w_, idx, k), (x, w),
-                                  "moe_combine vs the four ops")  # fmt: skip
+    assert_autograd_bitwise_equal(
+        lambda x_, w_: ops.moe_combine(x_, w_, idx, k),
+        lambda x_, w_: _four_ops(x_, w_, idx, k),
+        (x, w),
+        "moe_combine vs the four ops",
+    )
 
 
-@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
-                                    (torch.bfloat16, torch.float32)], ids=["bf16", "fp32", "mixed"])  # fmt: skip
+@pytest.mark.parametrize(
+    "dtypes",
+    [
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.float32),
+    ],
+    ids=["bf16", "fp32", "mixed"],
+)
 @pytest.mark.parametrize("permutation", [True, False], ids=["perm", "repeats"])
 def test_kernels_equal_the_reference(dtypes, permutation):
     """The forward kernel and the backward's slot-gradient sums (read through row // k) ==
@@ -102,8 +119,15 @@ def _inverse_case(dtypes, masked, seed=0):
     return x, w, idx, k, inverse, grad, mask
 
 
-@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
-                                    (torch.bfloat16, torch.float32)], ids=["bf16", "fp32", "mixed"])  # fmt: skip
+@pytest.mark.parametrize(
+    "dtypes",
+    [
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.float32),
+    ],
+    ids=["bf16", "fp32", "mixed"],
+)
 @pytest.mark.parametrize("masked", [False, True], ids=["plain", "row-mask"])
 def test_backward_through_the_inverse_equals_the_sorted_sums(dtypes, masked):
     """moe_combine_backward with idx_inverse (one term per slot sum, read in place) == without
@@ -118,9 +142,12 @@ def test_backward_through_the_inverse_equals_the_sorted_sums(dtypes, masked):
     assert_bitwise_equal(got[1], want[1], "grad_w")
     token0_slots = got[0][idx[:k].to(DEV)].float().cpu()[:, :3]  # grad_x = g * w, w >= 0
     assert not token0_slots.signbit().any()  # the -0.0 gradients were read as +0.0
-    assert_autograd_bitwise_equal(lambda x_, w_: ops.moe_combine(x_, w_, idd, k, md, inv),
-                                  lambda x_, w_: ops.moe_combine(x_, w_, idd, k, md),
-                                  (xd, wd), "moe_combine with vs without idx_inverse")  # fmt: skip
+    assert_autograd_bitwise_equal(
+        lambda x_, w_: ops.moe_combine(x_, w_, idd, k, md, inv),
+        lambda x_, w_: ops.moe_combine(x_, w_, idd, k, md),
+        (xd, wd),
+        "moe_combine with vs without idx_inverse",
+    )
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["plain", "row-mask"])
@@ -140,9 +167,15 @@ def test_fused_kernel_equals_the_reference(masked):
         x, w, idx, k, inverse, grad, mask = _inverse_case(dtypes, masked, seed=3)
         g1 = slot_grad_sums_reference(grad, idx, k)
         want = row_scale_backward_reference(g1, x, w, mask)
-        got = row_scale_backward_triton(grad.to(DEV), x.to(DEV), w.to(DEV), 64,
-                                        None if mask is None else mask.to(DEV),
-                                        grad_rows=inverse.to(DEV), row_div=k)  # fmt: skip
+        got = row_scale_backward_triton(
+            grad.to(DEV),
+            x.to(DEV),
+            w.to(DEV),
+            64,
+            None if mask is None else mask.to(DEV),
+            grad_rows=inverse.to(DEV),
+            row_div=k,
+        )
         assert_bitwise_equal(got[0].cpu(), want[0], f"grad_x {dtypes}")
         assert_bitwise_equal(got[1].cpu(), want[1], f"grad_w {dtypes}")
 
@@ -161,11 +194,14 @@ def test_a_wrong_inverse_is_refused():
 
     if DEV == "cuda":
         with pytest.raises(ValueError, match="grad_rows must be int32/int64"):
-            row_scale_backward_triton(grad.cuda(), x.cuda(), w.cuda(), 64,
-                                      grad_rows=inverse.cuda().float(), row_div=k)  # fmt: skip
+            row_scale_backward_triton(
+                grad.cuda(), x.cuda(), w.cuda(), 64, grad_rows=inverse.cuda().float(), row_div=k
+            )
 
 
 def test_opcheck_with_inverse():
     x, w, idx, k = _case(torch.bfloat16, torch.bfloat16, h=64)
-    torch.library.opcheck(ops.moe_combine.default, (x.requires_grad_(), w.requires_grad_(), idx, k,
-                                                    None, torch.argsort(idx)))  # fmt: skip
+    torch.library.opcheck(
+        ops.moe_combine.default,
+        (x.requires_grad_(), w.requires_grad_(), idx, k, None, torch.argsort(idx)),
+    )

@@ -88,8 +88,15 @@ def _combine_case(dtype_x, dtype_w, t=6, k=3, h=200, seed=0):
     return x, w, idx, k, mask
 
 
-@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
-                                    (torch.bfloat16, torch.float32)], ids=["bf16", "fp32", "mixed"])  # fmt: skip
+@pytest.mark.parametrize(
+    "dtypes",
+    [
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.float32),
+    ],
+    ids=["bf16", "fp32", "mixed"],
+)
 def test_moe_combine_row_mask_is_the_masked_fill(dtypes):
     """Forward and both gradients == moe_combine of the masked_fill's output, bitwise (CPU: the
     reference implementations; CUDA: the kernels on both sides)."""
@@ -97,8 +104,10 @@ def test_moe_combine_row_mask_is_the_masked_fill(dtypes):
     x, w, idx, mask = x.to(DEV), w.to(DEV), idx.to(DEV), mask.to(DEV)
     y = assert_autograd_bitwise_equal(
         lambda x_, w_: ops.moe_combine(x_, w_, idx, k, mask),
-        lambda x_, w_: ops.moe_combine(x_.masked_fill(mask, 0.0), w_, idx, k), (x, w),
-        "moe_combine row_mask vs masked_fill")  # fmt: skip
+        lambda x_, w_: ops.moe_combine(x_.masked_fill(mask, 0.0), w_, idx, k),
+        (x, w),
+        "moe_combine row_mask vs masked_fill",
+    )
     assert not torch.isnan(y).any()
 
 
@@ -155,5 +164,7 @@ def test_opchecks_with_row_masks():
     a, b = x.chunk(2, dim=-1)
     torch.library.opcheck(ops.silu_mul.default, (a.contiguous(), b.contiguous(), mask))
     xc, w, idx, k, cmask = _combine_case(torch.bfloat16, torch.bfloat16, h=64)
-    torch.library.opcheck(ops.moe_combine.default, (xc.nan_to_num().requires_grad_(),
-                                                    w.requires_grad_(), idx, k, cmask))  # fmt: skip
+    torch.library.opcheck(
+        ops.moe_combine.default,
+        (xc.nan_to_num().requires_grad_(), w.requires_grad_(), idx, k, cmask),
+    )

@@ -55,10 +55,14 @@ def test_bad_shapes_are_named():
 
 @pytest.mark.parametrize(
     "rows,h,dtype,wdtype",
-    [(37, 2048, torch.bfloat16, torch.float32), (5, 200, torch.bfloat16, torch.bfloat16),
-     (16, 40, torch.float32, torch.float32), (3, 64, torch.float16, torch.float32),
-     (16, 128, torch.float32, torch.float32)],
-)  # fmt: skip
+    [
+        (37, 2048, torch.bfloat16, torch.float32),
+        (5, 200, torch.bfloat16, torch.bfloat16),
+        (16, 40, torch.float32, torch.float32),
+        (3, 64, torch.float16, torch.float32),
+        (16, 128, torch.float32, torch.float32),
+    ],
+)
 def test_backward_kernel_equals_the_torch_ops(rows, h, dtype, wdtype):
     """Bitwise: the one-pass Triton backward (CUDA's path; the interpreter here) == the torch
     ops, grad_x and grad_w, for H a multiple of the block, not one, and below it; rows past a
@@ -86,9 +90,14 @@ def test_backward_kernel_equals_the_torch_ops(rows, h, dtype, wdtype):
 
 
 @pytest.mark.parametrize(
-    "dtype,wdtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
-                     (torch.float32, torch.float32), (torch.float16, torch.bfloat16)],
-)  # fmt: skip
+    "dtype,wdtype",
+    [
+        (torch.bfloat16, torch.bfloat16),
+        (torch.bfloat16, torch.float32),
+        (torch.float32, torch.float32),
+        (torch.float16, torch.bfloat16),
+    ],
+)
 def test_forward_kernel_equals_the_multiply(dtype, wdtype):
     """Bitwise: the Triton forward (CUDA's path; the interpreter here) == x * w, in the promoted
     dtype, with rows and columns past one program's tile and signed zeros."""

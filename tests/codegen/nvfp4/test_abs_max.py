@@ -49,8 +49,14 @@ def test_segment_abs_max_equals_torch():
     expert = torch.tensor([0] * 7 + [2] * 13 + [3] * 10, device=DEV)
     ends = torch.tensor([7, 7, 20, 30, 30], device=DEV)
     got = segment_abs_max(x, ends)
-    want = torch.stack([x[expert == e].abs().amax().float() if (expert == e).any()
-                        else torch.zeros((), device=DEV) for e in range(5)])  # fmt: skip
+    want = torch.stack(
+        [
+            x[expert == e].abs().amax().float()
+            if (expert == e).any()
+            else torch.zeros((), device=DEV)
+            for e in range(5)
+        ]
+    )
     assert_bitwise_equal(got, want, "segment amax")
 
 

@@ -27,11 +27,13 @@ U = 2.0**-24
 # BLOCK_K 32: scale bytes, K masks off (K a multiple); 64: scale words (4 per 32-bit load);
 # 128: scale words with the K masks on (K = 64 is not a multiple of 128); weights_right: the
 # learner's operand orientation, with 32 and 16 weight rows (the wgmma's N there)
-CONFIGS = [DecodeConfig(16, 32, 32, num_warps=1, num_stages=1),
-           DecodeConfig(16, 32, 64, num_warps=1, num_stages=1),
-           DecodeConfig(16, 32, 128, num_warps=1, num_stages=1),
-           DecodeConfig(16, 32, 64, num_warps=1, num_stages=1, weights_right=True),
-           DecodeConfig(16, 16, 64, num_warps=1, num_stages=1, weights_right=True)]  # fmt: skip
+CONFIGS = [
+    DecodeConfig(16, 32, 32, num_warps=1, num_stages=1),
+    DecodeConfig(16, 32, 64, num_warps=1, num_stages=1),
+    DecodeConfig(16, 32, 128, num_warps=1, num_stages=1),
+    DecodeConfig(16, 32, 64, num_warps=1, num_stages=1, weights_right=True),
+    DecodeConfig(16, 16, 64, num_warps=1, num_stages=1, weights_right=True),
+]
 
 
 def _launch(*args, **kwargs):
@@ -67,8 +69,15 @@ def test_onehot_rows_equal_reference_bitwise(cfg):
     wq = _weights(0, n, k, 1)
     xq, a, gd_a = _onehot_act(k, 2)
     bias = torch.randn(n).to(DEV)
-    got = _launch(a, gd_a, (wq.codes, wq.block_scales.view(torch.uint8)), wq.global_decode,
-                  bias=bias, out_dtype=torch.float32, config=cfg)  # fmt: skip
+    got = _launch(
+        a,
+        gd_a,
+        (wq.codes, wq.block_scales.view(torch.uint8)),
+        wq.global_decode,
+        bias=bias,
+        out_dtype=torch.float32,
+        config=cfg,
+    )
     want = ref.nvfp4_mm(xq, wq.to("cpu")) + bias.cpu()
     assert_bitwise_equal(got.cpu(), want, "one product per output")
 
@@ -82,16 +91,31 @@ def test_grouped_gathered_onehot_rows_bitwise(cfg):
     offs = torch.tensor([20, 20, 64], dtype=torch.int32, device=DEV)
     idx = torch.randperm(k, generator=torch.Generator().manual_seed(5))
     idx[[3, 40]] = -1
-    got = _launch(a, gd_a, (wq.codes, wq.block_scales.view(torch.uint8)), wq.global_decode,
-                  out_dtype=torch.float32, offsets=offs, a_rows=idx.to(torch.int32).to(DEV),
-                  config=cfg)  # fmt: skip
+    got = _launch(
+        a,
+        gd_a,
+        (wq.codes, wq.block_scales.view(torch.uint8)),
+        wq.global_decode,
+        out_dtype=torch.float32,
+        offsets=offs,
+        a_rows=idx.to(torch.int32).to(DEV),
+        config=cfg,
+    )
     wcpu = wq.to("cpu")
     start = 0
     for i, end in enumerate(offs.tolist()):
         rows = idx[start:end]
-        xg = ref.quantize(torch.where((rows >= 0)[:, None], torch.diag(
-            torch.randn(k, generator=torch.Generator().manual_seed(4)) * 10.0)[rows.clamp(min=0)],
-            0.0), block="1x16", global_scale="per_row")  # fmt: skip
+        xg = ref.quantize(
+            torch.where(
+                (rows >= 0)[:, None],
+                torch.diag(torch.randn(k, generator=torch.Generator().manual_seed(4)) * 10.0)[
+                    rows.clamp(min=0)
+                ],
+                0.0,
+            ),
+            block="1x16",
+            global_scale="per_row",
+        )
         want = ref.nvfp4_mm(xg, wcpu[i]) if end > start else torch.zeros(0, n)
         assert_bitwise_equal(got[start:end].cpu(), want, f"expert {i}")
         start = end
@@ -104,9 +128,18 @@ def test_random_rows_within_fp32_budget(cfg):
     g = torch.Generator().manual_seed(7)
     x = torch.randn(m, k, generator=g) * torch.logspace(-4, 2, k)
     xq = ref.quantize(x, block="1x16", global_scale="per_row")
-    got = _launch(xq.on_grid(torch.float32).to(DEV), xq.global_decode.to(DEV),
-                  (wq.codes, wq.block_scales.view(torch.uint8)), wq.global_decode,
-                  out_dtype=torch.float32, config=cfg).cpu().double()  # fmt: skip
+    got = (
+        _launch(
+            xq.on_grid(torch.float32).to(DEV),
+            xq.global_decode.to(DEV),
+            (wq.codes, wq.block_scales.view(torch.uint8)),
+            wq.global_decode,
+            out_dtype=torch.float32,
+            config=cfg,
+        )
+        .cpu()
+        .double()
+    )
     wcpu = wq.to("cpu")
     want = ref.nvfp4_mm(xq, wcpu).double()
     a, b = xq.on_grid(torch.float64), wcpu.on_grid(torch.float64)
@@ -119,8 +152,14 @@ def test_bad_packed_weight_is_refused():
     wq = _weights(0, 32, 64, 8)
     a = torch.zeros(2, 32, device=DEV)
     with pytest.raises(ValueError, match="K=32"):
-        _launch(a, torch.ones(2, 1, device=DEV), (wq.codes, wq.block_scales.view(torch.uint8)),
-                wq.global_decode, out_dtype=torch.float32, config=CONFIGS[0])  # fmt: skip
+        _launch(
+            a,
+            torch.ones(2, 1, device=DEV),
+            (wq.codes, wq.block_scales.view(torch.uint8)),
+            wq.global_decode,
+            out_dtype=torch.float32,
+            config=CONFIGS[0],
+        )
 
 
 def test_interpreter_never_dispatches_to_decode():

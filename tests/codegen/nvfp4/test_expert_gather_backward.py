@@ -67,8 +67,12 @@ def _grouped_case(masked):
     g = torch.Generator().manual_seed(0)
     tokens, k, experts = 6, 2, 4
     perm, x_index = _routing(tokens, k, experts, masked=masked)
-    ids = torch.stack([torch.randperm(experts, generator=torch.Generator().manual_seed(t))[:k]
-                       for t in range(tokens)]).reshape(-1)  # fmt: skip
+    ids = torch.stack(
+        [
+            torch.randperm(experts, generator=torch.Generator().manual_seed(t))[:k]
+            for t in range(tokens)
+        ]
+    ).reshape(-1)
     offsets = torch.bincount(ids, minlength=experts).cumsum(0).to(torch.int32)
     w = torch.randn(experts, 32, 48, generator=g)
     wq = ref.quantize_experts(w)
@@ -109,8 +113,9 @@ def test_grouped_op_refuses_a_wrong_perm_and_passes_opcheck():
         ops.nvfp4_grouped_mm(h, *rest, None, 0, x_index, perm.flip(0))
     with pytest.raises(ValueError, match="x_perm needs x_index"):
         ops.nvfp4_grouped_mm(h, *rest, None, 0, None, perm)
-    torch.library.opcheck(ops.nvfp4_grouped_mm.default,
-                          (h.requires_grad_(), *rest, None, 0, x_index, perm))  # fmt: skip
+    torch.library.opcheck(
+        ops.nvfp4_grouped_mm.default, (h.requires_grad_(), *rest, None, 0, x_index, perm)
+    )
 
 
 def test_bad_perm_is_refused():

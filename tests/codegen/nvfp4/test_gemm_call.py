@@ -66,8 +66,9 @@ def test_other_targets_are_not_gemms():
 def _calls():
     """One call of each op, with distinct stand-ins for every argument."""
     w = QuantizedWeight("codes", "scales", "gd")
-    base = dict(x="x", weight="weight", w=w, recipe=STRICT, x_amax="amax", w_ongrid="ongrid",
-                site=7)  # fmt: skip
+    base = dict(
+        x="x", weight="weight", w=w, recipe=STRICT, x_amax="amax", w_ongrid="ongrid", site=7
+    )
     dense = GemmCall(**base, bias="bias")
     grouped = GemmCall(**base, offsets="offsets", x_index="index", x_perm="perm")
     return {
@@ -98,16 +99,16 @@ def test_base_ops_fill_defaults_and_keep_their_emitted_length():
     assert len(grouped.args()) == 10
     assert len(grouped._replace(x_index="index").args()) == 11
     assert len(grouped._replace(x_index="index", x_perm="perm").args()) == 12
-    short = GemmCall.from_args("nvfp4_linear", ("x", "weight", "c", "s", "gd", None, None,
-                                                STRICT.numerics_key))  # fmt: skip
+    short = GemmCall.from_args(
+        "nvfp4_linear", ("x", "weight", "c", "s", "gd", None, None, STRICT.numerics_key)
+    )
     assert short.w_ongrid is None and short.site == 0
 
 
 def test_of_reads_a_graph_node_by_name():
     graph = torch.fx.Graph()
     x, weight, codes, scales, gd = (graph.placeholder(n) for n in ("x", "w", "c", "s", "gd"))
-    call = GemmCall(x=x, weight=weight, w=QuantizedWeight(codes, scales, gd), recipe=STRICT,
-                    site=3)  # fmt: skip
+    call = GemmCall(x=x, weight=weight, w=QuantizedWeight(codes, scales, gd), recipe=STRICT, site=3)
     node = graph.call_function(call.overload(), call.args())
     assert is_gemm(node) and is_gemm(node, "nvfp4_linear")
     assert not is_gemm(node, "nvfp4_grouped_mm") and not is_gemm(x)
@@ -122,9 +123,17 @@ def test_run_is_the_positional_op_call_bitwise():
     wq = quantize_weight(weight, STRICT)
     got = GemmCall(x=x, weight=weight, w=wq, recipe=STRICT, bias=bias).run()
     want = torch.ops.fp4_compile.nvfp4_linear(
-        x, weight, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, bias, None,
-        STRICT.numerics_key, None, 0,
-    )  # fmt: skip
+        x,
+        weight,
+        wq.codes,
+        wq.block_scales.view(torch.uint8),
+        wq.global_decode,
+        bias,
+        None,
+        STRICT.numerics_key,
+        None,
+        0,
+    )
     assert_bitwise_equal(got, want, "GemmCall.run vs the positional call")
 
 
@@ -137,8 +146,9 @@ def test_bad_calls_name_the_argument():
     with pytest.raises(ValueError, match="x_perm needs x_index"):
         GemmCall(x="x", weight="w", w=w, recipe=STRICT, offsets="o", x_perm="p").args()
     with pytest.raises(ValueError, match="X\\^T"):
-        GemmCall(x="x", weight="w", w=w, recipe=STRICT,
-                 x_operands=ActivationOperands("a", "gd")).args()  # fmt: skip
+        GemmCall(
+            x="x", weight="w", w=w, recipe=STRICT, x_operands=ActivationOperands("a", "gd")
+        ).args()
     with pytest.raises(TypeError, match="recipe must be an NVFP4Recipe"):
         GemmCall(x="x", weight="w", w=w, recipe=STRICT.numerics_key).args()
     with pytest.raises(TypeError, match="w must be"):

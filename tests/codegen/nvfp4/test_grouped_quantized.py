@@ -40,8 +40,43 @@ def _operands(x):
 def test_equals_nvfp4_grouped_mm_bitwise(gathered):
     k = 64
     x = _x(29 if not gathered else 11, k, seed=1).requires_grad_()
-    x_index = torch.tensor([3, 0, -1, 7, 10, 2, 2, 5, 1, 9, -1, 4, 8, 6, 0, 1, 3, 10, 7, 5, -1,
-                            2, 6, 9, 4, 8, 1, 0, 3]) if gathered else None  # fmt: skip
+    x_index = (
+        torch.tensor(
+            [
+                3,
+                0,
+                -1,
+                7,
+                10,
+                2,
+                2,
+                5,
+                1,
+                9,
+                -1,
+                4,
+                8,
+                6,
+                0,
+                1,
+                3,
+                10,
+                7,
+                5,
+                -1,
+                2,
+                6,
+                9,
+                4,
+                8,
+                1,
+                0,
+                3,
+            ]
+        )
+        if gathered
+        else None
+    )
     w, wq = _experts(4, 32, k)
     offsets = torch.tensor(OFFSETS, dtype=torch.int32)
     args = (x, w, *wq, offsets, None, STRICT.numerics_key, None, 5, x_index, None)
@@ -69,8 +104,9 @@ def test_kernel_path_equals_cuda_linear_interpreter():
     offsets = torch.tensor([5, 5, 12, 16], dtype=torch.int32, device=dev)
     a, gd, _, _ = impl.cuda_activation_operands(x, STRICT, None, transposed=False)
     got = impl.cuda_grouped_quantized(a, gd, codes, scales, gd_w, None, offsets, x.dtype, x_index)
-    want = impl.cuda_linear(x, codes, scales, gd_w, None, None, STRICT, None, offsets=offsets,
-                            x_index=x_index)  # fmt: skip
+    want = impl.cuda_linear(
+        x, codes, scales, gd_w, None, None, STRICT, None, offsets=offsets, x_index=x_index
+    )
     assert_bitwise_equal(got, want, "grouped forward on given operands")
 
 

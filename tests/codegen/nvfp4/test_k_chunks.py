@@ -65,10 +65,13 @@ def _weight(e, n, k, seed):
     codes, scales, values = _pow2_blocks(max(e, 1) * n, k, 16, seed)
     shape = (e, n, k) if e else (n, k)
     gd = torch.rand(max(e, 1), 1, 1, generator=torch.Generator().manual_seed(seed)) + 0.5
-    w = NVFP4Tensor(codes=pack_codes(codes.to(torch.uint8)).reshape(*shape[:-1], k // 2),
-                    block_scales=scales.reshape(*shape[:-1], k // 16),
-                    global_decode=gd.reshape(e, 1, 1) if e else gd.reshape(()),
-                    shape=shape, block="16x16")  # fmt: skip
+    w = NVFP4Tensor(
+        codes=pack_codes(codes.to(torch.uint8)).reshape(*shape[:-1], k // 2),
+        block_scales=scales.reshape(*shape[:-1], k // 16),
+        global_decode=gd.reshape(e, 1, 1) if e else gd.reshape(()),
+        shape=shape,
+        block="16x16",
+    )
     return w, values.reshape(shape)
 
 
@@ -115,25 +118,37 @@ def test_learner_gemm_is_the_chunked_order(m, k, b_form):
     bias = torch.randn(48, generator=torch.Generator().manual_seed(5))
     _visible(a, b)
     b_arg = _packed(w) if b_form == "packed" else b.to(DEV)
-    got = launch_gemm(a.to(DEV), gd_a.to(DEV), b_arg, w.global_decode.to(DEV),
-                      bias=bias.to(DEV), out_dtype=torch.float32,
-                      config_op=None if b_form == "packed" else "nvfp4_gemm_ongrid")  # fmt: skip
+    got = launch_gemm(
+        a.to(DEV),
+        gd_a.to(DEV),
+        b_arg,
+        w.global_decode.to(DEV),
+        bias=bias.to(DEV),
+        out_dtype=torch.float32,
+        config_op=None if b_form == "packed" else "nvfp4_gemm_ongrid",
+    )
     assert_bitwise_equal(got.cpu(), _want(a, gd_a, b, w.global_decode, bias), f"{b_form} B")
 
 
 def _decode(a, gd_a, w, **kw):
     from fp4_compile.codegen.nvfp4.decode_gemm_kernel import launch_decode_gemm
 
-    return launch_decode_gemm(a.to(DEV), gd_a.to(DEV), _packed(w), w.global_decode.to(DEV),
-                              out_dtype=torch.float32, **kw).cpu()  # fmt: skip
+    return launch_decode_gemm(
+        a.to(DEV), gd_a.to(DEV), _packed(w), w.global_decode.to(DEV), out_dtype=torch.float32, **kw
+    ).cpu()
 
 
-DECODE_CONFIGS = [DecodeConfig(16, 32, 32, num_warps=1, num_stages=1),
-                  DecodeConfig(16, 32, 64, num_warps=1, num_stages=1),
-                  DecodeConfig(16, 32, 64, num_warps=1, num_stages=1, weights_right=True)]  # fmt: skip
+DECODE_CONFIGS = [
+    DecodeConfig(16, 32, 32, num_warps=1, num_stages=1),
+    DecodeConfig(16, 32, 64, num_warps=1, num_stages=1),
+    DecodeConfig(16, 32, 64, num_warps=1, num_stages=1, weights_right=True),
+]
 if DEV == "cuda":  # the pinned sm_90 buckets (wgmma: >= 64 rows on the MMA's left operand)
-    DECODE_CONFIGS = [DecodeConfig(16, 64, 128), DecodeConfig(64, 64, 128),
-                      DecodeConfig(64, 64, 128, weights_right=True)]  # fmt: skip
+    DECODE_CONFIGS = [
+        DecodeConfig(16, 64, 128),
+        DecodeConfig(64, 64, 128),
+        DecodeConfig(64, 64, 128, weights_right=True),
+    ]
 
 
 @pytest.mark.parametrize("cfg", DECODE_CONFIGS, ids=str)
@@ -160,16 +175,24 @@ def test_grouped_gathered_decode_every_split(splits):
     offs = torch.tensor([9, 9, 24], dtype=torch.int32)
     idx = torch.randperm(24, generator=torch.Generator().manual_seed(11)).to(torch.int32)
     idx[[2, 15]] = -1
-    got = _decode(a, gd_a, w, offsets=offs.to(DEV), a_rows=idx.to(DEV),
-                  config=DECODE_CONFIGS[0], splits=splits)  # fmt: skip
+    got = _decode(
+        a,
+        gd_a,
+        w,
+        offsets=offs.to(DEV),
+        a_rows=idx.to(DEV),
+        config=DECODE_CONFIGS[0],
+        splits=splits,
+    )
     keep = (idx >= 0)[:, None]
     a_rows = torch.where(keep, a[idx.clamp(min=0).long()], 0.0)
     _visible(a_rows, b.reshape(e * n, k))
     gd_rows = torch.where(keep, gd_a[idx.clamp(min=0).long()], 1.0)
     start = 0
     for i, end in enumerate(offs.tolist()):
-        want = _want(a_rows[start:end], gd_rows[start:end], b[i], w.global_decode[i].reshape(()),
-                     None)  # fmt: skip
+        want = _want(
+            a_rows[start:end], gd_rows[start:end], b[i], w.global_decode[i].reshape(()), None
+        )
         assert_bitwise_equal(got[start:end], want, f"expert {i} splits={splits}")
         start = end
 

@@ -20,8 +20,14 @@ ROOT = Path(__file__).resolve().parents[3]
 def audit():
     """The audit's counts, from its own process: this one may hold interpreted kernels."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "tools.ptx_audit", "--json"], env=env,
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "tools.ptx_audit", "--json"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

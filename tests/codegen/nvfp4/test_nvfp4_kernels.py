@@ -34,9 +34,15 @@ def _x(*shape, dtype=torch.bfloat16, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    "block,mode", [("1x16", "per_row"), ("1x16", "per_tensor"), ("16x16", "per_tensor"),
-                   ("1x16", "static"), ("16x16", "static_tiny")]
-)  # fmt: skip
+    "block,mode",
+    [
+        ("1x16", "per_row"),
+        ("1x16", "per_tensor"),
+        ("16x16", "per_tensor"),
+        ("1x16", "static"),
+        ("16x16", "static_tiny"),
+    ],
+)
 def test_quantize_kernel_bitwise(dtype, block, mode):
     """Bitwise: kernel codes, E4M3 scales (subnormal ones too) and global scales == reference;
     the on-grid output == reference on_grid in bf16."""
@@ -57,8 +63,32 @@ def _e2m1_edge_values() -> torch.Tensor:
     """FP32 [R, 16] blocks whose encode scale is exactly 1 (block max 6, static amax 6 * 448:
     global decode 1, E4M3 scale 1), so v = x: every E2M1 grid point and rounding threshold,
     one ulp either side of each, both signs, -0.0 and subnormals, 15 per block after the 6."""
-    pts = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0,
-                        5.0, 6.0, 1e-40, 0.1, 0.6, 2.2, 4.4, 5.5, 5.9])  # fmt: skip
+    pts = torch.tensor(
+        [
+            0.0,
+            0.25,
+            0.5,
+            0.75,
+            1.0,
+            1.25,
+            1.5,
+            1.75,
+            2.0,
+            2.5,
+            3.0,
+            3.5,
+            4.0,
+            5.0,
+            6.0,
+            1e-40,
+            0.1,
+            0.6,
+            2.2,
+            4.4,
+            5.5,
+            5.9,
+        ]
+    )
     near = torch.cat([pts, torch.nextafter(pts, pts + 1), torch.nextafter(pts, pts - 1).abs()])
     vals = torch.cat([near, -near, torch.tensor([-0.0])]).clamp(max=6.0)
     vals = torch.cat([vals, vals.new_zeros((-vals.numel()) % 15)]).reshape(-1, 15)
@@ -82,8 +112,9 @@ def test_quantize_kernel_e2m1_ties_and_thresholds():
         want = ref.quantize(x, global_scale=amax, rounding="stochastic", seed=seed)
         got = quantize_triton(x, global_scale=amax, rounding="stochastic", seed=seed)
         assert_nvfp4_equal(got, want)
-        og, _ = quantize_triton(x, global_scale=amax, rounding="stochastic", seed=seed,
-                                out="ongrid")  # fmt: skip
+        og, _ = quantize_triton(
+            x, global_scale=amax, rounding="stochastic", seed=seed, out="ongrid"
+        )
         assert_bitwise_equal(og, want.on_grid(torch.bfloat16), "on-grid SR")
 
 
@@ -209,13 +240,29 @@ def test_grouped_kernel_equals_loop(shape):
     start = 0
     for i, end in enumerate(offsets.tolist()):
         if end > start:
-            want = impl.cuda_linear(x[start:end], wq.codes[i], sc[i], wq.global_decode[i].reshape(()),
-                                    None, None, STRICT, None)  # fmt: skip
+            want = impl.cuda_linear(
+                x[start:end],
+                wq.codes[i],
+                sc[i],
+                wq.global_decode[i].reshape(()),
+                None,
+                None,
+                STRICT,
+                None,
+            )
             assert_bitwise_equal(y[start:end], want, f"expert {i}")
         start = end
     y_cpu = torch.ops.fp4_compile.nvfp4_grouped_mm(
-        x.cpu(), w.cpu(), wq.codes.cpu(), sc.cpu(), wq.global_decode.cpu(), offsets.cpu(), None,
-        STRICT.numerics_key, None)  # fmt: skip
+        x.cpu(),
+        w.cpu(),
+        wq.codes.cpu(),
+        sc.cpu(),
+        wq.global_decode.cpu(),
+        offsets.cpu(),
+        None,
+        STRICT.numerics_key,
+        None,
+    )
     assert (y.float().cpu() - y_cpu.float()).abs().max() <= 2.0**-7 * y_cpu.float().abs().max()
 
 
@@ -267,14 +314,26 @@ def test_grouped_wgrad_equals_per_expert_loop(grad):
     w = _x(e, n, k, dtype=torch.float32, seed=3)
     wq = ref.quantize_experts(w)
     _, dw_op = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(
-        dy, x, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, offsets, None,
-        rec.numerics_key, 7, False, True)  # fmt: skip
+        dy,
+        x,
+        w,
+        wq.codes,
+        wq.block_scales.view(torch.uint8),
+        wq.global_decode,
+        offsets,
+        None,
+        rec.numerics_key,
+        7,
+        False,
+        True,
+    )
     dw = grouped_wgrad(dy, x, offsets, rec, nth_call_seed(7, 0))
     if DEV == "cuda":
         assert_bitwise_equal(dw_op, dw, "op dW")
     else:
-        scale = torch.stack([dy[s:t].abs().t() @ x[s:t].abs() for s, t in
-                             zip([0, 5, 5, 22, 29], offsets.tolist())])  # fmt: skip
+        scale = torch.stack(
+            [dy[s:t].abs().t() @ x[s:t].abs() for s, t in zip([0, 5, 5, 22, 29], offsets.tolist())]
+        )
         assert bool(((dw_op - dw).abs() <= scale.float() * 2.0**-16).all()), "op dW vs kernel"
         assert int((dw_op != dw).sum()) < dw.numel() // 2, "the comparison must see the same SR"
 
@@ -303,17 +362,25 @@ def test_dense_wgrad_quantizes_the_transposes_in_place(grad, tokens, flat32, mon
     rec = NVFP4Recipe.strict(grad=QuantSpec(block="1x16", global_scale=grad[0], rounding=grad[1]))
     dy, x = _x(tokens, 80, seed=61), _x(tokens, 48, seed=62)  # 80 rows: > one 64-row tile
     seed = 2**40 + 3 * 4096 + 1
-    a_old, gd_a_old = quantize_triton(impl.pad_tokens(dy.t().contiguous()), block="1x16",
-                                      global_scale=grad[0], rounding=grad[1], seed=seed,
-                                      out="ongrid")  # fmt: skip
-    a_new, gd_a_new = impl.quantize_transposed_ongrid(dy, global_scale=grad[0],
-                                                      rounding=grad[1], seed=seed)  # fmt: skip
+    a_old, gd_a_old = quantize_triton(
+        impl.pad_tokens(dy.t().contiguous()),
+        block="1x16",
+        global_scale=grad[0],
+        rounding=grad[1],
+        seed=seed,
+        out="ongrid",
+    )
+    a_new, gd_a_new = impl.quantize_transposed_ongrid(
+        dy, global_scale=grad[0], rounding=grad[1], seed=seed
+    )
     assert_bitwise_equal(a_new, a_old, "dY^T on-grid")
     assert_bitwise_equal(gd_a_new, gd_a_old, "dY^T global decode")
-    b_old, gd_b_old = quantize_triton(impl.pad_tokens(x.t().contiguous()), block="1x16",
-                                      global_scale="per_tensor", out="ongrid")  # fmt: skip
-    want = launch_gemm(a_old, gd_a_old, b_old, gd_b_old, out_dtype=torch.float32,
-                       config_op="nvfp4_wgrad")  # fmt: skip
+    b_old, gd_b_old = quantize_triton(
+        impl.pad_tokens(x.t().contiguous()), block="1x16", global_scale="per_tensor", out="ongrid"
+    )
+    want = launch_gemm(
+        a_old, gd_a_old, b_old, gd_b_old, out_dtype=torch.float32, config_op="nvfp4_wgrad"
+    )
     assert_bitwise_equal(impl.cuda_wgrad(dy, x, rec, seed), want, "dW")
     t = torch.tensor([seed], dtype=torch.int64, device=DEV)
     assert_bitwise_equal(impl.cuda_wgrad(dy, x, rec, t), want, "dW, device-held seed")
@@ -369,8 +436,9 @@ def test_invariant_grouped_kernel_equals_per_expert_linear():
             want = ik.linear(x[start:end], w[i], None, torch.bfloat16)
             assert_bitwise_equal(y[start:end], want, f"expert {i}")
         start = end
-    alone = grouped_kernel(x[5:22], w, torch.tensor([0, 0, 17, 17], dtype=torch.int32,
-                                                    device=DEV), torch.bfloat16)  # fmt: skip
+    alone = grouped_kernel(
+        x[5:22], w, torch.tensor([0, 0, 17, 17], dtype=torch.int32, device=DEV), torch.bfloat16
+    )
     assert_bitwise_equal(alone, y[5:22], "expert 2 alone vs in the batch")
 
 
@@ -389,8 +457,18 @@ def test_backward_kernels_store_16_bit_outputs_and_share_the_grad_amax():
     amax = impl.grad_amax(dy, STRICT)
     assert_bitwise_equal(amax, dy.abs().amax().float(), "grad amax")
     dx32 = impl.cuda_dgrad(dy, wq.codes, sc, wq.global_decode, None, w, STRICT, 5)
-    dx16 = impl.cuda_dgrad(dy, wq.codes, sc, wq.global_decode, None, w, STRICT, 5,
-                           out_dtype=torch.bfloat16, dy_amax=amax)  # fmt: skip
+    dx16 = impl.cuda_dgrad(
+        dy,
+        wq.codes,
+        sc,
+        wq.global_decode,
+        None,
+        w,
+        STRICT,
+        5,
+        out_dtype=torch.bfloat16,
+        dy_amax=amax,
+    )
     assert dx16.dtype == torch.bfloat16
     assert_bitwise_equal(dx16, dx32.to(torch.bfloat16), "dX bf16")
     dw32 = impl.cuda_wgrad(dy, x, STRICT, 6)
@@ -428,20 +506,31 @@ def test_device_held_seeds_draw_the_same_streams():
     og_o, _ = quantize_triton(x, seed=DeviceSeed(t) + 3, out="ongrid", **kw)
     assert_bitwise_equal(og_o, quantize_triton(x, seed=seed + 3, out="ongrid", **kw)[0], "+3")
     dy, xs = _x(40, 32, seed=1), _x(40, 48, seed=2)
-    assert_bitwise_equal(impl.cuda_wgrad(dy, xs, STRICT, DeviceSeed(t) + 1),
-                         impl.cuda_wgrad(dy, xs, STRICT, seed + 1), "wgrad")  # fmt: skip
-    assert_bitwise_equal(impl.cuda_wgrad(dy, xs, STRICT, t),
-                         impl.cuda_wgrad(dy, xs, STRICT, seed), "wgrad, tensor seed")  # fmt: skip
+    assert_bitwise_equal(
+        impl.cuda_wgrad(dy, xs, STRICT, DeviceSeed(t) + 1),
+        impl.cuda_wgrad(dy, xs, STRICT, seed + 1),
+        "wgrad",
+    )
+    assert_bitwise_equal(
+        impl.cuda_wgrad(dy, xs, STRICT, t),
+        impl.cuda_wgrad(dy, xs, STRICT, seed),
+        "wgrad, tensor seed",
+    )
     w = _x(32, 48, dtype=torch.float32, seed=3)
     wq = ref.quantize(w, block="16x16")
     args = (wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, None, w, STRICT)
     assert_bitwise_equal(impl.cuda_dgrad(dy, *args, t), impl.cuda_dgrad(dy, *args, seed), "dgrad")
     offsets = torch.tensor([5, 5, 22, 40], dtype=torch.int32, device=DEV)
-    assert_bitwise_equal(grouped_wgrad(dy, xs, offsets, STRICT, t),
-                         grouped_wgrad(dy, xs, offsets, STRICT, seed), "MoE wgrad")  # fmt: skip
-    assert_bitwise_equal(grouped_wgrad(dy, xs, offsets, STRICT, DeviceSeed(t) + 4096),
-                         grouped_wgrad(dy, xs, offsets, STRICT, seed + 4096),
-                         "MoE wgrad, offset")  # fmt: skip
+    assert_bitwise_equal(
+        grouped_wgrad(dy, xs, offsets, STRICT, t),
+        grouped_wgrad(dy, xs, offsets, STRICT, seed),
+        "MoE wgrad",
+    )
+    assert_bitwise_equal(
+        grouped_wgrad(dy, xs, offsets, STRICT, DeviceSeed(t) + 4096),
+        grouped_wgrad(dy, xs, offsets, STRICT, seed + 4096),
+        "MoE wgrad, offset",
+    )
 
 
 def test_next_device_seed_is_device_call_seed(monkeypatch):
@@ -514,10 +603,23 @@ def test_grouped_backward_with_x_index_equals_gathered_copy():
     dy = _x(16, n, seed=11)
     seed = 2**40 + 4096
     xg = impl.gather_zero_rows(h, x_index)
-    assert_bitwise_equal(grouped_wgrad(dy, h, offsets, STRICT, seed, x_index=x_index),
-                         grouped_wgrad(dy, xg, offsets, STRICT, seed), "wgrad")  # fmt: skip
-    wargs = (w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, offsets, None,
-             STRICT.numerics_key, 7, True, True)  # fmt: skip
+    assert_bitwise_equal(
+        grouped_wgrad(dy, h, offsets, STRICT, seed, x_index=x_index),
+        grouped_wgrad(dy, xg, offsets, STRICT, seed),
+        "wgrad",
+    )
+    wargs = (
+        w,
+        wq.codes,
+        wq.block_scales.view(torch.uint8),
+        wq.global_decode,
+        offsets,
+        None,
+        STRICT.numerics_key,
+        7,
+        True,
+        True,
+    )
     set_sr_state(None)
     dh, dw = torch.ops.fp4_compile.nvfp4_grouped_mm_backward(dy, h, *wargs, x_index)
     set_sr_state(None)
@@ -587,7 +689,10 @@ def test_narrow_configs_give_the_wide_configs_bits(monkeypatch):
     x = _x(4096, 2048, seed=34)
     small = impl.cuda_wgrad(dy, x, STRICT, 5, out_dtype=torch.bfloat16)
     with monkeypatch.context() as mp:
-        mp.setitem(configs.PINNED, ("sm_90", "bf16", "nvfp4_wgrad"),
-                   ((None, configs.TileConfig(128, 256, 64, num_warps=8, num_stages=3)),))  # fmt: skip
+        mp.setitem(
+            configs.PINNED,
+            ("sm_90", "bf16", "nvfp4_wgrad"),
+            ((None, configs.TileConfig(128, 256, 64, num_warps=8, num_stages=3)),),
+        )
         big = impl.cuda_wgrad(dy, x, STRICT, 5, out_dtype=torch.bfloat16)
     assert_bitwise_equal(small, big, "wgrad [512, 2048]")

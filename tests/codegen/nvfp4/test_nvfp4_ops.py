@@ -26,15 +26,23 @@ def _x(*shape, dtype=torch.bfloat16, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    "block,mode", [("1x16", "per_row"), ("1x16", "per_tensor"), ("16x16", "per_tensor"),
-                   ("1x16", "static"), ("16x16", "static")]
-)  # fmt: skip
+    "block,mode",
+    [
+        ("1x16", "per_row"),
+        ("1x16", "per_tensor"),
+        ("16x16", "per_tensor"),
+        ("1x16", "static"),
+        ("16x16", "static"),
+    ],
+)
 def test_quantize_op_bitwise_equals_reference(dtype, block, mode):
     """Bitwise: torch.ops.fp4_compile.quantize == reference.quantize, every mode."""
     x = _x(32, 64, dtype=dtype)
     gs = torch.tensor(7.5) if mode == "static" else mode
-    assert_nvfp4_equal(cg.quantize_op(x, block=block, global_scale=gs),
-                       ref.quantize(x, block=block, global_scale=gs))  # fmt: skip
+    assert_nvfp4_equal(
+        cg.quantize_op(x, block=block, global_scale=gs),
+        ref.quantize(x, block=block, global_scale=gs),
+    )
 
 
 def test_quantize_op_stochastic_and_experts():
@@ -56,8 +64,11 @@ def test_transpose_tiled_equals_quantizing_the_transpose():
     assert_nvfp4_equal(impl.transpose_tiled(wq), ref.quantize(w.t().contiguous(), block="16x16"))
 
 
-@pytest.mark.parametrize("recipe", [STRICT, NVFP4Recipe.strict(
-    activation=QuantSpec(block="1x16", global_scale="static"))], ids=["per_row", "static"])  # fmt: skip
+@pytest.mark.parametrize(
+    "recipe",
+    [STRICT, NVFP4Recipe.strict(activation=QuantSpec(block="1x16", global_scale="static"))],
+    ids=["per_row", "static"],
+)
 def test_linear_batch_invariance(recipe):
     """Bitwise: row i of nvfp4_linear(x[:m]) == row i of nvfp4_linear(x), and rows at other
     positions (x shifted by 5 rows) are unchanged."""
@@ -93,9 +104,18 @@ def test_grouped_equals_per_expert_loop(shape):
     start = 0
     for i, end in enumerate(offsets.tolist()):
         if end > start:
-            want = cg.nvfp4_linear(x[start:end], w[i], recipe=STRICT, w_q=wq[i].__class__(
-                codes=wq.codes[i], block_scales=wq.block_scales[i],
-                global_decode=wq.global_decode[i].reshape(()), shape=(n, k), block="16x16"))  # fmt: skip
+            want = cg.nvfp4_linear(
+                x[start:end],
+                w[i],
+                recipe=STRICT,
+                w_q=wq[i].__class__(
+                    codes=wq.codes[i],
+                    block_scales=wq.block_scales[i],
+                    global_decode=wq.global_decode[i].reshape(()),
+                    shape=(n, k),
+                    block="16x16",
+                ),
+            )
             assert_bitwise_equal(y[start:end], want, f"expert {i}")
         start = end
 
@@ -174,8 +194,17 @@ def _linear_args(recipe=STRICT, requires_grad=True):
     w = _x(32, 64, dtype=torch.float32, seed=1).requires_grad_(requires_grad)
     b = _x(32, dtype=torch.float32, seed=2).requires_grad_(requires_grad)
     wq = ref.quantize(w.detach(), block="16x16")
-    return (x, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, b, None,
-            recipe.numerics_key, None)  # fmt: skip
+    return (
+        x,
+        w,
+        wq.codes,
+        wq.block_scales.view(torch.uint8),
+        wq.global_decode,
+        b,
+        None,
+        recipe.numerics_key,
+        None,
+    )
 
 
 def test_opcheck():
@@ -191,15 +220,37 @@ def test_opcheck():
     off = torch.tensor([4, 10], dtype=torch.int32)
     torch.library.opcheck(
         torch.ops.fp4_compile.nvfp4_grouped_mm.default,
-        (xg, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, off, None, STRICT.numerics_key, None),
-    )  # fmt: skip
+        (
+            xg,
+            w,
+            wq.codes,
+            wq.block_scales.view(torch.uint8),
+            wq.global_decode,
+            off,
+            None,
+            STRICT.numerics_key,
+            None,
+        ),
+    )
     # the folded token gather: rows of h through x_index (-1: a zero row), gradient of h
     h = _x(6, 32, dtype=torch.float32).requires_grad_()
     x_index = torch.tensor([0, 5, 2, -1, 2, 4, 1, 0, 3, 5])
     torch.library.opcheck(
         torch.ops.fp4_compile.nvfp4_grouped_mm.default,
-        (h, w, wq.codes, wq.block_scales.view(torch.uint8), wq.global_decode, off, None, STRICT.numerics_key, None, 0, x_index),
-    )  # fmt: skip
+        (
+            h,
+            w,
+            wq.codes,
+            wq.block_scales.view(torch.uint8),
+            wq.global_decode,
+            off,
+            None,
+            STRICT.numerics_key,
+            None,
+            0,
+            x_index,
+        ),
+    )
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
@@ -308,9 +359,12 @@ def _fake_graph(device: str, rows: int):
 
 @pytest.mark.parametrize(
     "device,rows,want",
-    [("cuda", impl.ONGRID_FORWARD_MIN_ROWS, True), ("cuda", impl.ONGRID_FORWARD_MIN_ROWS - 1, False),
-     ("cpu", 4096, False)],
-)  # fmt: skip
+    [
+        ("cuda", impl.ONGRID_FORWARD_MIN_ROWS, True),
+        ("cuda", impl.ONGRID_FORWARD_MIN_ROWS - 1, False),
+        ("cpu", 4096, False),
+    ],
+)
 def test_lowering_passes_the_ongrid_weight_where_the_forward_uses_it(device, rows, want):
     """The lowering makes a weight's on-grid copy ONCE in the graph (its quantize node becomes
     `quantize_with_ongrid`, the copy its 4th output) and passes it as w_ongrid to every NVFP4

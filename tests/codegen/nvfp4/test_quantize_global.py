@@ -124,8 +124,7 @@ def test_per_row_quantize_of_a_3d_input_equals_its_rows():
 
     x = torch.randn(3, 7, 32, generator=torch.Generator().manual_seed(2)).to(DEV)
     v3, gd3 = quantize_triton(x, block="1x16", global_scale="per_row", out="ongrid")
-    v2, gd2 = quantize_triton(x.reshape(21, 32), block="1x16", global_scale="per_row",
-                              out="ongrid")  # fmt: skip
+    v2, gd2 = quantize_triton(x.reshape(21, 32), block="1x16", global_scale="per_row", out="ongrid")
     assert v3.shape == (3, 7, 32) and gd3.shape == (3, 7, 1)
     assert_bitwise_equal(v3.reshape(21, 32), v2, "on-grid values")
     assert_bitwise_equal(gd3.reshape(21, 1), gd2, "global decode")
@@ -153,8 +152,9 @@ def test_few_rows_split_form_equals_reference_and_many_rows(dtype, rows, k):
     assert rows < many
     ongrid, gd = quantize_triton(x, block="1x16", global_scale="per_row", out="ongrid")
     filler = torch.randn(many, k, generator=g).to(dtype).to(DEV)
-    batch_ongrid, batch_gd = quantize_triton(torch.cat([x, filler]), block="1x16",
-                                             global_scale="per_row", out="ongrid")  # fmt: skip
+    batch_ongrid, batch_gd = quantize_triton(
+        torch.cat([x, filler]), block="1x16", global_scale="per_row", out="ongrid"
+    )
     assert_bitwise_equal(ongrid, batch_ongrid[:rows], "on-grid (alone vs in a batch)")
     assert_bitwise_equal(gd, batch_gd[:rows], "global decode (alone vs in a batch)")
     finite = torch.isfinite(x.cpu().float()).all(dim=-1)  # the reference refuses inf and NaN

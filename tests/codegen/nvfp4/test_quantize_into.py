@@ -28,10 +28,11 @@ def _buffers(w, *, packed: bool, ongrid: bool):
     lead, k = w.shape[:-1], w.shape[-1]
     return dict(
         codes=torch.full((*lead, k // 2 if packed else 0), 7, dtype=torch.uint8, device=w.device),
-        scales=torch.zeros((*lead, k // 16 if packed else 0), dtype=torch.float8_e4m3fn,
-                           device=w.device),
+        scales=torch.zeros(
+            (*lead, k // 16 if packed else 0), dtype=torch.float8_e4m3fn, device=w.device
+        ),
         ongrid=torch.full(w.shape, 3.0, dtype=torch.bfloat16, device=w.device) if ongrid else None,
-    )  # fmt: skip
+    )
 
 
 @needs_kernels
@@ -62,8 +63,11 @@ def test_kernels_write_into_the_given_buffers_bitwise(global_scale, out, one_rea
     assert [t.data_ptr() for t in into if t is not None] == ptrs
 
 
-@pytest.mark.parametrize("packed, ongrid", [(True, False), (True, True), (False, True)],
-                         ids=["packed", "both", "ongrid_only"])  # fmt: skip
+@pytest.mark.parametrize(
+    "packed, ongrid",
+    [(True, False), (True, True), (False, True)],
+    ids=["packed", "both", "ongrid_only"],
+)
 @pytest.mark.parametrize("global_scale", ["per_tensor", "per_expert", "shared"])
 def test_quantize_into_writes_what_the_op_returns(packed, ongrid, global_scale):
     ops = torch.ops.fp4_compile
@@ -75,8 +79,11 @@ def test_quantize_into_writes_what_the_op_returns(packed, ongrid, global_scale):
     b["global_decode"] = torch.empty_like(want[2])
     before = {k: t.data_ptr() for k, t in b.items() if t is not None}
     quantize_into(*args, **b)
-    for name, got, exp in zip(("codes", "scales", "global_decode", "ongrid"),
-                              (b["codes"], b["scales"], b["global_decode"], b["ongrid"]), want):  # fmt: skip
+    for name, got, exp in zip(
+        ("codes", "scales", "global_decode", "ongrid"),
+        (b["codes"], b["scales"], b["global_decode"], b["ongrid"]),
+        want,
+    ):
         assert got.shape == exp.shape, name
         assert_bitwise_equal(got, exp, name)
     assert {k: t.data_ptr() for k, t in b.items() if t is not None} == before

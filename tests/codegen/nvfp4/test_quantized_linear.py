@@ -51,12 +51,16 @@ def test_quantized_linear_equals_nvfp4_linear_bitwise(preset, transposed):
     weights = [_weight(n, 64, seed=10 + n) for n in (32, 48, 16)]
     bias = _x(48, seed=9).requires_grad_()
     biases = [None, bias, None]
-    plain = [ops.nvfp4_linear(*_linear_args(x, w, wq, b, recipe, site=i))
-             for i, ((w, wq), b) in enumerate(zip(weights, biases))]  # fmt: skip
+    plain = [
+        ops.nvfp4_linear(*_linear_args(x, w, wq, b, recipe, site=i))
+        for i, ((w, wq), b) in enumerate(zip(weights, biases))
+    ]
     a, gd, xt, gd_t = ops.quantize_activation(x.detach(), recipe.numerics_key, None, transposed)
     assert xt.numel() == (64 * 32 if transposed else 0)
-    shared = [ops.nvfp4_linear_quantized(*_linear_args(x, w, wq, b, recipe, site=i), a, gd, xt, gd_t)
-              for i, ((w, wq), b) in enumerate(zip(weights, biases))]  # fmt: skip
+    shared = [
+        ops.nvfp4_linear_quantized(*_linear_args(x, w, wq, b, recipe, site=i), a, gd, xt, gd_t)
+        for i, ((w, wq), b) in enumerate(zip(weights, biases))
+    ]
     inputs = [x, bias, *(w for w, _ in weights)]
     want = _grads(sum(y.sum() * (i + 1) for i, y in enumerate(plain)), inputs)
     got = _grads(sum(y.sum() * (i + 1) for i, y in enumerate(shared)), inputs)

@@ -30,8 +30,13 @@ def segment_layout_reference(offsets: torch.Tensor, num_tokens: int) -> dict:
     group = torch.searchsorted(pend, blocks, right=True).clamp_(max=num_experts - 1)
     src = torch.full((cols,), -1, dtype=torch.int64, device=offsets.device)
     src[dest] = tok
-    return {"src": src, "start": start, "width": width, "cols": cols,
-            "block_group": group.to(torch.int32)}  # fmt: skip
+    return {
+        "src": src,
+        "start": start,
+        "width": width,
+        "cols": cols,
+        "block_group": group.to(torch.int32),
+    }
 
 
 def _offsets(counts):

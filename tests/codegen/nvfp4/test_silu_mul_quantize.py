@@ -86,13 +86,18 @@ def test_dense_op_equals_silu_mul_then_quantize_bitwise(transposed, masked):
     mask = (torch.arange(21) % 4 == 1).reshape(3, 7) if masked else None
     fused = ops.silu_mul_quantize(a, b, mask, STRICT.numerics_key, transposed)
     y_ref = ops.silu_mul(a, b, mask)
-    unfused = (y_ref, *ops.quantize_activation(y_ref.detach(), STRICT.numerics_key, None,
-                                               transposed))  # fmt: skip
+    unfused = (
+        y_ref,
+        *ops.quantize_activation(y_ref.detach(), STRICT.numerics_key, None, transposed),
+    )
     for got, want, what in zip(fused, unfused, ("y", "on-grid", "gd", "X^T on-grid", "X^T gd")):
         assert_bitwise_equal(got, want, what)
     g = _x(3, 7, 48, seed=7)
-    for got, want, what in zip(torch.autograd.grad(fused[0], (a, b), g),
-                               torch.autograd.grad(y_ref, (a, b), g), ("da", "db")):  # fmt: skip
+    for got, want, what in zip(
+        torch.autograd.grad(fused[0], (a, b), g),
+        torch.autograd.grad(y_ref, (a, b), g),
+        ("da", "db"),
+    ):
         assert_bitwise_equal(got, want, what)
 
 

@@ -54,8 +54,9 @@ def test_per_expert_equals_two_step_path(dtype, out):
 
     w = _specials(_weights(5, 48, 96, dtype=dtype))  # 48 rows, 96 columns: ragged tiles
     got = quantize_weight_tiles(w, "per_expert", out=out)
-    want = quantize_triton(w, block="16x16", global_scale="per_expert", out=out,
-                           one_read_weights=False)  # fmt: skip
+    want = quantize_triton(
+        w, block="16x16", global_scale="per_expert", out=out, one_read_weights=False
+    )
     _same(got, want, f"{dtype} {out}")
 
 
@@ -110,8 +111,9 @@ def test_expert_groups_change_no_bit(groups):
 
     w = _specials(_weights(5, 48, 96, dtype=torch.bfloat16, seed=3))
     got = quantize_weight_tiles(w, "per_expert", out="both", expert_groups=groups)
-    want = quantize_triton(w, block="16x16", global_scale="per_expert", out="both",
-                           one_read_weights=False)  # fmt: skip
+    want = quantize_triton(
+        w, block="16x16", global_scale="per_expert", out="both", one_read_weights=False
+    )
     _same(got, want, f"{groups} groups")
 
 

@@ -98,11 +98,20 @@ def test_system_prompt_setting_parses():
 @needs_extra
 def test_rewards_come_from_the_extracted_answers(tmp_path, chat_model_dir):
     over = dict(
-        model=chat_model_dir, task="rg:chain_sum", steps=1, prompts_per_step=2, group_size=4,
-        warm_start_steps=0, max_new_tokens=48, eval_every=0, compile=False, partial_credit=0,
+        model=chat_model_dir,
+        task="rg:chain_sum",
+        steps=1,
+        prompts_per_step=2,
+        group_size=4,
+        warm_start_steps=0,
+        max_new_tokens=48,
+        eval_every=0,
+        compile=False,
+        partial_credit=0,
         system_prompt="Answer in <answer></answer>.",
-        out_dir=tmp_path / "run", cache_dir=tmp_path / "cache",
-    )  # fmt: skip
+        out_dir=tmp_path / "run",
+        cache_dir=tmp_path / "cache",
+    )
     cfg = get_preset("tiny-rg").with_overrides([f"{k}={v}" for k, v in over.items()])
     trainer = GRPOTrainer(cfg, log=lambda *_: None)
     tok = trainer.tok

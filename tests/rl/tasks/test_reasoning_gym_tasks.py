@@ -28,10 +28,18 @@ needs_extra = pytest.mark.skipif(
 
 def _run_cfg(tmp_path, **over):
     base = dict(
-        steps=2, warm_start_steps=2, warm_start_batch=8, prompts_per_step=2, group_size=2,
-        eval_every=1, eval_size=4, checkpoint_every=10, compile=False,
-        out_dir=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"),
-    )  # fmt: skip
+        steps=2,
+        warm_start_steps=2,
+        warm_start_batch=8,
+        prompts_per_step=2,
+        group_size=2,
+        eval_every=1,
+        eval_size=4,
+        checkpoint_every=10,
+        compile=False,
+        out_dir=str(tmp_path / "run"),
+        cache_dir=str(tmp_path / "cache"),
+    )
     return get_preset("tiny").with_overrides([f"{k}={v}" for k, v in {**base, **over}.items()])
 
 
@@ -200,13 +208,20 @@ def test_rg_compiled_run_evaluates_and_keeps_the_gap_zero(tmp_path):
 def test_compiled_training_is_the_same_with_eval_on_or_off(tmp_path):
     """Compiled strict (NVFP4 forward and backward with its stochastic-rounding streams): the
     training records with a greedy evaluation before every step equal those without."""
-    on = train(_run_cfg(tmp_path / "on", task="sort", compile=True), progress=False,
-               log=lambda *_: None)  # fmt: skip
+    on = train(
+        _run_cfg(tmp_path / "on", task="sort", compile=True), progress=False, log=lambda *_: None
+    )
     off = train(
-        _run_cfg(tmp_path / "off", task="sort", compile=True, eval_every=0,
-                 cache_dir=str(tmp_path / "on" / "cache")),
-        progress=False, log=lambda *_: None,
-    )  # fmt: skip
+        _run_cfg(
+            tmp_path / "off",
+            task="sort",
+            compile=True,
+            eval_every=0,
+            cache_dir=str(tmp_path / "on" / "cache"),
+        ),
+        progress=False,
+        log=lambda *_: None,
+    )
     assert [r["step"] for r in on["records"] if "eval/accuracy" in r] == [0, 1, 2]
     assert len(_without_eval(on["records"])) == 2
     assert _without_eval(on["records"]) == _without_eval(off["records"])

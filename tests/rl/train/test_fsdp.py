@@ -26,8 +26,16 @@ TOL_REL = {"bf16": 1e-2, "strict": 0.35}
 
 def _run(nproc: int, out: Path, preset: str) -> list[dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", str(WORKER), str(out), preset]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(WORKER),
+        str(out),
+        preset,
+    ]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
     return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(nproc)]

@@ -227,7 +227,7 @@ def test_policy_loss_shards_with_global_denominators_sum_to_the_whole(aggregatio
             aggregation=aggregation,
             global_tokens=tokens,
             global_seqs=seqs,
-        )  # fmt: skip
+        )
         for i in (slice(0, 2), slice(2, 4))
     ]
     assert float(parts[0][0] + parts[1][0]) == pytest.approx(float(whole), rel=1e-12)

@@ -35,8 +35,9 @@ def _refused(capsys, tmp_path, folder, *expected):
 
 def test_gpt2_is_refused_naming_the_architecture(tmp_path, capsys):
     folder = save_model_dir(tmp_path / "gpt2", "gpt2")
-    _refused(capsys, tmp_path, folder, "model_type 'gpt2'", "GPT2LMHeadModel",
-             "does not lower", "qwen3")  # fmt: skip
+    _refused(
+        capsys, tmp_path, folder, "model_type 'gpt2'", "GPT2LMHeadModel", "does not lower", "qwen3"
+    )
 
 
 def test_gemma2_gets_minites_refusal(tmp_path, capsys):

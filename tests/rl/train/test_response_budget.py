@@ -15,10 +15,16 @@ from fp4_compile.rl.train.trainer import GRPOTrainer, train
 
 def _cfg(tmp_path, **over):
     base = dict(
-        steps=1, prompts_per_step=2, group_size=4, warm_start_steps=3, warm_start_batch=8,
-        checkpoint_every=1, compile=False, out_dir=str(tmp_path / "run"),
+        steps=1,
+        prompts_per_step=2,
+        group_size=4,
+        warm_start_steps=3,
+        warm_start_batch=8,
+        checkpoint_every=1,
+        compile=False,
+        out_dir=str(tmp_path / "run"),
         cache_dir=str(tmp_path / "cache"),
-    )  # fmt: skip
+    )
     return get_preset("tiny").with_overrides([f"{k}={v}" for k, v in {**base, **over}.items()])
 
 

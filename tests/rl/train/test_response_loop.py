@@ -63,10 +63,17 @@ def test_pack_batch_masks_each_completion_up_to_its_eos():
 @pytest.mark.slow
 def test_train_reasoning_gym_with_a_response_budget(tmp_path):
     over = dict(
-        max_new_tokens=48, steps=1, prompts_per_step=2, group_size=4, warm_start_steps=10,
-        warm_start_batch=32, eval_every=0, checkpoint_every=10, out_dir=tmp_path / "run",
+        max_new_tokens=48,
+        steps=1,
+        prompts_per_step=2,
+        group_size=4,
+        warm_start_steps=10,
+        warm_start_batch=32,
+        eval_every=0,
+        checkpoint_every=10,
+        out_dir=tmp_path / "run",
         cache_dir=tmp_path / "cache",
-    )  # fmt: skip
+    )
     cfg = get_preset("tiny-rg").with_overrides([f"{k}={v}" for k, v in over.items()])
     assert cfg.task == "rg:chain_sum" and cfg.compile and cfg.variant == "strict"
     result = train(cfg, progress=False, log=lambda *_: None)
@@ -81,8 +88,9 @@ def test_train_reasoning_gym_with_a_response_budget(tmp_path):
         assert tokens[-1] == eos and eos not in tokens[:-1]
     assert len(set(lengths)) > 1 and max(lengths) < 48, lengths
     assert (record["rollout/min_new_tokens"], record["rollout/max_new_tokens"]) == (
-        min(lengths), max(lengths),
-    )  # fmt: skip
+        min(lengths),
+        max(lengths),
+    )
 
     # rewards: the verifier's score of each extracted answer
     task, group = trainer.task, cfg.group_size
@@ -108,5 +116,7 @@ def test_train_reasoning_gym_with_a_response_budget(tmp_path):
         ids, mask, _ = pack_batch(prompts, out.tokens, out.logprobs, pad_id=0, width=w)
         with torch.no_grad():
             logps[w] = trainer._logprobs(trainer.learner, ids)[:, : width - 1]
-    assert torch.equal(logps[width][mask[:, : width - 1] > 0].view(torch.int32),
-                       logps[trainer.width][mask[:, : width - 1] > 0].view(torch.int32))  # fmt: skip
+    assert torch.equal(
+        logps[width][mask[:, : width - 1] > 0].view(torch.int32),
+        logps[trainer.width][mask[:, : width - 1] > 0].view(torch.int32),
+    )

@@ -15,8 +15,16 @@ from fp4_compile.rl.train.presets import get_preset
 from fp4_compile.rl.train.run_dir import default_out_dir, out_dir_given, resolve_run_dir
 
 # the quick-start command, cut to seconds: eager FP32 (no compile), one GRPO step
-CHEAP = ["steps=1", "warm_start_steps=1", "warm_start_batch=4", "prompts_per_step=2",
-         "group_size=2", "eval_every=0", "compile=false", "--no-progress"]  # fmt: skip
+CHEAP = [
+    "steps=1",
+    "warm_start_steps=1",
+    "warm_start_batch=4",
+    "prompts_per_step=2",
+    "group_size=2",
+    "eval_every=0",
+    "compile=false",
+    "--no-progress",
+]
 
 
 def _fake_run(folder, step=1):
@@ -81,8 +89,10 @@ def test_explicit_occupied_out_dir_is_refused_before_any_work(tmp_path, capsys):
 
 
 def test_nproc_preflight_checks_divisibility(tmp_path, capsys):
-    assert main(["train", "tiny", f"out_dir={tmp_path / 'a'}", "prompts_per_step=3",
-                 "--nproc", "2"]) == 2  # fmt: skip
+    assert (
+        main(["train", "tiny", f"out_dir={tmp_path / 'a'}", "prompts_per_step=3", "--nproc", "2"])
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "prompts_per_step=3 must be a multiple of --nproc 2" in err[0], err
 
@@ -121,11 +131,16 @@ def test_a_busy_folder_is_refused_or_skipped(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     busy = tmp_path / "runs" / "tiny-strict"
     holder = subprocess.Popen(  # another process holding the folder's lock, as a live run does
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from fp4_compile.rl.train.run_dir import lock_run_dir; "
-         f"lock = lock_run_dir(Path({str(busy)!r})); print('locked', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from fp4_compile.rl.train.run_dir import lock_run_dir; "
+            f"lock = lock_run_dir(Path({str(busy)!r})); print('locked', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         assert main(["train", "tiny", f"out_dir={busy}", *CHEAP]) == 2
@@ -135,8 +150,9 @@ def test_a_busy_folder_is_refused_or_skipped(tmp_path, monkeypatch, capsys):
         assert f"{holder.pid})" in err[0], err
         assert not (busy / "metrics.jsonl").exists()
         # without out_dir=: the folder looks free (nothing written yet) but is busy -> the next
-        cfg, note, lock = claim_run_dir(get_preset("tiny"), explicit=False, resume=False,
-                                        fresh=False)  # fmt: skip
+        cfg, note, lock = claim_run_dir(
+            get_preset("tiny"), explicit=False, resume=False, fresh=False
+        )
         try:
             assert cfg.out_dir == "runs/tiny-strict-2", cfg.out_dir
             assert "'runs/tiny-strict' is in use by another run" in note, note

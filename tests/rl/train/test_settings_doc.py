@@ -14,10 +14,21 @@ from fp4_compile.rl.train.config import TrainConfig
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "settings.md"
 KNOBS = {
-    "max_new_tokens", "system_prompt", "group_size", "prompts_per_step", "temperature", "clip_low",
-    "clip_high", "aggregation", "advantage_scale", "kl_coef", "updates_per_batch", "tis_cap",
-    "mis_token_bounds", "mis_seq_bounds",
-}  # fmt: skip
+    "max_new_tokens",
+    "system_prompt",
+    "group_size",
+    "prompts_per_step",
+    "temperature",
+    "clip_low",
+    "clip_high",
+    "aggregation",
+    "advantage_scale",
+    "kl_coef",
+    "updates_per_batch",
+    "tis_cap",
+    "mis_token_bounds",
+    "mis_seq_bounds",
+}
 
 
 def _rows() -> list[list[str]]:

@@ -8,10 +8,17 @@ from fp4_compile.rl.train.run_log import ProgressBar, summary
 
 
 def _record(step, step_s, rollout_s, learner_s):
-    return {"step": step, "reward/mean": 0.25, "reward/exact_frac": 0.0,
-            "mismatch/max_abs_dlogp": 0.0, "perf/step_s": step_s, "perf/rollout_s": rollout_s,
-            "perf/learner_s": learner_s, "perf/rollout_tokens_per_s": 12.0,
-            "perf/learner_tokens_per_s": 900.0}  # fmt: skip
+    return {
+        "step": step,
+        "reward/mean": 0.25,
+        "reward/exact_frac": 0.0,
+        "mismatch/max_abs_dlogp": 0.0,
+        "perf/step_s": step_s,
+        "perf/rollout_s": rollout_s,
+        "perf/learner_s": learner_s,
+        "perf/rollout_tokens_per_s": 12.0,
+        "perf/learner_tokens_per_s": 900.0,
+    }
 
 
 def test_progress_line_shows_the_cost_of_a_step():

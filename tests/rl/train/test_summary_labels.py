@@ -7,11 +7,18 @@ from fp4_compile.rl.train.run_log import summary
 
 def test_mismatch_lines_say_what_identical_is():
     records = [
-        {"step": s, "reward/mean": 0.5, "reward/exact_frac": 0.1, "perf/step_s": 1.0,
-         "mismatch/max_abs_dlogp": 0.0, "mismatch/frac_bitwise_equal": f,
-         "rollout_corr/k3_kl": 0.0, "token_mult_prob_error": 1.0}
+        {
+            "step": s,
+            "reward/mean": 0.5,
+            "reward/exact_frac": 0.1,
+            "perf/step_s": 1.0,
+            "mismatch/max_abs_dlogp": 0.0,
+            "mismatch/frac_bitwise_equal": f,
+            "rollout_corr/k3_kl": 0.0,
+            "token_mult_prob_error": 1.0,
+        }
         for s, f in ((0, 1.0), (1, 0.5), (2, 1.0))
-    ]  # fmt: skip
+    ]
     lines = summary(records, title="t").splitlines()
     tmpe = next(line for line in lines if line.startswith("token_mult_prob_error"))
     assert tmpe.startswith("token_mult_prob_error (1 = identical)"), tmpe

@@ -29,10 +29,16 @@ def checkpoint_dir(request, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp(f"hf_checkpoint_{request.param}")
     config = Qwen3Config(
-        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=64,
         tie_word_embeddings=request.param == "tied",
-    )  # fmt: skip
+    )
     torch.manual_seed(3)
     Qwen3ForCausalLM(config).save_pretrained(str(folder))
     save_tokenizer(folder)
@@ -41,10 +47,19 @@ def checkpoint_dir(request, tmp_path_factory):
 
 def _cfg(tmp_path, model_dir, **over):
     base = dict(
-        model=model_dir, task="sort", num_digits=3, steps=2, prompts_per_step=2, group_size=2,
-        warm_start_steps=1, warm_start_batch=4, checkpoint_every=1, compile=True,
-        out_dir=tmp_path / "run", cache_dir=tmp_path / "cache",
-    )  # fmt: skip
+        model=model_dir,
+        task="sort",
+        num_digits=3,
+        steps=2,
+        prompts_per_step=2,
+        group_size=2,
+        warm_start_steps=1,
+        warm_start_batch=4,
+        checkpoint_every=1,
+        compile=True,
+        out_dir=tmp_path / "run",
+        cache_dir=tmp_path / "cache",
+    )
     return get_preset("tiny").with_overrides([f"{k}={v}" for k, v in {**base, **over}.items()])
 
 

@@ -22,8 +22,18 @@ NOT_EQUAL = ("perf/", "grad/norm", "loss/", "world")
 
 def _train(tmp_path, name, *extra):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "fp4_compile.cli", "train", "tiny", "--no-progress",
-           f"out_dir={tmp_path / name}", f"cache_dir={tmp_path / 'cache'}", *ARGS, *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "fp4_compile.cli",
+        "train",
+        "tiny",
+        "--no-progress",
+        f"out_dir={tmp_path / name}",
+        f"cache_dir={tmp_path / 'cache'}",
+        *ARGS,
+        *extra,
+    ]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
@@ -69,10 +79,23 @@ def test_two_processes_match_one_process(tmp_path):
     )
     # a checkpoint written by 2 processes is not resumed by 1 (its optimizer state is by name)
     res = subprocess.run(
-        [sys.executable, "-m", "fp4_compile.cli", "train", "tiny", "--no-progress", "--resume",
-         f"out_dir={tmp_path / 'two'}", f"cache_dir={tmp_path / 'cache'}", *ARGS, "steps=3"],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "fp4_compile.cli",
+            "train",
+            "tiny",
+            "--no-progress",
+            "--resume",
+            f"out_dir={tmp_path / 'two'}",
+            f"cache_dir={tmp_path / 'cache'}",
+            *ARGS,
+            "steps=3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode != 0 and "--nproc 2" in res.stderr
 
 
