@@ -3,7 +3,7 @@
 Triton is imported lazily: nothing in this module imports it at import time. The interpreter is
 selected by `TRITON_INTERPRET=1`, which Triton reads when a kernel module is IMPORTED (at
 `@triton.jit`); kernel modules of this package are therefore imported only inside launchers, and
-tests set the variable in `tests/codegen/conftest.py` before any launcher runs.
+tests set the variable in `tests/conftest.py` (the first module pytest loads) before any import.
 
 Interpreter traps this package works around (verified on Triton 3.7, CPU):
 - `tl.dot` on bf16 operands returns garbage, and fp32 -> bf16 casts truncate: in interpreter mode

@@ -2,10 +2,21 @@
 so `python -m pytest` stays green on CPU machines and `python -m pytest -m gpu` runs every GPU
 correctness check on a GPU machine (tests/gpu/). `--k-chunk KC` runs the suite under another K
 summation order of the forward GEMMs (a what-if: the order split-K decode needs, before it is
-pinned)."""
+pinned).
+
+Without a GPU the Triton kernels run in the interpreter: Triton reads TRITON_INTERPRET when
+`triton.language` and each kernel module are imported (at `@triton.jit`), so it is set here, the
+first module pytest loads, before any test module imports Triton (a module that imported it
+before the variable was set left `tl.sum` and its kin compiled-mode functions, and every later
+interpreted kernel calling them failed). On a CUDA machine the variable is left alone."""
+
+import os
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_addoption(parser):
