@@ -2,8 +2,10 @@
 
 - The head only where it is read: every call of the output embedding (prefill and decode) sees
   one row per request of the bucket, never a prompt's every position.
-- Long responses: a prompt of 8,000 tokens in an 8,256-slot cache, then decoding; the engine's
-  log-probs equal the learner's (one forward over the 8k-token sequence) bitwise.
+- Long responses: a prompt of 3,000 tokens in an 8,256-slot cache, then decoding; the engine's
+  log-probs equal the learner's (one forward over the whole sequence) bitwise. (An 8,000-token
+  prompt peaks at ~22 GB on the CPU reference, past a CI machine; the GPU test runs 8 x 8,192 new
+  tokens: tests/gpu/test_gpu_real_shapes.py.)
 - A KV cache the device cannot hold is refused before any work, naming the shape and the bytes.
 """
 
@@ -30,17 +32,17 @@ def test_head_runs_on_one_row_per_request():
     assert rows == [torch.Size([4, 1, 64])] * 4
 
 
-def test_8k_context_engine_equals_learner():
+def test_8k_slot_cache_long_context_engine_equals_learner():
     model = tiny_qwen3(vocab=256, layers=1).eval()
     recipe = NVFP4Recipe.strict()
     engine = RolloutEngine(model, recipe=recipe, max_batch=2, max_seq_len=8256)
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 256, (8000,), generator=g).tolist(), [5, 6, 7]]
+    prompts = [torch.randint(0, 256, (3000,), generator=g).tolist(), [5, 6, 7]]
     out = engine.generate(prompts, max_new_tokens=8, temperature=1.0, seed=3)
     learner = torch.compile(model, backend="minite", options={"recipe": recipe})
     with torch.no_grad():
-        ref = sequence_logprobs(learner, [prompts[0] + out.tokens[0]], [8000])
-    assert_bitwise_equal(out.logprobs[0], ref[0], "8k-context request")
+        ref = sequence_logprobs(learner, [prompts[0] + out.tokens[0]], [3000])
+    assert_bitwise_equal(out.logprobs[0], ref[0], "3k-token request in an 8k-slot cache")
 
 
 def test_kv_cache_that_cannot_fit_is_refused_before_work(monkeypatch):
