@@ -10,7 +10,9 @@ is random: its own EOS would fall anywhere). Prompts: 4-16 random tokens.
   request's slot is refilled at once with the next waiting one (prefilled alone into that slot).
 - static: the same requests in chunks of max_batch, one `generate` each: a chunk runs until its
   longest request ends (finished rows idle, nothing refills them).
-Both give every request the same tokens and log-probs, bit for bit (checked every run).
+With minite's batch-invariant kernels (strict, bf16) both give every request the same tokens and
+log-probs, bit for bit (checked every run, the table's last column); the stock-kernel engine is
+not batch-invariant, so its column may say NO.
 
 Token steps (a request's first token comes from its prefill, the rest from decode steps):
 static runs the sum over chunks of the longest length; continuous at best total tokens /
