@@ -5,7 +5,8 @@
 # files (<date>_<topic>_<commit>.log), are packed into $OUT/session.tgz.
 # Parts (default PARTS="pytest learner alignment rollout"):
 #   correctness, tests/gpu and tests/codegen under pytest:
-#     pytest (PYTEST_FILES picks the CUDA test files), codegen, kernels, graphs, lgraphs,
+#     pytest (PYTEST_FILES picks the CUDA test files), codegen, kernels, graphs, cbatch
+#     (continuous batching under CUDA graphs, the per-row Gumbel noise kernel), lgraphs,
 #     alignment (ALIGN_MARK="gpu and not slow" skips batch 256; ALIGN_ARGS), backend
 #     (BACKEND_ARGS), fusion, numerics (NUMERICS_ARGS), decode_tests, kc_checks (alignment at
 #     batch 1 / 8 / 64 and the backend check with the forward GEMMs in KC-chunked order, KC
@@ -30,6 +31,7 @@
 # Issue 52 (real shapes): PARTS=real_shapes (learner 8 x 2048 / 4 x 8192 and MoE 8 x 2048 at full
 # vocabulary, engine 64 x 2048 prompts + 256 new and 8 x 8192 new, learner == rollout; peak memory
 # in the part's json).
+# Issue 54 (continuous batching): PARTS=cbatch.
 # Waiting runs, one device call each: issue 43, PARTS=learner_on_change MICRO_BATCHES=1 (one pass
 # per step with the captured refresh); issue 42, PARTS=kc_checks, PARTS=learner_kc, then
 # PARTS=decode_gemm DECODE_ARGS="--k-chunk 1024 --splits --learner-forward".
@@ -51,6 +53,7 @@ for part in $PARTS; do
     pytest) run "${PYTEST_S:-240}" pytest_cuda python3 -m pytest -q ${PYTEST_FILES:-$(cuda_test_files)} ;;
     codegen) run "${CODEGEN_S:-240}" pytest_codegen_cuda python3 -m pytest -q tests/codegen ;;
     kernels) run "${KERNELS_S:-240}" pytest_gpu_kernels python3 -m pytest -m gpu -q tests/gpu/test_gpu_nvfp4.py tests/gpu/test_gpu_invariant_ops.py tests/gpu/test_gpu_bucket_invariance.py ;;
+    cbatch) run "${CBATCH_S:-300}" pytest_continuous_batching python3 -m pytest -q tests/gpu/test_gpu_continuous_batching.py tests/codegen/invariant/test_gumbel_noise.py ;;
     graphs) run "${GRAPHS_S:-200}" cuda_graphs python3 -m pytest -m gpu -q tests/gpu/test_gpu_cuda_graphs.py tests/gpu/test_gpu_invariant_ops.py -k "engine or sampling or replay or in_place" ;;
     lgraphs) run "${LGRAPHS_S:-200}" learner_cuda_graphs python3 -m pytest -m gpu -q tests/gpu/test_gpu_cuda_graphs.py -k learner ;;
     alignment) run "${ALIGN_S:-300}" alignment python3 -m pytest -m "${ALIGN_MARK:-gpu}" -q tests/gpu/test_gpu_alignment.py ${ALIGN_ARGS:-} ;;

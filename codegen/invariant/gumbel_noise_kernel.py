@@ -8,7 +8,8 @@ h a counter-based hash of (request key, step, token id): the "lowbias32" mixer o
 Its torch form is about 80 integer launches per token on int64 tensors (a 16-bit split of every
 32-bit product, the step's key on 0-dim tensors); here each program hashes one row's BLOCK_V
 tokens in uint32 registers (products wrap mod 2^32: the same integers), the step's key included
-(read from a device counter: no host read, CUDA-graph safe). Integer arithmetic and the FP64
+(read from a device counter: no host read, CUDA-graph safe; one counter for every row, or one
+per row for a continuously batched decode program: stride 1). Integer arithmetic and the FP64
 u are exact, so u is bitwise the torch form's on every device; the two logs stay torch's.
 """
 
@@ -24,9 +25,9 @@ from ..triton_helpers import mix32
 
 
 @triton.jit
-def _gumbel_uniforms_kernel(keys_ptr, step_ptr, u_ptr, V, BLOCK_V: tl.constexpr):
+def _gumbel_uniforms_kernel(keys_ptr, step_ptr, step_stride, u_ptr, V, BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    n = tl.load(step_ptr).to(tl.int64)
+    n = tl.load(step_ptr + row * step_stride).to(tl.int64)  # stride 0: one step for every row
     lo, hi = (n & 0xFFFFFFFF).to(tl.uint32), (n >> 32).to(tl.uint32)
     step_key = mix32(mix32(lo) ^ hi ^ 0x85EBCA6B)  # the step's key, salt and all as the torch form
     key = (tl.load(keys_ptr + row) & 0xFFFFFFFF).to(tl.uint32)
@@ -38,9 +39,10 @@ def _gumbel_uniforms_kernel(keys_ptr, step_ptr, u_ptr, V, BLOCK_V: tl.constexpr)
 
 
 def gumbel_uniforms(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int):
-    """FP64 [B, V] uniforms of draw `step` (a host int >= 0, or an int64 0-dim tensor on the
-    keys' device) for the int64 [B] stream keys `keys_B` (each in [0, 2^32)): bitwise the torch
-    form in `sampling.gumbel_noise` (module docstring). Arguments are checked by the caller."""
+    """FP64 [B, V] uniforms of draw `step` (a host int >= 0, an int64 0-dim tensor on the keys'
+    device, or an int64 [B] tensor there: one draw number per row) for the int64 [B] stream keys
+    `keys_B` (each in [0, 2^32)): bitwise the torch form in `sampling.gumbel_noise` (module
+    docstring). Arguments are checked by the caller."""
     target = kernel_target(keys_B, "keys_B")
     num = keys_B.shape[0]
     u = torch.empty((num, vocab_size), dtype=torch.float64, device=keys_B.device)
@@ -49,7 +51,8 @@ def gumbel_uniforms(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: 
         step = torch.tensor(step, dtype=torch.int64).to(keys_B.device)
     if num and vocab_size:
         _gumbel_uniforms_kernel[(num, triton.cdiv(vocab_size, lc["block_v"]))](
-            keys_B.contiguous(), step, u, vocab_size, BLOCK_V=lc["block_v"],
+            keys_B.contiguous(), step, step.stride(0) if step.dim() else 0, u, vocab_size,
+            BLOCK_V=lc["block_v"],
             **warps_kwargs(lc), **target.options,
         )  # fmt: skip
     return u

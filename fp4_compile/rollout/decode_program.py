@@ -1,26 +1,36 @@
 """The rollout engine's decode step as one program: model step, sampling, log-prob, bookkeeping.
 
-Shape legend: B rows of the batch bucket, V vocabulary, S_max cache slots.
+Shape legend: B rows (slots) of the batch bucket, V vocabulary, S_max cache slots, K rows admitted.
 
 One `DecodeProgram` per (engine, batch bucket, sampling settings), built once and kept by the
-engine: its state lives in static buffers (the token to feed, its position, the kv length, a
-device-side step counter n, the request keys, the EOS flags, and per-step output rows), and one
-call generates one token for every row without reading anything on the host:
+engine: its state lives in static buffers, one entry per row (the token to feed, its position,
+the kv length, the request key, the draw counter n = how many tokens the row's request has, its
+token budget, the finished flag; the EOS id; per-row output rows), and one call generates one
+token for every running row without reading anything on the host:
 
+    live = ~finished
     logits = step(ids, positions, kv_len, cache)       # the compiled model step, Tq = 1
-    picked, logp = pick_tokens(logits, keys, n, ...)   # the same function as the prefill token
-    tokens[:, n], logps[:, n] = picked, logp; finished |= picked == eos
-    ids, positions, kv_len, n = picked, positions + 1, kv_len + 1, n + 1
+    picked, logp = pick_tokens(logits, keys, n, ...)   # per-row n: each row its request's draw
+    tokens[r, n[r]], logps[r, n[r]] = picked, logp     # (a finished row writes past its end)
+    n += live; finished |= live & (picked == eos | n == budget)
+    ids, positions, kv_len = picked, positions + 1, kv_len + 1   # running rows only
+
+A finished row is frozen (it recomputes its last step in place, in bounds; rows never interact, so
+it changes no other row's bits) until the engine admits a new request into it (`admit`: in-place
+copies into the row's entries, its prefill written into its cache rows beforehand). So the rows of
+one program run different requests at different token indices (continuous batching), and a
+request's token t always draws the noise of (its key, t), whatever row or step it runs in.
 
 On CUDA with capture=True the call is captured once as a CUDA graph (after one ordinary call that
 compiles and warms the step) and every later call is one replay: the same kernels on the same
 buffers, so the same bits, and one launch per token. Everything a replay reads has a fixed
-address: the state buffers, the bucket's KV cache, the parameters and the weight store's
-quantized bytes (`weight_store.py`: rewritten in place by `update_weights`, so a replay after an
-update reads the new weights). Elsewhere (CPU, or capture=False) the same call runs eagerly.
+address: the state buffers (changed only in place), the bucket's KV cache, the parameters and the
+weight store's quantized bytes (`weight_store.py`: rewritten in place by `update_weights`, so a
+replay after an update reads the new weights). Elsewhere (CPU, or capture=False) the same call
+runs eagerly.
 
-The seeded noise of token n is `gumbel_noise(keys, n)` with n a device tensor: the same integers,
-so the same bits as the host-side step number (`sampling.py`).
+The seeded noise of token n is `gumbel_noise(keys, n)` with n a device tensor [B]: the same
+integers, so the same bits as the host-side step number (`sampling.py`).
 """
 
 from __future__ import annotations
@@ -56,19 +66,21 @@ def pick_tokens(last_BV, keys_B, n, sampling: Sampling, vocab_size: int):
 
 class DecodeProgram:
     """One decode token for `batch` rows; `step(ids_B1, positions_B1, kv_len_B, cache)` is the
-    engine's compiled model step; `max_tokens`: the most tokens one generate call records."""
+    engine's compiled model step; `max_tokens`: the most tokens one request records (each row's
+    budget is below it)."""
 
     def __init__(self, step, cache: StaticKVCache, *, batch: int, sampling: Sampling,
                  vocab_size: int, max_tokens: int, capture: bool):  # fmt: skip
         device = cache.keys[0].device
         self.step, self.cache, self.batch = step, cache, batch
-        self.sampling, self.vocab_size = sampling, vocab_size
+        self.sampling, self.vocab_size, self.max_tokens = sampling, vocab_size, max_tokens
 
         def zeros(*shape, dtype=torch.int64):
             return torch.zeros(shape, dtype=dtype, device=device)
 
-        self.ids, self.positions, self.kv_len = zeros(batch, 1), zeros(batch, 1), zeros(batch)
-        self.n, self.keys, self.eos = zeros(), zeros(batch), zeros()
+        # an idle row feeds token 0 at position 0 (kv_len 1: its step reads in bounds)
+        self.ids, self.positions, self.kv_len = zeros(batch, 1), zeros(batch, 1), zeros(batch) + 1
+        self.n, self.keys, self.budget, self.eos = zeros(batch), zeros(batch), zeros(batch), zeros()
         self.finished = zeros(batch, dtype=torch.bool)
         self.tokens = zeros(batch, max_tokens)
         self.logps = zeros(batch, max_tokens, dtype=torch.float32)
@@ -81,23 +93,28 @@ class DecodeProgram:
         picked, logp = pick_tokens(logits[:, 0], self.keys, self.n, self.sampling,
                                    self.vocab_size)  # fmt: skip
         self.record(picked, logp)
-        self.ids.copy_(picked[:, None])
-        self.positions.add_(1)
-        self.kv_len.add_(1)
+        running = ~self.finished  # a row that just finished keeps its last step (in bounds)
+        self.ids.copy_(torch.where(running, picked, self.ids[:, 0])[:, None])
+        self.positions.add_(running[:, None])
+        self.kv_len.add_(running)
 
     def record(self, picked_B: torch.Tensor, logp_B: torch.Tensor) -> None:
-        """Write token n's picks and log-probs, raise the EOS flags, advance n (device only)."""
-        index = self.n.view(1)
-        self.tokens.index_copy_(1, index, picked_B[:, None])
-        self.logps.index_copy_(1, index, logp_B[:, None])
-        self.finished |= picked_B == self.eos
-        self.n.add_(1)
+        """Write each running row's token n (its picks and log-probs), advance its n, raise its
+        finished flag at EOS or at its budget (device only). A finished row writes at its n,
+        past its last token (below max_tokens: its budget is), and changes nothing else."""
+        live = ~self.finished
+        index = self.n[:, None]
+        self.tokens.scatter_(1, index, picked_B[:, None])
+        self.logps.scatter_(1, index, logp_B[:, None])
+        self.n.add_(live)
+        self.finished |= live & ((picked_B == self.eos) | (self.n >= self.budget))
 
     def _capture(self) -> None:
         """One ordinary call (compiles the Tq = 1 step, warms its kernels; the state it leaves is
         overwritten by `start`), then the capture."""
         device = self.ids.device
         self.kv_len.fill_(1)
+        self.budget.fill_(self.max_tokens)
         self._one_token()
         torch.cuda.synchronize(device)
         graph = torch.cuda.CUDAGraph()
@@ -111,20 +128,30 @@ class DecodeProgram:
             ) from e
         self.graph = graph
 
-    def start(self, first_B, first_logp_B, positions_B, keys_B, eos: int | None) -> None:
-        """A new generate call: token 0 (sampled from the prefill's logits) recorded and fed
-        next at `positions_B` (the prompt lengths)."""
-        self.n.zero_()
-        self.finished.zero_()
+    def start(self, eos: int | None) -> None:
+        """A new generate call: every row finished (idle) until `admit` fills it."""
         self.eos.fill_(-1 if eos is None else eos)
-        self.keys.copy_(keys_B)
-        self.record(first_B, first_logp_B)
-        self.ids.copy_(first_B[:, None])
-        self.positions.copy_(positions_B[:, None])
-        self.kv_len.copy_(positions_B + 1)
+        self.finished.fill_(True)
+        self.n.zero_()
+
+    def admit(self, rows_K, first_K, first_logp_K, lengths_K, keys_K, budgets_K) -> None:
+        """Rows `rows_K` (int64 [K] on the device) start new requests whose prompts (of
+        `lengths_K` tokens) are already in their cache rows: token 0 (sampled from the prefill's
+        logits with draw number 0) recorded and fed next at position lengths_K; budgets_K: each
+        request's max_new_tokens (>= 1; a budget of 1 finishes at once). In-place copies only."""
+        self.keys.index_copy_(0, rows_K, keys_K)
+        self.budget.index_copy_(0, rows_K, budgets_K)
+        self.n.index_fill_(0, rows_K, 1)
+        self.tokens[:, 0].index_copy_(0, rows_K, first_K)
+        self.logps[:, 0].index_copy_(0, rows_K, first_logp_K)
+        done = (first_K == self.eos) | (budgets_K <= 1)
+        self.finished.index_copy_(0, rows_K, done)
+        self.ids[:, 0].index_copy_(0, rows_K, first_K)
+        self.positions[:, 0].index_copy_(0, rows_K, lengths_K)
+        self.kv_len.index_copy_(0, rows_K, lengths_K + 1)
 
     def __call__(self) -> None:
-        """Generate the next token of every row (a replay when captured)."""
+        """Generate the next token of every running row (a replay when captured)."""
         if self.graph is not None:
             self.graph.replay()
         else:

@@ -1,5 +1,6 @@
-"""The embedded rollout engine: batched, seeded generation with a static KV cache, through the
-same minite lowering as the learner, returning the processed (post-temperature) FP32 log-probs.
+"""The embedded rollout engine: continuously batched, seeded generation with a static KV cache,
+through the same minite lowering as the learner, returning the processed (post-temperature) FP32
+log-probs.
 
 Shape legend: B requests, L prompt length (padded), S_max cache slots, V vocabulary.
 """
@@ -41,13 +42,15 @@ class RolloutEngine:
     engine compiles it with the `minite` backend and the SAME recipe as the learner, and runs
     prefill and decode through that lowering with a per-sequence static KV cache.
 
-    Requests are padded up to a batch bucket (a power of two, at most max_batch; padded rows
-    decode a one-token prompt and are dropped: rows never interact). Per bucket and sampling
+    A generate call takes any number of requests and runs them continuously batched in the rows
+    (slots) of one batch bucket (a power of two, at most max_batch): a finished request's slot is
+    refilled with the next waiting request (its prefill alone, into that slot's cache rows), and
+    rows never interact, so every request's bits are those it has alone. Per bucket and sampling
     setting the engine builds one `DecodeProgram` (`decode_program.py`: model step, sampling,
-    log-prob and bookkeeping of one token, driven by device-side state) with its KV cache, and
-    keeps both across `generate` calls and `update_weights`. cuda_graphs=True (CUDA only): each
-    program is captured once as a CUDA graph and every decode token is one replay (the same
-    kernels on the same buffers, so the same bits).
+    log-prob and bookkeeping of one token, driven by per-row device-side state) with its KV
+    cache, and keeps both across `generate` calls and `update_weights`. cuda_graphs=True (CUDA
+    only): each program is captured once as a CUDA graph and every decode token is one replay
+    (the same kernels on the same buffers, so the same bits).
 
     The quantized weights come from the engine's `WeightStore` (`weight_store.py`), rewritten in
     place by `update_weights`.
@@ -70,6 +73,7 @@ class RolloutEngine:
         self._programs: dict[tuple, DecodeProgram] = {}
         self._caches: dict[int, StaticKVCache] = {}
         self.programs_built = 0
+        self.decode_steps = 0  # decode program calls (one token for every row), all calls
         if not isinstance(cuda_graphs, bool):
             raise TypeError(f"cuda_graphs must be a bool, got {cuda_graphs!r}")
         self.cuda_graphs = cuda_graphs
@@ -207,8 +211,12 @@ class RolloutEngine:
             self.programs_built += 1
         return self._programs[key]
 
-    def _step(self, ids_BT, positions_BT, kv_len_B, cache: StaticKVCache):
+    def _step(self, ids_BT, positions_BT, kv_len_B, cache: StaticKVCache, rows=None):
+        """The compiled step on `cache`, or (rows = slice) on those rows of it: views of each
+        layer's K/V rows, written in place (a prefill into the slots of a running bucket)."""
         tensors = [t for pair in zip(cache.keys, cache.values) for t in pair]
+        if rows is not None:
+            tensors = [t[rows] for t in tensors]
         with no_silent_eager_fallback():
             return self.step(ids_BT, positions_BT, kv_len_B, *tensors)
 
@@ -217,15 +225,24 @@ class RolloutEngine:
         self,
         prompts: list[list[int]],
         *,
-        max_new_tokens: int,
+        max_new_tokens: int | list[int],
         temperature: float = 1.0,
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int | list[int] = 0,
         eos_token_id: int | None = None,
     ) -> RolloutOutput:
-        """Generate for token-id prompts of different lengths. `seed` is one int (request i uses
-        seed + i) or one seed per request; a request's samples depend only on its own seed.
+        """Generate for token-id prompts of different lengths, any number of them. `seed` is one
+        int (request i uses seed + i) or one seed per request; a request's samples depend only on
+        its own seed. `max_new_tokens`: one budget for every request or one per request.
+
+        Continuous batching: up to max_batch requests run at once in the rows (slots) of one
+        batch bucket; when a request finishes (EOS or its budget), the next waiting one is
+        prefilled into its slot (alone, batch 1, into that slot's cache rows) and joins the next
+        decode step. Rows never interact and a request's token t always draws the noise of (its
+        seed, t), so its tokens and log-probs are bitwise the same alone, in a full batch or
+        admitted mid-flight. The host reads the finished flags only every few tokens (and when a
+        budget ends a request).
 
         temperature=0 decodes greedily (argmax of the logits, ties to the lower token id; top_k,
         top_p and the seeds are then unused), and the returned log-probs are those of the
@@ -233,74 +250,163 @@ class RolloutEngine:
         num = len(prompts)
         if num == 0 or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
-        if num > self.max_batch:
-            raise ValueError(f"{num} prompts exceed max_batch={self.max_batch}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        budgets = _budgets(max_new_tokens, num)
         if not temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
         greedy = temperature == 0
-        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-        if int(lengths.max()) + max_new_tokens > self.max_seq_len:
-            raise ValueError(
-                f"longest prompt ({int(lengths.max())}) + max_new_tokens ({max_new_tokens}) exceeds "
-                f"max_seq_len={self.max_seq_len}"
-            )
+        for i, (p, b) in enumerate(zip(prompts, budgets)):
+            if len(p) + b > self.max_seq_len:
+                raise ValueError(
+                    f"prompt {i} ({len(p)} tokens) + max_new_tokens ({b}) exceeds "
+                    f"max_seq_len={self.max_seq_len}"
+                )
         seeds = [seed + i for i in range(num)] if isinstance(seed, int) else list(seed)
         if len(seeds) != num:
             raise ValueError(f"seed list has {len(seeds)} entries for {num} prompts")
         check_filter(top_k, top_p)
+        _check_token_ids(prompts, self.vocab_size)
         if self.model is not None:
             self.weight_store.check_unmoved(self.model)
         sampling = Sampling(float(temperature)) if greedy else Sampling(
             float(temperature), int(top_k), float(top_p))  # fmt: skip
-        bucket = self.bucket(num)
-        ids = torch.zeros((bucket, width := int(lengths.max())), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
-        _check_token_ids(ids, self.vocab_size)
+        bucket = self.bucket(min(num, self.max_batch))
         program = self._program(bucket, sampling)  # before the prefill: a capture warms it
-        # padded rows: a one-token prompt (token 0); rows never interact, so they change no bit
-        lengths = torch.cat([lengths, torch.ones(bucket - num, dtype=torch.long)]).to(self.device)
-        keys = request_keys(seeds + [0] * (bucket - num), self.device)
-        positions = torch.arange(width).expand(bucket, width).contiguous().to(self.device)
         cache = self._cache(bucket)
+        keys = request_keys(seeds, self.device)
         for t in (*cache.keys, *cache.values):  # as a fresh cache: no slot holds an old call's
             t.zero_()
-        last = self._step(ids.to(self.device), positions, lengths, cache)[:, 0]  # [B, V]
-        program.start(*pick_tokens(last, keys, 0, sampling, self.vocab_size), lengths, keys,
-                      eos_token_id)  # fmt: skip
-        # Every row runs every step (a finished request's later tokens are dropped below); no
-        # host sync but the periodic all-finished check.
-        steps = max_new_tokens
-        for step in range(1, max_new_tokens):
-            program()
-            if eos_token_id is not None and step % _EOS_CHECK_EVERY == _EOS_CHECK_EVERY - 1:
-                if bool(program.finished[:num].all()):
-                    steps = step + 1
-                    break
-        tokens_all = program.tokens[:num, :steps].cpu()
-        logps_all = program.logps[:num, :steps].cpu()
-        tokens, logps, reasons = [], [], []
-        for i in range(num):
-            row = tokens_all[i]
-            n, reason = steps, "length"
+        program.start(eos_token_id)
+        run = _Slots(self, program, cache, prompts, budgets, keys, sampling)
+        run.prefill_first(min(num, bucket))
+        # Every running row runs every step; a finished row idles (frozen) until refilled. The
+        # host syncs at the next budget's end, and with an EOS id every _EOS_CHECK_EVERY tokens.
+        while run.running():
+            todo = run.steps_to_next_end()
             if eos_token_id is not None:
-                hits = (row == eos_token_id).nonzero()
-                if len(hits):
-                    n, reason = int(hits[0]) + 1, "eos"
-            tokens.append(row[:n].tolist())
-            logps.append(logps_all[i, :n].clone())
-            reasons.append(reason)
-        return RolloutOutput(tokens=tokens, logprobs=logps, finish_reasons=reasons)
+                todo = min(todo, _EOS_CHECK_EVERY)
+            for _ in range(todo):
+                program()
+            run.steps += todo
+            self.decode_steps += todo
+            run.harvest_and_refill()
+        reasons = [
+            "eos" if eos_token_id is not None and toks and toks[-1] == eos_token_id else "length"
+            for toks in run.tokens
+        ]
+        return RolloutOutput(tokens=run.tokens, logprobs=run.logprobs, finish_reasons=reasons)
 
 
-def _check_token_ids(ids_BL: torch.Tensor, vocab_size: int) -> None:
+class _Slots:
+    """The host side of one continuously batched generate call: which request runs in which row
+    (slot) of the bucket, when each one's budget ends, the waiting queue, the finished results."""
+
+    def __init__(self, engine, program, cache, prompts, budgets, keys, sampling):
+        self.engine, self.program, self.cache = engine, program, cache
+        self.prompts, self.budgets, self.keys, self.sampling = prompts, budgets, keys, sampling
+        self.request = [None] * program.batch  # the request index each slot runs, or None
+        self.ends = [0] * program.batch  # the decode step after which its budget is spent
+        self.waiting = iter(range(len(prompts)))
+        self.steps = 0  # decode steps run so far
+        self.tokens: list = [None] * len(prompts)
+        self.logprobs: list = [None] * len(prompts)
+
+    def running(self) -> bool:
+        return any(r is not None for r in self.request)
+
+    def steps_to_next_end(self) -> int:
+        return min(self.ends[s] for s, r in enumerate(self.request) if r is not None) - self.steps
+
+    def _admit(self, slots, requests, first, first_logp) -> None:
+        device = self.engine.device
+        lengths = torch.tensor([len(self.prompts[i]) for i in requests], device=device)
+        budgets = [self.budgets[i] for i in requests]
+        self.program.admit(
+            torch.tensor(slots, device=device), first, first_logp, lengths,
+            self.keys[list(requests)], torch.tensor(budgets, device=device),
+        )  # fmt: skip
+        for s, i, b in zip(slots, requests, budgets):
+            self.request[s], self.ends[s] = i, self.steps + b - 1
+
+    def prefill_first(self, count: int) -> None:
+        """Requests 0..count-1 into slots 0..count-1, one batched prefill (padded rows: a
+        one-token prompt; rows never interact, so they change no bit, and stay idle)."""
+        engine, bucket = self.engine, self.program.batch
+        requests = [next(self.waiting) for _ in range(count)]
+        width = max(len(self.prompts[i]) for i in requests)
+        ids = torch.zeros((bucket, width), dtype=torch.long)
+        lengths = torch.ones(bucket, dtype=torch.long)
+        for s, i in enumerate(requests):
+            ids[s, : len(self.prompts[i])] = torch.tensor(self.prompts[i], dtype=torch.long)
+            lengths[s] = len(self.prompts[i])
+        positions = torch.arange(width).expand(bucket, width).contiguous()
+        last = engine._step(ids.to(engine.device), positions.to(engine.device),
+                            lengths.to(engine.device), self.cache)[:count, 0]  # fmt: skip
+        first = pick_tokens(last, self.keys[:count], 0, self.sampling, engine.vocab_size)
+        self._admit(list(range(count)), requests, *first)
+
+    def _prefill_into(self, slots) -> None:
+        """The next waiting requests into `slots` (free rows of the running bucket): each
+        prefilled alone (batch 1) into its slot's cache rows, then all admitted at once."""
+        engine, device = self.engine, self.engine.device
+        pairs = [(s, i) for s, i in zip(slots, self.waiting)]
+        if not pairs:
+            return
+        firsts, logps = [], []
+        for s, i in pairs:
+            prompt = torch.tensor([self.prompts[i]], dtype=torch.long, device=device)
+            width = prompt.shape[1]
+            positions = torch.arange(width, device=device)[None]
+            length = torch.tensor([width], device=device)
+            last = engine._step(prompt, positions, length, self.cache, rows=slice(s, s + 1))
+            picked, logp = pick_tokens(last[:, 0], self.keys[i : i + 1], 0, self.sampling,
+                                       engine.vocab_size)  # fmt: skip
+            firsts.append(picked)
+            logps.append(logp)
+        slots, requests = zip(*pairs)
+        self._admit(list(slots), list(requests), torch.cat(firsts), torch.cat(logps))
+
+    def harvest_and_refill(self) -> None:
+        """Read the finished flags and counts (one host sync); collect the finished requests'
+        tokens and log-probs; refill their slots from the waiting queue."""
+        program = self.program
+        state = torch.stack((program.finished.to(torch.int64), program.n)).cpu()
+        done = [s for s, r in enumerate(self.request) if r is not None and bool(state[0, s])]
+        if not done:
+            return
+        counts = [int(state[1, s]) for s in done]
+        rows = torch.tensor(done, device=program.n.device)
+        width = max(counts)
+        tokens = program.tokens[rows, :width].cpu()
+        logps = program.logps[rows, :width].cpu()
+        for j, (s, count) in enumerate(zip(done, counts)):
+            i = self.request[s]
+            self.tokens[i] = tokens[j, :count].tolist()
+            self.logprobs[i] = logps[j, :count].clone()
+            self.request[s] = None
+        self._prefill_into(done)
+
+
+def _budgets(max_new_tokens, num: int) -> list[int]:
+    """One max_new_tokens per request (>= 1) from an int or a list of num ints."""
+    if isinstance(max_new_tokens, int):
+        budgets = [max_new_tokens] * num
+    else:
+        budgets = list(max_new_tokens)
+        if len(budgets) != num:
+            raise ValueError(f"max_new_tokens list has {len(budgets)} entries for {num} prompts")
+    for i, b in enumerate(budgets):
+        if not isinstance(b, int) or isinstance(b, bool) or b < 1:
+            what = "max_new_tokens" if isinstance(max_new_tokens, int) else f"max_new_tokens[{i}]"
+            raise ValueError(f"{what} must be an int >= 1, got {b!r}")
+    return budgets
+
+
+def _check_token_ids(prompts: list[list[int]], vocab_size: int) -> None:
     """Every prompt token id lies in [0, vocab_size): an id outside it would index the embedding
     out of bounds (an IndexError deep inside the model on the CPU, garbage on a GPU)."""
-    bad = (ids_BL < 0) | (ids_BL >= vocab_size)
-    if bool(bad.any()):
-        i, j = (int(v) for v in bad.nonzero()[0])
-        raise ValueError(
-            f"prompts[{i}][{j}] = {int(ids_BL[i, j])} is not a token id in [0, vocab_size={vocab_size})"
-        )
+    for i, p in enumerate(prompts):
+        if min(p) < 0 or max(p) >= vocab_size:
+            j = next(j for j, t in enumerate(p) if not 0 <= t < vocab_size)
+            raise ValueError(
+                f"prompts[{i}][{j}] = {int(p[j])} is not a token id in [0, vocab_size={vocab_size})"
+            )

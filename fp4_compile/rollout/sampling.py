@@ -41,20 +41,27 @@ def request_keys(seeds: list[int], device) -> torch.Tensor:
 
 def gumbel_noise(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int) -> torch.Tensor:
     """FP32 [B, V] Gumbel noise of draw number `step` of each request (`keys_B` from
-    `request_keys`), on keys_B's device. Row r depends only on (keys_B[r], step).
+    `request_keys`), on keys_B's device. Row r depends only on (keys_B[r], its step).
 
-    `step`: a Python int, or an int64 0-dim tensor on keys_B's device (a decode program's
-    device-side step counter: no host read). The step's key is the same exact integer
-    arithmetic on the host or on the device, so both give the same bits."""
+    `step`: a Python int, an int64 0-dim tensor on keys_B's device (a device-side step counter:
+    no host read), or an int64 [B] tensor there: one draw number per row (a continuously batched
+    decode program, whose rows run different requests at different token indices). The step's
+    key is the same exact integer arithmetic on the host or on the device, per row or shared, so
+    a row's noise at draw n has the same bits whichever form carries n."""
     if keys_B.dtype != torch.int64 or keys_B.dim() != 1:
         raise TypeError(f"keys_B must be int64 [B], got {keys_B.dtype}{list(keys_B.shape)}")
     if vocab_size < 1:
         raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
     if isinstance(step, torch.Tensor):
-        if step.dtype != torch.int64 or step.dim() != 0 or step.device != keys_B.device:
+        per_row = step.dim() == 1 and step.shape[0] == keys_B.shape[0]
+        if (
+            step.dtype != torch.int64
+            or not (step.dim() == 0 or per_row)
+            or (step.device != keys_B.device)
+        ):
             raise TypeError(
-                f"a tensor step must be int64 [] on {keys_B.device}, got "
-                f"{step.dtype}{list(step.shape)} on {step.device}"
+                f"a tensor step must be int64 [] or [B={keys_B.shape[0]}] on {keys_B.device}, "
+                f"got {step.dtype}{list(step.shape)} on {step.device}"
             )
     elif step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
@@ -70,9 +77,12 @@ def gumbel_noise(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int
 def gumbel_uniforms_reference(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int):
     """FP64 [B, V] u of `gumbel_noise` in torch ops (checked arguments): the CPU path and the
     reference of the CUDA kernel. Exact integer arithmetic on int64 (products split so that
-    none overflows) and an exact u."""
+    none overflows) and an exact u. A per-row step [B] gives each row its own step key (the
+    same integers as that row's step alone)."""
     if isinstance(step, torch.Tensor):
         step_key = mix32((mix32(step & M32) ^ (step >> 32) ^ 0x85EBCA6B) & M32)
+        if step_key.dim() == 1:
+            step_key = step_key[:, None]
     else:
         step_key = mix32_int((mix32_int(step & M32) ^ (step >> 32) ^ 0x85EBCA6B) & M32)
     tok = torch.arange(vocab_size, dtype=torch.int64, device=keys_B.device)

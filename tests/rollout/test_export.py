@@ -161,3 +161,21 @@ def test_moe_artifact_equals_model_engine(tmp_path):
     assert a.tokens == b.tokens
     for x, y in zip(a.logprobs, b.logprobs):
         assert_bitwise_equal(x, y, "MoE artifact vs model engine")
+
+
+def test_artifact_engine_batches_continuously_as_the_model_engine(exported):
+    """The artifact's step (batch a graph dimension) prefills one request into a slot view of
+    a running bucket too: 5 ragged requests with their own budgets through 2 slots (refilled
+    mid-flight) == the model engine's run of them as one static batch, bitwise."""
+    model, _, path = exported
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11], [12, 13, 14, 15]]
+    budgets = [2, 6, 1, 4, 3]
+    a = RolloutEngine(model, recipe=NVFP4Recipe.strict(), max_batch=8, max_seq_len=48).generate(
+        prompts, max_new_tokens=budgets, seed=3
+    )
+    engine = RolloutEngine(path, expected_fingerprint=NVFP4Recipe.strict().fingerprint())
+    engine.max_batch = 2
+    b = engine.generate(prompts, max_new_tokens=budgets, seed=3)
+    assert a.tokens == b.tokens and [len(t) for t in b.tokens] == budgets
+    for x, y in zip(a.logprobs, b.logprobs):
+        assert_bitwise_equal(x, y, "artifact engine, continuous, vs model engine")

@@ -72,3 +72,19 @@ def test_device_step_counter_draws_the_host_steps_noise():
         assert torch.equal(host.view(torch.int32), device.view(torch.int32)), step
     with pytest.raises(TypeError, match="tensor step"):
         gumbel_noise(keys, torch.tensor(1.0), 300)
+
+
+def test_per_row_step_counters_draw_each_rows_own_noise():
+    """gumbel_noise with one step per row (int64 [B]: a continuously batched decode program)
+    gives row r the noise of its own step as a host int, bitwise; a step vector of the wrong
+    length or dtype is refused."""
+    keys = request_keys([0, 5, 123456789, 2**40], "cpu")
+    steps = [3, 0, 2**31 + 5, 17]
+    got = gumbel_noise(keys, torch.tensor(steps), 300)
+    for r, step in enumerate(steps):
+        want = gumbel_noise(keys[r : r + 1], step, 300)
+        assert torch.equal(got[r : r + 1].view(torch.int32), want.view(torch.int32)), r
+    with pytest.raises(TypeError, match="tensor step"):
+        gumbel_noise(keys, torch.tensor([1, 2, 3]), 300)
+    with pytest.raises(TypeError, match="tensor step"):
+        gumbel_noise(keys, torch.tensor([1.0, 2.0, 3.0, 4.0]), 300)

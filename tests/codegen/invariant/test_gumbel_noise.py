@@ -62,3 +62,24 @@ def test_noise_of_many_steps_equals_the_torch_form_bitwise():
         assert_bitwise_equal(gumbel_noise(keys, counter, 97), want, f"noise at step {step}")
         u = gumbel_uniforms(keys, counter, 97)
         assert_bitwise_equal((-torch.log(-torch.log(u))).to(torch.float32), want, f"step {step}")
+
+
+def test_per_row_steps_draw_each_rows_own_step_bitwise():
+    """Contract: with one step per row (an int64 [B] tensor: a continuously batched decode
+    program's per-row draw counters), row r's u and noise == the old form's at ITS step alone,
+    bytes, for the kernel and `gumbel_noise` alike (steps past 2^31 and 2^32 included, a strided
+    step vector too)."""
+    from fp4_compile.codegen.invariant.gumbel_noise_kernel import gumbel_uniforms
+    from fp4_compile.rollout.sampling import gumbel_noise
+
+    keys = _keys(6, seed=3)
+    steps = [0, 1, 7, 2**31 - 1, 2**31, 2**32 + 5, 2**40 + 3, 31, 1000, 2, 5]
+    per_row = torch.tensor(steps, dtype=torch.int64, device=DEV)
+    strided = torch.tensor([[s, -1] for s in steps], dtype=torch.int64, device=DEV)[:, 0]
+    got_u, got_strided = gumbel_uniforms(keys, per_row, 150), gumbel_uniforms(keys, strided, 150)
+    got = gumbel_noise(keys, per_row, 150)
+    for r, step in enumerate(steps):
+        want_u, want = _old_noise(keys[r : r + 1], step, 150)
+        assert_bitwise_equal(got_u[r : r + 1], want_u, f"u of row {r} at its step {step}")
+        assert_bitwise_equal(got_strided[r : r + 1], want_u, f"u of row {r}, strided steps")
+        assert_bitwise_equal(got[r : r + 1], want, f"noise of row {r} at its step {step}")
