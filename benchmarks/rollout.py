@@ -82,9 +82,15 @@ def hf_generate(model, batch: int, prompt: int):
 
     def run(n: int):
         model.generate(
-            ids, attention_mask=mask, do_sample=True, top_k=0, max_new_tokens=n,
-            min_new_tokens=n, pad_token_id=0, cache_implementation="static",
-        )  # fmt: skip
+            ids,
+            attention_mask=mask,
+            do_sample=True,
+            top_k=0,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            pad_token_id=0,
+            cache_implementation="static",
+        )
 
     return run
 
@@ -104,8 +110,13 @@ def graphs_bitwise(engine, prompt: int, batch: int = 64, new_tokens: int = 32) -
         int((a.view(torch.int32) != b.view(torch.int32)).sum())
         for a, b in zip(with_graph.logprobs, plain.logprobs)
     )
-    return {"batch": batch, "new_tokens": new_tokens, "tokens_equal": same_tokens,
-            "logprobs_differing": differ, "ok": same_tokens and differ == 0}  # fmt: skip
+    return {
+        "batch": batch,
+        "new_tokens": new_tokens,
+        "tokens_equal": same_tokens,
+        "logprobs_differing": differ,
+        "ok": same_tokens and differ == 0,
+    }
 
 
 def roofline_table(*, layers: int, prompt: int, new_tokens: int, batches: list[int]) -> dict:
@@ -135,22 +146,29 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16,64,256")
     parser.add_argument("--reps", type=int, default=3, help="warm calls per timed figure")
     parser.add_argument(
-        "--configs", default="all", help="'all' or labels separated by ';' " + repr(
-            [*ENGINE_CONFIGS, HF_LABEL]),
-    )  # fmt: skip
+        "--configs",
+        default="all",
+        help="'all' or labels separated by ';' " + repr([*ENGINE_CONFIGS, HF_LABEL]),
+    )
     parser.add_argument("--skip-hf", action="store_true", help=f"no '{HF_LABEL}' row")
     parser.add_argument(
-        "--hf-batches", default="1,64", help=f"the batches of the '{HF_LABEL}' row (Inductor "
+        "--hf-batches",
+        default="1,64",
+        help=f"the batches of the '{HF_LABEL}' row (Inductor "
         "compiles it anew for every batch: about a minute each)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--roofline", default="", help="a JSON file written by --roofline-only (computed on a "
+        "--roofline",
+        default="",
+        help="a JSON file written by --roofline-only (computed on a "
         "CPU beforehand: the GPU call then spends no time on the cost model)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--roofline-only", default="", metavar="FILE",
+        "--roofline-only",
+        default="",
+        metavar="FILE",
         help="compute the cost model's roofline for these shapes, write FILE, and stop",
-    )  # fmt: skip
+    )
     parser.add_argument("--profile-batch", default="", help="profile one call at these batches")
     parser.add_argument("--name", default="rollout_decode", help="results file stem")
     args = parser.parse_args()
@@ -164,7 +182,9 @@ def main() -> None:
     if args.roofline:
         roof = json.loads(Path(args.roofline).read_text())
         if (roof["context"], roof["max_seq_len"]) != (
-            args.prompt + args.new_tokens // 2, args.prompt + args.new_tokens):  # fmt: skip
+            args.prompt + args.new_tokens // 2,
+            args.prompt + args.new_tokens,
+        ):
             raise ValueError(f"--roofline {args.roofline} was computed for other shapes")
     else:
         roof = roofline_table(**shapes, batches=batches)
@@ -180,26 +200,46 @@ def main() -> None:
     profile_batches = [int(b) for b in args.profile_batch.split(",") if b]
     rows, errors, graph_check, profiles = {}, {}, {}, {}
     for label in labels:
-        measure_config(label, args, batches, profile_batches, rows=rows, errors=errors,
-                       graph_check=graph_check, profiles=profiles)  # fmt: skip
+        measure_config(
+            label,
+            args,
+            batches,
+            profile_batches,
+            rows=rows,
+            errors=errors,
+            graph_check=graph_check,
+            profiles=profiles,
+        )
         torch.cuda.empty_cache()  # the config's model and engine are gone with its frame
     text = report(rows, roof, graph_check, errors, profiles, env=env, args=args, batches=batches)
     print(text)
-    write_results(args.name, {"env": env, "args": vars(args), "decode": rows,
-                              "roofline": roof, "cuda_graph_bitwise": graph_check,
-                              "errors": errors, "profiles": profiles}, text)  # fmt: skip
+    write_results(
+        args.name,
+        {
+            "env": env,
+            "args": vars(args),
+            "decode": rows,
+            "roofline": roof,
+            "cuda_graph_bitwise": graph_check,
+            "errors": errors,
+            "profiles": profiles,
+        },
+        text,
+    )
 
 
-def measure_config(label, args, batches, profile_batches, *, rows, errors, graph_check,
-                   profiles) -> None:  # fmt: skip
+def measure_config(
+    label, args, batches, profile_batches, *, rows, errors, graph_check, profiles
+) -> None:
     """Time one config at every batch (and profile it where asked); errors are recorded."""
     torch._dynamo.reset()
     max_len = args.prompt + args.new_tokens
     model = qwen3_30b_a3b_layers(layers=args.layers, device="cuda").eval()
     engine = None
     if label != HF_LABEL:
-        engine = RolloutEngine(model, max_batch=max(batches), max_seq_len=max_len,
-                               **ENGINE_CONFIGS[label])  # fmt: skip
+        engine = RolloutEngine(
+            model, max_batch=max(batches), max_seq_len=max_len, **ENGINE_CONFIGS[label]
+        )
 
     def make(b: int):
         if engine is None:

@@ -122,8 +122,9 @@ def main() -> None:
     torch.manual_seed(args.seed)
     model = tiny_qwen3(layers=args.layers).eval()
     vocab = model.config.vocab_size
-    lengths = long_tail_lengths(args.requests, args.budget, median_frac=args.median_frac,
-                                sigma=args.sigma, seed=args.seed)  # fmt: skip
+    lengths = long_tail_lengths(
+        args.requests, args.budget, median_frac=args.median_frac, sigma=args.sigma, seed=args.seed
+    )
     prompts = make_prompts(args.requests, vocab, args.seed)
     seeds = list(range(1000, 1000 + args.requests))
     total = sum(lengths)
@@ -184,8 +185,13 @@ def main() -> None:
         "request admitted after the first max_batch).",
     ]
     print("\n".join(lines))
-    payload = {"env": env, "args": vars(args), "lengths": lengths, "distribution": dist,
-               "rows": rows}  # fmt: skip
+    payload = {
+        "env": env,
+        "args": vars(args),
+        "lengths": lengths,
+        "distribution": dist,
+        "rows": rows,
+    }
     if not args.no_write:
         for path in write_results("rollout_long_tail_cpu", payload, "\n".join(lines) + "\n"):
             print("wrote", path)

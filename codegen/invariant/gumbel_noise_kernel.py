@@ -51,8 +51,13 @@ def gumbel_uniforms(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: 
         step = torch.tensor(step, dtype=torch.int64).to(keys_B.device)
     if num and vocab_size:
         _gumbel_uniforms_kernel[(num, triton.cdiv(vocab_size, lc["block_v"]))](
-            keys_B.contiguous(), step, step.stride(0) if step.dim() else 0, u, vocab_size,
+            keys_B.contiguous(),
+            step,
+            step.stride(0) if step.dim() else 0,
+            u,
+            vocab_size,
             BLOCK_V=lc["block_v"],
-            **warps_kwargs(lc), **target.options,
-        )  # fmt: skip
+            **warps_kwargs(lc),
+            **target.options,
+        )
     return u

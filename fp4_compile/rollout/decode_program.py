@@ -69,8 +69,17 @@ class DecodeProgram:
     engine's compiled model step; `max_tokens`: the most tokens one request records (each row's
     budget is below it)."""
 
-    def __init__(self, step, cache: StaticKVCache, *, batch: int, sampling: Sampling,
-                 vocab_size: int, max_tokens: int, capture: bool):  # fmt: skip
+    def __init__(
+        self,
+        step,
+        cache: StaticKVCache,
+        *,
+        batch: int,
+        sampling: Sampling,
+        vocab_size: int,
+        max_tokens: int,
+        capture: bool,
+    ):
         device = cache.keys[0].device
         self.step, self.cache, self.batch = step, cache, batch
         self.sampling, self.vocab_size, self.max_tokens = sampling, vocab_size, max_tokens
@@ -90,8 +99,7 @@ class DecodeProgram:
 
     def _one_token(self) -> None:
         logits = self.step(self.ids, self.positions, self.kv_len, self.cache)
-        picked, logp = pick_tokens(logits[:, 0], self.keys, self.n, self.sampling,
-                                   self.vocab_size)  # fmt: skip
+        picked, logp = pick_tokens(logits[:, 0], self.keys, self.n, self.sampling, self.vocab_size)
         self.record(picked, logp)
         running = ~self.finished  # a row that just finished keeps its last step (in bounds)
         self.ids.copy_(torch.where(running, picked, self.ids[:, 0])[:, None])

@@ -204,10 +204,14 @@ class RolloutEngine:
         key = (bucket, sampling, self.cuda_graphs)
         if key not in self._programs:
             self._programs[key] = DecodeProgram(
-                self._step, self._cache(bucket), batch=bucket, sampling=sampling,
-                vocab_size=self.vocab_size, max_tokens=self.max_seq_len,
+                self._step,
+                self._cache(bucket),
+                batch=bucket,
+                sampling=sampling,
+                vocab_size=self.vocab_size,
+                max_tokens=self.max_seq_len,
                 capture=self.cuda_graphs,
-            )  # fmt: skip
+            )
             self.programs_built += 1
         return self._programs[key]
 
@@ -267,8 +271,11 @@ class RolloutEngine:
         _check_token_ids(prompts, self.vocab_size)
         if self.model is not None:
             self.weight_store.check_unmoved(self.model)
-        sampling = Sampling(float(temperature)) if greedy else Sampling(
-            float(temperature), int(top_k), float(top_p))  # fmt: skip
+        sampling = (
+            Sampling(float(temperature))
+            if greedy
+            else Sampling(float(temperature), int(top_k), float(top_p))
+        )
         bucket = self.bucket(min(num, self.max_batch))
         program = self._program(bucket, sampling)  # before the prefill: a capture warms it
         cache = self._cache(bucket)
@@ -321,9 +328,13 @@ class _Slots:
         lengths = torch.tensor([len(self.prompts[i]) for i in requests], device=device)
         budgets = [self.budgets[i] for i in requests]
         self.program.admit(
-            torch.tensor(slots, device=device), first, first_logp, lengths,
-            self.keys[list(requests)], torch.tensor(budgets, device=device),
-        )  # fmt: skip
+            torch.tensor(slots, device=device),
+            first,
+            first_logp,
+            lengths,
+            self.keys[list(requests)],
+            torch.tensor(budgets, device=device),
+        )
         for s, i, b in zip(slots, requests, budgets):
             self.request[s], self.ends[s] = i, self.steps + b - 1
 
@@ -339,8 +350,12 @@ class _Slots:
             ids[s, : len(self.prompts[i])] = torch.tensor(self.prompts[i], dtype=torch.long)
             lengths[s] = len(self.prompts[i])
         positions = torch.arange(width).expand(bucket, width).contiguous()
-        last = engine._step(ids.to(engine.device), positions.to(engine.device),
-                            lengths.to(engine.device), self.cache)[:count, 0]  # fmt: skip
+        last = engine._step(
+            ids.to(engine.device),
+            positions.to(engine.device),
+            lengths.to(engine.device),
+            self.cache,
+        )[:count, 0]
         first = pick_tokens(last, self.keys[:count], 0, self.sampling, engine.vocab_size)
         self._admit(list(range(count)), requests, *first)
 
@@ -358,8 +373,9 @@ class _Slots:
             positions = torch.arange(width, device=device)[None]
             length = torch.tensor([width], device=device)
             last = engine._step(prompt, positions, length, self.cache, rows=slice(s, s + 1))
-            picked, logp = pick_tokens(last[:, 0], self.keys[i : i + 1], 0, self.sampling,
-                                       engine.vocab_size)  # fmt: skip
+            picked, logp = pick_tokens(
+                last[:, 0], self.keys[i : i + 1], 0, self.sampling, engine.vocab_size
+            )
             firsts.append(picked)
             logps.append(logp)
         slots, requests = zip(*pairs)

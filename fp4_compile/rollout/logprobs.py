@@ -68,15 +68,20 @@ def sequence_logprobs(
         decoder, head_weight = parts
         hidden = learner_hidden(decoder, ids)
         width = ids.shape[1]
-        rows = torch.cat([
-            torch.arange(i * width + p - 1, i * width + n - 1)
-            for i, (p, n) in enumerate(zip(prompt_lens, lengths.tolist()))
-        ]).to(ids.device)  # fmt: skip
+        rows = torch.cat(
+            [
+                torch.arange(i * width + p - 1, i * width + n - 1)
+                for i, (p, n) in enumerate(zip(prompt_lens, lengths.tolist()))
+            ]
+        ).to(ids.device)
         targets = ids.reshape(-1)[rows + 1]
         logp = head_token_logprobs(
-            hidden.reshape(-1, hidden.shape[-1])[rows], head_weight, targets, temperature,
+            hidden.reshape(-1, hidden.shape[-1])[rows],
+            head_weight,
+            targets,
+            temperature,
             chunk_rows,
-        )  # fmt: skip
+        )
         return list(logp.split([n - p for p, n in zip(prompt_lens, lengths.tolist())]))
     with no_silent_eager_fallback():
         logits = model(input_ids=ids, use_cache=False).logits

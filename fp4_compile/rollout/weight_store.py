@@ -108,8 +108,14 @@ class WeightStore:
     (default: on_change): keep the on-grid copies the bound graphs read. See the module
     docstring for when entries are rewritten."""
 
-    def __init__(self, params: dict[str, torch.Tensor], *, on_change: bool = False,
-                 model: torch.nn.Module | None = None, hold_ongrid: bool | None = None):  # fmt: skip
+    def __init__(
+        self,
+        params: dict[str, torch.Tensor],
+        *,
+        on_change: bool = False,
+        model: torch.nn.Module | None = None,
+        hold_ongrid: bool | None = None,
+    ):
         self.params = dict(params)
         self.on_change = on_change
         self.hold_ongrid = on_change if hold_ongrid is None else hold_ongrid
@@ -150,8 +156,14 @@ class WeightStore:
     def _quantize(self, spec: QuantizeSpec, amaxes: dict, *, packed: bool, ongrid: bool):
         """New tensors: the op the graph ran, with its arguments."""
         ops, w = _ops(), self.params[spec.name].detach()
-        args = (w, spec.block, spec.global_scale, self._amax(spec, amaxes), spec.rounding,
-                spec.seed)  # fmt: skip
+        args = (
+            w,
+            spec.block,
+            spec.global_scale,
+            self._amax(spec, amaxes),
+            spec.rounding,
+            spec.seed,
+        )
         if ongrid:
             return ops.quantize_with_ongrid.default(*args, packed)
         return (*ops.quantize.default(*args), None)
@@ -162,10 +174,18 @@ class WeightStore:
         from ..codegen import quantize_into
 
         spec = entry.spec
-        quantize_into(self.params[spec.name].detach(), spec.block, spec.global_scale,
-                      self._amax(spec, amaxes), spec.rounding, spec.seed, codes=entry.codes,
-                      scales=entry.scales, global_decode=entry.global_decode,
-                      ongrid=entry.ongrid)  # fmt: skip
+        quantize_into(
+            self.params[spec.name].detach(),
+            spec.block,
+            spec.global_scale,
+            self._amax(spec, amaxes),
+            spec.rounding,
+            spec.seed,
+            codes=entry.codes,
+            scales=entry.scales,
+            global_decode=entry.global_decode,
+            ongrid=entry.ongrid,
+        )
         self._mark_written(entry)
 
     def _mark_written(self, entry: StoreEntry) -> None:
@@ -246,8 +266,11 @@ class WeightStore:
             self._write(entry, amaxes)
 
     def _graphable(self, entries: list[StoreEntry]) -> bool:
-        return (self.on_change and len(entries) == len(self.entries) > 0
-                and all(p.is_cuda for p in self.params.values()))  # fmt: skip
+        return (
+            self.on_change
+            and len(entries) == len(self.entries) > 0
+            and all(p.is_cuda for p in self.params.values())
+        )
 
     def _graph_refresh(self) -> None:
         entries = list(self.entries.values())
@@ -269,8 +292,11 @@ class WeightStore:
         self._refresh_graph = graph
 
     def _stale(self) -> list[StoreEntry]:
-        return [e for e in self.entries.values()
-                if e.stepped or any(self.params[n]._version != v for n, v in e.seen.items())]  # fmt: skip
+        return [
+            e
+            for e in self.entries.values()
+            if e.stepped or any(self.params[n]._version != v for n, v in e.seen.items())
+        ]
 
     def changed(self) -> list[str]:
         """The parameters whose entries are stale: written since the entry's last write (by an

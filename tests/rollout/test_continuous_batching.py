@@ -73,9 +73,12 @@ def alone(engines, eos):
     for use_eos in (False, True):
         for i in range(NUM):
             out[use_eos, i] = engine.generate(
-                [PROMPTS[i]], max_new_tokens=BUDGETS[i], seed=[SEEDS[i]], temperature=0.7,
+                [PROMPTS[i]],
+                max_new_tokens=BUDGETS[i],
+                seed=[SEEDS[i]],
+                temperature=0.7,
                 eos_token_id=eos if use_eos else None,
-            )  # fmt: skip
+            )
     return out
 
 
@@ -94,8 +97,13 @@ def test_more_requests_than_max_batch_equal_each_alone(engines, eos, alone, max_
     steps) through one generate call at max_batch 1-4: every slot is refilled mid-flight, and
     every request's tokens, finish reason and log-probs (bytes) equal its own run alone."""
     engine = engines[max_batch]
-    out = engine.generate(PROMPTS, max_new_tokens=BUDGETS, seed=SEEDS, temperature=0.7,
-                          eos_token_id=eos if use_eos else None)  # fmt: skip
+    out = engine.generate(
+        PROMPTS,
+        max_new_tokens=BUDGETS,
+        seed=SEEDS,
+        temperature=0.7,
+        eos_token_id=eos if use_eos else None,
+    )
     assert len(out.tokens) == NUM
     _assert_equal_alone(out, alone, use_eos, f"max_batch {max_batch}")
     if use_eos:
@@ -116,8 +124,12 @@ def test_full_static_batch_and_request_order_change_no_bit(engines, eos, alone):
         assert static.tokens[i] == alone[True, i].tokens[0], i
         assert_bitwise_equal(static.logprobs[i], alone[True, i].logprobs[0], f"static {i}")
     order = list(reversed(range(NUM)))
-    rev = engine.generate([PROMPTS[i] for i in order], seed=[SEEDS[i] for i in order],
-                          max_new_tokens=[BUDGETS[i] for i in order], **kw)  # fmt: skip
+    rev = engine.generate(
+        [PROMPTS[i] for i in order],
+        seed=[SEEDS[i] for i in order],
+        max_new_tokens=[BUDGETS[i] for i in order],
+        **kw,
+    )
     for j, i in enumerate(order):
         assert rev.tokens[j] == alone[True, i].tokens[0], i
         assert_bitwise_equal(rev.logprobs[j], alone[True, i].logprobs[0], f"reversed {i}")

@@ -20,8 +20,9 @@ from fp4_compile.testing import assert_bitwise_equal
 
 def test_head_runs_on_one_row_per_request():
     model = tiny_qwen3(vocab=128, layers=1).eval()
-    engine = RolloutEngine(model, recipe=NVFP4Recipe.strict(), compile=False, max_batch=4,
-                           max_seq_len=64)  # fmt: skip
+    engine = RolloutEngine(
+        model, recipe=NVFP4Recipe.strict(), compile=False, max_batch=4, max_seq_len=64
+    )
     rows = []
     hook = model.lm_head.register_forward_hook(lambda m, args, out: rows.append(args[0].shape))
     try:
@@ -47,8 +48,9 @@ def test_8k_slot_cache_long_context_engine_equals_learner():
 
 def test_kv_cache_that_cannot_fit_is_refused_before_work(monkeypatch):
     model = tiny_qwen3(vocab=128, layers=2).eval()
-    engine = RolloutEngine(model, recipe=NVFP4Recipe.strict(), compile=False, max_batch=8,
-                           max_seq_len=4096)  # fmt: skip
+    engine = RolloutEngine(
+        model, recipe=NVFP4Recipe.strict(), compile=False, max_batch=8, max_seq_len=4096
+    )
     # 2 (K, V) x 2 layers x batch 8 x 2 KV heads x 4096 slots x head_dim 32 x 4 bytes (FP32)
     assert engine.kv_cache_bytes(8) == 2 * 2 * 8 * 2 * 4096 * 32 * 4
     monkeypatch.setattr(engine, "device", torch.device("cuda"))

@@ -60,8 +60,11 @@ def test_engine_from_artifact_equals_engine_from_model(exported):
         assert_bitwise_equal(x, y, "artifact vs model engine")
     # the artifact's weight quantizes read the engine's weight store: q, k, v, o, gate, up, down
     ops = torch.ops.fp4_compile
-    weight_ops = (ops.quantize.default, ops.quantize_with_ongrid.default,
-                  ops.weight_group_amax.default)  # fmt: skip
+    weight_ops = (
+        ops.quantize.default,
+        ops.quantize_with_ongrid.default,
+        ops.weight_group_amax.default,
+    )
     assert engine.weight_store.sites_bound == 7 * 2
     assert not [n for n in engine.step.graph.nodes if n.target in weight_ops]
 

@@ -36,8 +36,7 @@ def step_codes():
     torch.manual_seed(0)
     torch._dynamo.reset()
     model = tiny_qwen3(layers=2).eval()
-    engine = RolloutEngine(model, recipe=NVFP4Recipe.strict(), max_batch=2,
-                           max_seq_len=MAX_SEQ_LEN)  # fmt: skip
+    engine = RolloutEngine(model, recipe=NVFP4Recipe.strict(), max_batch=2, max_seq_len=MAX_SEQ_LEN)
     cache_shape = (2, engine.num_kv_heads, MAX_SEQ_LEN, engine.head_dim)
     with inductor_config.patch({"force_disable_caches": True}):
         _, codes = run_and_get_code(
@@ -69,8 +68,15 @@ def test_update_writes_exactly_the_new_rows():
     and leaves every other slot's bytes as they were; it returns the cache tensors themselves."""
     g = torch.Generator().manual_seed(3)
     b, h, s, d, t = 3, 2, 10, 8, 4
-    cache = StaticKVCache(num_layers=1, batch=b, num_kv_heads=h, head_dim=d, max_seq_len=s,
-                          dtype=torch.bfloat16, device="cpu")  # fmt: skip
+    cache = StaticKVCache(
+        num_layers=1,
+        batch=b,
+        num_kv_heads=h,
+        head_dim=d,
+        max_seq_len=s,
+        dtype=torch.bfloat16,
+        device="cpu",
+    )
     for tensor in (cache.keys[0], cache.values[0]):
         tensor.copy_(torch.randn(tensor.shape, generator=g))
     before_k, before_v = cache.keys[0].clone(), cache.values[0].clone()

@@ -14,8 +14,10 @@ from benchmarks.learner_memory import SEQS, TOKENS, VOCAB
 def test_full_vocabulary_pass_stays_below_its_logits():
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.learner_memory", "--child", "512"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     run = json.loads(out.stdout.strip().splitlines()[-1])
     logits_gib = SEQS * TOKENS * VOCAB * 4 / 2**30
     assert run["finite"]

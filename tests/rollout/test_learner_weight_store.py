@@ -124,11 +124,13 @@ def test_on_change_reads_its_stored_ongrid_copies_bitwise(build, fused):
     batches = _batches(base.config.vocab_size)
     sr = sr_state()
     with _lowered_as_on_cuda() as (bound, checked):
-        want_logits, want_grads, _ = _train(copy.deepcopy(base), "every_call", batches, sr,
-                                            fused=fused)  # fmt: skip
+        want_logits, want_grads, _ = _train(
+            copy.deepcopy(base), "every_call", batches, sr, fused=fused
+        )
         every_call_checks = len(checked)
-        got_logits, got_grads, compiled = _train(copy.deepcopy(base), "on_change", batches, sr,
-                                                 fused=fused)  # fmt: skip
+        got_logits, got_grads, compiled = _train(
+            copy.deepcopy(base), "on_change", batches, sr, fused=fused
+        )
     assert every_call_checks > 0, "the every-call lowering gave no GEMM an on-grid copy"
     assert len(checked) - every_call_checks == every_call_checks, "GEMMs without their copy"
     for i, (w, g) in enumerate(zip(want_logits, got_logits)):
@@ -143,8 +145,11 @@ def test_on_change_reads_its_stored_ongrid_copies_bitwise(build, fused):
     assert bound, "no graph was bound to the store"
     for gm in bound:
         nodes = list(gm.graph.nodes)
-        per_call = [n.name for n in nodes if n.target in (ops.ongrid_weight.default,
-                                                          ops.quantize_with_ongrid.default)]  # fmt: skip
+        per_call = [
+            n.name
+            for n in nodes
+            if n.target in (ops.ongrid_weight.default, ops.quantize_with_ongrid.default)
+        ]
         assert not per_call, f"the bound graph still decodes / quantizes weights: {per_call}"
         gemms = [n for n in nodes if is_gemm(n, "nvfp4_linear", "nvfp4_grouped_mm")]
         copies = [GemmCall.of(n).w_ongrid for n in gemms]
