@@ -13,7 +13,7 @@ the log-probs are bitwise those of the full-logits forward and of the engine (wh
 head on one row per request, `rollout/step.py`) at every chunk size.
 
 A model compiled with another backend, or not compiled, keeps its own full forward (its numerics
-are its own); a minite recipe that quantizes the head is refused by name (the chunked head is the
+are its own), and so does an FSDP2-sharded learner (see `chunked_head_parts`); a minite recipe that quantizes the head is refused by name (the chunked head is the
 BF16 head the recipe's `bf16_modules` keeps).
 """
 
@@ -78,6 +78,11 @@ def chunked_head_parts(model):
     if options is None:
         return None
     inner = model._orig_mod
+    if any(type(p).__name__ == "DTensor" for p in inner.parameters()):
+        # FSDP2 gathers the shards in the root module's forward hooks, which the decoder called
+        # alone would bypass: a sharded learner keeps the full forward (the same log-probs; the
+        # row-chunked head under FSDP2 is not built yet)
+        return None
     head = check_bf16_head(as_recipe(options.get("recipe")), inner)
     cfg = getattr(inner.config, "text_config", None) or inner.config
     if getattr(cfg, "final_logit_softcapping", None) is not None:

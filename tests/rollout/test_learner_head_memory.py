@@ -1,8 +1,7 @@
 """The learner's log-prob pass at the full vocabulary (151,936) does not materialize its
 [tokens x vocabulary] FP32 logits: 4 x 1024 tokens, log-probs + backward through a minite-compiled
-Qwen3 (hidden 64), in a fresh process; its peak RSS above the built model stays below 3/4 of the
-logits' 2.32 GiB (measured 1.34 GiB, compile included, at 512-row chunks; the full-logits path:
-8.0 GiB, benchmarks/results/2026-12-07_learner_memory_c09bdcc.md)."""
+Qwen3 (hidden 64), in a fresh process; its peak RSS during the compiled pass stays below 3/4 of the
+logits' 2.32 GiB (measured 0.98 GiB at 512-row chunks; the full-logits path: 7.72 GiB, benchmarks/results/2026-12-07_learner_memory_ba32e0d.md)."""
 
 import json
 import subprocess
