@@ -51,17 +51,17 @@ def _head(h_CH: torch.Tensor, w_VH: torch.Tensor) -> torch.Tensor:
 
 def _grad_gemms(g_CV, h_CH, w_VH, dh_CH, dw_acc_VH, *, use_kernels: bool) -> None:
     """dh_CH = g @ W (rounded to the operand dtype, as `invariant_linear_backward`); dw_acc +=
-    g^T @ h (FP32), see the module doc. g_CV, h_CH, w_VH and dh_CH share the operand dtype."""
+    g^T @ h (FP32), see the module doc. g_CV, h_CH and dh_CH share the operand dtype; w_VH is
+    in it for the kernels, FP32 on the CPU (converted once per backward, not per chunk)."""
     if use_kernels:
         from .linear_kernel import linear  # lazy: imports triton
 
         dh_CH.copy_(linear(g_CV, w_VH.t(), None, dh_CH.dtype))
         linear(g_CV.t(), h_CH.t(), None, torch.float32, accumulate_into=dw_acc_VH)
         return
-    w32 = w_VH.to(torch.float32)
     for r0 in range(0, g_CV.shape[0], ROW_BLOCK):
         g32 = g_CV[r0 : r0 + ROW_BLOCK].to(torch.float32)
-        dh_CH[r0 : r0 + ROW_BLOCK] = (g32 @ w32).to(dh_CH.dtype)
+        dh_CH[r0 : r0 + ROW_BLOCK] = (g32 @ w_VH).to(dh_CH.dtype)
         dw_acc_VH.addmm_(g32.t(), h_CH[r0 : r0 + ROW_BLOCK].to(torch.float32))
 
 
@@ -86,6 +86,8 @@ class _HeadLogprobs(torch.autograd.Function):
         h_MH, w_VH, tokens_M, logp, ent = ctx.saved_tensors
         gemm_dtype = torch.bfloat16  # the head's operands (`_head`)
         w_op = w_VH.to(gemm_dtype)
+        if not ctx.use_kernels:  # the CPU blocks multiply in FP32 (exact bf16 products)
+            w_op = w_op.to(torch.float32)
         dh = torch.empty(h_MH.shape, dtype=gemm_dtype, device=h_MH.device)
         dw_acc = torch.zeros(w_VH.shape, dtype=torch.float32, device=w_VH.device)
         for r0 in range(0, h_MH.shape[0], ctx.chunk_rows):
