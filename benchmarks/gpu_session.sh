@@ -32,8 +32,12 @@
 # vocabulary, engine 64 x 2048 prompts + 256 new and 8 x 8192 new, learner == rollout; peak memory
 # in the part's json).
 # Issue 54 (continuous batching): PARTS=cbatch.
-# Issue 53 (decode fills the GPU): PARTS=decode_fill (the split quantize forms == the one-launch
-# forms bitwise at Qwen3-8B widths, the Gumbel kernel == torch; then benchmarks.decode_quantize).
+# Issue 53 (decode at real shapes): PARTS=decode_8b (Qwen3-8B-shaped, full vocabulary, 2 and 8
+# layers: per layer + whole-model estimate, strict / bf16 / stock / transformers at batch 1, 16),
+# PARTS=decode_moe (Qwen3-30B-A3B-shaped, strict vs bf16 at batch 1, 64); rooflines in
+# benchmarks/rooflines/ (`--roofline-only`, computed on a CPU). PARTS=decode_fill: the split
+# quantize forms == the one-launch forms bitwise at Qwen3-8B widths, the Gumbel kernel == torch;
+# then benchmarks.decode_quantize.
 # Waiting runs, one device call each: issue 43, PARTS=learner_on_change MICRO_BATCHES=1 (one pass
 # per step with the captured refresh); issue 42, PARTS=kc_checks, PARTS=learner_kc, then
 # PARTS=decode_gemm DECODE_ARGS="--k-chunk 1024 --splits --learner-forward".
@@ -80,6 +84,8 @@ for part in $PARTS; do
     learner_kc) run "${LEARNER_S:-540}" learner_k_chunk python3 -m benchmarks.learner --only-cuda-graphs --skip-ongrid-ab --skip-fusion-ab --skip-on-change-ab --k-chunk "${KC:-1024}" --rounds "${ROUNDS:-10}" --round-iters "${ROUND_ITERS:-10}" ;;
     learner_on_change) run "${LEARNER_S:-540}" learner_on_change python3 -m benchmarks.learner --only-cuda-graphs --skip-ongrid-ab --skip-fusion-ab --micro-batches "${MICRO_BATCHES:-4}" --rounds "${ROUNDS:-10}" --round-iters "${ROUND_ITERS:-10}" ;;
     rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --roofline benchmarks/results/2026-12-06_rollout_roofline_4193161.json ${ROLLOUT_ARGS:-} ;;
+    decode_8b) run "${DEC8_S:-560}" decode_qwen3_8b python3 -m benchmarks.decode_real_shapes --model qwen3-8b --batches "${DEC_BATCHES:-1,16}" --hf-batches "${HF_BATCHES:-1}" --roofline benchmarks/rooflines/qwen3_8b_L2.json ${DEC_ARGS:-} ;;
+    decode_moe) run "${DECMOE_S:-560}" decode_qwen3_30b_a3b python3 -m benchmarks.decode_real_shapes --model qwen3-30b-a3b --batches "${DEC_BATCHES:-1,64}" --configs "${DEC_CONFIGS:-$TWO_RECIPES}" --roofline benchmarks/rooflines/qwen3_30b_a3b_L2.json ${DEC_ARGS:-} ;;
     rollout_profile) run "${PROFILE_S:-300}" rollout_profile python3 -m benchmarks.rollout --configs "$TWO_RECIPES" --batches 1,64 --profile-batch 1,64 --skip-hf --name rollout_profile ;;
     # tools
     gaps) run "${GAPS_S:-200}" learner_gaps python3 -m tools.learner_gaps ${GAPS_ARGS:-} ;;
