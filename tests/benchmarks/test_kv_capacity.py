@@ -1,0 +1,32 @@
+"""benchmarks.kv_capacity's arithmetic (CPU, shapes only)."""
+
+import math
+
+import pytest
+import torch
+
+from benchmarks.kv_capacity import kv_bytes_per_token, mean_response, weight_bytes
+from benchmarks.rollout_long_tail import long_tail_lengths
+
+
+def test_mean_response_matches_the_long_tail_draws():
+    budget, frac, sigma = 512, 0.125, 1.0
+    drawn = long_tail_lengths(200_000, budget, median_frac=frac, sigma=sigma, seed=0)
+    sample = float(torch.as_tensor(drawn, dtype=torch.float64).mean())
+    assert mean_response(budget, frac, sigma) == pytest.approx(sample, rel=0.01)
+
+
+def test_kv_bytes_per_token_of_qwen3_8b():
+    # 36 layers x (K and V) x 8 KV heads x head_dim 128 x 2 bytes (BF16)
+    assert kv_bytes_per_token("qwen3-8b") == 36 * 2 * 8 * 128 * 2
+
+
+def test_nvfp4_weights_are_the_packed_bytes_plus_the_bf16_rest():
+    w = weight_bytes("qwen3-8b")
+    # a Qwen3-8B decoder layer: q 4096x4096, k/v 1024x4096 each, o 4096x4096, MLP 3 x 12288x4096
+    gemm = 2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 12288 * 4096
+    # NVFP4: 0.5 byte per value + one E4M3 scale per 16 values (+ a few bytes of global decode)
+    assert w["per_layer"]["packed"] == pytest.approx(gemm * (0.5 + 1 / 16), rel=1e-4)
+    assert w["per_layer"]["bf16"] == pytest.approx(2 * gemm, rel=1e-3)  # + norms
+    assert w["bf16"] / w["nvfp4"] == pytest.approx(16.4 / 6.4, rel=0.02)
+    assert not math.isclose(w["minite_engine_today"], w["nvfp4"])
