@@ -59,9 +59,10 @@ _GEMM_SM90 = (
 )
 _GEMM_INTERPRETER = ((None, TileConfig(16, 32, 32, num_warps=1, num_stages=1)),)
 # B on-grid BF16: at M > 64 a wide N tile, 4 stages (192 KiB of shared memory), the fastest on
-# the H200, 0 bytes differing (benchmarks/results/2026-12-04_tune_kernels_deep_865d6a7.md). With
-# K chunks (K_CHUNK > 0) it spills (the running total beside the accumulator: 255 registers) and
-# runs at 0.29-0.35x; the non-spilling 128x128 tile then runs at 0.78-0.81x (1.00x at 1536 x 2048)
+# the H200, 0 bytes differing (benchmarks/results/2026-12-05_tune_kernels_weights_20848a7.md, the
+# 865d6a7 run). With K chunks (K_CHUNK > 0) it spills (the running total beside the
+# accumulator: 255 registers) and runs at 0.29-0.35x; the non-spilling 128x128 tile then runs at
+# 0.78-0.81x (1.00x at 1536 x 2048)
 # (benchmarks/results/2026-12-06_learner_forward_k_chunks_e75494d.md, H100).
 _GEMM_ONGRID_SM90 = (
     (64, TileConfig(64, 64, 64, num_warps=4, num_stages=4)),
@@ -69,7 +70,7 @@ _GEMM_ONGRID_SM90 = (
 )
 # Weight gradients (dense and MoE share it: the MoE wgrad equals the per-expert loop). <= 512
 # rows (k / v projections) would give 128x256 32 programs on 132 SMs: 64x128 there (H200, 0
-# bytes differ: benchmarks/results/2026-12-04_tune_kernels_dense_6fdd573.md).
+# bytes differ: benchmarks/results/2026-12-05_tune_kernels_weights_20848a7.md, the 6fdd573 run).
 _WGRAD_SM90 = (
     (512, TileConfig(64, 128, 64, num_warps=8, num_stages=4)),
     (None, TileConfig(128, 256, 64, num_warps=8, num_stages=3)),
@@ -82,11 +83,12 @@ _NARROW_ONGRID_SM90 = TileConfig(128, 128, 64, num_warps=8, num_stages=3)
 NARROW_N = {("sm_90", "bf16", "nvfp4_gemm_ongrid"): (512, _NARROW_ONGRID_SM90)}
 
 # Quantize: BLOCK_M (a multiple of 16) rows x BLOCK_K columns per program; the fastest on the H200,
-# 0 bytes differ (all within 10%: benchmarks/results/2026-12-04_tune_kernels_f330937.md).
+# 0 bytes differ (all within 10%: benchmarks/results/2026-12-05_tune_kernels_weights_20848a7.md,
+# the f330937 run).
 _QUANT_SM90 = ((None, TileConfig(16, 0, 128, num_warps=2, num_stages=1)),)
 _QUANT_INTERPRETER = ((None, TileConfig(16, 0, 64, num_warps=1, num_stages=1)),)
 # The wgrad operands' transposing quantize, pinned apart (strided token loads; H200, 0 bytes
-# differ: benchmarks/results/2026-12-04_tune_kernels_2c9e3e9.md).
+# differ: benchmarks/results/2026-12-05_tune_kernels_weights_20848a7.md, the 2c9e3e9 run).
 _QUANT_SEGMENTS_SM90 = ((None, TileConfig(16, 0, 128, num_warps=2, num_stages=1)),)
 
 # The weights' one-launch quantize (`weight_quantize_kernel.py`): 4 warps, so its persistent grid
@@ -195,7 +197,8 @@ _LINEAR_INTERPRETER = ((None, TileConfig(16, 32, 32, num_warps=1, num_stages=1))
 # attention: rows x keys per program (block_k unused: 0), no M bucket
 _ATTENTION_SM90 = ((None, TileConfig(64, 64, 0, num_warps=4, num_stages=2)),)
 _ATTENTION_INTERPRETER = ((None, TileConfig(16, 16, 0, num_warps=1, num_stages=1)),)
-# dQ and dK/dV launches (the fastest: benchmarks/results/2026-12-04_tune_attention_10bb871.md)
+# dQ and dK/dV launches (the fastest: benchmarks/results/2026-12-04_tune_attention_mask_c9bc48f.md,
+# the 10bb871 run)
 _ATTENTION_DQ_SM90 = ((None, TileConfig(64, 64, 0, num_warps=4, num_stages=2)),)
 _ATTENTION_DKDV_SM90 = ((None, TileConfig(64, 64, 0, num_warps=4, num_stages=2)),)
 

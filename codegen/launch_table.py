@@ -42,8 +42,9 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     ("interpreter", "expert_global"): dict(block=64),
     # Expert weights: expert_groups 0 = the two-step quantize (amax pass, then codes), G > 0 =
     # `weight_quantize_kernel.py`'s one read in G expert groups; the same bits (one group was
-    # 1.8x slower: benchmarks/results/2026-12-04_tune_kernels_weights_20b0dc2.md). Its persistent
-    # grid: at most programs_per_sm per SM (fewer where fewer fit); `programs` in the interpreter
+    # 1.8x slower: benchmarks/results/2026-12-05_tune_kernels_weights_20848a7.md, the 20b0dc2
+    # run). Its persistent grid: at most programs_per_sm per SM (fewer where fewer fit);
+    # `programs` in the interpreter
     ("any", "weight_quantize_experts"): dict(expert_groups=0),
     ("cuda", "weight_quantize"): dict(programs_per_sm=8),
     ("interpreter", "weight_quantize"): dict(programs=3),
@@ -132,7 +133,7 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     # moe/combine_kernel: [block_t tokens, block_h columns] tiles; moe/row_scale_kernel: the
     # forward's tiles, the backward's rows and most 64-column blocks per step (fewer where H is
     # not a multiple of their width; every row's bits its own; the fastest, 0 bytes differing:
-    # benchmarks/results/2026-12-04_tune_kernels_rowscale_b168d97.md)
+    # benchmarks/results/2026-12-05_tune_kernels_weights_20848a7.md, the b168d97 run)
     ("cuda", "moe_combine"): dict(block_t=4, block_h=512, num_warps=4),
     ("interpreter", "moe_combine"): dict(block_t=4, block_h=512),
     ("cuda", "row_scale"): dict(block_r=16, block_h=256, num_warps=4),

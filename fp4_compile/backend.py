@@ -145,7 +145,8 @@ INVARIANCE_INDUCTOR_CONFIG = {
 # Triton lowers x / y to the approximate `div.full` where eager CUDA rounds (`div.rn`), and may
 # flush denormals; then an FP32 model's backward differs from the same graph run eagerly by an
 # ulp here and there (tiny Llama FP32 on the H200: 3-4 of 12 gradients in
-# benchmarks/results/2026-12-03_backend_gpu_check_before_stable_sort.md, 0 with these knobs).
+# benchmarks/results/2026-12-04_backend_gpu_check_c695808.md, the before_stable_sort section;
+# 0 with these knobs).
 # Older Inductors lack some of them (torch 2.11: no use_pytorch_libdevice): `numerics_knobs()`
 # says which this torch has, and the GPU checks print it.
 EAGER_NUMERICS_KNOBS = {

@@ -5,9 +5,9 @@ deterministic tie-breaking (the lower expert index wins). The renormalization of
 values (norm_topk_prob: `w /= w.sum(-1, keepdim=True)`) is absorbed into the op: left traced, its
 BACKWARD holds a stock sum over the k values (the denominator's gradient), which Inductor and
 eager reduce in different orders (on the H200 the Qwen3-30B-A3B-shaped router gradients differed
-from the eager lowered graph in 18-86k of 262k elements, 2026-12-03_grad_localize_gpu_30b.md). The
-op renormalizes with the same sequential sum and IEEE division, so the forward bits are those of
-the traced form."""
+from the eager lowered graph in 18-86k of 262k elements,
+2026-12-03_grad_localize_gpu_30b4k_bf16.md, the e711fd9 run). The op renormalizes with the same
+sequential sum and IEEE division, so the forward bits are those of the traced form."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ CPU), and transformers' MoE experts sort the (token, expert) pairs by expert id 
 values do not fix, and a weight gradient, a sum over those tokens, changes its bits with the
 order (on the H200 the compiled tiny Qwen3-MoE's gradients differed from the same lowered
 graph run eagerly in 22 of 25 tensors,
-`benchmarks/results/2026-12-03_grad_localize_gpu_before_stable_sort.md`).
+`benchmarks/results/2026-12-03_grad_localize_gpu_30b4k_bf16.md`, the before_stable_sort run).
 A stable sort has exactly one answer, so every implementation agrees."""
 
 from __future__ import annotations

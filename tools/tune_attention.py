@@ -16,7 +16,8 @@ learner runs).
   run, `pytest -m gpu tests/gpu/test_gpu_alignment.py`).
 - dq / dkdv: the backward (determinism only) timed whole, one launch's config varied at a time;
   `differ` against the pinned backward. (A dK/dV launch that split the GQA group over programs,
-  FP32 partials added after, was slower at every split, 2026-12-04_tune_attention_10bb871.md.)
+  FP32 partials added after, was slower at every split: 2026-12-04_tune_attention_mask_c9bc48f.md,
+  the 10bb871 run.)
 Baselines in the same run: `F.scaled_dot_product_attention` (cuDNN / flash) forward, and
 forward + backward. Nothing here is read at run time: a winner is copied into
 configs.py by hand. Figures: H200, bf16 attention (no NVFP4 in these kernels).

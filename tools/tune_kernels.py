@@ -57,8 +57,8 @@ GEMM_CANDIDATES = (
 # The wgrad: ~256-token segments give each program only ~4 K steps, so the pipeline fill and
 # the epilogue are not hidden within a program; fewer stages (less shared memory) let 2-3
 # programs share an SM and hide them across programs. The 128-wide K chunk was probed in
-# 2026-12-03_tune_kernels_wgrad_blockk_3c3015c.md (same bits, slower; not pinnable while
-# configs.py asserts that the GEMMs share BLOCK_K).
+# 2026-12-05_tune_kernels_weights_20848a7.md, the 3c3015c run (same bits, slower; not pinnable
+# while configs.py asserts that the GEMMs share BLOCK_K).
 WGRAD_CANDIDATES = (
     TileConfig(128, 256, 64, num_warps=8, num_stages=3),
     TileConfig(128, 128, 64, num_warps=4, num_stages=4),
@@ -360,7 +360,9 @@ def wgrad_section(rows):
                 return out
 
             if align == 1 and os.environ.get("TUNE_WGRAD_ALIGN1") != "1":
-                continue  # measured in 2026-12-03_tune_kernels_wgrad_c587fdc.md (3.5x slower)
+                # measured in 2026-12-05_tune_kernels_weights_20848a7.md, the c587fdc run (3.5x
+                # slower)
+                continue
             cands = WGRAD_CANDIDATES if align == 16 else GEMM_CANDIDATES[:1]
             sweep(
                 "wgrad kernel",

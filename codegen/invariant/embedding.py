@@ -5,13 +5,14 @@ rows of their token ids, repeated tokens summed). Traced, it is whatever kernel 
 `embedding_dense_backward` in eager, a decomposition into `index_put(accumulate=True)` under
 Inductor (ATen's sorted fallback with the backend's deterministic flag, atomic adds without).
 The two sum repeated tokens differently, so a compiled model's embedding gradient differed
-from the same lowered graph run eagerly on the H200 (`benchmarks/results/2026-12-02_backend_gpu_check_h200.md`).
+from the same lowered graph run eagerly on the H200
+(`benchmarks/results/2026-12-04_backend_gpu_check_c695808.md`, the 2026-12-02 H200 section).
 As one opaque op both paths run the same backward, with ONE definition on every device:
 `gather_rows_backward`'s sums (row r of the gradient = the FP32 sum, in position order, of the
 gradient rows whose id is r, rounded once to the weight's dtype; padding_idx's row zero). On
 CUDA that is one Triton pass after a narrow-key sort, where ATen's CUDA
 `embedding_dense_backward` takes many kernels and sums in chunks of its own
-(`benchmarks/results/2026-12-04_learner_gaps_nographs_8ba281e.md`).
+(`benchmarks/results/2026-12-04_learner_gaps_nographs_dfa63ba.md`, the 8ba281e run).
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ Why opaque: left in the graph, Inductor generates the SwiGLU's forward and backw
 Triton kernels, and on the H200 (torch 2.11, whose Inductor lacks
 `eager_numerics.use_pytorch_libdevice`) the backward rounded 2 of 50,331,648 gradient elements
 differently from eager ATen at the Qwen3-30B-A3B shape
-(`benchmarks/results/2026-12-04_elementwise_numerics_gpu_d76401a.md`); those two bytes were
-enough to make 20 of 25 gradients of the bf16 recipe's 4096-token backend check differ from the
-eager lowered graph. As an op, the compiled graph and the eager graph call the same kernels.
+(`benchmarks/results/2026-12-04_elementwise_numerics_gpu_6778eeb.md`, the d76401a run); those two
+bytes were enough to make 20 of 25 gradients of the bf16 recipe's 4096-token backend check
+differ from the eager lowered graph. As an op, the compiled graph and the eager graph call the
+same kernels.
 
 The math is eager autograd's for `F.silu(a) * b`: out = bf16(silu(a)) * b; backward
 d_b = grad * silu(a), d_a = silu_backward(grad * b, a). silu(a) is recomputed in the backward

@@ -21,11 +21,11 @@ and its second read of expert e finds the tiles in L2 (one expert of the 30B-A3B
 Faster than the two-step form for a dense weight, slower for many experts, where a grid-wide
 wait per expert (every program announces on one counter, then every program polls it) costs
 more than one expert's traffic (H200, the same bits in every row:
-benchmarks/results/2026-12-04_tune_kernels_weights_20b0dc2.md). `expert_groups` G splits the
-programs into G groups that walk the experts G apart, each waiting on its own programs only: E/G
-waits per program among P/G programs, G experts in L2 at once. `quantize_triton` routes
-per-expert weights here only where `configs.LAUNCH`'s weight_quantize_experts names a G for the
-architecture (0: the two-step form).
+benchmarks/results/2026-12-05_tune_kernels_weights_20848a7.md, the 20b0dc2 run). `expert_groups` G
+splits the programs into G groups that walk the experts G apart, each waiting on its own
+programs only: E/G waits per program among P/G programs, G experts in L2 at once.
+`quantize_triton` routes per-expert weights here only where `configs.LAUNCH`'s
+weight_quantize_experts names a G for the architecture (0: the two-step form).
 
 Bitwise `codes_kernel` after `global_stage` (tests/codegen/nvfp4/test_weight_quantize.py). The
 wait needs every program resident at once: P = SMs x min(programs per SM, what fits on one

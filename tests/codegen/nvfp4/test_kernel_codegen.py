@@ -55,7 +55,7 @@ def test_attention_forward_and_dq_do_not_spill(audit):
     """The forward held FP32 copies of q, k, v (255 registers, spill stores) until 2026-12-04
     and, with a mask tensor, a [rows, keys] tensor of byte pointers; both gone. (dK/dV at its
     pinned 4 warps does spill and still measured faster than 8 warps without:
-    benchmarks/results/2026-12-04_tune_attention_10bb871.md.)"""
+    benchmarks/results/2026-12-04_tune_attention_mask_c9bc48f.md, the 10bb871 run.)"""
     names = [n for n in audit if n.startswith(("attention forward", "attention backward dQ"))]
     assert len(names) == 4, sorted(audit)
     for name in names:
