@@ -5,6 +5,7 @@ and decode graphs.
     python -m benchmarks.step_cost --model qwen3-30b-a3b --batch 64 --context 512 --recipe strict
     python -m benchmarks.step_cost --model path/to/config.json --batch 1 --context 512 --json
     python -m benchmarks.step_cost --all          # the committed tables (benchmarks/results/)
+    python -m benchmarks.step_cost --model qwen3-8b --batch 64 --context 512 --launches --json
 
 The learner step (forward + backward + AdamW): `python -m benchmarks.step_cost_learner`. The
 model and its counting rules are the library's, `fp4_compile.cost` (the rules written out in
@@ -22,6 +23,7 @@ import torch
 
 from benchmarks.common import environment, write_results
 from fp4_compile.cost import BUILTIN_NOTES, RECIPES, build_model, constants, step_cost
+from fp4_compile.cost.launches import launch_budget
 
 
 def text_report(res: dict) -> str:
@@ -136,6 +138,26 @@ def write_all(batches=REPORT_BATCHES, context: int = REPORT_CONTEXT) -> list:
     return write_results("step_cost", payload, "\n".join(md) + "\n")
 
 
+def launches_report(res: dict) -> str:
+    """The launch budget in words (`fp4_compile/cost/launches.py`)."""
+    budget = res["budget"]
+    lines = [
+        f"{res['model']}; recipe {res['recipe']}, batch {res['batch']}, context {res['context']}",
+        f"launches per layer: {res['launches_per_layer']} (budget {budget['per_layer']})",
+        f"launches outside the layers: {res['launches_outside_layers']} (budget "
+        f"{budget['outside_layers']}): {res['launches_outside_compiled']} in the compiled step, "
+        f"{res['launches_eager']} eager ({res['sampling']})",
+        f"budget met: {'yes' if res['budget_met'] else 'no'}",
+        f"min programs per launch: {res['min_programs']}; under one program per SM: "
+        f"{len(res['under_one_program_per_sm'])} launches",
+        f"kv_cache_copy_bytes: {res['kv_cache_copy_bytes']}",
+        "per layer: " + ", ".join(res["per_layer_kernels"]),
+        "outside (compiled): " + ", ".join(res["outside_kernels"]),
+        "outside (eager): " + ", ".join(res["eager_kernels"]),
+    ]
+    return "\n".join(lines)
+
+
 def model_arguments(parser: argparse.ArgumentParser, *, batch: int) -> None:
     """The arguments the rollout and learner cost models share."""
     parser.add_argument("--model", help=f"built-in {sorted(BUILTIN_NOTES)}, config.json or folder")
@@ -151,6 +173,9 @@ def main(argv: list[str] | None = None) -> None:
     model_arguments(parser, batch=1)
     parser.add_argument("--context", type=int, default=512, help="keys per sequence (L)")
     parser.add_argument("--max-seq-len", type=int, default=None, help="cache slots (S), default L")
+    parser.add_argument(
+        "--launches", action="store_true", help="the decode step's launch count against its budget"
+    )
     args = parser.parse_args(argv)
     if args.all:
         for path in write_all():
@@ -159,6 +184,10 @@ def main(argv: list[str] | None = None) -> None:
     if not args.model:
         parser.error("--model is required (or --all)")
     model, note = build_model(args.model, layers=args.layers)
+    if args.launches:
+        res = launch_budget(model, note, recipe=args.recipe, batch=args.batch, context=args.context)
+        print(json.dumps(res, indent=1) if args.json else launches_report(res))
+        return
     res = step_cost(
         model,
         note,

@@ -49,6 +49,8 @@ _VIEWS = {
     "flatten",
     "narrow",
 }
+# ops that launch no kernel (views and metadata), for the launch count (`launches.py`)
+VIEW_OPS = frozenset(_VIEWS)
 _GEMMS = {"mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "_grouped_mm"}
 _ATTENTION = {
     "scaled_dot_product_attention",

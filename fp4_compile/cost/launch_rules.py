@@ -1,0 +1,176 @@
+"""The CUDA launches of each `fp4_compile` op at its argument shapes, as its dispatch makes them
+on sm_90 (H100 / H200), with the programs (CTAs) of each launch's grid where the launcher's grid
+formula and the pinned configs (`codegen/configs.py`, `codegen/launch_table.py`) give it.
+
+`op_launches(node)` -> [Launch]; read by `launches.py` (the launch count of a decode step). Each
+entry below cites the dispatch it follows; a launch whose grid is ATen's own (embedding, cos,
+a `torch.ones` fill) has `programs=None` (unknown here). Shape legend: M rows (tokens), K
+in-features, N out-features, E experts, H hidden, C a SwiGLU half, B sequences, Hkv KV heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from ..codegen.configs import DECODE, LAUNCH, pick
+from ..codegen.nvfp4.gemm import ONGRID_FORWARD_MIN_ROWS
+
+ARCH = "sm_90"
+NUM_SMS = 132  # H100 SXM; the brief's one-program-per-SM line (the H200 also has 132)
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    programs: int | None  # None: ATen's own grid, not modeled
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _val(x) -> torch.Tensor | None:
+    v = x.meta.get("val") if isinstance(x, fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _rows(t: torch.Tensor) -> int:
+    return int(t.numel()) // int(t.shape[-1]) if t.dim() else 1
+
+
+def _norm_rows_per_program(hdim: int) -> int:
+    """`invariant/rms_norm_kernel.rms_norm_launch`: rows per program for a row of H."""
+    lc = LAUNCH[("any", "rms_norm")]
+    block = 1 << (hdim - 1).bit_length()
+    return max(1, min(lc["max_rows"], lc["row_elements"] // block))
+
+
+def _row_codes(m: int, k: int) -> Launch:
+    """`nvfp4/row_codes_kernel.row_codes_from_parts`: grid (cdiv(M, block_r), cdiv(K, block_k))."""
+    lc = LAUNCH[("cuda", "row_codes")]
+    return Launch("row_codes", _cdiv(m, lc["block_r"]) * _cdiv(k, lc["block_k"]))
+
+
+def act_quantize(m: int, k: int) -> list[Launch]:
+    """`nvfp4/quantize_kernel.quantize_triton(x, "1x16", "per_row", out="ongrid")`: below
+    row_quantize's split_rows_below, chunk maxima then row codes; else the per-row global
+    stage then the codes kernel (`_global_scales`, `launch_rows`)."""
+    if m < LAUNCH[("cuda", "row_quantize")]["split_rows_below"]:
+        lc = LAUNCH[("cuda", "chunk_abs_max")]
+        parts = _cdiv(m, lc["block_r"]) * _cdiv(k, lc["block_k"])
+        return [Launch("chunk_abs_max", parts), _row_codes(m, k)]
+    cfg = pick(ARCH, "any", "nvfp4_quantize", m)
+    global_rows = _cdiv(m, LAUNCH[("cuda", "row_abs_max")]["block_r"])
+    return [
+        Launch("row_global", global_rows),
+        Launch("quantize_codes", _cdiv(m, cfg.block_m) * _cdiv(k, cfg.block_k)),
+    ]
+
+
+def nvfp4_gemm(m: int, n: int, k: int, experts: int = 0) -> list[Launch]:
+    """`nvfp4/gemm_kernel.launch_gemm` with packed B (the weight store's codes): rows per weight
+    (per expert: ceil(M / E)) within `configs.DECODE`'s buckets run the decode kernel, grid
+    (t_tiles * cdiv(N, block_w), splits) with splits 1 (sm_90 pins K_CHUNK 0: one chain); more
+    rows the pinned GEMM tile, grid (cdiv(M, block_m) [+ E]) * cdiv(N, block_n); from
+    ONGRID_FORWARD_MIN_ROWS rows the weight is dequantized first (`gemm_cuda.cuda_linear`)."""
+    rows = max(1, _cdiv(m, experts)) if experts else m
+    extra = experts if experts else 0
+    for max_m, cfg in DECODE[ARCH]:
+        if rows <= max_m:
+            tiles = (_cdiv(m, cfg.block_t) + extra) * _cdiv(n, cfg.block_w)
+            return [Launch("nvfp4_decode_gemm", tiles)]
+    out = []
+    op = "nvfp4_gemm"
+    if rows >= ONGRID_FORWARD_MIN_ROWS:
+        lc = LAUNCH[("cuda", "ongrid_weight")]
+        weight_rows = n * max(1, experts)
+        out.append(
+            Launch("ongrid_weight", _cdiv(weight_rows, lc["block_r"]) * _cdiv(k, lc["block_k"]))
+        )
+        op = "nvfp4_gemm_ongrid"
+    cfg = pick(ARCH, "bf16", op, rows, n=None if experts else n)
+    out.append(Launch("nvfp4_gemm", (_cdiv(m, cfg.block_m) + extra) * _cdiv(n, cfg.block_n)))
+    return out
+
+
+def _fused_quantize(name: str, m: int, c: int, split_key: str) -> list[Launch]:
+    """rms_norm_quantize / silu_mul_quantize: one launch, or below split_rows_below the split
+    form's two (`nvfp4/rms_norm_quantize_kernel.py`, `nvfp4/silu_mul_quantize_kernel.py`)."""
+    lc = LAUNCH[("cuda", split_key)]
+    if name == "rms_norm_quantize":
+        first = Launch("rms_norm_amax", _cdiv(m, _norm_rows_per_program(c)))
+        whole = Launch("rms_norm_quantize", first.programs)
+    else:
+        first = Launch(
+            "silu_mul_parts", _cdiv(m, lc["split_block_r"]) * _cdiv(c, lc["split_block_c"])
+        )
+        whole = Launch("silu_mul_quantize", _cdiv(m, lc["block_r"]))
+    return [first, _row_codes(m, c)] if m < lc["split_rows_below"] else [whole]
+
+
+def op_launches(n: fx.Node) -> list[Launch]:
+    """The CUDA launches of fp4_compile op node `n` (its args' `meta["val"]` give the shapes)."""
+    name = n.target._opname
+    args = [_val(a) for a in n.args]
+    out = _val(n) if _val(n) is not None else (n.meta.get("val") or [None])[0]
+    if name in ("nvfp4_linear", "nvfp4_linear_quantized"):  # x [.., K], weight [N, K]
+        x, w = args[0], args[1]
+        m, k, nn = _rows(x), int(x.shape[-1]), int(w.shape[0])
+        quant = act_quantize(m, k) if name == "nvfp4_linear" else []  # gemm_cuda.cuda_linear
+        return quant + nvfp4_gemm(m, nn, k)
+    if name in ("nvfp4_grouped_mm", "nvfp4_grouped_mm_quantized"):  # w [E, N, K]
+        x, w = args[0], args[1]
+        m, k = int(out.shape[0]), int(x.shape[-1])
+        quant = act_quantize(_rows(x), k) if name == "nvfp4_grouped_mm" else []
+        return quant + nvfp4_gemm(m, int(w.shape[1]), k, experts=int(w.shape[0]))
+    if name == "rms_norm_quantize":
+        x = args[0]
+        return _fused_quantize(name, _rows(x), int(x.shape[-1]), "rms_norm_quantize")
+    if name in ("silu_mul_quantize", "silu_mul_halves_quantize"):
+        x = args[0]
+        c = int(x.shape[-1]) // (2 if name == "silu_mul_halves_quantize" else 1)
+        return _fused_quantize(name, _rows(x), c, "silu_mul_quantize")
+    if name in ("silu_mul", "silu_mul_halves"):  # invariant/silu_mul_kernel._launch
+        x = args[0]
+        c = int(x.shape[-1]) // (2 if name == "silu_mul_halves" else 1)
+        lc = LAUNCH[("any", "silu_mul")]
+        return [Launch(name, _cdiv(_rows(x), lc["block_r"]) * _cdiv(c, lc["block_c"]))]
+    if name == "invariant_rms_norm":  # invariant/rms_norm_kernel.rms_norm
+        x = args[0]
+        return [Launch(name, _cdiv(_rows(x), _norm_rows_per_program(int(x.shape[-1]))))]
+    if name == "invariant_linear":  # invariant/linear_kernel.linear
+        x, w = args[0], args[1]
+        cfg = pick(ARCH, "any", "invariant_linear", _rows(x))
+        return [Launch(name, _cdiv(_rows(x), cfg.block_m) * _cdiv(int(w.shape[0]), cfg.block_n))]
+    if name == "invariant_grouped_mm":  # moe/grouped_mm.grouped_kernel: a ones fill, the GEMM
+        x, w = args[0], args[1]
+        e, nn = int(w.shape[0]), int(w.shape[1])
+        cfg = pick(ARCH, "bf16", "nvfp4_gemm_ongrid", 1)  # rows_per_group=1
+        tiles = (_cdiv(int(x.shape[0]), cfg.block_m) + e) * _cdiv(nn, cfg.block_n)
+        return [Launch("ones (global scale)", 1), Launch("grouped_gemm", tiles)]
+    if name == "invariant_attention":  # invariant/attention_kernel.attention
+        q, k = args[0], args[1]
+        b, hq, tq, _ = (int(s) for s in q.shape)
+        hkv = int(k.shape[1])
+        cfg = pick(ARCH, "any", "invariant_attention", 0)
+        main = Launch(name, _cdiv(tq * (hq // hkv), cfg.block_m) * b * hkv)
+        mask = args[5] if len(args) > 5 else None
+        if mask is None:
+            return [main]
+        mb, mh = (int(mask.shape[0]), int(mask.shape[1])) if mask.dim() == 4 else (1, 1)
+        # mask_args: a torch.ones flag, then one program per mask row, every layer
+        return [Launch("ones (mask flag)", 1), Launch("attention_mask_args", mb * mh * tq), main]
+    if name in ("invariant_routing", "invariant_logprobs"):  # one program per row
+        return [Launch(name, _rows(args[0]))]
+    if name == "moe_combine":  # moe/combine_kernel: (cdiv(T, block_t), cdiv(H, block_h))
+        lc = LAUNCH[("cuda", "moe_combine")]
+        t, h = int(out.shape[0]), int(out.shape[-1])
+        return [Launch(name, _cdiv(t, lc["block_t"]) * _cdiv(h, lc["block_h"]))]
+    if name in ("embedding", "gather_rows", "cos", "sin"):  # one ATen kernel each
+        return [Launch(name, None)]
+    raise NotImplementedError(
+        f"fp4_compile::{name}: no CUDA launch rule (add one to fp4_compile/cost/launch_rules.py)"
+    )

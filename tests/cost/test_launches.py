@@ -1,0 +1,76 @@
+"""The decode step's launch count (fp4_compile/cost/launches.py), on the CPU, meta tensors.
+
+Contract: exact counts. Each pinned integer is what the count measured for (model, recipe,
+batch) at 2 layers and 64 keys: a new launch in the compiled step (an op, a split kernel, an
+unfused ATen op) or in the decode program's eager bookkeeping changes it and fails here; a
+deliberate change updates the pin and docs/step_cost.md. Also: no KV-cache copy (the write is
+`index_put_` in place, tests/rollout/test_kv_cache_write.py), and the eager counter counts.
+"""
+
+from unittest import mock
+
+import pytest
+import torch
+
+from fp4_compile.cost import build_model
+from fp4_compile.cost.launches import LaunchCounter, eager_ops, launch_budget
+from fp4_compile.rollout import decode_program
+
+# (model, recipe): (per layer, outside the layers in the compiled step); the same at batch 1, 64
+PINNED = {
+    ("qwen3-8b", "strict"): (30, 8),
+    ("qwen3-8b", "bf16"): (25, 8),
+    ("qwen3-30b-a3b", "strict"): (41, 8),
+    ("qwen3-30b-a3b", "bf16"): (39, 8),
+}
+EAGER_SAMPLED = 25  # one token's bookkeeping, temperature 1 (the Gumbel uniforms: one launch)
+
+
+@pytest.fixture(scope="module", params=["qwen3-8b", "qwen3-30b-a3b"])
+def model(request):
+    return request.param, *build_model(request.param, layers=2)
+
+
+@pytest.mark.parametrize("recipe", ["strict", "bf16"])
+@pytest.mark.parametrize("batch", [1, 64])
+def test_launch_counts_pinned(model, recipe, batch):
+    """Contract: the exact launch counts per layer and outside, no KV-cache copy, and the budget
+    verdict (<= 12 per layer, <= 8 outside: not met today)."""
+    spec, m, note = model
+    res = launch_budget(m, note, recipe=recipe, batch=batch, context=64)
+    per_layer, outside = PINNED[spec, recipe]
+    got = (res["launches_per_layer"], res["launches_outside_compiled"], res["launches_eager"])
+    assert got == (per_layer, outside, EAGER_SAMPLED), (
+        res["per_layer_kernels"],
+        res["outside_kernels"],
+    )
+    assert res["launches_outside_layers"] == outside + EAGER_SAMPLED
+    assert res["launches_step"] == 2 * per_layer + outside + EAGER_SAMPLED
+    assert res["kv_cache_copy_bytes"] == 0
+    assert res["min_programs"] == 1 and res["under_one_program_per_sm"]
+    assert res["budget_met"] is False
+
+
+def test_counter_counts_ops_not_views():
+    """Contract: one launch per ATen op with a kernel, none for a view or an allocation."""
+    x = torch.zeros(4, 8, device="meta")
+    with LaunchCounter() as counter:
+        y = x.view(8, 4).t()
+        torch.empty(3, device="meta")
+        (y + 1).mul_(2)
+    assert counter.ops == ["add", "mul_"]
+
+
+def test_eager_count_sees_an_added_op():
+    """Contract: the eager count is the decode program's real code: an op added to its
+    bookkeeping adds a launch; greedy sampling launches fewer than Gumbel sampling."""
+    base = eager_ops(batch=2, vocab=64, temperature=1.0)
+    assert len(base) == EAGER_SAMPLED
+    record = decode_program.DecodeProgram.record
+
+    def record_and_clone(self, picked, logp):
+        record(self, picked.clone(), logp)
+
+    with mock.patch.object(decode_program.DecodeProgram, "record", record_and_clone):
+        assert len(eager_ops(batch=2, vocab=64, temperature=1.0)) == len(base) + 1
+    assert len(eager_ops(batch=2, vocab=64, temperature=0.0)) < len(base)
