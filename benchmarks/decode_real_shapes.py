@@ -203,7 +203,8 @@ def main() -> None:
         raise ValueError(f"--roofline {args.roofline} was computed for another prompt / new-tokens")
     env = environment()
     rows = {}
-    for label in labels:
+    name = f"decode_{args.model.replace('-', '_').replace('.', '_')}"
+    for label in labels:  # results rewritten after each config: a cut-off run keeps what it ran
         label_batches = (
             batches if label != HF_LABEL else [int(b) for b in args.hf_batches.split(",")]
         )
@@ -211,10 +212,11 @@ def main() -> None:
             d: measure(label, args.model, d, args, label_batches)
             for d in (args.layers, 4 * args.layers)
         }
-    text = report(rows, roof, env=env, args=args, batches=batches)
+        text = report(rows, roof, env=env, args=args, batches=batches)
+        write_results(
+            name, {"env": env, "args": vars(args), "decode": rows, "roofline": roof}, text
+        )
     print(text)
-    name = f"decode_{args.model.replace('-', '_').replace('.', '_')}"
-    write_results(name, {"env": env, "args": vars(args), "decode": rows, "roofline": roof}, text)
 
 
 if __name__ == "__main__":
