@@ -16,7 +16,7 @@ two of its underscore methods (`_get_per_token_logps_and_entropies`,
   per-token log-probs (old, reference and the loss's), runs the model compiled with the `minite`
   backend and the user's recipe, on rows re-packed to start at position 0 (TRL left-pads prompts
   and passes no position ids; the engine puts every prompt at positions 0..p-1) and right-padded
-  to the micro-batch's longest sequence rounded up to a width bucket (`fp4_compile.rl.train.batching`:
+  to the micro-batch's longest sequence rounded up to a width bucket (`fp4_compile.learner_widths`:
   at most 8 widths, so at most 8 compiled shapes; no work past the longest sequence), then
   minite's log-prob op at TRL's temperature. So the learner's log-probs equal the rollout's bit
   for bit under a strict recipe. The learner and the frozen reference are compiled with
@@ -48,14 +48,15 @@ from collections import defaultdict
 import torch
 
 from fp4_compile.rl.diagnostics.mismatch import mismatch_metrics
-from fp4_compile.rl.train.batching import learner_width
-from fp4_compile.rl.train.config import derive_seed
 
 from ..codegen import logprobs as shared_logprobs
 from ..compile_api import compile as compile_model
 from ..dynamo_guard import no_silent_eager_fallback
+from ..engine_api import RolloutEngineProtocol
+from ..learner_widths import learner_width
 from ..recipe import NVFP4Recipe, as_recipe
 from ..rollout import RolloutEngine
+from ..seeds import derive_seed
 
 try:
     from transformers import ProcessorMixin, TrainerCallback
@@ -156,7 +157,7 @@ def check_dropout(model: torch.nn.Module, args: GRPOConfig) -> None:
 class _EngineWeightSync(TrainerCallback):
     """After every optimizer step the engine takes the learner's weights, in place."""
 
-    def __init__(self, engine: RolloutEngine, model: torch.nn.Module):
+    def __init__(self, engine: RolloutEngineProtocol, model: torch.nn.Module):
         self.engine, self.model = engine, model
 
     def on_optimizer_step(self, args, state, control, **kwargs):

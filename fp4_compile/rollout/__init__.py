@@ -2,11 +2,13 @@
 
 Export and load of rollout artifacts, the rollout step, static KV cache, seeded sampling, the
 decode program (one CUDA graph per batch bucket), the weight store of quantized weights, sequence
-log-probs and the embedded `RolloutEngine`. Imports the core (recipe, backend,
+log-probs and the embedded `RolloutEngine`; the engines' shared interface and output
+(`RolloutEngineProtocol`, `RolloutOutput`, from the core's `fp4_compile/engine_api.py`). Imports the core (recipe, backend,
 passes, codegen), never `fp4_compile.rl`; engine bridges (vLLM) sit beside it and import it.
 """
 
-from .engine import RolloutEngine, RolloutOutput
+from ..engine_api import RolloutEngineProtocol, RolloutOutput
+from .engine import RolloutEngine
 from .export import RolloutArtifact, RolloutArtifactError, export_rollout, load_rollout
 from .logprobs import sequence_logprobs, token_logprobs
 
@@ -14,6 +16,7 @@ __all__ = [
     "RolloutArtifact",
     "RolloutArtifactError",
     "RolloutEngine",
+    "RolloutEngineProtocol",
     "RolloutOutput",
     "export_rollout",
     "load_rollout",

@@ -7,16 +7,16 @@ Shape legend: B requests, L prompt length (padded), S_max cache slots, V vocabul
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..dynamo_guard import no_silent_eager_fallback
+from ..engine_api import RolloutOutput, check_generate_args
 from ..recipe import NVFP4Recipe, as_recipe
 from .decode_program import DecodeProgram, Sampling, pick_tokens
 from .kv_cache import StaticKVCache
-from .sampling import check_filter, request_keys
+from .sampling import request_keys
 from .step import RolloutStep
 from .weight_store import WeightStore
 from .weight_sync import copy_learner_weights
@@ -25,18 +25,9 @@ from .weight_sync import copy_learner_weights
 _EOS_CHECK_EVERY = 8
 
 
-@dataclass
-class RolloutOutput:
-    tokens: list[list[int]]
-    """Generated token ids per request (prompt excluded)."""
-    logprobs: list[torch.Tensor]
-    """FP32 [len(tokens[i])] log-probs of the sampled tokens under logits / temperature."""
-    finish_reasons: list[str] = field(default_factory=list)
-    """"eos" or "length" per request."""
-
-
 class RolloutEngine:
-    """engine = RolloutEngine(model, recipe=NVFP4Recipe.strict()); engine.generate(prompts, ...).
+    """The embedded engine, one of the rollout engines of `fp4_compile.engine_api` (its
+    `RolloutEngineProtocol`): engine = RolloutEngine(model, recipe=NVFP4Recipe.strict()); engine.generate(prompts, ...).
 
     `source` is a transformers causal LM (the learner's module, not a compiled wrapper). The
     engine compiles it with the `minite` backend and the SAME recipe as the learner, and runs
@@ -251,24 +242,17 @@ class RolloutEngine:
         temperature=0 decodes greedily (argmax of the logits, ties to the lower token id; top_k,
         top_p and the seeds are then unused), and the returned log-probs are those of the
         unscaled logits: `sequence_logprobs(..., temperature=1.0)` reproduces them."""
-        num = len(prompts)
-        if num == 0 or any(len(p) == 0 for p in prompts):
-            raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
-        budgets = _budgets(max_new_tokens, num)
-        if not temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        greedy = temperature == 0
-        for i, (p, b) in enumerate(zip(prompts, budgets)):
-            if len(p) + b > self.max_seq_len:
-                raise ValueError(
-                    f"prompt {i} ({len(p)} tokens) + max_new_tokens ({b}) exceeds "
-                    f"max_seq_len={self.max_seq_len}"
-                )
-        seeds = [seed + i for i in range(num)] if isinstance(seed, int) else list(seed)
-        if len(seeds) != num:
-            raise ValueError(f"seed list has {len(seeds)} entries for {num} prompts")
-        check_filter(top_k, top_p)
-        _check_token_ids(prompts, self.vocab_size)
+        args = check_generate_args(
+            prompts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            vocab_size=self.vocab_size,
+            max_seq_len=self.max_seq_len,
+        )
+        num, budgets, seeds, greedy = len(prompts), args.budgets, args.seeds, args.greedy
         if self.model is not None:
             self.weight_store.check_unmoved(self.model)
         sampling = (
@@ -400,29 +384,3 @@ class _Slots:
             self.logprobs[i] = logps[j, :count].clone()
             self.request[s] = None
         self._prefill_into(done)
-
-
-def _budgets(max_new_tokens, num: int) -> list[int]:
-    """One max_new_tokens per request (>= 1) from an int or a list of num ints."""
-    if isinstance(max_new_tokens, int):
-        budgets = [max_new_tokens] * num
-    else:
-        budgets = list(max_new_tokens)
-        if len(budgets) != num:
-            raise ValueError(f"max_new_tokens list has {len(budgets)} entries for {num} prompts")
-    for i, b in enumerate(budgets):
-        if not isinstance(b, int) or isinstance(b, bool) or b < 1:
-            what = "max_new_tokens" if isinstance(max_new_tokens, int) else f"max_new_tokens[{i}]"
-            raise ValueError(f"{what} must be an int >= 1, got {b!r}")
-    return budgets
-
-
-def _check_token_ids(prompts: list[list[int]], vocab_size: int) -> None:
-    """Every prompt token id lies in [0, vocab_size): an id outside it would index the embedding
-    out of bounds (an IndexError deep inside the model on the CPU, garbage on a GPU)."""
-    for i, p in enumerate(prompts):
-        if min(p) < 0 or max(p) >= vocab_size:
-            j = next(j for j, t in enumerate(p) if not 0 <= t < vocab_size)
-            raise ValueError(
-                f"prompts[{i}][{j}] = {int(p[j])} is not a token id in [0, vocab_size={vocab_size})"
-            )

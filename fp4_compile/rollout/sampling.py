@@ -22,6 +22,7 @@ import operator
 
 import torch
 
+from ..engine_api import check_filter
 from ..sr_stream import M32, mix32, mix32_int, sr_key
 
 
@@ -111,11 +112,6 @@ def filter_logits(scaled_BV: torch.Tensor, *, top_k: int, top_p: float) -> torch
         keep = torch.zeros_like(out, dtype=torch.bool).scatter_(1, order, keep_sorted)
         out = out.masked_fill(~keep, float("-inf"))
     return out
-
-
-def check_filter(top_k: int, top_p: float) -> None:
-    if top_k < 0 or not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_k must be >= 0 and 0 < top_p <= 1, got top_k={top_k}, top_p={top_p}")
 
 
 def sample(scaled_BV: torch.Tensor, noise_BV: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""`VLLMRolloutEngine`: vLLM as the rollout engine, with the embedded `RolloutEngine`'s interface
-(`generate(...) -> RolloutOutput`, `update_weights(model)`), so the GRPO trainer runs with
+"""`VLLMRolloutEngine`: vLLM as the rollout engine, with the rollout engines' interface
+(`fp4_compile.engine_api.RolloutEngineProtocol`: `generate(...) -> RolloutOutput`,
+`update_weights(model)`), so the GRPO trainer runs with
 `rollout_engine="vllm"` and nothing else changed.
 
 The engine writes the learner's master weights and recipe into a model folder
@@ -25,9 +26,8 @@ from pathlib import Path
 
 import torch
 
+from ..engine_api import RolloutOutput, check_generate_args
 from ..recipe import NVFP4Recipe, as_recipe
-from ..rollout.engine import RolloutOutput
-from ..rollout.sampling import check_filter
 from .model_folder import has_full_class, write_model_folder
 from .weight_sync import apply_payload, layer_layout, nvfp4_payload
 
@@ -167,48 +167,34 @@ class VLLMRolloutEngine:
         self,
         prompts: list[list[int]],
         *,
-        max_new_tokens: int,
+        max_new_tokens: int | list[int],
         temperature: float = 1.0,
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int | list[int] = 0,
         eos_token_id: int | None = None,
     ) -> RolloutOutput:
-        """As `RolloutEngine.generate`: token-id prompts, `seed` one int (request i uses seed + i)
-        or one per request; log-probs FP32, of logits / temperature (temperature=0: greedy, and
-        log-probs of the unscaled logits). top_k / top_p are refused: vLLM reports log-probs of
-        the filtered distribution, the embedded engine of the unfiltered one."""
+        """As `RolloutEngine.generate`: any number of token-id prompts (vLLM schedules them,
+        up to max_batch at once), `max_new_tokens` one int or one per request, `seed` one int
+        (request i uses seed + i) or one per request; log-probs FP32, of logits / temperature
+        (temperature=0: greedy, and log-probs of the unscaled logits). top_k / top_p are
+        refused: vLLM reports log-probs of the filtered distribution, the embedded engine of the
+        unfiltered one."""
+        args = check_generate_args(
+            prompts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            vocab_size=self.vocab_size,
+            max_seq_len=self.max_seq_len,
+            no_filter_reason="vLLM reports log-probs of the filtered distribution, the embedded "
+            "engine of the unfiltered one",
+        )
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        num = len(prompts)
-        if num == 0 or any(len(p) == 0 for p in prompts):
-            raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if not temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        check_filter(top_k, top_p)
-        if top_k != 0 or top_p != 1.0:
-            raise ValueError(
-                f"top_k={top_k}, top_p={top_p}: VLLMRolloutEngine supports no filter (vLLM's "
-                "log-probs would be of the filtered distribution)"
-            )
-        longest = max(len(p) for p in prompts)
-        if longest + max_new_tokens > self.max_seq_len:
-            raise ValueError(
-                f"longest prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds "
-                f"max_seq_len={self.max_seq_len}"
-            )
-        for i, p in enumerate(prompts):
-            for j, t in enumerate(p):
-                if not 0 <= t < self.vocab_size:
-                    raise ValueError(
-                        f"prompts[{i}][{j}] = {t} is not a token id in [0, vocab_size={self.vocab_size})"
-                    )
-        seeds = [seed + i for i in range(num)] if isinstance(seed, int) else list(seed)
-        if len(seeds) != num:
-            raise ValueError(f"seed list has {len(seeds)} entries for {num} prompts")
         if self.full:
             if temperature not in (0.0, self.temperature):
                 raise ValueError(
@@ -220,14 +206,14 @@ class VLLMRolloutEngine:
         stop = [] if eos_token_id is None else [int(eos_token_id)]
         params = [
             SamplingParams(
-                max_tokens=max_new_tokens,
+                max_tokens=budget,
                 temperature=temperature,
                 seed=s,
                 logprobs=0,
                 stop_token_ids=stop,
                 detokenize=False,
             )
-            for s in seeds
+            for s, budget in zip(args.seeds, args.budgets)
         ]
         with torch._dynamo.config.patch(disable=True):  # vLLM's sampler helper: no Inductor
             results = self.llm.generate(

@@ -11,6 +11,7 @@ import contextlib
 import os
 
 from ..train.config import VARIANTS
+from ..train.engines import engines_help
 from ..train.presets import PRESETS
 
 
@@ -70,6 +71,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
             "running minite train holds is refused (without out_dir=, the next numbered one is "
             "taken)."
         ),
+        epilog=engines_help(),
     )
     p.add_argument(
         "preset", choices=sorted(PRESETS), help="named training preset (rl/train/presets.py)"

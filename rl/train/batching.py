@@ -6,9 +6,8 @@ bucket, never the full width W = longest prompt + max_new_tokens.
 Shape legend: N sequences, W the full width (the most a sequence can hold), W' the batch's
 learner width (<= W), T' = W' - 1 target positions.
 
-Why buckets: the learner is compiled for static shapes (one graph per width), so the widths a run
-can meet are few and fixed in advance: `width_buckets(W)` holds at most `NUM_BUCKETS` widths,
-multiples of `BUCKET_MULTIPLE` below W, and W itself. A batch whose sequences all stop early
+The widths (`width_buckets`, `learner_width`) live in the core, `fp4_compile/learner_widths.py`
+(the TRL integration uses them too; re-exported here). A batch whose sequences all stop early
 (EOS) runs at the smallest bucket that holds its longest sequence; the tokens past a sequence's
 own end are padding inside W' (masked out of the loss, their log-probs never read). Under the
 strict recipe each row's log-probs do not depend on the batch's width (attention is causal and
@@ -20,31 +19,15 @@ from __future__ import annotations
 
 import torch
 
-NUM_BUCKETS = 8
-"""At most this many learner widths per run (so at most this many learner compilations, within
-Dynamo's recompile limit)."""
-BUCKET_MULTIPLE = 16
-"""Bucket widths below the full width are multiples of this (GEMM tiles want multiples of 16)."""
+from ...learner_widths import BUCKET_MULTIPLE, NUM_BUCKETS, learner_width, width_buckets
 
-
-def width_buckets(full_width: int) -> tuple[int, ...]:
-    """The widths the learner's batch may take for a full width W, ascending, W the last:
-    ceil(W * i / NUM_BUCKETS) rounded up to BUCKET_MULTIPLE (capped at W), i = 1..NUM_BUCKETS.
-    A W at most BUCKET_MULTIPLE has the one bucket W."""
-    if not isinstance(full_width, int) or full_width < 2:
-        raise ValueError(f"full_width must be an int >= 2, got {full_width!r}")
-    widths = set()
-    for i in range(1, NUM_BUCKETS + 1):
-        w = -(-full_width * i // NUM_BUCKETS)
-        widths.add(min(-(-w // BUCKET_MULTIPLE) * BUCKET_MULTIPLE, full_width))
-    return tuple(sorted(widths))
-
-
-def learner_width(longest: int, full_width: int) -> int:
-    """The smallest bucket of `full_width` that holds a sequence of `longest` tokens."""
-    if not 1 <= longest <= full_width:
-        raise ValueError(f"longest={longest} must be in [1, full_width={full_width}]")
-    return next(w for w in width_buckets(full_width) if w >= longest)
+__all__ = [
+    "BUCKET_MULTIPLE",
+    "NUM_BUCKETS",
+    "learner_width",
+    "pack_batch",
+    "width_buckets",
+]
 
 
 def pack_batch(

@@ -14,12 +14,13 @@ from typing import Any
 import torch
 
 from ...recipe import NVFP4Recipe
+from ...seeds import derive_seed as derive_seed  # re-exported: the run's seed streams
 from ..tasks.builtin import TASK_NAMES
+from .engines import engine_entry
 from .grpo import ADVANTAGE_SCALES, AGGREGATIONS
 
 VARIANTS = ("strict", "te", "bf16")
 ARCHS = ("qwen3", "qwen3_moe")
-ROLLOUT_ENGINES = ("minite", "vllm", "vllm_full", "vllm_linears", "stock")
 # Fields that may change between a run and its resumption (they do not change the numbers of
 # the steps already taken or to come).
 RESUMABLE_FIELDS = (
@@ -143,16 +144,22 @@ class TrainConfig:
     once and replayed across generate calls and weight updates (same kernels, same bits:
     `RolloutEngine(cuda_graphs=True)`)."""
     rollout_engine: str = "minite"
-    """"minite": the embedded engine (learner == rollout, bitwise). "vllm": vLLM with minite's
-    plugin (`fp4_compile.rl.VLLMRolloutEngine`, needs vLLM, one process), bitwise wherever minite
-    has a vLLM model class (Qwen3, Qwen3-MoE: the learner's norms, rotary, attention on vLLM's
-    paged cache, log-probs), else minite's linears only. "vllm_full": the model class or an
-    error. "vllm_linears" (an explicit choice): minite's linears and weights as NVFP4 bytes,
-    vLLM's attention, norms and sampler (close, not bitwise). docs/vllm.md.
-    "stock" (the alignment ablation's deliberate mismatch, rl/train/stock_rollout.py): an eager BF16
-    transformers rollout on the learner's decoded NVFP4 weights, activations unquantized (W4A16,
-    as vLLM serves an NVFP4 checkpoint on Hopper): the same weights, not the same numerics.
+    """A name of the engine table `ENGINES` (rl/train/engines.py). "minite": the embedded
+    engine (learner == rollout, bitwise). "vllm": vLLM with minite's plugin
+    (`fp4_compile.rl.VLLMRolloutEngine`, needs vLLM, one process), bitwise wherever minite has a
+    vLLM model class (Qwen3, Qwen3-MoE: the learner's norms, rotary, attention on vLLM's paged
+    cache, log-probs), else minite's linears only. "vllm_full": the model class or an error.
+    "vllm_linears" (an explicit choice): minite's linears and weights as NVFP4 bytes, vLLM's
+    attention, norms and sampler (close, not bitwise). docs/vllm.md. "stock" (the alignment
+    ablation's deliberate mismatch, rl/train/stock_rollout.py): an eager BF16 transformers
+    rollout on the learner's decoded NVFP4 weights, activations unquantized (W4A16, as vLLM
+    serves an NVFP4 checkpoint on Hopper): the same weights, not the same numerics.
     docs/alignment.md."""
+    rollout_max_batch: int = 0
+    """Requests the rollout engine runs at once (its KV cache rows); 0: the whole rollout batch
+    of this process (prompts_per_step x group_size / processes). The trainer calls `generate`
+    once over the whole rollout batch whatever this is: the embedded engine batches it
+    continuously (the same bits at any value), the stock engine in static waves of this size."""
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     log_every: int = 1
@@ -220,12 +227,16 @@ class TrainConfig:
             from .model_dir import check_model_dir
 
             check_model_dir(self.model)
-        if self.rollout_engine not in ROLLOUT_ENGINES:
+        if self.rollout_cuda_graphs and not engine_entry(self.rollout_engine).cuda_graphs:
             raise ValueError(
-                f"rollout_engine must be one of {ROLLOUT_ENGINES}, got {self.rollout_engine!r}"
+                f"rollout_cuda_graphs=True is for the embedded engine, not {self.rollout_engine!r}"
             )
-        if self.rollout_engine != "minite" and self.rollout_cuda_graphs:
-            raise ValueError("rollout_cuda_graphs=True is for the embedded engine, not vllm")
+        engine_entry(self.rollout_engine)  # a name of the table, or an error listing them
+        if not isinstance(self.rollout_max_batch, int) or self.rollout_max_batch < 0:
+            raise ValueError(
+                f"rollout_max_batch must be an int >= 0 (0: the whole rollout batch), got "
+                f"{self.rollout_max_batch!r}"
+            )
         if self.rollout_cuda_graphs and not self.device.startswith("cuda"):
             raise ValueError(
                 f"rollout_cuda_graphs=True needs a CUDA device, got device={self.device!r}"
@@ -266,6 +277,8 @@ class TrainConfig:
         d = {k: v for k, v in self.to_dict().items() if k not in RESUMABLE_FIELDS}
         if not d["bf16_modules"]:
             del d["bf16_modules"]
+        if not d["rollout_max_batch"]:  # the default (0) leaves older checkpoints resumable
+            del d["rollout_max_batch"]
         return d
 
     def with_overrides(self, pairs: list[str]) -> TrainConfig:
@@ -395,12 +408,3 @@ def model_dir_identity(path: str) -> dict[str, Any]:
     files = sorted((p.name, p.stat().st_size) for p in folder.iterdir() if p.is_file())
     blob = json.dumps({"config": (folder / "config.json").read_text(), "files": files}).encode()
     return {"path": str(path), "sha256": hashlib.sha256(blob).hexdigest()}
-
-
-def derive_seed(*parts: int | str) -> int:
-    """A 63-bit seed from (run seed, phase, step, ...): the same parts give the same seed on any
-    machine, and nearby parts give unrelated streams."""
-    import hashlib
-
-    blob = "/".join(str(p) for p in parts).encode()
-    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") >> 1

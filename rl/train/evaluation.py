@@ -20,11 +20,11 @@ the same bits with evaluation on or off.
 
 from __future__ import annotations
 
+from ...seeds import derive_seed
 from ...sr_stream import set_sr_state, sr_state
 from ..tasks.builtin import Problem, Task
 from ..tasks.tokenizer import Tokenizer
 from .checkpoint import rng_state, set_rng_state
-from .config import derive_seed
 
 
 def heldout_problems(task: Task, *, seed: int, size: int) -> list[Problem]:
@@ -40,9 +40,10 @@ def evaluate(
     max_prompt_tokens: int,
     max_new_tokens: int,
 ) -> dict[str, float]:
-    """Greedy answers to `problems` in batches of exactly `engine.max_batch` rows (the last one
-    filled up with copies of its first prompt, whose answers are dropped), so the engine sees
-    the batch size it was compiled for."""
+    """Greedy answers to `problems`: ONE generate over all of them, filled up to a multiple of
+    `engine.max_batch` rows with copies of the last batch's first prompt (whose answers are
+    dropped), so every batch the engine runs has the size it runs in training (the embedded
+    engine's bucket; the stock engine's static waves)."""
     encoded = [tok.encode_prompt(p.prompt) for p in problems]
     for p, ids in zip(problems, encoded):
         if len(ids) > max_prompt_tokens:  # never truncated: the width is fixed
@@ -50,21 +51,18 @@ def evaluate(
                 f"held-out prompt {p.prompt!r} encodes to {len(ids)} tokens, more than the "
                 f"{max_prompt_tokens} measured by token_budget"
             )
-    batch = engine.max_batch
+    real = len(encoded)
+    last_batch = (real - 1) // engine.max_batch * engine.max_batch
+    filled = encoded + [encoded[last_batch]] * (-real % engine.max_batch)
     saved_rng, saved_sr = rng_state(), sr_state()
-    completions: list[str] = []
     try:
-        for start in range(0, len(encoded), batch):
-            chunk = encoded[start : start + batch]
-            real = len(chunk)
-            chunk = chunk + [chunk[0]] * (batch - real)
-            out = engine.generate(
-                chunk, max_new_tokens=max_new_tokens, temperature=0.0, eos_token_id=tok.eos_id
-            )
-            completions += [tok.decode(t) for t in out.tokens[:real]]
+        out = engine.generate(
+            filled, max_new_tokens=max_new_tokens, temperature=0.0, eos_token_id=tok.eos_id
+        )
     finally:
         set_rng_state(saved_rng)
         set_sr_state(saved_sr)
+    completions = [tok.decode(t) for t in out.tokens[:real]]
     exact = [float(task.extract_answer(c) == p.answer) for p, c in zip(problems, completions)]
     rewards = [task.reward(p, c) for p, c in zip(problems, completions)]
     return {

@@ -32,15 +32,16 @@ import torch
 
 from ...checkpoints.load import decode_weight
 from ...checkpoints.plan import plan_export, split_expert_name
+from ...engine_api import RolloutOutput, check_generate_args
 from ...recipe import NVFP4Recipe, as_recipe
-from ...rollout import RolloutOutput
 from ...rollout.sampling import gumbel_noise, request_keys, sample
 
 
 class StockRolloutEngine:
     """engine = StockRolloutEngine(model, recipe=NVFP4Recipe.strict()); engine.generate(...).
 
-    The same `generate` / `update_weights` interface as `fp4_compile.rollout.RolloutEngine`.
+    The rollout engines' interface (`fp4_compile.engine_api.RolloutEngineProtocol`):
+    `generate` over any number of requests (static batches of max_batch), `update_weights`.
     `recipe` decides which linears hold NVFP4 weights (the learner's own choice per module);
     with a recipe that quantizes nothing (`bf16`) the engine is a plain BF16 eager model."""
 
@@ -104,34 +105,53 @@ class StockRolloutEngine:
         self,
         prompts: list[list[int]],
         *,
-        max_new_tokens: int,
+        max_new_tokens: int | list[int],
         temperature: float = 1.0,
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int | list[int] = 0,
         eos_token_id: int | None = None,
     ) -> RolloutOutput:
-        """As `RolloutEngine.generate` (temperature 0: greedy, log-probs of the unscaled
-        logits); top_k / top_p are not supported (the ablation samples the full distribution)."""
+        """As `RolloutEngine.generate` (any number of prompts; temperature 0: greedy, log-probs
+        of the unscaled logits); top_k / top_p are not supported (the ablation samples the full
+        distribution).
+
+        Static batching, as a stock `generate` batches: the requests run in waves of max_batch
+        (in order), each wave left-padded to its longest prompt and decoded until all its rows
+        end; unlike the embedded engine's continuous batching, a request's numbers depend on
+        the wave it falls in (its padding and batch shape)."""
+        args = check_generate_args(
+            prompts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            vocab_size=self.vocab_size,
+            max_seq_len=self.max_seq_len,
+            no_filter_reason="StockRolloutEngine samples the full distribution",
+        )
+        keys = request_keys(args.seeds, self.device)
+        out = RolloutOutput(tokens=[], logprobs=[], finish_reasons=[])
+        for start in range(0, len(prompts), self.max_batch):
+            wave = slice(start, start + self.max_batch)
+            part = self._generate_wave(
+                prompts[wave], args.budgets[wave], keys[wave], temperature, eos_token_id
+            )
+            out.tokens += part.tokens
+            out.logprobs += part.logprobs
+            out.finish_reasons += part.finish_reasons
+        return out
+
+    def _generate_wave(
+        self, prompts, budgets: list[int], keys_B, temperature: float, eos_token_id: int | None
+    ) -> RolloutOutput:
+        """One static batch of at most max_batch requests: a left-padded prefill, then one token
+        for every row per step until every row has met its EOS or its budget."""
         from transformers import DynamicCache
 
-        num = len(prompts)
-        if num == 0 or any(len(p) == 0 for p in prompts):
-            raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
-        if num > self.max_batch:
-            raise ValueError(f"{num} prompts exceed max_batch={self.max_batch}")
-        if top_k or top_p < 1.0:
-            raise ValueError("StockRolloutEngine samples the full distribution (no top_k/top_p)")
-        if not temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        greedy = temperature == 0
-        seeds = [seed + i for i in range(num)] if isinstance(seed, int) else list(seed)
-        if len(seeds) != num:
-            raise ValueError(f"seed list has {len(seeds)} entries for {num} prompts")
-        keys = request_keys(seeds, self.device)
+        num, greedy, max_new_tokens = len(prompts), temperature == 0, max(budgets)
         width = max(len(p) for p in prompts)
-        if width + max_new_tokens > self.max_seq_len:
-            raise ValueError(f"longest prompt + max_new_tokens exceeds {self.max_seq_len}")
         # left padding, as transformers' generate batches prompts of different lengths
         ids = torch.zeros((num, width), dtype=torch.long)
         attn = torch.zeros((num, width), dtype=torch.long)
@@ -153,6 +173,7 @@ class StockRolloutEngine:
         tokens_BN = torch.zeros((num, max_new_tokens), dtype=torch.long, device=self.device)
         logps_BN = torch.zeros((num, max_new_tokens), dtype=torch.float32, device=self.device)
         finished = torch.zeros(num, dtype=torch.bool, device=self.device)
+        budgets_B = torch.tensor(budgets, device=self.device)
         steps = max_new_tokens
         for step in range(max_new_tokens):
             logits = last.float()
@@ -161,12 +182,12 @@ class StockRolloutEngine:
                 logp_all = torch.log_softmax(logits, dim=-1)
             else:
                 scaled = logits / temperature
-                picked = sample(scaled, gumbel_noise(keys, step, self.vocab_size))
+                picked = sample(scaled, gumbel_noise(keys_B, step, self.vocab_size))
                 logp_all = torch.log_softmax(scaled, dim=-1)
             logps_BN[:, step] = logp_all.gather(1, picked[:, None])[:, 0]
             tokens_BN[:, step] = picked
             if eos_token_id is not None:
-                finished |= picked == eos_token_id
+                finished |= (picked == eos_token_id) | (budgets_B <= step + 1)
                 if bool(finished.all()):
                     steps = step + 1
                     break
@@ -185,8 +206,8 @@ class StockRolloutEngine:
         tokens_all, logps_all = tokens_BN[:, :steps].cpu(), logps_BN[:, :steps].cpu()
         tokens, logps, reasons = [], [], []
         for i in range(num):
-            row = tokens_all[i]
-            n, reason = steps, "length"
+            row = tokens_all[i, : budgets[i]]
+            n, reason = len(row), "length"
             if eos_token_id is not None:
                 hits = (row == eos_token_id).nonzero()
                 if len(hits):

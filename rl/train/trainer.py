@@ -27,20 +27,21 @@ from pathlib import Path
 import torch
 
 from ...dynamo_guard import no_silent_eager_fallback
-from ...rollout import RolloutEngine, token_logprobs
+from ...learner_widths import learner_width, width_buckets
+from ...rollout import token_logprobs
 from ...rollout.learner_head import (
     DEFAULT_CHUNK_ROWS,
     chunked_head_parts,
     head_token_logprobs,
     learner_hidden,
 )
+from ...seeds import derive_seed
 from ...sr_stream import set_sr_state, sr_state
-from ...vllm_plugin.engine import VLLMRolloutEngine
 from ..diagnostics.mismatch import mismatch_tensors
 from ..tasks.builtin import make_task
 from ..tasks.tokenizer import make_tokenizer
 from . import distributed as ddp
-from .batching import learner_width, pack_batch, width_buckets
+from .batching import pack_batch
 from .checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -51,7 +52,8 @@ from .checkpoint import (
     set_rng_state,
     step_path,
 )
-from .config import TrainConfig, build_model, derive_seed, model_dir_identity
+from .config import TrainConfig, build_model, model_dir_identity
+from .engines import EngineRequest, build_engine
 from .evaluation import evaluate, heldout_problems
 from .grpo import group_advantages, policy_loss, rollout_correction
 from .warm_start import load_or_warm_start
@@ -140,45 +142,20 @@ class GRPOTrainer:
         set_sr_state(state.get("sr_state") if state is not None else None)
         # The engine owns its own copy of the weights (as a separate rollout would) and gets the
         # learner's after every optimizer step (full weights, gathered from the shards).
-        if cfg.rollout_engine.startswith("vllm"):
-            if self.world > 1:
-                raise ValueError(f"rollout_engine={cfg.rollout_engine!r} runs in one process")
-            # "vllm": minite's bitwise model class where one exists (None = the engine decides)
-            full = {"vllm": None, "vllm_full": True, "vllm_linears": False}[cfg.rollout_engine]
-            if full and not cfg.compile:
-                raise ValueError("rollout_engine='vllm_full' runs minite's numerics: compile=True")
-            # vLLM loads the weights from a folder it writes; compile=False runs vLLM's own path
-            self.engine = VLLMRolloutEngine(
-                self.model,
-                recipe=self.recipe if cfg.compile else None,
-                max_batch=self.num_local,
-                max_seq_len=self.width,
-                seed=cfg.seed,
-                full=full,
-                temperature=cfg.temperature,
-            )
-        elif cfg.rollout_engine == "stock":  # the alignment ablation's mismatched rollout
-            from .stock_rollout import StockRolloutEngine
-
-            if self.world > 1:
-                raise ValueError("rollout_engine='stock' runs in one process")
-            self.engine = StockRolloutEngine(
-                self.model,
-                recipe=self.recipe,
-                device=self.device,
-                max_batch=self.num_local,
-                max_seq_len=self.width,
-            )
-        else:
-            self.engine = RolloutEngine(
-                copy.deepcopy(self.model),
-                recipe=self.recipe,
-                device=self.device,
-                max_batch=self.num_local,
-                max_seq_len=self.width,
-                compile=cfg.compile,
-                cuda_graphs=cfg.rollout_cuda_graphs,
-            )
+        # One rollout batch is ONE generate call (any engine takes any number of requests);
+        # rollout_max_batch only sizes how many run at once.
+        request = EngineRequest(
+            model=self.model,
+            recipe=self.recipe,
+            device=self.device,
+            max_batch=cfg.rollout_max_batch or self.num_local,
+            max_seq_len=self.width,
+            seed=cfg.seed,
+            temperature=cfg.temperature,
+            compile=cfg.compile,
+            cuda_graphs=cfg.rollout_cuda_graphs,
+        )
+        self.engine = build_engine(cfg.rollout_engine, request, world=self.world)
         if self.world > 1:
             ddp.shard_model(self.model)  # FSDP2: parameters, gradients, optimizer state sharded
         self.optimizer = torch.optim.AdamW(

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 
+from ...seeds import derive_seed
 from ..tasks.builtin import Problem, Task
 from ..tasks.tokenizer import Tokenizer
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import TrainConfig, derive_seed, model_dir_identity
+from .config import TrainConfig, model_dir_identity
 
 WARM_START_FIELDS = (
     "arch",

@@ -275,7 +275,6 @@ PENDING: dict[tuple[str, str], set[str]] = {
     ("core", "passes"): {"fp4_compile.backend", "fp4_compile.compile_api", "fp4_compile.testing"},
     ("core", "rollout"): {"fp4_compile.compile_api"},
     ("rl.diagnostics", "rl.train"): {"fp4_compile.rl.diagnostics.gap_report"},
-    ("integrations", "rl.train"): {"fp4_compile.integrations.trl"},
 }
 
 
