@@ -80,7 +80,7 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     # any order; speed only); untuned
     ("cuda", "row_codes"): dict(block_r=2, block_k=128, block_p=128, num_warps=4),
     ("interpreter", "row_codes"): dict(block_r=4, block_k=32, block_p=4),
-    # nvfp4/gemm_kernel.ongrid_weight (packed weight -> on-grid BF16): [block_r, block_k] tiles
+    # nvfp4/ongrid_weight_kernel.ongrid_weight (packed weight -> on-grid BF16): [block_r, block_k] tiles
     ("cuda", "ongrid_weight"): dict(block_r=32, block_k=128, num_warps=4),
     ("interpreter", "ongrid_weight"): dict(block_r=16, block_k=32),
     # nvfp4/k_chunks.fold_chunks (split-K decode's fold of the chunk partials): [block_r, block_c]
@@ -94,7 +94,7 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     # nvfp4/segment_layout_kernel: BLOCK_E = min(max_block_e, pow2(E)) experts per step,
     # BLOCK_C = max(16, tile_elements // BLOCK_E) columns per program
     ("any", "segment_layout"): dict(max_block_e=128, tile_elements=2048),
-    # invariant/attention_kernel.mask_args: int32 words (32 keys each) per step of a mask row
+    # invariant/attention_masks.mask_args: int32 words (32 keys each) per step of a mask row
     ("cuda", "attention_mask_args"): dict(block_w=32),
     ("interpreter", "attention_mask_args"): dict(block_w=1),
     # invariant/logprobs_kernel: vocabulary entries per block (part of the bits: the sums walk

@@ -506,7 +506,8 @@ def _attention_cases() -> list[KernelCase]:
     import triton.language as tl
 
     from fp4_compile.codegen import configs as cfgs
-    from fp4_compile.codegen.invariant import attention_backward_kernel as ab
+    from fp4_compile.codegen.invariant import attention_dkdv_kernel as dkdv
+    from fp4_compile.codegen.invariant import attention_dq_kernel as dq
     from fp4_compile.codegen.invariant import attention_kernel as ik
 
     hq, hkv, t, d = 32, 4, 512, 128  # batch 8: only the strides below see it
@@ -573,7 +574,7 @@ def _attention_cases() -> list[KernelCase]:
             ),  # launched with Triton's defaults
             KernelCase(
                 f"attention backward dQ{label}",
-                ab._dq_kernel,
+                dq._dq_kernel,
                 {
                     **tensors,
                     **common,
@@ -590,7 +591,7 @@ def _attention_cases() -> list[KernelCase]:
             ),
             KernelCase(
                 f"attention backward dK/dV{label}",
-                ab._dkdv_kernel,
+                dkdv._dkdv_kernel,
                 {
                     **tensors,
                     **common,

@@ -14,23 +14,11 @@ the weight stream cheap, none of which changes a bit:
    output element and K chunk (4. below). (`DecodeConfig.weights_right` keeps the learner's own
    orientation instead: tokens left, padded to >= 64 rows, the decoded weights right, through
    shared memory; `configs.check_decode_config` refuses tiles that would not issue wgmma.)
-2. E2M1 by bit placement. A code nibble s|e1 e0 m placed as s -> bit 15, e1 e0 m -> bits 8..6
-   of a 16-bit lane is the BF16 number code * 2**-126 (bits 8..7 are the low exponent bits, 6 the
-   top mantissa bit; e1 e0 = 0 gives the BF16 subnormal m * 2**-127 = 0.5 * m * 2**-126, the
-   E2M1 subnormal): two masks and two shifts per code, no lookup, no convert (the fewest
-   instructions per weight of the forms swept: `tools.decode_sass_audit`,
-   benchmarks/results/2026-12-05_decode_gemm_43f05e0.md).
-3. Scales folded once. The E4M3 block scale s is turned into the BF16 number s * 2**118 (exact:
-   4 significant bits; 2**-9 * 2**118 .. 448 * 2**118 lies inside BF16's normal range) from its
-   bits, once per 16 weights. One BF16 multiply gives w' = code * s * 2**-8: exact (at most 6
-   significant bits, and |w'| >= 2**-19 is normal), so w' = w * 2**-8 for every weight.
-   Then every product a * w' is exactly (a * w) * 2**-8, and every partial sum of the FP32
-   accumulation is the learner's partial sum times 2**-8: FP32 rounding commutes with an exact
-   power-of-two scale as long as nothing leaves the normal range, and it cannot here (a nonzero
-   on-grid product is a multiple of 2**-20, so every nonzero partial sum of the scaled products
-   is at least 2**-28 in magnitude; |sum| <= K * 2688**2 is far below 2**127). The epilogue's
-   first step, acc * 2**8, is therefore exact and restores the learner's accumulator bit for
-   bit; the rest of the epilogue is the learner's, in the same order.
+2. E2M1 by bit placement and 3. scales folded once (`decode_gemm_tiles.py`, whose docstring
+   proves both exact): the weight tile is decoded to w' = w * 2**-8, so every product and
+   partial sum of the FP32 accumulation is the learner's times 2**-8, and the epilogue's first
+   step, acc * 2**8, restores the learner's accumulator bit for bit; the rest of the epilogue
+   is the learner's, in the same order.
 4. The K chunks (configs.py 1., `K_CHUNK`): the learner sums K in chunks of KC, each from zero,
    and folds the chunk partials ((p0 + p1) + p2) + ... from p0. Each chunk here walks the same
    ascending chain from zero, so its partial is the learner's times 2**-8 (3.: the argument
@@ -55,68 +43,54 @@ import triton.language as tl
 from ..configs import check_decode_config, k_chunk, pick_decode
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
 from ..triton_helpers import expert_row_tile
+from .decode_gemm_tiles import weight_tile
 from .k_chunks import chunk_count, fold_chunks
 from .packed_layout import words_tile_k
-
-WEIGHT_SHIFT = 8  # w' = w * 2**-WEIGHT_SHIFT inside the kernel (see 3. above)
-
-
-@triton.jit
-def _scale_times_2_118(sbyte):
-    """E4M3 scale byte (int32, sign 0) -> FP32 value * 2**118, exact; subnormals too."""
-    e = (sbyte >> 3) & 15
-    m = sbyte & 7
-    normal = (((e + 238) << 23) | (m << 20)).to(tl.float32, bitcast=True)
-    # subnormal: m * 2**-9 * 2**118 = m * 2**109
-    return tl.where(e == 0, m.to(tl.float32) * 6.490371073168535e32, normal)
-
-
-@triton.jit
-def _fp32_codes_times_2_126(byte):
-    """Packed bytes (low nibble = even k) -> (low, high) E2M1 values * 2**-126 by bit placement,
-    as FP32 lanes: the interpreter's form (it has no BF16 arithmetic; the same numbers, FP32 is
-    BF16 << 16)."""
-    b = byte.to(tl.int32)
-    lo = (((b & 0x8) << 28) | ((b & 0x7) << 22)).to(tl.float32, bitcast=True)
-    hi = (((b & 0x80) << 24) | ((b & 0x70) << 18)).to(tl.float32, bitcast=True)
-    return lo, hi
-
-
-@triton.jit
-def _pair_halves(word, SHIFT: tl.constexpr):
-    """Nibbles j and j + 4 of each 32-bit word (SHIFT = 4 j) placed as two BF16 values * 2**-126
-    in one 32-bit op chain (nibble j + 4 sits 16 bits above nibble j), split into the halves."""
-    v = word >> SHIFT
-    pair = ((v << 12) & -2147450880) | ((v << 6) & 0x01C001C0)  # 0x80008000 as int32
-    lo = pair.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    hi = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return lo, hi
-
-
-@triton.jit
-def _word_codes_times_2_126(word, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[W, K/8] words of 8 codes -> [W, K] BF16 codes * 2**-126, in k order."""
-    n0, n4 = _pair_halves(word, 0)
-    n1, n5 = _pair_halves(word, 4)
-    n2, n6 = _pair_halves(word, 8)
-    n3, n7 = _pair_halves(word, 12)
-    # join adds the LAST dim: [W, K/8, a, b, c] = code 4 a + 2 b + c of the word
-    even = tl.join(tl.join(n0, n4), tl.join(n2, n6))
-    odd = tl.join(tl.join(n1, n5), tl.join(n3, n7))
-    return tl.reshape(tl.join(even, odd), (BLOCK_W, BLOCK_K))
 
 
 @triton.jit
 def _nvfp4_decode_gemm_kernel(
-    a_ptr, b_ptr, bs_ptr, gda_ptr, gdb_ptr, bias_ptr, out_ptr, group_end_ptr, a_rows_ptr,
-    M, N, K, E,
-    stride_am, stride_ak, stride_be, stride_bn, stride_se, stride_sn,
-    gda_stride, gdb_stride, stride_om, stride_on, part_ptr, stride_pc, chunks_per_split,
-    GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, WORDS: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-    A_GATHER: tl.constexpr, GDA_SHARED: tl.constexpr, SCALE_WORDS: tl.constexpr,
-    EVEN_K: tl.constexpr, WEIGHTS_RIGHT: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
-):  # fmt: skip
+    a_ptr,
+    b_ptr,
+    bs_ptr,
+    gda_ptr,
+    gdb_ptr,
+    bias_ptr,
+    out_ptr,
+    group_end_ptr,
+    a_rows_ptr,
+    M,
+    N,
+    K,
+    E,
+    stride_am,
+    stride_ak,
+    stride_be,
+    stride_bn,
+    stride_se,
+    stride_sn,
+    gda_stride,
+    gdb_stride,
+    stride_om,
+    stride_on,
+    part_ptr,
+    stride_pc,
+    chunks_per_split,
+    GROUPED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    WORDS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    A_GATHER: tl.constexpr,
+    GDA_SHARED: tl.constexpr,
+    SCALE_WORDS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    WEIGHTS_RIGHT: tl.constexpr,
+    K_CHUNK: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
     # grid: token tiles x weight tiles, the weight tiles of one token tile adjacent in launch
     # order (the programs in flight share their A rows). A_GATHER / GDA_SHARED / GROUPED have
     # the meaning they have in gemm_kernel._nvfp4_gemm_kernel (tokens = its rows).
@@ -167,45 +141,10 @@ def _nvfp4_decode_gemm_kernel(
         a_mask = amask[None, :]
         if not EVEN_K:
             a_mask = a_mask & (kk < K)[:, None]
-        a_t = tl.load(a_ptr + arows[None, :] * stride_am + kk[:, None] * stride_ak, mask=a_mask,
-                      other=0.0)  # fmt: skip
-        if SCALE_WORDS:  # [W, BLOCK_K / 64] words; byte j of word q = scale 4 q + j
-            kq = k0 // 64 + tl.arange(0, BLOCK_K // 64)
-            s_mask = cmask[:, None]
-            if not EVEN_K:
-                s_mask = s_mask & (kq < K // 64)[None, :]
-            sword = tl.load(s_base + kq[None, :], mask=s_mask, other=0,
-                            eviction_policy="evict_first")  # fmt: skip
-            sbyte = (sword[:, :, None] >> (tl.arange(0, 4) * 8)[None, None, :]) & 0xFF
-            sbyte = tl.reshape(sbyte, (BLOCK_W, BLOCK_K // 16))
-        else:
-            ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-            s_mask = cmask[:, None]
-            if not EVEN_K:
-                s_mask = s_mask & (ks < K // 16)[None, :]
-            sbyte = tl.load(s_base + ks[None, :], mask=s_mask, other=0,
-                            eviction_policy="evict_first").to(tl.int32)  # fmt: skip
-        s = _scale_times_2_118(sbyte)
-        if WORDS:  # CUDA: 32-bit words of 8 codes (nibble j = code k0 + 8 i + j), BF16 lanes
-            s = s.to(tl.bfloat16)  # exact: 4 significant bits
-            kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-            w_mask = cmask[:, None]
-            if not EVEN_K:
-                w_mask = w_mask & (kw < K // 8)[None, :]
-            word = tl.load(b_base + kw[None, :], mask=w_mask, other=0,
-                           eviction_policy="evict_first")  # fmt: skip
-            code = _word_codes_times_2_126(word, BLOCK_W, BLOCK_K)
-        else:  # the interpreter: bytes, FP32 lanes
-            kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            b_mask = cmask[:, None]
-            if not EVEN_K:
-                b_mask = b_mask & (kb < K // 2)[None, :]
-            byte = tl.load(b_base + kb[None, :], mask=b_mask, other=0)
-            lo, hi = _fp32_codes_times_2_126(byte)
-            code = tl.reshape(tl.join(lo, hi), (BLOCK_W, BLOCK_K))
-        s_full = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_W, BLOCK_K // 16, 16)),
-                            (BLOCK_W, BLOCK_K))  # fmt: skip
-        w = code * s_full
+        a_t = tl.load(
+            a_ptr + arows[None, :] * stride_am + kk[:, None] * stride_ak, mask=a_mask, other=0.0
+        )
+        w = weight_tile(b_base, s_base, k0, K, cmask, WORDS, SCALE_WORDS, EVEN_K, BLOCK_W, BLOCK_K)
         if WORDS and WEIGHTS_RIGHT:
             acc = tl.dot(tl.trans(a_t.to(tl.bfloat16)), tl.trans(w), acc)
         elif WORDS:
@@ -219,11 +158,17 @@ def _nvfp4_decode_gemm_kernel(
                 if SPLIT > 1:  # its partial, restored (x 2**8, exact), to [chunk, row, col]
                     p_base = part_ptr + (k0 // K_CHUNK) * stride_pc
                     if WEIGHTS_RIGHT:
-                        tl.store(p_base + rows[:, None] * N + cols[None, :], acc * 256.0,
-                                 mask=rmask[:, None] & cmask[None, :])  # fmt: skip
+                        tl.store(
+                            p_base + rows[:, None] * N + cols[None, :],
+                            acc * 256.0,
+                            mask=rmask[:, None] & cmask[None, :],
+                        )
                     else:
-                        tl.store(p_base + rows[None, :] * N + cols[:, None], acc * 256.0,
-                                 mask=rmask[None, :] & cmask[:, None])  # fmt: skip
+                        tl.store(
+                            p_base + rows[None, :] * N + cols[:, None],
+                            acc * 256.0,
+                            mask=rmask[None, :] & cmask[:, None],
+                        )
                 else:
                     total = tl.where(k0 < K_CHUNK, acc, total + acc)  # chunk 0 starts the fold
                 acc = tl.zeros_like(acc)
@@ -233,7 +178,7 @@ def _nvfp4_decode_gemm_kernel(
         acc = total
     if WEIGHTS_RIGHT:
         acc = tl.trans(acc)  # [W, T], as the epilogue reads it
-    acc = acc * 256.0  # 2**WEIGHT_SHIFT: exact, the learner's accumulator (see 3. above)
+    acc = acc * 256.0  # 2**WEIGHT_SHIFT (decode_gemm_tiles): exact, the learner's accumulator
     if GDA_SHARED:
         gda = tl.load(gda_ptr + rows * 0, mask=rmask, other=1.0)
     else:
@@ -242,8 +187,11 @@ def _nvfp4_decode_gemm_kernel(
     out = (acc * gda[None, :]) * gdb
     if HAS_BIAS:
         out = out + tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[:, None]
-    tl.store(out_ptr + rows[None, :] * stride_om + cols[:, None] * stride_on,
-             out.to(out_ptr.dtype.element_ty), mask=rmask[None, :] & cmask[:, None])  # fmt: skip
+    tl.store(
+        out_ptr + rows[None, :] * stride_om + cols[:, None] * stride_on,
+        out.to(out_ptr.dtype.element_ty),
+        mask=rmask[None, :] & cmask[:, None],
+    )
 
 
 def launch_decode_gemm(
@@ -329,21 +277,57 @@ def launch_decode_gemm(
     if scale_words:
         scales = scales.view(torch.int32)
     _nvfp4_decode_gemm_kernel[(tile_programs, splits)](
-        a_MK, codes, scales, gd_a, gd_b, bias if bias is not None else gd_b, out, ends,
+        a_MK,
+        codes,
+        scales,
+        gd_a,
+        gd_b,
+        bias if bias is not None else gd_b,
+        out,
+        ends,
         a_rows if a_rows is not None else ends,
-        m, n, k, num_experts,
-        a_MK.stride(0), a_MK.stride(1), codes.stride(0), codes.stride(1),
-        scales.stride(0), scales.stride(1),
-        1 if gd_a.numel() > 1 else 0, 1 if gd_b.numel() > 1 else 0, out.stride(0), out.stride(1),
-        partials, m * n, chunks_per_split,
-        GROUPED=grouped, HAS_BIAS=bias is not None, WORDS=not interp,
-        BLOCK_T=cfg.block_t, BLOCK_W=cfg.block_w, BLOCK_K=cfg.block_k,
-        BLOCK_E=max(triton.next_power_of_2(num_experts), 2), A_GATHER=a_rows is not None,
-        GDA_SHARED=gd_a.numel() == 1, SCALE_WORDS=scale_words, WEIGHTS_RIGHT=cfg.weights_right,
-        EVEN_K=k % cfg.block_k == 0, K_CHUNK=kc, SPLIT=splits,
-        **cfg.launch_kwargs(), **compile_options(dev),
-    )  # fmt: skip
+        m,
+        n,
+        k,
+        num_experts,
+        a_MK.stride(0),
+        a_MK.stride(1),
+        codes.stride(0),
+        codes.stride(1),
+        scales.stride(0),
+        scales.stride(1),
+        1 if gd_a.numel() > 1 else 0,
+        1 if gd_b.numel() > 1 else 0,
+        out.stride(0),
+        out.stride(1),
+        partials,
+        m * n,
+        chunks_per_split,
+        GROUPED=grouped,
+        HAS_BIAS=bias is not None,
+        WORDS=not interp,
+        BLOCK_T=cfg.block_t,
+        BLOCK_W=cfg.block_w,
+        BLOCK_K=cfg.block_k,
+        BLOCK_E=max(triton.next_power_of_2(num_experts), 2),
+        A_GATHER=a_rows is not None,
+        GDA_SHARED=gd_a.numel() == 1,
+        SCALE_WORDS=scale_words,
+        WEIGHTS_RIGHT=cfg.weights_right,
+        EVEN_K=k % cfg.block_k == 0,
+        K_CHUNK=kc,
+        SPLIT=splits,
+        **cfg.launch_kwargs(),
+        **compile_options(dev),
+    )
     if splits > 1:
-        fold_chunks(partials, gd_a, gd_b, out, bias=bias, offsets=offsets if grouped else None,
-                    a_rows=a_rows)  # fmt: skip
+        fold_chunks(
+            partials,
+            gd_a,
+            gd_b,
+            out,
+            bias=bias,
+            offsets=offsets if grouped else None,
+            a_rows=a_rows,
+        )
     return out.to(out_dtype) if interp else out

@@ -62,7 +62,8 @@ def cuda_linear(
     row's) and the GEMM gathers the on-grid rows in its operand load: bitwise
     `cuda_linear(x2[x_index], ...)` without the gathered copy or quantizing each token top-k
     times."""
-    from .gemm_kernel import launch_gemm, ongrid_weight
+    from .gemm_kernel import launch_gemm
+    from .ongrid_weight_kernel import ongrid_weight
     from .quantize_kernel import quantize_triton
 
     gs = (
@@ -90,7 +91,7 @@ def cuda_linear(
 
 
 def _ongrid_weight(w_codes, w_scales, w_gd, w_ongrid, n, k):
-    from .gemm_kernel import ongrid_weight
+    from .ongrid_weight_kernel import ongrid_weight
 
     if w_ongrid is not None:
         return w_ongrid
@@ -209,7 +210,8 @@ def cuda_activation_operands(x2, recipe, x_amax, *, transposed: bool):
 
 def cuda_linear_quantized(x_ongrid, x_gd, w_codes, w_scales, w_gd, w_ongrid, bias, out_dtype):
     """`cuda_linear` (x_index None) with x's quantization given: the same GEMM launch."""
-    from .gemm_kernel import launch_gemm, ongrid_weight
+    from .gemm_kernel import launch_gemm
+    from .ongrid_weight_kernel import ongrid_weight
 
     rows = x_ongrid.shape[0]
     if w_ongrid is None and forward_uses_ongrid(x_ongrid.device.type, rows):
@@ -234,7 +236,8 @@ def cuda_grouped_quantized(
 ):
     """`cuda_linear` with offsets (and x_index) given x's per-row quantization: the same GEMM
     launch."""
-    from .gemm_kernel import launch_gemm, ongrid_weight
+    from .gemm_kernel import launch_gemm
+    from .ongrid_weight_kernel import ongrid_weight
 
     m = x_ongrid.shape[0] if x_index is None else x_index.shape[0]
     rows = max(1, -(-m // w_codes.shape[0]))

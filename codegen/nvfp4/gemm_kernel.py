@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import decode_dispatch, k_chunk, pick, pick_launch, warps_kwargs
+from ..configs import decode_dispatch, k_chunk, pick
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
 from ..triton_helpers import e2m1_value, e4m3_value, expert_row_tile
 from .packed_layout import words_tile_k
@@ -42,15 +42,43 @@ from .packed_layout import words_tile_k
 
 @triton.jit
 def _nvfp4_gemm_kernel(
-    a_ptr, b_ptr, bs_ptr, gda_ptr, gdb_ptr, bias_ptr, out_ptr, group_end_ptr, a_rows_ptr,
-    M, N, K, E,
-    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_se, stride_sn,
-    gda_stride, gdb_stride, stride_om, stride_on,
-    GROUPED: tl.constexpr, B_PACKED: tl.constexpr, HAS_BIAS: tl.constexpr,
-    DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_E: tl.constexpr, A_GATHER: tl.constexpr = False, GDA_SHARED: tl.constexpr = False,
-    SCALE_WORDS: tl.constexpr = False, K_CHUNK: tl.constexpr = 0,
-):  # fmt: skip
+    a_ptr,
+    b_ptr,
+    bs_ptr,
+    gda_ptr,
+    gdb_ptr,
+    bias_ptr,
+    out_ptr,
+    group_end_ptr,
+    a_rows_ptr,
+    M,
+    N,
+    K,
+    E,
+    stride_am,
+    stride_ak,
+    stride_be,
+    stride_bn,
+    stride_bk,
+    stride_se,
+    stride_sn,
+    gda_stride,
+    gdb_stride,
+    stride_om,
+    stride_on,
+    GROUPED: tl.constexpr,
+    B_PACKED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    A_GATHER: tl.constexpr = False,
+    GDA_SHARED: tl.constexpr = False,
+    SCALE_WORDS: tl.constexpr = False,
+    K_CHUNK: tl.constexpr = 0,
+):
     # SCALE_WORDS (packed B): the scale bytes read as 32-bit words of 4 (stride_sn in words), a
     # load the software pipeline issues stages ahead (a byte load is not pipelined, and its
     # memory latency then stalls every K step).
@@ -93,30 +121,46 @@ def _nvfp4_gemm_kernel(
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         kmask = kk < K
-        a = tl.load(a_ptr + arows[:, None] * stride_am + kk[None, :] * stride_ak,
-                    mask=amask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
+        a = tl.load(
+            a_ptr + arows[:, None] * stride_am + kk[None, :] * stride_ak,
+            mask=amask[:, None] & kmask[None, :],
+            other=0.0,
+        )
         if B_PACKED:
             kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            byte = tl.load(b_base + cols[:, None] * stride_bn + kb[None, :],
-                           mask=cmask[:, None] & (kb < K // 2)[None, :], other=0).to(tl.int32)  # fmt: skip
+            byte = tl.load(
+                b_base + cols[:, None] * stride_bn + kb[None, :],
+                mask=cmask[:, None] & (kb < K // 2)[None, :],
+                other=0,
+            ).to(tl.int32)
             codes = tl.reshape(tl.join(byte & 15, byte >> 4), (BLOCK_N, BLOCK_K))
             if SCALE_WORDS:  # [BN, BLOCK_K / 64] words; byte j of word q = scale 4 q + j
                 kq = k0 // 64 + tl.arange(0, BLOCK_K // 64)
-                sword = tl.load(s_base + cols[:, None] * stride_sn + kq[None, :],
-                                mask=cmask[:, None] & (kq < K // 64)[None, :], other=0)  # fmt: skip
+                sword = tl.load(
+                    s_base + cols[:, None] * stride_sn + kq[None, :],
+                    mask=cmask[:, None] & (kq < K // 64)[None, :],
+                    other=0,
+                )
                 sbyte = (sword[:, :, None] >> (tl.arange(0, 4) * 8)[None, None, :]) & 0xFF
                 sbyte = tl.reshape(sbyte, (BLOCK_N, BLOCK_K // 16))
             else:
                 ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-                sbyte = tl.load(s_base + cols[:, None] * stride_sn + ks[None, :],
-                                mask=cmask[:, None] & (ks < K // 16)[None, :], other=0).to(tl.int32)  # fmt: skip
+                sbyte = tl.load(
+                    s_base + cols[:, None] * stride_sn + ks[None, :],
+                    mask=cmask[:, None] & (ks < K // 16)[None, :],
+                    other=0,
+                ).to(tl.int32)
             sval = e4m3_value(sbyte)
-            s_full = tl.reshape(tl.broadcast_to(sval[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)),
-                                (BLOCK_N, BLOCK_K))  # fmt: skip
+            s_full = tl.reshape(
+                tl.broadcast_to(sval[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)), (BLOCK_N, BLOCK_K)
+            )
             b = tl.trans(e2m1_value(codes) * s_full)  # [BK, BN], exact
         else:
-            b = tl.load(b_base + cols[None, :] * stride_bn + kk[:, None] * stride_bk,
-                        mask=cmask[None, :] & kmask[:, None], other=0.0)  # fmt: skip
+            b = tl.load(
+                b_base + cols[None, :] * stride_bn + kk[:, None] * stride_bk,
+                mask=cmask[None, :] & kmask[:, None],
+                other=0.0,
+            )
         if DOT_F32:
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         else:
@@ -135,55 +179,11 @@ def _nvfp4_gemm_kernel(
     out = (acc * gda[:, None]) * gdb
     if HAS_BIAS:
         out = out + tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on,
-             out.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])  # fmt: skip
-
-
-@triton.jit
-def _ongrid_kernel(codes_ptr, scales_ptr, out_ptr, R, K, BLOCK_R: tl.constexpr,
-                   BLOCK_K: tl.constexpr):  # fmt: skip
-    """out[r, k] = E2M1(code) * E4M3(scale of block k // 16), exact (rows flattened)."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    kb = tl.program_id(1).to(tl.int64) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
-    ks = tl.program_id(1).to(tl.int64) * (BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
-    r64 = rows.to(tl.int64)[:, None]
-    rmask = (rows < R)[:, None]
-    byte = tl.load(codes_ptr + r64 * (K // 2) + kb[None, :], mask=rmask & (kb < K // 2)[None, :],
-                   other=0).to(tl.int32)  # fmt: skip
-    codes = tl.reshape(tl.join(byte & 15, byte >> 4), (BLOCK_R, BLOCK_K))
-    sbyte = tl.load(scales_ptr + r64 * (K // 16) + ks[None, :],
-                    mask=rmask & (ks < K // 16)[None, :], other=0).to(tl.int32)  # fmt: skip
-    sval = e4m3_value(sbyte)
-    s_full = tl.reshape(tl.broadcast_to(sval[:, :, None], (BLOCK_R, BLOCK_K // 16, 16)),
-                        (BLOCK_R, BLOCK_K))  # fmt: skip
-    cols = tl.program_id(1).to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)
-    tl.store(out_ptr + r64 * K + cols[None, :],
-             (e2m1_value(codes) * s_full).to(out_ptr.dtype.element_ty),
-             mask=rmask & (cols < K)[None, :])  # fmt: skip
-
-
-def ongrid_weight(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
-    """The on-grid BF16 copy of a quantized weight, [.., N, K] from codes [.., N, K/2] and E4M3
-    scale bytes [.., N, K/16]: equal to `NVFP4Tensor.on_grid(torch.bfloat16)`, in one launch."""
-    check_kernel_device(codes, "w_codes")
-    k = codes.shape[-1] * 2
-    if scale_bytes.shape[-1] * 16 != k or not (
-        codes.is_contiguous() and scale_bytes.is_contiguous()
-    ):
-        raise ValueError(
-            f"codes {tuple(codes.shape)} / scales {tuple(scale_bytes.shape)}: contiguous, K/2 and K/16"
-        )
-    r = codes.numel() // max(codes.shape[-1], 1)
-    interp = interpreting()
-    out = torch.empty((*codes.shape[:-1], k), device=codes.device,
-                      dtype=torch.float32 if interp else torch.bfloat16)  # fmt: skip
-    if r and k:
-        lc = pick_launch(arch_of(codes.device), "ongrid_weight")
-        grid = (triton.cdiv(r, lc["block_r"]), triton.cdiv(k, lc["block_k"]))
-        _ongrid_kernel[grid](codes, scale_bytes.view(torch.uint8), out, r, k,
-                             BLOCK_R=lc["block_r"], BLOCK_K=lc["block_k"],
-                             **warps_kwargs(lc))  # fmt: skip
-    return out.to(torch.bfloat16) if interp else out
+    tl.store(
+        out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on,
+        out.to(out_ptr.dtype.element_ty),
+        mask=rmask[:, None] & cmask[None, :],
+    )
 
 
 def _dot_key(device: torch.device) -> str:
@@ -230,9 +230,18 @@ def launch_gemm(
         if decode is not None:  # few rows: the weight-streaming kernel, the same bits
             from .decode_gemm_kernel import launch_decode_gemm
 
-            return launch_decode_gemm(a_MK, gd_a, b, gd_b, bias=bias, out_dtype=out_dtype,
-                                      offsets=offsets, rows_per_group=rows_per_group,
-                                      a_rows=a_rows, config=decode)  # fmt: skip
+            return launch_decode_gemm(
+                a_MK,
+                gd_a,
+                b,
+                gd_b,
+                bias=bias,
+                out_dtype=out_dtype,
+                offsets=offsets,
+                rows_per_group=rows_per_group,
+                a_rows=a_rows,
+                config=decode,
+            )
     b_main = b[0] if packed else b
     grouped = offsets is not None
     if b_main.dim() == 2:
@@ -256,8 +265,9 @@ def launch_gemm(
             f"global scales: gd_a {tuple(gd_a.shape)} for M={m}, gd_b {tuple(gd_b.shape)}"
         )
     op = config_op or ("nvfp4_gemm" if packed else "nvfp4_gemm_ongrid")
-    cfg = config or pick(arch_of(dev), _dot_key(dev), op, rows_per_group or m,
-                         n=None if grouped else n)  # fmt: skip
+    cfg = config or pick(
+        arch_of(dev), _dot_key(dev), op, rows_per_group or m, n=None if grouped else n
+    )
     kc = k_chunk(arch_of(dev), op) if k_chunk_override is None else k_chunk_override
     if kc % cfg.block_k:
         raise ValueError(f"{cfg}: BLOCK_K={cfg.block_k} must divide the K chunk KC={kc}")
@@ -279,16 +289,43 @@ def launch_gemm(
         b_scales = b_scales.view(torch.int32)
         stride_se, stride_sn = b_scales.stride(0), b_scales.stride(1)
     _nvfp4_gemm_kernel[grid](
-        a_MK, b_main, b_scales, gd_a, gd_b, bias if bias is not None else gd_b, out, ends,
+        a_MK,
+        b_main,
+        b_scales,
+        gd_a,
+        gd_b,
+        bias if bias is not None else gd_b,
+        out,
+        ends,
         a_rows if a_rows is not None else ends,
-        m, n, k, num_experts,
-        a_MK.stride(0), a_MK.stride(1), b_main.stride(0), b_main.stride(1), stride_bk,
-        stride_se, stride_sn,
-        1 if gd_a.numel() > 1 else 0, 1 if gd_b.numel() > 1 else 0, out.stride(0), out.stride(1),
-        GROUPED=grouped, B_PACKED=packed, HAS_BIAS=bias is not None, DOT_F32=dev.type != "cuda",
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        BLOCK_E=max(triton.next_power_of_2(num_experts), 2), A_GATHER=a_rows is not None,
-        GDA_SHARED=gd_a.numel() == 1, SCALE_WORDS=scale_words,
-        K_CHUNK=kc, **cfg.launch_kwargs(), **compile_options(dev),
-    )  # fmt: skip
+        m,
+        n,
+        k,
+        num_experts,
+        a_MK.stride(0),
+        a_MK.stride(1),
+        b_main.stride(0),
+        b_main.stride(1),
+        stride_bk,
+        stride_se,
+        stride_sn,
+        1 if gd_a.numel() > 1 else 0,
+        1 if gd_b.numel() > 1 else 0,
+        out.stride(0),
+        out.stride(1),
+        GROUPED=grouped,
+        B_PACKED=packed,
+        HAS_BIAS=bias is not None,
+        DOT_F32=dev.type != "cuda",
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        BLOCK_E=max(triton.next_power_of_2(num_experts), 2),
+        A_GATHER=a_rows is not None,
+        GDA_SHARED=gd_a.numel() == 1,
+        SCALE_WORDS=scale_words,
+        K_CHUNK=kc,
+        **cfg.launch_kwargs(),
+        **compile_options(dev),
+    )
     return out.to(out_dtype) if interp else out

@@ -16,7 +16,7 @@ boundary per GEMM and compiles on CPU, where `triton_op`/`wrap_triton` cannot):
 `w_scales` holds the E4M3 scale BYTES as uint8 (`.view(torch.uint8)`: float8 arguments break
 opcheck's schema test on CPU).
 CPU implementations are the reference (`fp4_compile/reference.py`); CUDA ones the Triton kernels
-(`quantize_kernel.py`, `gemm_kernel.ongrid_weight`; imported lazily).
+(`quantize_kernel.py`, `ongrid_weight_kernel.py`; imported lazily).
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def _check_packed_weight(w_codes, w_scales):
 def ongrid_weight(w_codes: torch.Tensor, w_scales: torch.Tensor) -> torch.Tensor:
     k = _check_packed_weight(w_codes, w_scales)
     if w_codes.device.type == "cuda":
-        from .gemm_kernel import ongrid_weight as kernel
+        from .ongrid_weight_kernel import ongrid_weight as kernel
 
         return kernel(w_codes.contiguous(), w_scales.contiguous())
     values = decode_e2m1(unpack_codes(w_codes))

@@ -12,7 +12,8 @@ p of P (all P resident at once) walks the tiles p, p + P, ... of expert e twice:
    announces it on expert e's counter.
 2. quantize: once all P programs have announced, every program reads amax[e], derives the
    global scales (`global_scale_kernel.scales_from_amax`, one IEEE rounding per step) and
-   quantizes its tiles with the block-scale and rounding helpers of `_quantize_kernel`.
+   quantizes its tiles with the block-scale and rounding helpers of `_quantize_kernel`
+   (`weight_quantize_tiles.py` holds both steps).
 
 Each program takes the amax of expert e + 1 BEFORE it waits for expert e, so it rarely waits,
 and its second read of expert e finds the tiles in L2 (one expert of the 30B-A3B shapes is
@@ -44,99 +45,34 @@ import triton.language as tl
 from ...format import BLOCK_SIZE, NVFP4Tensor
 from ..configs import pick, pick_launch
 from ..runtime import KernelTarget, interpreting, kernel_target, output_buffer
-from ..triton_helpers import (
-    ONE_SIXTH_F32,
-    block_encode,
-    e2m1_scaled,
-    rne_integer,
-    rne_ongrid_magnitude,
-    scales_from_amax,
-    signed_value,
-    store_packed,
-    tile16_max,
-)
+from ..triton_helpers import ONE_SIXTH_F32
+from .weight_quantize_tiles import announce_amax, quantize_expert
 
 _PHASE_AMAX, _PHASE_QUANTIZE, _PHASE_BOTH = 0, 1, 2
 
 
-@triton.jit
-def _expert_abs_bits(bits_ptr, e, pid, P, N, K, ABS_MASK: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """max over this program's tiles of expert e of the bits of |x| (int32 scalar)."""
-    tiles_k = tl.cdiv(K, BLOCK_K)
-    m = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.int32)
-    for t in range(pid, tl.cdiv(N, BLOCK_M) * tiles_k, P):
-        tm = t // tiles_k
-        rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = (t - tm * tiles_k) * BLOCK_K + tl.arange(0, BLOCK_K)
-        mask = (rows < N)[:, None] & (cols < K)[None, :]
-        offs = (e * N + rows[:, None]).to(tl.int64) * K + cols[None, :]
-        b = tl.load(bits_ptr + offs, mask=mask, other=0)
-        m = tl.maximum(m, b.to(tl.int32) & ABS_MASK)
-    return tl.max(tl.max(m, axis=1), axis=0)
-
-
-@triton.jit
-def _announce_amax(bits_ptr, state_ptr, e, E, pid, P, N, K, ABS_MASK: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    local = _expert_abs_bits(bits_ptr, e, pid, P, N, K, ABS_MASK, BLOCK_M, BLOCK_K)
-    tl.atomic_max(state_ptr + e, local)
-    tl.atomic_add(state_ptr + E + e, 1)  # acq_rel: the max above is visible before the count
-
-
-@triton.jit
-def _quantize_expert(x_ptr, gd_ptr, codes_ptr, scales_ptr, ongrid_ptr, amax_bits, e, pid, P,
-                     N, K, one_sixth, BITS16: tl.constexpr, ONGRID: tl.constexpr,
-                     PACKED: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_K: tl.constexpr):  # fmt: skip
-    if BITS16:  # the 16-bit float whose bits these are, widened exactly
-        amax = amax_bits.to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True).to(tl.float32)
-    else:
-        amax = amax_bits.to(tl.float32, bitcast=True)
-    amax1 = tl.full((1,), 0.0, tl.float32) + amax  # |x| >= +0.0: adding +0.0 changes no bit
-    gd1, mult1 = scales_from_amax(amax1, amax1 != amax1, one_sixth, 1)
-    gd = tl.reshape(gd1, (1, 1))
-    mult = tl.reshape(mult1, (1, 1))
-    if pid == 0:
-        tl.store(gd_ptr + e + tl.arange(0, 1), gd1)
-    NB: tl.constexpr = BLOCK_K // 16
-    tiles_k = tl.cdiv(K, BLOCK_K)
-    for t in range(pid, tl.cdiv(N, BLOCK_M) * tiles_k, P):
-        tm = t // tiles_k
-        pid_k = t - tm * tiles_k
-        local = tm * BLOCK_M + tl.arange(0, BLOCK_M)
-        rmask = local < N
-        rows = e * N + local  # rows of the flattened [E * N, K]
-        blk = pid_k * NB + tl.arange(0, NB)
-        rows3 = rows[:, None, None].to(tl.int64)
-        cols3 = blk[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
-        mask = rmask[:, None, None] & (cols3 < K)
-        x = tl.load(x_ptr + rows3 * K + cols3, mask=mask, other=0.0).to(tl.float32)
-        vmax = tile16_max(tl.max(tl.abs(x), axis=2), BLOCK_M, NB)
-        s_code, s_val, enc = block_encode(vmax, mult, gd)
-        v = tl.minimum(tl.maximum(x * enc[:, :, None], -6.0), 6.0)
-        mag = tl.abs(v)
-        if ONGRID:
-            val = signed_value(rne_ongrid_magnitude(mag), v, s_val)
-            tl.store(ongrid_ptr + rows3 * K + cols3, val.to(ongrid_ptr.dtype.element_ty),
-                     mask=mask)  # fmt: skip
-        if PACKED:
-            y, base = e2m1_scaled(mag)
-            n, _n_f = rne_integer(y)
-            idx = tl.where(mag == mag, base + n, 0)  # NaN -> code 0, as `_quantize_kernel`
-            code = idx | ((v < 0.0).to(tl.int32) << 3)
-            store_packed(codes_ptr, scales_ptr, code, s_code, rows.to(tl.int64), rmask, pid_k,
-                          blk, K, BLOCK_M, BLOCK_K)  # fmt: skip
-
-
 @triton.jit(do_not_specialize=["E", "N"])
 def _weight_quantize_kernel(
-    x_ptr, bits_ptr, state_ptr, gd_ptr, codes_ptr, scales_ptr, ongrid_ptr,
-    E, N, K, one_sixth,
-    ABS_MASK: tl.constexpr, BITS16: tl.constexpr, PHASE: tl.constexpr, ONGRID: tl.constexpr,
-    PACKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr,
+    bits_ptr,
+    state_ptr,
+    gd_ptr,
+    codes_ptr,
+    scales_ptr,
+    ongrid_ptr,
+    E,
+    N,
+    K,
+    one_sixth,
+    ABS_MASK: tl.constexpr,
+    BITS16: tl.constexpr,
+    PHASE: tl.constexpr,
+    ONGRID: tl.constexpr,
+    PACKED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     GROUPS: tl.constexpr = 1,
-):  # fmt: skip
+):
     # state_ptr: int32 [2E], zeros: the amax bits of each expert, then its announcement count.
     # PHASE 0: the amaxes only; 1: the quantizes only (a later launch); 2: both, in one launch.
     # GROUPS: the programs split into GROUPS groups (program p in group p % GROUPS); group g
@@ -146,21 +82,38 @@ def _weight_quantize_kernel(
     pid = tl.program_id(0).to(tl.int64) // GROUPS  # the program's index in its group
     P = (tl.num_programs(0) - group + GROUPS - 1) // GROUPS  # the group's programs
     if PHASE != 1 and group < E:
-        _announce_amax(bits_ptr, state_ptr, group, E, pid, P, N, K, ABS_MASK, BLOCK_M, BLOCK_K)
+        announce_amax(bits_ptr, state_ptr, group, E, pid, P, N, K, ABS_MASK, BLOCK_M, BLOCK_K)
     for e in range(group, E, GROUPS):
         if PHASE != 1:
             if e + GROUPS < E:  # the group's next expert's amax before this one's wait
-                _announce_amax(bits_ptr, state_ptr, e + GROUPS, E, pid, P, N, K, ABS_MASK,
-                               BLOCK_M, BLOCK_K)  # fmt: skip
+                announce_amax(
+                    bits_ptr, state_ptr, e + GROUPS, E, pid, P, N, K, ABS_MASK, BLOCK_M, BLOCK_K
+                )
         if PHASE != 0:
             if PHASE == 2:
                 seen = tl.atomic_add(state_ptr + E + e, 0)
                 while seen < P:
                     seen = tl.atomic_add(state_ptr + E + e, 0)
             amax_bits = tl.atomic_max(state_ptr + e, 0)  # a coherent read (every max is >= 0)
-            _quantize_expert(x_ptr, gd_ptr, codes_ptr, scales_ptr, ongrid_ptr, amax_bits, e,
-                             pid, P, N, K, one_sixth, BITS16, ONGRID, PACKED, BLOCK_M,
-                             BLOCK_K)  # fmt: skip
+            quantize_expert(
+                x_ptr,
+                gd_ptr,
+                codes_ptr,
+                scales_ptr,
+                ongrid_ptr,
+                amax_bits,
+                e,
+                pid,
+                P,
+                N,
+                K,
+                one_sixth,
+                BITS16,
+                ONGRID,
+                PACKED,
+                BLOCK_M,
+                BLOCK_K,
+            )
 
 
 _RESIDENT: dict = {}
@@ -213,8 +166,9 @@ def quantize_weight_tiles(
     if out not in ("packed", "ongrid", "both"):
         raise ValueError(f"out must be 'packed', 'ongrid' or 'both', got {out!r}")
     if x.dim() < 2 or x.shape[-1] % BLOCK_SIZE or x.shape[-2] % BLOCK_SIZE or not x.numel():
-        raise ValueError(f"x must be non-empty [..., N, K] with N, K multiples of 16, got "
-                         f"{tuple(x.shape)}")  # fmt: skip
+        raise ValueError(
+            f"x must be non-empty [..., N, K] with N, K multiples of 16, got {tuple(x.shape)}"
+        )
     if global_scale == "per_expert" and x.dim() != 3:
         raise ValueError(
             f"global_scale='per_expert' needs x of shape [E, N, K], got {tuple(x.shape)}"
@@ -243,19 +197,40 @@ def quantize_weight_tiles(
         scales = output_buffer(into_scales, (e * n, k // BLOCK_SIZE), torch.uint8, dev)
     else:
         codes = scales = torch.empty((0,), dtype=torch.uint8, device=dev)
-    ongrid = (output_buffer(into_ongrid, (e * n, k), ongrid_dtype, dev) if ongrid_wanted
-              else torch.empty((0,), dtype=ongrid_dtype, device=dev))  # fmt: skip
+    ongrid = (
+        output_buffer(into_ongrid, (e * n, k), ongrid_dtype, dev)
+        if ongrid_wanted
+        else torch.empty((0,), dtype=ongrid_dtype, device=dev)
+    )
     arch = target.arch
     cfg = pick(arch, "any", "nvfp4_weight_quantize", n)
     two_launches = interpreting() or dev.type != "cuda"  # programs run one after the other
     lc = pick_launch("interpreter" if two_launches else arch, "weight_quantize")
     bits16 = x.element_size() == 2
-    args = (x, x.view(bits_dtype[x.dtype]), state, gd, codes, scales, ongrid, e, n, k,
-            ONE_SIXTH_F32)  # fmt: skip
-    flags = dict(ABS_MASK=0x7FFF if bits16 else 0x7FFFFFFF, BITS16=bits16, ONGRID=ongrid_wanted,
-                 PACKED=packed, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
-                 GROUPS=expert_groups if global_scale == "per_expert" else 1,
-                 **cfg.launch_kwargs(), **target.options)  # fmt: skip
+    args = (
+        x,
+        x.view(bits_dtype[x.dtype]),
+        state,
+        gd,
+        codes,
+        scales,
+        ongrid,
+        e,
+        n,
+        k,
+        ONE_SIXTH_F32,
+    )
+    flags = dict(
+        ABS_MASK=0x7FFF if bits16 else 0x7FFFFFFF,
+        BITS16=bits16,
+        ONGRID=ongrid_wanted,
+        PACKED=packed,
+        BLOCK_M=cfg.block_m,
+        BLOCK_K=cfg.block_k,
+        GROUPS=expert_groups if global_scale == "per_expert" else 1,
+        **cfg.launch_kwargs(),
+        **target.options,
+    )
     if two_launches:
         grid = (max(lc["programs"], flags["GROUPS"]),)
         _weight_quantize_kernel[grid](*args, PHASE=_PHASE_AMAX, **flags)

@@ -40,8 +40,9 @@ def _requests():
 def test_graph_continuous_batching_equals_each_alone_and_plain(model_name, recipe_name):
     torch._dynamo.reset()
     recipe = getattr(NVFP4Recipe, recipe_name)()
-    engine = RolloutEngine(MODELS[model_name]().eval(), recipe=recipe, max_batch=4,
-                           max_seq_len=64, cuda_graphs=True)  # fmt: skip
+    engine = RolloutEngine(
+        MODELS[model_name]().eval(), recipe=recipe, max_batch=4, max_seq_len=64, cuda_graphs=True
+    )
     prompts, budgets, seeds = _requests()
     kw = dict(max_new_tokens=budgets, seed=seeds, temperature=0.8)
     free = engine.generate(prompts, **kw)
@@ -53,8 +54,13 @@ def test_graph_continuous_batching_equals_each_alone_and_plain(model_name, recip
     assert "eos" in out.finish_reasons
     built = engine.programs_built
     for i in range(NUM):
-        alone = engine.generate([prompts[i]], max_new_tokens=budgets[i], seed=[seeds[i]],
-                                temperature=0.8, eos_token_id=eos)  # fmt: skip
+        alone = engine.generate(
+            [prompts[i]],
+            max_new_tokens=budgets[i],
+            seed=[seeds[i]],
+            temperature=0.8,
+            eos_token_id=eos,
+        )
         assert out.tokens[i] == alone.tokens[0], i
         assert out.finish_reasons[i] == alone.finish_reasons[0], i
         assert_bitwise_equal(out.logprobs[i], alone.logprobs[0], f"request {i} vs alone")

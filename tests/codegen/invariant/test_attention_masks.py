@@ -1,4 +1,4 @@
-"""Mask tensors in the Triton attention kernels (`attention_kernel.mask_args`): compiled on
+"""Mask tensors in the Triton attention kernels (`attention_masks.mask_args`): compiled on
 CUDA, else in the Triton interpreter.
 
 Contracts: `mask_args` finds each row's [lo, hi) and flags exactly the masks whose rows are

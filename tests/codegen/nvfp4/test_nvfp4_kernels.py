@@ -392,7 +392,7 @@ def test_dense_wgrad_quantizes_the_transposes_in_place(grad, tokens, flat32, mon
 def test_ongrid_weight_kernel_equals_on_grid():
     """Bitwise: the one-launch dequantize == NVFP4Tensor.on_grid(bf16), dense and experts, with
     subnormal E4M3 scales."""
-    from fp4_compile.codegen.nvfp4.gemm_kernel import ongrid_weight
+    from fp4_compile.codegen.nvfp4.ongrid_weight_kernel import ongrid_weight
 
     for shape in ((48, 96), (3, 32, 64)):
         w = _x(*shape, dtype=torch.float32, seed=31)
@@ -404,7 +404,7 @@ def test_ongrid_weight_kernel_equals_on_grid():
 def test_quantize_kernel_packed_and_ongrid_in_one_pass():
     """Bitwise: quantize_triton(out="both") (a weight's packed form and its on-grid copy from
     one kernel pass) == out="packed" and the decode of those bytes, dense and experts."""
-    from fp4_compile.codegen.nvfp4.gemm_kernel import ongrid_weight
+    from fp4_compile.codegen.nvfp4.ongrid_weight_kernel import ongrid_weight
     from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
 
     for shape, mode in (((48, 96), "per_tensor"), ((3, 32, 64), "per_expert")):
