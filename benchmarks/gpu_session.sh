@@ -84,7 +84,7 @@ for part in $PARTS; do
     learner_kc) run "${LEARNER_S:-540}" learner_k_chunk python3 -m benchmarks.learner --only-cuda-graphs --skip-ongrid-ab --skip-fusion-ab --skip-on-change-ab --k-chunk "${KC:-1024}" --rounds "${ROUNDS:-10}" --round-iters "${ROUND_ITERS:-10}" ;;
     learner_on_change) run "${LEARNER_S:-540}" learner_on_change python3 -m benchmarks.learner --only-cuda-graphs --skip-ongrid-ab --skip-fusion-ab --micro-batches "${MICRO_BATCHES:-4}" --rounds "${ROUNDS:-10}" --round-iters "${ROUND_ITERS:-10}" ;;
     rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --roofline benchmarks/results/2026-12-06_rollout_roofline_4193161.json ${ROLLOUT_ARGS:-} ;;
-    decode_8b) run "${DEC8_S:-560}" decode_qwen3_8b python3 -m benchmarks.decode_real_shapes --model qwen3-8b --batches "${DEC_BATCHES:-1,16}" --hf-batches "${HF_BATCHES:-1}" --roofline benchmarks/rooflines/qwen3_8b_L2.json ${DEC_ARGS:-} ;;
+    decode_8b) run "${DEC8_S:-560}" decode_qwen3_8b python3 -m benchmarks.decode_real_shapes --model qwen3-8b --batches "${DEC_BATCHES:-1,16}" --hf-batches "${HF_BATCHES:-1}" --configs "${DEC_CONFIGS:-all}" --roofline benchmarks/rooflines/qwen3_8b_L2.json ${DEC_ARGS:-} ;;
     decode_moe) run "${DECMOE_S:-560}" decode_qwen3_30b_a3b python3 -m benchmarks.decode_real_shapes --model qwen3-30b-a3b --batches "${DEC_BATCHES:-1,64}" --configs "${DEC_CONFIGS:-$TWO_RECIPES}" --roofline benchmarks/rooflines/qwen3_30b_a3b_L2.json ${DEC_ARGS:-} ;;
     rollout_profile) run "${PROFILE_S:-300}" rollout_profile python3 -m benchmarks.rollout --configs "$TWO_RECIPES" --batches 1,64 --profile-batch 1,64 --skip-hf --name rollout_profile ;;
     # tools
