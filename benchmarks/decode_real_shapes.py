@@ -199,8 +199,13 @@ def main() -> None:
         if args.roofline
         else roofline_table(args.model, **shapes)
     )
-    if roof["context"] != args.prompt + args.new_tokens // 2:
-        raise ValueError(f"--roofline {args.roofline} was computed for another prompt / new-tokens")
+    depths = {str(args.layers), str(4 * args.layers)}
+    if roof["context"] != args.prompt + args.new_tokens // 2 or not all(
+        depths <= set(by_depth) for by_depth in roof["roofline_ms"].values()
+    ):
+        raise ValueError(
+            f"--roofline {args.roofline} was computed for another prompt / new-tokens / layers"
+        )
     env = environment()
     rows = {}
     name = f"decode_{args.model.replace('-', '_').replace('.', '_')}"
