@@ -3,20 +3,24 @@
 Thin by design: parse the recipe, run the pass pipeline (fp4_compile.passes) on the Dynamo graph,
 hand the result to Inductor with the settings that would break batch invariance pinned for the
 duration of the compile. Inductor's aot_autograd then derives the backward from the lowered ops'
-registered autograd, so forward and backward come from the same lowering.
+registered autograd, so forward and backward come from the same lowering. The pinned settings
+themselves: `compiler_pins.py` (the rollout export's AOTInductor package takes the same).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from . import codegen, passes
+from .codegen.nvfp4.gemm_call import GemmCall, is_gemm
+from .compiler_pins import aoti_inductor_configs, deterministic_lowering, pinned_matmul_precision
+from .passes import run_pipeline
 from .recipe import NVFP4Recipe, as_recipe
+from .sr_stream import prepare_device_counters, site_seed
 
 _KNOWN_OPTIONS = (
     "recipe",
@@ -37,7 +41,7 @@ def options_error(error: TypeError | ValueError, frame=None) -> Exception:
     naming options['recipe'], its traceback cut to start at `frame` (the backend's: no Dynamo
     frames). torch.compile calls no backend code before the first call, so that call is the
     earliest point a bad option can be refused."""
-    from torch._dynamo.exc import ShortenTraceback
+    from torch._dynamo.exc import ShortenTraceback  # lazy: Dynamo costs seconds at import
 
     kind = type(error)
     bad_options = type(f"Minite{kind.__name__}", (ShortenTraceback, kind), {})
@@ -80,9 +84,6 @@ def prepare_graph_seeds(gm: torch.fx.GraphModule, device: torch.device) -> int:
     """Make the device stochastic-rounding counter of every NVFP4 GEMM site of the lowered graph
     (their backward draws its seeds from it inside a CUDA-graph capture, `sr_stream`); returns
     how many sites."""
-    from .codegen.nvfp4.gemm_call import GemmCall, is_gemm
-    from .sr_stream import prepare_device_counters, site_seed
-
     calls = [GemmCall.of(n) for n in gm.graph.nodes if is_gemm(n)]
     keys = {site_seed(call.recipe.seed, call.site) for call in calls}
     prepare_device_counters(sorted(keys), device)
@@ -92,18 +93,8 @@ def prepare_graph_seeds(gm: torch.fx.GraphModule, device: torch.device) -> int:
 def _pass_sources_digest() -> str:
     """Hash of the source of every pass and of the core numerics: part of the cache key."""
     h = hashlib.sha256()
-    root = Path(__file__).resolve().parent
-    folders = [root, root.parent / "passes", root.parent / "codegen"]
-    try:
-        from . import passes as _passes
-
-        folders[1] = Path(_passes.__file__).resolve().parent
-        from . import codegen as _codegen
-
-        folders[2] = Path(_codegen.__file__).resolve().parent
-    except ImportError:  # pragma: no cover
-        pass
-    for folder in folders:
+    folders = [Path(m.__file__).resolve().parent for m in (passes, codegen)]
+    for folder in [Path(__file__).resolve().parent, *folders]:
         for path in sorted(folder.rglob("*.py")):
             h.update(path.relative_to(folder).as_posix().encode())
             h.update(path.read_bytes())
@@ -111,7 +102,7 @@ def _pass_sources_digest() -> str:
 
 
 def _cache_key_pass(recipe: NVFP4Recipe):
-    from torch._inductor.custom_graph_pass import CustomGraphPass
+    from torch._inductor.custom_graph_pass import CustomGraphPass  # lazy: Inductor, as above
 
     class MiniteCacheKey(CustomGraphPass):
         """No-op post-grad pass whose uuid puts the recipe fingerprint and the pass sources into
@@ -126,130 +117,10 @@ def _cache_key_pass(recipe: NVFP4Recipe):
     return MiniteCacheKey()
 
 
-INVARIANCE_INDUCTOR_CONFIG = {
-    "split_reductions": False,  # a split reduction's order depends on the reduction size
-    "max_autotune": False,  # no runtime autotuning / template selection
-    "max_autotune_gemm": False,
-    "max_autotune_pointwise": False,
-    "coordinate_descent_tuning": False,
-    "force_disable_caches": False,
-    # Round every op's output to its dtype as eager does and keep Triton from contracting a*b+c
-    # into an FMA across ops: otherwise a value's bits may depend on which ops Inductor fused,
-    # and the learner's graph and the rollout's prefill/decode graphs fuse differently. (On the
-    # H200 this alone did not explain the strict gap: benchmarks/results/*localize_h200*.)
-    "emulate_precision_casts": True,
-}
-
-
-# Eager numerics of the traced elementwise ops (SiLU, residual adds, rotary, casts) on the GPU:
-# Triton lowers x / y to the approximate `div.full` where eager CUDA rounds (`div.rn`), and may
-# flush denormals; then an FP32 model's backward differs from the same graph run eagerly by an
-# ulp here and there (tiny Llama FP32 on the H200: 3-4 of 12 gradients in
-# benchmarks/results/2026-12-04_backend_gpu_check_c695808.md, the before_stable_sort section;
-# 0 with these knobs).
-# Older Inductors lack some of them (torch 2.11: no use_pytorch_libdevice): `numerics_knobs()`
-# says which this torch has, and the GPU checks print it.
-EAGER_NUMERICS_KNOBS = {
-    "eager_numerics.division_rounding": True,
-    "eager_numerics.disable_ftz": True,
-    "eager_numerics.use_pytorch_libdevice": True,
-}
-
-
-# Inductor's C++ (CPU) code: no a*b+c contracted into an FMA and no unsafe math, whatever the
-# environment says (DESIGN: nothing that changes numerics is read from environment variables;
-# TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG=fast changes 942 of 4096 values of a*b+c
-# here, and a learner graph and a rollout graph fuse differently).
-CPU_CODEGEN_PINS = {
-    "cpp.enable_floating_point_contract_flag": "off",
-    "cpp.enable_unsafe_math_opt_flag": False,
-}
-
-
-def _has_config(key: str) -> bool:
-    from torch._inductor import config
-
-    node = config
-    for part in key.split("."):
-        if not hasattr(node, part):
-            return False
-        node = getattr(node, part)
-    return True
-
-
-def numerics_knobs() -> dict:
-    """{knob: True if this torch's Inductor has it (and minite sets it), else False}."""
-    return {key: _has_config(key) for key in EAGER_NUMERICS_KNOBS}
-
-
 def inductor_patches(recipe: NVFP4Recipe) -> dict:
-    patches = dict(INVARIANCE_INDUCTOR_CONFIG)
-    patches.update({k: v for k, v in EAGER_NUMERICS_KNOBS.items() if _has_config(k)})
-    patches.update({k: v for k, v in CPU_CODEGEN_PINS.items() if _has_config(k)})
+    patches = aoti_inductor_configs()
     patches["post_grad_custom_post_pass"] = _cache_key_pass(recipe)
     return patches
-
-
-def aoti_inductor_configs() -> dict:
-    """The same pinned settings for AOTInductor packages (`aoti_compile_and_package`), so an
-    exported rollout's traced ops round like the learner's."""
-    configs = dict(INVARIANCE_INDUCTOR_CONFIG)
-    configs.update({k: v for k, v in EAGER_NUMERICS_KNOBS.items() if _has_config(k)})
-    configs.update({k: v for k, v in CPU_CODEGEN_PINS.items() if _has_config(k)})
-    return configs
-
-
-@contextlib.contextmanager
-def pinned_matmul_precision() -> Iterator[None]:
-    """Pin the global matmul-precision flags (no TF32, no reduced-precision reductions) while
-    compiling; restore them afterwards."""
-    cuda_matmul = torch.backends.cuda.matmul
-    saved = (
-        cuda_matmul.allow_tf32,
-        torch.backends.cudnn.allow_tf32,
-        cuda_matmul.allow_bf16_reduced_precision_reduction,
-        cuda_matmul.allow_fp16_reduced_precision_reduction,
-    )
-    try:
-        cuda_matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        cuda_matmul.allow_bf16_reduced_precision_reduction = False
-        cuda_matmul.allow_fp16_reduced_precision_reduction = False
-        yield
-    finally:
-        (
-            cuda_matmul.allow_tf32,
-            torch.backends.cudnn.allow_tf32,
-            cuda_matmul.allow_bf16_reduced_precision_reduction,
-            cuda_matmul.allow_fp16_reduced_precision_reduction,
-        ) = saved
-
-
-@contextlib.contextmanager
-def deterministic_lowering() -> Iterator[None]:
-    """Compile forward AND backward now with torch's deterministic-algorithms flag on (warn
-    only), restored afterwards. Inductor lowers accumulating scatters (`index_put` with
-    accumulate: the backward of the embedding and of the MoE token gather) to atomic adds on the
-    GPU, whose order changes from run to run; with the flag on it calls ATen's sorted,
-    deterministic kernels instead. The backward is lowered here, not lazily at the first
-    backward call, so that the flag is on while it is."""
-    from torch._functorch import config as functorch_config
-
-    saved = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-    )
-    eager_bwd = (
-        functorch_config.patch(force_non_lazy_backward_lowering=True)
-        if hasattr(functorch_config, "force_non_lazy_backward_lowering")
-        else contextlib.nullcontext()
-    )
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        with eager_bwd:
-            yield
-    finally:
-        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
 
 
 def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **unused):
@@ -278,9 +149,7 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     and, where minite owns the producer (RMSNorm, SwiGLU), by the producer's kernel
     (`passes.QUANTIZE_FUSIONS`). False: every GEMM quantizes its own operand (the A/B of the
     fusions). The same bits either way."""
-    from torch._inductor.compile_fx import compile_fx
-
-    from .passes import run_pipeline
+    from torch._inductor.compile_fx import compile_fx  # lazy: Inductor, as above
 
     try:
         recipe, opts = parse_options(options)
@@ -322,7 +191,6 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
 def lowering_only_backend(recipe: NVFP4Recipe, sink: list | None = None):
     """A backend that runs the pass pipeline and then executes the lowered FX graph eagerly
     (no Inductor): the reference path of the lowering, used by `explain` and the tests."""
-    from .passes import run_pipeline
 
     def backend(gm, example_inputs, **unused):
         report = run_pipeline(gm, recipe)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from .backend import lowering_only_backend
+from .passes import LoweringReport
 from .recipe import NVFP4Recipe, as_recipe
+from .rollout.weight_store import WeightStore
 
 QUANTIZE_WEIGHTS = ("every_call", "on_change")
 
@@ -35,8 +38,6 @@ def compile(  # noqa: A001
     options = {"recipe": as_recipe(recipe)}
     store = None
     if quantize_weights == "on_change":
-        from .rollout.weight_store import WeightStore
-
         store = options["weight_store"] = WeightStore.for_learner(model)
     compiled = torch.compile(model, backend="minite", options=options, **compile_kwargs)
     if store is not None:
@@ -54,9 +55,6 @@ def explain(
     """Lower `model` for these inputs and report each GEMM: what it became, and why when it stays
     BF16. Runs the lowered graph once (eagerly, no Inductor). Returns the list of reports, one
     per captured graph."""
-    from .backend import lowering_only_backend
-    from .passes import LoweringReport
-
     recipe = as_recipe(recipe)
     reports: list[LoweringReport] = []
     torch._dynamo.reset()

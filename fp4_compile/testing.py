@@ -6,7 +6,9 @@ import math
 
 import torch
 
+from .codegen.nvfp4.op_args import QuantizeArg, QuantizeOut
 from .format import NVFP4Tensor
+from .passes import run_pipeline
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:
@@ -83,9 +85,6 @@ def learner_weight_bytes(model, recipe, *inputs, **kwargs) -> dict[str, tuple[to
     """{parameter name: (codes, E4M3 block scales, global decode)} exactly as the learner's
     lowered graph quantizes each weight, from one forward of `model` on these inputs (Dynamo and
     the pass pipeline, the lowered graph run eagerly, every weight-quantize node's output kept)."""
-    from .codegen.nvfp4.op_args import QuantizeArg, QuantizeOut
-    from .passes import run_pipeline
-
     ops = torch.ops.fp4_compile
     quantizes = (ops.quantize.default, ops.quantize_with_ongrid.default)
     seen: dict[int, tuple[torch.Tensor, ...]] = {}

@@ -1,5 +1,6 @@
 """The weight policy of a recipe: which GEMM weights are NVFP4, how they group under one global
-scale, and the exact bytes their quantization makes. Part of the numerics contract beside the
+scale, and how they are quantized (the exact bytes: `codegen.nvfp4.api.quantize_weight_bytes`,
+which runs the quantize op the graph runs). Part of the numerics contract beside the
 recipe: the lowering (passes/), the rollout export, the checkpoint export and the vLLM plugin all
 ask this module, so a weight is quantized the same way wherever it is read.
 
@@ -13,9 +14,8 @@ Shape legend: N out-features, K in-features, E experts.
   weight global scale (vLLM's QKVParallelLinear and MergedColumnParallelLinear: q/k/v of one
   attention, gate/up of one MLP) when `recipe.shared_weight_scale`; only members the recipe
   quantizes count, a group needs at least two.
-- `quantize_weight_bytes`: (codes, E4M3 scales, global decode) exactly as the lowered graph's
-  weight-quantize nodes make them (16x16 tiles; per tensor, per expert, or the group's shared
-  scale).
+- `weight_quantize_mode`: a weight's global-scale mode (per tensor, per expert), which the
+  lowering's weight-quantize nodes and `quantize_weight_bytes` both take from here.
 """
 
 from __future__ import annotations
@@ -142,22 +142,3 @@ def weight_quantize_mode(recipe: NVFP4Recipe, weight_dim: int) -> str:
     if recipe.weight.global_scale == "static":
         raise NotImplementedError("static weight scales are not lowered by the pass pipeline yet")
     return "per_expert" if weight_dim == 3 else "per_tensor"
-
-
-def _ops():
-    from . import codegen  # noqa: F401  (registers the fp4_compile ops)
-
-    return torch.ops.fp4_compile
-
-
-def quantize_weight_bytes(
-    weight: torch.Tensor, recipe: NVFP4Recipe, *, experts: bool, group: list | None = None
-):
-    """The exact bytes the graph's quantize-weight nodes produce for this weight; `group`: the
-    tensors of its shared-scale group (weight among them), when it has one."""
-    if group:
-        amax = _ops().weight_group_amax.default([w.detach() for w in group])
-        return _ops().quantize.default(weight.detach(), "16x16", "shared", amax, "rne", 0)
-    mode = weight_quantize_mode(recipe, 3 if experts else 2)
-    codes, scales, gd = _ops().quantize.default(weight.detach(), "16x16", mode, None, "rne", 0)
-    return codes, scales, gd

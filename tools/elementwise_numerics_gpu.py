@@ -121,7 +121,7 @@ def inductor_as_minite(gm, example_inputs, **unused):
     (`inductor_patches` less the cache-key pass), matmul precision and deterministic lowering."""
     from torch._inductor.compile_fx import compile_fx
 
-    from fp4_compile.backend import (
+    from fp4_compile.compiler_pins import (
         aoti_inductor_configs,
         deterministic_lowering,
         pinned_matmul_precision,
@@ -158,7 +158,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     env = environment()
-    from fp4_compile.backend import numerics_knobs
+    from fp4_compile.compiler_pins import numerics_knobs
 
     rows = probe(args.tokens, torch.device(args.device))
     md = [

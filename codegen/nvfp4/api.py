@@ -15,6 +15,7 @@ import torch
 
 from ...format import NVFP4Tensor
 from ...recipe import NVFP4Recipe, as_recipe
+from ...weight_policy import weight_quantize_mode
 from .gemm_call import GemmCall
 from .quantize import quantize_into  # noqa: F401  (the runtimes' weight stores write with it)
 
@@ -87,6 +88,23 @@ def quantize_weight(
     else:
         gs = "per_expert" if w.dim() == 3 else "per_tensor"
     return quantize_op(w, block="16x16", global_scale=gs)
+
+
+def quantize_weight_bytes(
+    weight: torch.Tensor, recipe: NVFP4Recipe, *, experts: bool, group: list | None = None
+):
+    """(codes, E4M3 scales, global decode): the exact bytes the lowered graph's weight-quantize
+    nodes produce for this weight (16x16 tiles, RNE; the global-scale mode of the weight policy,
+    `weight_policy.weight_quantize_mode`); `group`: the tensors of its shared-scale group
+    (weight among them, `weight_policy.shared_scale_groups`), when it has one. What the rollout
+    export, the checkpoint export and the vLLM plugin store, so their bytes are the learner's."""
+    ops = torch.ops.fp4_compile
+    if group:
+        amax = ops.weight_group_amax.default([w.detach() for w in group])
+        return ops.quantize.default(weight.detach(), "16x16", "shared", amax, "rne", 0)
+    mode = weight_quantize_mode(recipe, 3 if experts else 2)
+    codes, scales, gd = ops.quantize.default(weight.detach(), "16x16", mode, None, "rne", 0)
+    return codes, scales, gd
 
 
 def ongrid_weight(w_q: NVFP4Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..codegen.nvfp4.api import quantize_weight_bytes
 from ..recipe import NVFP4Recipe
-from ..weight_policy import FUSED_GROUPS, gemm_precision, quantize_weight_bytes, shared_scale_groups
+from ..weight_policy import FUSED_GROUPS, gemm_precision, shared_scale_groups
 
 EXPERT_PARAMS = ("gate_up_proj", "down_proj")
 

@@ -23,8 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
+from .. import codegen  # noqa: F401  (registers the fp4_compile ops a loaded program calls)
+from ..codegen.nvfp4.api import quantize_weight_bytes
+from ..compiler_pins import aoti_inductor_configs, pinned_matmul_precision
+from ..passes import quantized_weight_inputs, run_pipeline
 from ..recipe import FORMAT_VERSION, NVFP4Recipe, as_recipe
+from ..version import __version__
+from .step import RolloutStep
 
 MANIFEST = "manifest.json"
 PROGRAM = "rollout.pt2"
@@ -62,8 +69,6 @@ def _versions() -> dict[str, str]:
             out[name] = __import__(name).__version__
         except ImportError:
             out[name] = "absent"
-    from ..version import __version__
-
     out["minite"] = __version__
     return out
 
@@ -115,9 +120,6 @@ def _example_inputs(model, *, batch: int, tokens: int, max_seq_len: int, device)
 
 def _quantized_weights(program, recipe: NVFP4Recipe) -> dict[str, torch.Tensor]:
     """The learner's quantized bytes of every weight the lowering quantizes (same quantizer)."""
-    from ..passes import quantized_weight_inputs
-    from ..weight_policy import quantize_weight_bytes
-
     state = program.state_dict
     out = {}
     for name, experts, group in quantized_weight_inputs(program):
@@ -150,9 +152,6 @@ def export_rollout(
     aot: bool = False,
 ) -> RolloutArtifact:
     """Export the rollout step of a transformers causal LM through minite's lowering."""
-    from ..passes import run_pipeline
-    from .step import RolloutStep
-
     recipe = as_recipe(recipe)
     if path is not None:
         _check_destination(Path(path))
@@ -210,17 +209,13 @@ def _check_destination(folder: Path) -> None:
 
 
 def _save(artifact: RolloutArtifact, folder: Path, recipe: NVFP4Recipe, *, aot: bool) -> Path:
-    from safetensors.torch import save_file
-
     folder.mkdir(parents=True, exist_ok=True)
     program = artifact.program
     tensors = {k: v.detach().cpu().contiguous() for k, v in program.state_dict.items()}
     tensors.update(_quantized_weights(program, recipe))
     save_file(tensors, str(folder / WEIGHTS))
     if aot:
-        from torch._inductor import aoti_compile_and_package
-
-        from ..backend import aoti_inductor_configs, pinned_matmul_precision
+        from torch._inductor import aoti_compile_and_package  # lazy: Inductor costs seconds
 
         with pinned_matmul_precision():
             aoti_compile_and_package(
@@ -246,8 +241,6 @@ def load_rollout(
 ) -> RolloutArtifact:
     """Load and verify an exported rollout. Refuses a missing/corrupt file, a fingerprint other
     than `expected_fingerprint` (strict), or an artifact exported for another architecture."""
-    from .. import codegen  # noqa: F401  (registers the fp4_compile ops the program calls)
-
     folder = Path(path)
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():

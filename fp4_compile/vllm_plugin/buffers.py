@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from ..codegen.nvfp4.api import quantize_weight_bytes
 from ..recipe import NVFP4Recipe
-from ..weight_policy import quantize_weight_bytes
 
 
 def linear_buffers(weight_NK: torch.Tensor, shards: tuple[int, ...], recipe: NVFP4Recipe) -> dict:

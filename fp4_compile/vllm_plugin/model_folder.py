@@ -1,7 +1,7 @@
 """A model folder vLLM loads with minite's quantization method: the learner's master weights
 (safetensors, the model's dtype) plus a config.json whose `quantization_config` names the method
 and carries the recipe. vLLM quantizes each weight once after loading, with the learner's
-quantizer (`fp4_compile.weight_policy.quantize_weight_bytes`), so its bytes are the learner's."""
+quantizer (`fp4_compile.codegen.nvfp4.api.quantize_weight_bytes`), so its bytes are the learner's."""
 
 from __future__ import annotations
 

@@ -6,14 +6,13 @@ import pytest
 import torch
 
 from fp4_compile import NVFP4Recipe
-from fp4_compile.backend import (
+from fp4_compile.backend import inductor_patches, parse_options
+from fp4_compile.compiler_pins import (
     EAGER_NUMERICS_KNOBS,
     INVARIANCE_INDUCTOR_CONFIG,
     aoti_inductor_configs,
     deterministic_lowering,
-    inductor_patches,
     numerics_knobs,
-    parse_options,
     pinned_matmul_precision,
 )
 
