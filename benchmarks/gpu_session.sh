@@ -69,7 +69,7 @@ for part in $PARTS; do
     fusion) run "${FUSION_S:-240}" pytest_fusion python3 -m pytest -q -m gpu tests/gpu/test_gpu_fusion.py ;;
     numerics) run "${NUMERICS_S:-120}" elementwise_numerics python3 -m pytest -m gpu -q tests/gpu/test_gpu_elementwise_numerics.py ${NUMERICS_ARGS:-} ;;
     real_shapes) MINITE_GPU_REPORT="$R/${STAMP_DATE}_real_shapes_${STAMP_COMMIT}.json" run "${REAL_S:-540}" real_shapes python3 -m pytest -m gpu -q -s tests/gpu/test_gpu_real_shapes.py ${REAL_ARGS:-} ;;
-    decode_fill) run "${FILL_TESTS_S:-200}" pytest_decode_fill python3 -m pytest -q tests/gpu/test_gpu_decode_fill.py
+    decode_fill) run "${FILL_TESTS_S:-200}" pytest_decode_fill python3 -m pytest -q tests/gpu/test_gpu_decode_fill.py tests/gpu/test_gpu_decode_ops.py
       run "${FILL_S:-200}" decode_quantize python3 -m benchmarks.decode_quantize ;;
     decode_tests) run "${DECODE_TESTS_S:-200}" pytest_gpu_decode python3 -m pytest -q -m "gpu and not slow" tests/gpu/test_gpu_decode_gemm.py tests/codegen/nvfp4/test_decode_gemm.py tests/codegen/nvfp4/test_k_chunks.py tests/gpu/test_gpu_alignment.py ;;
     # benchmarks

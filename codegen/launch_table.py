@@ -104,6 +104,14 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     # invariant/gumbel_noise_kernel: vocabulary entries per program (elementwise: speed only)
     ("cuda", "gumbel_noise"): dict(block_v=1024, num_warps=4),
     ("interpreter", "gumbel_noise"): dict(block_v=64),
+    # invariant/sample_argmax_kernel: vocabulary entries per step of a row's program (an exact
+    # first-maximum selection: speed only); the interpreter's block splits the test vocabularies
+    ("cuda", "sample_argmax"): dict(block_v=2048, num_warps=8),
+    ("interpreter", "sample_argmax"): dict(block_v=32),
+    # invariant/decode_advance_kernel: rows per program (one program for a decode bucket of up
+    # to block_b rows; integer bookkeeping: speed only)
+    ("cuda", "decode_advance"): dict(block_b=256, num_warps=4),
+    ("interpreter", "decode_advance"): dict(block_b=4),
     # invariant/routing_kernel and routing_backward_kernel: BLOCK_E = pow2(E) lanes per row;
     # `small_num_warps` where BLOCK_E <= small_block_e, else `num_warps`
     ("any", "routing"): dict(small_block_e=256, small_num_warps=1, num_warps=4),

@@ -5,6 +5,7 @@ May import the core, ..runtime, ..configs and ..triton_helpers; never ..nvfp4 or
 
 from . import (  # noqa: F401  (register the ops)
     attention,
+    decode_advance,
     embedding,
     gather_rows,
     linear,
@@ -12,6 +13,7 @@ from . import (  # noqa: F401  (register the ops)
     ordered_sum,
     rms_norm,
     routing,
+    sample_argmax,
     silu_mul,
     trig,
 )

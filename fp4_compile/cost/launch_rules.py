@@ -165,6 +165,10 @@ def op_launches(n: fx.Node) -> list[Launch]:
         return [Launch("ones (mask flag)", 1), Launch("attention_mask_args", mb * mh * tq), main]
     if name in ("invariant_routing", "invariant_logprobs"):  # one program per row
         return [Launch(name, _rows(args[0]))]
+    if name == "sample_argmax":  # invariant/sample_argmax_kernel: one program per row
+        return [Launch(name, _rows(args[0]))]
+    if name == "decode_advance":  # invariant/decode_advance_kernel: block_b rows per program
+        return [Launch(name, _cdiv(int(args[0].shape[0]), LAUNCH[("cuda", name)]["block_b"]))]
     if name == "moe_combine":  # moe/combine_kernel: (cdiv(T, block_t), cdiv(H, block_h))
         lc = LAUNCH[("cuda", "moe_combine")]
         t, h = int(out.shape[0]), int(out.shape[-1])

@@ -25,7 +25,7 @@ mask, final norm, head); `launches_per_layer` is the count of the LAST layer.
 Eager: one decode token's `DecodeProgram._one_token` around a stub step, under a
 TorchDispatchMode on meta tensors: every ATen op with a kernel is one launch, an `fp4_compile`
 op its rule's count; the CPU form of the Gumbel uniforms (about 80 integer ops) counts as the one
-launch the CUDA dispatch makes (`sampling.gumbel_noise` -> `gumbel_uniforms`).
+launch the CUDA dispatch makes (`sampling.gumbel_loglog` -> `gumbel_uniforms`).
 """
 
 from __future__ import annotations

@@ -15,6 +15,12 @@ token for every running row without reading anything on the host:
     n += live; finished |= live & (picked == eos | n == budget)
     ids, positions, kv_len = picked, positions + 1, kv_len + 1   # running rows only
 
+Around the compiled step a token costs, on CUDA: the Gumbel uniforms (one Triton launch) and
+their two FP64 logs; the pick (`fp4_compile::sample_argmax`: scale, noise and first maximum in
+one launch); the shared log-prob op; the bookkeeping of the last three lines
+(`fp4_compile::decode_advance`, one launch). Each fused op is bitwise the torch ops it replaced
+(`codegen/invariant/decode_reference.py`).
+
 A finished row is frozen (it recomputes its last step in place, in bounds; rows never interact, so
 it changes no other row's bits) until the engine admits a new request into it (`admit`: in-place
 copies into the row's entries, its prefill written into its cache rows beforehand). So the rows of
@@ -39,9 +45,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..codegen.invariant.decode_advance import decode_advance
+from ..codegen.invariant.sample_argmax import sample_argmax
 from .kv_cache import StaticKVCache
 from .logprobs import token_logprobs
-from .sampling import filter_logits, gumbel_noise, sample
+from .sampling import filter_logits, gumbel_loglog
 
 
 @dataclass(frozen=True)
@@ -54,13 +62,18 @@ class Sampling:
 
 
 def pick_tokens(last_BV, keys_B, n, sampling: Sampling, vocab_size: int):
-    """(token int64 [B], its FP32 log-prob [B]) of draw number n (int or int64 [] tensor)."""
+    """(token int64 [B], its FP32 log-prob [B]) of draw number n (int, int64 [] or [B] tensor):
+    argmax(last.float() / T + gumbel_noise(keys, n)) (`sampling.sample`), greedy argmax(last)."""
     if sampling.temperature == 0:
-        picked = torch.argmax(last_BV.float(), dim=-1)  # the first maximum: lower id wins
+        picked = sample_argmax(last_BV, None, 1.0)  # the first maximum: lower id wins
         return picked, token_logprobs(last_BV, picked, 1.0)
-    scaled = last_BV.float() / sampling.temperature
-    filtered = filter_logits(scaled, top_k=sampling.top_k, top_p=sampling.top_p)
-    picked = sample(filtered, gumbel_noise(keys_B, n, vocab_size))
+    loglog = gumbel_loglog(keys_B, n, vocab_size)
+    if sampling.top_k > 0 or sampling.top_p < 1.0:
+        scaled = last_BV.float() / sampling.temperature
+        filtered = filter_logits(scaled, top_k=sampling.top_k, top_p=sampling.top_p)
+        picked = sample_argmax(filtered, loglog, 1.0)  # x / 1 = x: the same keys
+    else:
+        picked = sample_argmax(last_BV, loglog, sampling.temperature)
     return picked, token_logprobs(last_BV, picked, sampling.temperature)
 
 
@@ -101,21 +114,26 @@ class DecodeProgram:
         logits = self.step(self.ids, self.positions, self.kv_len, self.cache)
         picked, logp = pick_tokens(logits[:, 0], self.keys, self.n, self.sampling, self.vocab_size)
         self.record(picked, logp)
-        running = ~self.finished  # a row that just finished keeps its last step (in bounds)
-        self.ids.copy_(torch.where(running, picked, self.ids[:, 0])[:, None])
-        self.positions.add_(running[:, None])
-        self.kv_len.add_(running)
 
     def record(self, picked_B: torch.Tensor, logp_B: torch.Tensor) -> None:
         """Write each running row's token n (its picks and log-probs), advance its n, raise its
-        finished flag at EOS or at its budget (device only). A finished row writes at its n,
-        past its last token (below max_tokens: its budget is), and changes nothing else."""
-        live = ~self.finished
-        index = self.n[:, None]
-        self.tokens.scatter_(1, index, picked_B[:, None])
-        self.logps.scatter_(1, index, logp_B[:, None])
-        self.n.add_(live)
-        self.finished |= live & ((picked_B == self.eos) | (self.n >= self.budget))
+        finished flag at EOS or at its budget, and feed each row still running its pick at the
+        next position (a row that just finished keeps its last step, in bounds): one
+        `decode_advance` (device only). A finished row writes at its n, past its last token
+        (below max_tokens: its budget is), and changes nothing else."""
+        decode_advance(
+            picked_B,
+            logp_B,
+            self.eos,
+            self.budget,
+            self.tokens,
+            self.logps,
+            self.n,
+            self.finished,
+            self.ids,
+            self.positions,
+            self.kv_len,
+        )
 
     def _capture(self) -> None:
         """One ordinary call (compiles the Tq = 1 step, warms its kernels; the state it leaves is

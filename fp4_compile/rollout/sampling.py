@@ -42,7 +42,15 @@ def request_keys(seeds: list[int], device) -> torch.Tensor:
 
 def gumbel_noise(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int) -> torch.Tensor:
     """FP32 [B, V] Gumbel noise of draw number `step` of each request (`keys_B` from
-    `request_keys`), on keys_B's device. Row r depends only on (keys_B[r], its step).
+    `request_keys`), on keys_B's device: FP32(-gumbel_loglog(...)). Row r depends only on
+    (keys_B[r], its step). Arguments as `gumbel_loglog`'s."""
+    return (-gumbel_loglog(keys_B, step, vocab_size)).to(torch.float32)
+
+
+def gumbel_loglog(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """FP64 [B, V] log(-log(u)): the Gumbel noise of `gumbel_noise` before its negation (exact)
+    and its rounding to FP32, which the decode program's pick (`fp4_compile::sample_argmax`)
+    does in its own pass.
 
     `step`: a Python int, an int64 0-dim tensor on keys_B's device (a device-side step counter:
     no host read), or an int64 [B] tensor there: one draw number per row (a continuously batched
@@ -72,7 +80,7 @@ def gumbel_noise(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int
         u = gumbel_uniforms(keys_B, step, vocab_size)
     else:
         u = gumbel_uniforms_reference(keys_B, step, vocab_size)
-    return (-torch.log(-torch.log(u))).to(torch.float32)
+    return torch.log(-torch.log(u))
 
 
 def gumbel_uniforms_reference(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int):

@@ -1,0 +1,75 @@
+"""CPU references of the decode program's two ops (`sample_argmax.py`, `decode_advance.py`):
+plain PyTorch, the very ops `fp4_compile/rollout/decode_program.py` ran eagerly before they were
+fused, so the fused forms are checked against what they replace.
+
+Shape legend: B rows (slots), V vocabulary, T token columns of a row's record (max_tokens).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def scale_logits(logits_BV: torch.Tensor, temperature: float, *, reciprocal: bool) -> torch.Tensor:
+    """FP32 [B, V] logits / temperature as torch computes `logits.float() / temperature`:
+    reciprocal=False, CPU's IEEE division; reciprocal=True, what CUDA computes for a host scalar
+    divisor (ATen's `div_true_kernel_cuda`: x * (1 / b), 1 / b rounded to FP32 on the host from
+    b rounded to FP32), which differs from the division in the last bit for most temperatures."""
+    x = logits_BV.float()
+    if not reciprocal:
+        return x / temperature
+    one = torch.tensor(1.0, dtype=torch.float32)
+    inv = (one / torch.tensor(temperature, dtype=torch.float32)).item()
+    return x * torch.tensor(inv, dtype=torch.float32, device=x.device)
+
+
+def sample_argmax(
+    logits_BV: torch.Tensor,
+    gumbel_loglog_BV: torch.Tensor | None,
+    temperature: float,
+    *,
+    reciprocal: bool = False,
+) -> torch.Tensor:
+    """int64 [B]: the first maximum (lower id wins ties; a NaN beats any number, as
+    torch.argmax) over v of
+
+        scaled[b, v] = FP32(logits[b, v]) / temperature       (`scale_logits`: one rounding)
+        noise[b, v]  = FP32(-gumbel_loglog[b, v])             (negation exact; RNE to FP32)
+        key[b, v]    = scaled[b, v] + noise[b, v]             (one FP32 add; no FMA)
+
+    with no noise when gumbel_loglog is None (greedy: the argmax of the logits, temperature 1).
+    This is `sampling.sample(logits.float() / T, gumbel_noise(...))`, with gumbel_noise =
+    FP32(-log(-log(u))) = FP32(-gumbel_loglog)."""
+    scaled = scale_logits(logits_BV, temperature, reciprocal=reciprocal)
+    if gumbel_loglog_BV is not None:
+        scaled = scaled + (-gumbel_loglog_BV).to(torch.float32)
+    return torch.argmax(scaled, dim=-1)
+
+
+def decode_advance(
+    picked_B: torch.Tensor,
+    logp_B: torch.Tensor,
+    eos: torch.Tensor,
+    budget_B: torch.Tensor,
+    tokens_BT: torch.Tensor,
+    logps_BT: torch.Tensor,
+    n_B: torch.Tensor,
+    finished_B: torch.Tensor,
+    ids_B1: torch.Tensor,
+    positions_B1: torch.Tensor,
+    kv_len_B: torch.Tensor,
+) -> None:
+    """One decode token's bookkeeping, in place: each row's token n and its log-prob recorded
+    (a finished row writes at its n, past its last token), n advanced on live rows, the finished
+    flag raised at EOS or at the budget, and the next step's inputs (token, position, kv length)
+    advanced on the rows still running (a row that just finished keeps its last step)."""
+    live = ~finished_B
+    index = n_B[:, None]
+    tokens_BT.scatter_(1, index, picked_B[:, None])
+    logps_BT.scatter_(1, index, logp_B[:, None])
+    n_B.add_(live)
+    finished_B |= live & ((picked_B == eos) | (n_B >= budget_B))
+    running = ~finished_B
+    ids_B1.copy_(torch.where(running, picked_B, ids_B1[:, 0])[:, None])
+    positions_B1.add_(running[:, None])
+    kv_len_B.add_(running)
