@@ -6,11 +6,15 @@ Weights:
 - BF16: every parameter in BF16 (what a BF16 engine holds).
 - NVFP4 (what minite's strict step reads): the quantized weights' packed bytes (E2M1 codes, one
   E4M3 scale per 16 values, the global decode) as the weight store holds them, priced by the step
-  cost model's once-per-weight-version rows (`fp4_compile/cost/weight_store.py`: the bytes the
-  refresh writes); every other parameter (embeddings, head, norms, the MoE router:
+  cost model's once-per-weight-version rows (the outputs of each weight's quantize, not the
+  refresh's scratch: a shared-scale group's amax, the experts' row maxima); every other parameter (embeddings, head, norms, the MoE router:
   `NVFP4Recipe.bf16_modules`) in BF16. Per layer = the 2-layer model minus the 1-layer one.
-- minite's engine as built today holds BOTH: the BF16 parameters it re-quantizes from (its
-  `update_weights` copies the learner's weights into them) and the packed store.
+- minite's engine, two rows (`RolloutEngine(weights=...)`, `RolloutEngine.weight_bytes()`):
+  the default ("bf16+packed") holds BOTH the BF16 parameters it re-quantizes from (its
+  `update_weights` copies the learner's weights into them) and the packed store; the packed-only
+  engine (weights="packed") releases the BF16 storage of the weights the store holds and
+  quantizes the learner's tensors straight into the store: it holds the NVFP4 row's bytes
+  (`tests/benchmarks/test_kv_capacity.py` checks both rows against the engine at a tiny shape).
 KV cache: BF16 keys and values, 2 x layers x KV heads x head_dim x 2 bytes per token. The card:
 80 GB (80e9 bytes) less a reserve for the CUDA context, activations and workspace (--reserve-gib).
 
@@ -40,17 +44,23 @@ MODELS = ("qwen3-8b", "qwen3-30b-a3b")
 
 def weight_bytes(name: str) -> dict:
     """BF16 and NVFP4 weight bytes of the whole `name` model (per layer from 1 and 2 layers)."""
-    from fp4_compile.cost import step_cost
+    return weight_forms(
+        lambda layers: build_causal_lm(name, layers=layers, device="meta"),
+        layers=REAL_SHAPES[name][3],
+    )
 
-    full = REAL_SHAPES[name][3]
+
+def weight_forms(build, *, layers: int) -> dict:
+    """The weight bytes of each form (module docstring) of a `layers`-layer model, from the
+    1- and 2-layer models `build(layers)` makes."""
+    full = layers
     bf16, packed = {}, {}
-    for layers in (1, 2):
-        model = build_causal_lm(name, layers=layers, device="meta")
-        bf16[layers] = sum(p.numel() * p.element_size() for p in model.parameters())
-        cost = step_cost(model, name, batch=1, context=16, recipe="strict", max_seq_len=16)
-        packed[layers] = cost["per_weight_version"]["bytes_written"]
+    for n in (1, 2):
+        model = build(n)
+        bf16[n] = sum(p.numel() * p.element_size() for p in model.parameters())
+        packed[n] = _stored_bytes(model)
         # the BF16 bytes of the parameters the store quantizes (read once by each refresh)
-        if layers == 1:
+        if n == 1:
             quantized_bf16 = _quantized_bf16_bytes(model)
     layer_bf16, layer_packed = bf16[2] - bf16[1], packed[2] - packed[1]
     rest_bf16 = bf16[1] - layer_bf16  # embeddings, head, final norm
@@ -60,9 +70,36 @@ def weight_bytes(name: str) -> dict:
         "layers": full,
         "bf16": rest_bf16 + full * layer_bf16,
         "nvfp4": rest_bf16 + full * layer_nvfp4,
-        "minite_engine_today": rest_bf16 + full * (layer_bf16 + layer_packed),
+        "minite_engine_default": rest_bf16 + full * (layer_bf16 + layer_packed),
+        "minite_engine_packed": rest_bf16 + full * layer_nvfp4,
         "per_layer": {"bf16": layer_bf16, "nvfp4": layer_nvfp4, "packed": layer_packed},
     }
+
+
+def _stored_bytes(model) -> int:
+    """Bytes the weight store holds for `model` under the strict recipe: the outputs (codes,
+    block scales, global decode) of the step's once-per-weight-version quantizes, as priced by
+    the cost model's rows, less the refresh's scratch those rows also count (a shared-scale
+    group's amax, the experts' row maxima)."""
+    from fp4_compile.cost.rollout import lowered_step
+    from fp4_compile.cost.rules import step_costs
+
+    program = lowered_step(model, "strict", batch=1, tokens=1, context=16, max_seq_len=16)
+    sig = program.graph_signature
+    _, per_version = step_costs(
+        program.graph_module,
+        params=set(sig.inputs_to_parameters),
+        caches=set(sig.user_inputs[3:]),
+        context=16,
+        expert_fraction=1.0,
+    )
+    nodes = {n.name: n for n in program.graph_module.graph.nodes}
+    total = 0
+    for row in per_version:
+        if not row.op.endswith("group_amax"):
+            outputs = nodes[row.nodes[0]].meta["val"]
+            total += sum(t.numel() * t.element_size() for t in outputs if t is not None)
+    return total
 
 
 def _quantized_bf16_bytes(model) -> int:
@@ -96,6 +133,14 @@ def mean_response(budget: int, median_frac: float, sigma: float) -> float:
     return below + budget * (1.0 - float(normal.cdf(torch.tensor(a))))
 
 
+FORM_LABEL = {
+    "bf16": "BF16 weights",
+    "nvfp4": "NVFP4 weights (what the strict step reads)",
+    "minite_engine_default": 'minite engine, weights="bf16+packed" (default: BF16 + packed)',
+    "minite_engine_packed": 'minite engine, weights="packed" (packed only)',
+}
+
+
 def capacity(args) -> dict:
     mean_len = args.prompt + mean_response(args.budget, args.median_frac, args.sigma)
     out = {"mean_request_tokens": mean_len, "static_request_tokens": args.prompt + args.budget}
@@ -103,7 +148,7 @@ def capacity(args) -> dict:
     for name in MODELS:
         w, kv = weight_bytes(name), kv_bytes_per_token(name)
         rows = {}
-        for form in ("bf16", "nvfp4", "minite_engine_today"):
+        for form in FORM_LABEL:
             kv_room = max(free_card - w[form], 0)
             tokens = int(kv_room // kv)
             rows[form] = {
@@ -115,13 +160,6 @@ def capacity(args) -> dict:
             }
         out[name] = {"kv_bytes_per_token": kv, "weights": w, "rows": rows}
     return out
-
-
-FORM_LABEL = {
-    "bf16": "BF16 weights",
-    "nvfp4": "NVFP4 weights (what the strict step reads)",
-    "minite_engine_today": "minite engine today (BF16 + packed)",
-}
 
 
 def report(res: dict, args, env: dict) -> str:
@@ -151,9 +189,9 @@ def report(res: dict, args, env: dict) -> str:
     lines += [
         "",
         "By tokens is what a slot pool or paged KV cache admits; minite's engine allocates a static "
-        "batch x max_seq_len cache today (the 'static' column). The NVFP4 row needs an engine that "
-        "keeps only the packed bytes of the quantized weights; minite's engine holds the BF16 "
-        "parameters too (its last row).",
+        "batch x max_seq_len cache today (the 'static' column). minite's default engine holds the "
+        'BF16 parameters beside the packed store; RolloutEngine(weights="packed") holds the NVFP4 '
+        "row's bytes (`RolloutEngine.weight_bytes()`).",
     ]
     return "\n".join(lines) + "\n"
 

@@ -16,6 +16,13 @@ from ..engine_api import RolloutOutput, check_generate_args
 from ..recipe import NVFP4Recipe, as_recipe
 from .decode_program import DecodeProgram, Sampling, pick_tokens
 from .kv_cache import StaticKVCache
+from .packed_weights import (
+    check_not_learner,
+    check_weights_option,
+    held_weight_bytes,
+    release_stored,
+    update_packed,
+)
 from .sampling import request_keys
 from .step import RolloutStep
 from .weight_store import WeightStore
@@ -44,7 +51,14 @@ class RolloutEngine:
     (the same kernels on the same buffers, so the same bits).
 
     The quantized weights come from the engine's `WeightStore` (`weight_store.py`), rewritten in
-    place by `update_weights`.
+    place by `update_weights`. weights="bf16+packed" (the default) keeps the BF16 parameters
+    too, and re-quantizes the store from them; weights="packed" keeps only what the step reads
+    (`packed_weights.py`): once the store holds a weight (a model's engine: after its first
+    generate's prefill; an artifact's: at construction) the BF16 storage of that parameter is
+    released (shape kept, 0 bytes), and `update_weights` quantizes the learner's tensors straight
+    into the store. The same bits either way; `weight_bytes()` says what the engine holds.
+    Refused: compile=False, a recipe with quantize=False, and the learner's own module (build
+    the engine on a copy).
     """
 
     def __init__(
@@ -58,6 +72,7 @@ class RolloutEngine:
         compile: bool = True,
         expected_fingerprint: str | None = None,
         cuda_graphs: bool = False,
+        weights: str = "bf16+packed",
     ):
         from .export import RolloutArtifact, load_rollout
 
@@ -85,6 +100,13 @@ class RolloutEngine:
             raise TypeError(
                 f"RolloutEngine needs a causal LM module, a RolloutArtifact or an artifact path, got {type(source).__name__}"
             )
+        self.weights = check_weights_option(
+            weights, compile=compile or self.model is None, recipe=self.recipe
+        )
+        if self.weights == "packed":
+            if self.model is not None:
+                check_not_learner(self.model)
+            self._release_stored()  # an artifact's store is filled: bound at construction
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError(
                 f"cuda_graphs=True needs a CUDA device, the engine runs on {self.device}"
@@ -108,6 +130,7 @@ class RolloutEngine:
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         self._set_shapes(self.model.config, next(self.model.parameters()).dtype)
         self._params = dict(self.model.named_parameters())
+        self._module = self.model
         self.weight_store = WeightStore(self._params)
         step = RolloutStep(self.model)
         if compile:
@@ -136,19 +159,44 @@ class RolloutEngine:
         self.weight_store.bind_module(module)
         self.step = module
         self._params = {n.removeprefix("model."): p for n, p in module.named_parameters()}
+        self._module = module
 
     def update_weights(self, model) -> None:
         """Take the learner's new weights in place (no re-export) and re-quantize every weight
         of the weight store from them with the learner's quantizer (identical bytes), in place:
         the cached decode programs (and their CUDA graphs) read the new weights. Call it after
         every optimizer step, also when the engine shares the learner's module (the store holds
-        the quantized bytes of the last update, whatever the version counters say)."""
+        the quantized bytes of the last update, whatever the version counters say).
+        weights="packed": the store is quantized from `model`'s tensors directly (each moved
+        to the engine's device in turn, no BF16 copy kept); the engine's own module is refused."""
         src = getattr(model, "_orig_mod", model)
+        if self.weights == "packed":
+            if src is self.model:
+                raise ValueError(
+                    "update_weights: an engine with weights='packed' released its module's "
+                    "quantized weights; give it the learner's module, not the engine's own"
+                )
+            update_packed(self._params, self.weight_store, src)
+            return
         if src is not self.model:
             copy_learner_weights(self._params, src)
         elif self.model is not None:
             self.weight_store.check_unmoved(self.model)
         self.weight_store.refresh()
+
+    def _release_stored(self) -> None:
+        """weights="packed": release the storage of the parameters the store now holds (none
+        that another name of the module ties to: the step may read it there)."""
+        names = {}
+        for name, p in self._module.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), []).append(name)
+        tied = {n for n, p in self.weight_store.params.items() if len(names.get(id(p), ())) > 1}
+        release_stored(self.weight_store, keep=tied)
+
+    def weight_bytes(self) -> int:
+        """Bytes the engine holds for weights: the store's packed tensors and every parameter
+        that still holds its storage (all of them with weights="bf16+packed")."""
+        return held_weight_bytes(self._params, self.weight_store)
 
     def kv_cache_bytes(self, bucket: int) -> int:
         """Bytes of the static KV cache of one batch bucket (keys and values, every layer)."""
@@ -269,6 +317,8 @@ class RolloutEngine:
         program.start(eos_token_id)
         run = _Slots(self, program, cache, prompts, budgets, keys, sampling)
         run.prefill_first(min(num, bucket))
+        if self.weights == "packed":  # the first compile filled the store
+            self._release_stored()
         # Every running row runs every step; a finished row idles (frozen) until refilled. The
         # host syncs at the next budget's end, and with an EOS id every _EOS_CHECK_EVERY tokens.
         while run.running():

@@ -45,6 +45,7 @@ Shape legend: N out-features, K in-features, E experts.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -59,6 +60,12 @@ def _ops():
     return torch.ops.fp4_compile
 
 
+def released_storage(t: torch.Tensor) -> bool:
+    """Whether `t` keeps its shape but no longer its values: its storage was resized to 0
+    (`untyped_storage().resize_(0)`, as RolloutEngine(weights="packed") and FSDP do)."""
+    return t.numel() > 0 and t.untyped_storage().nbytes() == 0
+
+
 # on_change stores, told of every optimizer step: a fused optimizer (torch's AdamW(fused=True))
 # writes the parameters without bumping their version counters, so versions alone miss it
 _ON_CHANGE_STORES: weakref.WeakSet = weakref.WeakSet()
@@ -71,6 +78,12 @@ def _after_optimizer_step(optimizer, args, kwargs) -> None:
         for entry in store.entries.values():
             if not entry.stepped and stepped & entry.param_ids:
                 entry.stepped = True
+
+
+def in_learner_store(params) -> bool:
+    """Whether a live on_change store (a learner's) reads any of the tensors `params`."""
+    ids = {id(p) for p in params}
+    return any(ids & {id(p) for p in s.params.values()} for s in list(_ON_CHANGE_STORES))
 
 
 def _watch_optimizer_steps(store: WeightStore) -> None:
@@ -126,6 +139,7 @@ class WeightStore:
         self.entry_writes = 0  # entries written, creation included
         self.sites_bound = 0
         self._refresh_graph = None  # CUDA: every entry's write, captured once (`_refresh`)
+        self._source = None  # name -> tensor, read instead of the parameters (`refresh`)
         if on_change:
             _watch_optimizer_steps(self)
 
@@ -145,17 +159,31 @@ class WeightStore:
         return {n: (e.codes, e.scales, e.global_decode) for n, e in self.entries.items()}
 
     # ---- filling -----------------------------------------------------------------------------
+    def _read(self, name: str) -> torch.Tensor:
+        """The values a write quantizes: `source(name)` during `refresh(source=...)`, else the
+        parameter, refused by name where its storage was released (`released_storage`)."""
+        if self._source is not None:
+            return self._source(name)
+        p = self.params[name]
+        if released_storage(p):
+            raise ValueError(
+                f"parameter {name!r} no longer holds its values (its storage was released: "
+                "RolloutEngine(weights='packed')); the store can only be written from another "
+                "source (refresh(source=...), the engine's update_weights)"
+            )
+        return p.detach()
+
     def _amax(self, spec: QuantizeSpec, amaxes: dict) -> torch.Tensor | None:
         if not spec.group:
             return None
         if spec.group not in amaxes:
-            members = [self.params[m].detach() for m in spec.group]
+            members = [self._read(m) for m in spec.group]
             amaxes[spec.group] = _ops().weight_group_amax.default(members)
         return amaxes[spec.group]
 
     def _quantize(self, spec: QuantizeSpec, amaxes: dict, *, packed: bool, ongrid: bool):
         """New tensors: the op the graph ran, with its arguments."""
-        ops, w = _ops(), self.params[spec.name].detach()
+        ops, w = _ops(), self._read(spec.name)
         args = (
             w,
             spec.block,
@@ -175,7 +203,7 @@ class WeightStore:
 
         spec = entry.spec
         quantize_into(
-            self.params[spec.name].detach(),
+            self._read(spec.name),
             spec.block,
             spec.global_scale,
             self._amax(spec, amaxes),
@@ -243,9 +271,16 @@ class WeightStore:
         return entry
 
     @torch.no_grad()
-    def refresh(self) -> None:
-        """Rewrite every entry from the parameters, in place (stable addresses)."""
-        self._refresh(list(self.entries.values()))
+    def refresh(self, source: Callable[[str], torch.Tensor] | None = None) -> None:
+        """Rewrite every entry from the parameters, in place (stable addresses). source: name
+        -> the tensor to quantize instead of the store's parameter (on the store's device, the
+        parameter's shape and dtype), read one entry (and its group's members) at a time: how
+        an engine that released its parameters' storage takes a learner's weights."""
+        self._source = source
+        try:
+            self._refresh(list(self.entries.values()))
+        finally:
+            self._source = None
 
     def _refresh(self, entries: list[StoreEntry]) -> None:
         """Write `entries`. An on_change store on CUDA that rewrites every entry replays one
@@ -268,6 +303,7 @@ class WeightStore:
     def _graphable(self, entries: list[StoreEntry]) -> bool:
         return (
             self.on_change
+            and self._source is None
             and len(entries) == len(self.entries) > 0
             and all(p.is_cuda for p in self.params.values())
         )

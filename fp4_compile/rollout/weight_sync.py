@@ -16,12 +16,11 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-@torch.no_grad()
-def copy_learner_weights(params: dict[str, torch.Tensor], learner: torch.nn.Module) -> None:
-    """Copy `learner`'s parameters into `params` (name -> the engine's tensor), in place.
-
-    Every engine parameter must exist in the learner with the same shape; nothing is copied
-    before all names are checked, so a mismatch leaves the engine unchanged."""
+def check_learner_weights(
+    params: dict[str, torch.Tensor], learner: torch.nn.Module
+) -> dict[str, torch.Tensor]:
+    """`learner`'s parameters by name, once every name of `params` (name -> the engine's
+    tensor) is checked to exist in the learner with the same shape."""
     theirs = dict(learner.named_parameters())
     missing = sorted(set(params) - set(theirs))
     if missing:
@@ -31,5 +30,15 @@ def copy_learner_weights(params: dict[str, torch.Tensor], learner: torch.nn.Modu
             raise ValueError(
                 f"update_weights: {name!r} is {tuple(theirs[name].shape)}, engine has {tuple(p.shape)}"
             )
+    return theirs
+
+
+@torch.no_grad()
+def copy_learner_weights(params: dict[str, torch.Tensor], learner: torch.nn.Module) -> None:
+    """Copy `learner`'s parameters into `params` (name -> the engine's tensor), in place.
+
+    Every engine parameter must exist in the learner with the same shape; nothing is copied
+    before all names are checked, so a mismatch leaves the engine unchanged."""
+    theirs = check_learner_weights(params, learner)
     for name, p in params.items():
         p.copy_(full_tensor(theirs[name].detach()))

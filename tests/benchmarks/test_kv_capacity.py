@@ -1,12 +1,16 @@
-"""benchmarks.kv_capacity's arithmetic (CPU, shapes only)."""
+"""benchmarks.kv_capacity's arithmetic (CPU, shapes only), and its engine rows against what
+`RolloutEngine.weight_bytes()` reports at a tiny shape."""
 
 import math
 
 import pytest
 import torch
 
-from benchmarks.kv_capacity import kv_bytes_per_token, mean_response, weight_bytes
+from benchmarks.kv_capacity import kv_bytes_per_token, mean_response, weight_bytes, weight_forms
 from benchmarks.rollout_long_tail import long_tail_lengths
+from fp4_compile import NVFP4Recipe
+from fp4_compile.models import tiny_qwen3, tiny_qwen3_moe
+from fp4_compile.rl import RolloutEngine
 
 
 def test_mean_response_matches_the_long_tail_draws():
@@ -29,4 +33,27 @@ def test_nvfp4_weights_are_the_packed_bytes_plus_the_bf16_rest():
     assert w["per_layer"]["packed"] == pytest.approx(gemm * (0.5 + 1 / 16), rel=1e-4)
     assert w["per_layer"]["bf16"] == pytest.approx(2 * gemm, rel=1e-3)  # + norms
     assert w["bf16"] / w["nvfp4"] == pytest.approx(16.4 / 6.4, rel=0.02)
-    assert not math.isclose(w["minite_engine_today"], w["nvfp4"])
+    assert not math.isclose(w["minite_engine_default"], w["nvfp4"])
+    assert w["minite_engine_packed"] == w["nvfp4"]
+
+
+@pytest.mark.parametrize("build", [tiny_qwen3, tiny_qwen3_moe], ids=["qwen3", "qwen3_moe"])
+def test_engine_rows_are_what_the_engines_hold(build):
+    """The two engine rows at a tiny 2-layer shape, in BF16 as the benchmark's models: the
+    bytes `RolloutEngine.weight_bytes()` reports after a generate (its store filled), for the
+    default engine and the packed-only one (== the NVFP4 row)."""
+    forms = weight_forms(lambda n: build(layers=n, dtype=torch.bfloat16).to("meta"), layers=2)
+    torch._dynamo.reset()
+    held = {}
+    for weights in ("bf16+packed", "packed"):
+        engine = RolloutEngine(
+            build(layers=2, dtype=torch.bfloat16).eval(),
+            recipe=NVFP4Recipe.strict(),
+            max_batch=1,
+            max_seq_len=8,
+            weights=weights,
+        )
+        engine.generate([[1, 2, 3]], max_new_tokens=2)
+        held[weights] = engine.weight_bytes()
+    assert held["bf16+packed"] == forms["minite_engine_default"]
+    assert held["packed"] == forms["minite_engine_packed"] == forms["nvfp4"]
