@@ -215,6 +215,39 @@ def emit_rms_norm(graph, node, x, weight, eps, out_dtype):
     return _cast(graph, node, y, out_dtype, node) if out_dtype is not None else y
 
 
+def _size_key(size) -> object:
+    """A hashable key of a traced size: the int, or a SymInt's symbolic expression."""
+    return size.node.expr if isinstance(size, torch.SymInt) else int(size)
+
+
+def _attention_lengths(graph, node, q, k) -> tuple[fx.Node, fx.Node]:
+    """(q_start, kv_len): int64 [B] zeros and [B] Tk, ONE pair per graph for every attention of
+    the same batch B, key length Tk and device (every layer's: one set of kernels per step). The
+    first attention's pair is inserted before it; the pass walks the graph in order, so the
+    pair precedes (dominates) every later attention that reuses it."""
+    qv, kv = fake(q), fake(k)
+    key = (_size_key(qv.shape[0]), _size_key(kv.shape[2]), qv.device)
+    made = graph._minite_attention_lengths = getattr(graph, "_minite_attention_lengths", {})
+    if key in made:
+        return made[key]
+    aten = torch.ops.aten
+    b = insert_call(graph, aten.sym_size.int, (q, 0), before=node, like=node)
+    tk = insert_call(graph, aten.sym_size.int, (k, 2), before=node, like=node)
+    pair = tuple(
+        insert_call(
+            graph,
+            aten.full.default,
+            ([b], fill),
+            before=node,
+            like=node,
+            kwargs={"dtype": torch.int64, "device": qv.device},
+        )
+        for fill in (0, tk)
+    )
+    made[key] = pair
+    return pair
+
+
 def emit_attention(graph, node, q, k, v, mask, is_causal: bool, scale):
     """Invariant attention over all Tk keys: causal from position 0 (sdpa's top-left causal),
     or the boolean mask; a BF16 q (cast if needed), output back in q's dtype. k and v go in as
@@ -236,25 +269,7 @@ def emit_attention(graph, node, q, k, v, mask, is_causal: bool, scale):
         like=node,
         kwargs={"memory_format": torch.contiguous_format},
     )
-    b = insert_call(graph, aten.sym_size.int, (q, 0), before=node, like=node)
-    tk = insert_call(graph, aten.sym_size.int, (k, 2), before=node, like=node)
-    device = qv.device
-    q_start = insert_call(
-        graph,
-        aten.full.default,
-        ([b], 0),
-        before=node,
-        like=node,
-        kwargs={"dtype": torch.int64, "device": device},
-    )
-    kv_len = insert_call(
-        graph,
-        aten.full.default,
-        ([b], tk),
-        before=node,
-        like=node,
-        kwargs={"dtype": torch.int64, "device": device},
-    )
+    q_start, kv_len = _attention_lengths(graph, node, q, k)
     both = insert_call(
         graph,
         _ops().invariant_attention.default,

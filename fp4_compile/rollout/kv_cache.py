@@ -33,7 +33,7 @@ class StaticKVCache:
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.max_seq_len = max_seq_len
-        self.write_positions: torch.Tensor | None = None  # [B, Tq] int64, set before each forward
+        self.write_positions = None  # [B, Tq] int64, set before each forward
 
     @classmethod
     def from_tensors(cls, keys: list[torch.Tensor], values: list[torch.Tensor]) -> StaticKVCache:
@@ -43,6 +43,22 @@ class StaticKVCache:
         cache.max_seq_len = keys[0].shape[2]
         cache.write_positions = None
         return cache
+
+    @property
+    def write_positions(self) -> torch.Tensor | None:
+        """[B, Tq] int64: where this forward's new tokens go, set before each forward."""
+        return self._write_positions
+
+    @write_positions.setter
+    def write_positions(self, positions_BT: torch.Tensor | None) -> None:
+        """Also builds the write's index here, once per forward: every layer's `update` reuses
+        it (one set of index kernels per step, not one per layer)."""
+        self._write_positions = positions_BT
+        self._write_index = (
+            None
+            if positions_BT is None
+            else _write_index(positions_BT, num_heads=self.keys[0].shape[1])
+        )
 
     def set_write_positions(self, positions_BT: torch.Tensor) -> None:
         if positions_BT.dim() != 2 or int(positions_BT.max()) >= self.max_seq_len:
@@ -56,9 +72,9 @@ class StaticKVCache:
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
     ):
         """Write [B, H_kv, Tq, D] at the sequences' positions; return the whole cache layer."""
-        pos = self.write_positions
-        assert pos is not None, "set_write_positions() before the forward"
-        index = _write_index(pos, num_heads=key_states.shape[1])
+        index = self._write_index
+        assert index is not None, "set_write_positions() before the forward"
+        assert key_states.shape[1] == index[1].shape[1], "the cache's KV heads"
         self.keys[layer_idx].index_put_(index, key_states)
         self.values[layer_idx].index_put_(index, value_states)
         return self.keys[layer_idx], self.values[layer_idx]
@@ -89,11 +105,13 @@ def _write_index(positions_BT: torch.Tensor, *, num_heads: int) -> tuple[torch.T
     `index_put` (a store of the B * H_kv * Tq rows), while it functionalizes `scatter_` into a
     clone of the whole layer cache, the write, and a copy back every step
     (tests/rollout/test_kv_cache_write.py reads it from the generated code). A sequence's
-    positions are distinct, so no slot is written twice and the order of the stores is moot."""
+    positions are distinct, so no slot is written twice and the order of the stores is moot.
+    Rows and heads are built as one [2, B, H_kv, 1] tensor: one index kernel per step."""
     device = positions_BT.device
-    rows = torch.arange(positions_BT.shape[0], device=device)[:, None, None]
-    heads = torch.arange(num_heads, device=device)[None, :, None]
-    return rows, heads, positions_BT[:, None, :]
+    rows = torch.arange(positions_BT.shape[0], device=device)
+    heads = torch.arange(num_heads, device=device)
+    rows_heads = torch.stack(torch.meshgrid(rows, heads, indexing="ij"))[..., None]  # one kernel
+    return rows_heads[0], rows_heads[1], positions_BT[:, None, :]
 
 
 def attention_mask_4d(
