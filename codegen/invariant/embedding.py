@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .gather_rows import gather_rows_backward
+
 
 def _check(weight: torch.Tensor, ids: torch.Tensor) -> None:
     if weight.dim() != 2 or not weight.dtype.is_floating_point:
@@ -46,8 +48,6 @@ def _(weight, ids, padding_idx):
 def embedding_backward(
     grad: torch.Tensor, ids: torch.Tensor, num_weights: int, padding_idx: int
 ) -> torch.Tensor:
-    from .gather_rows import gather_rows_backward
-
     g2 = grad.reshape(-1, grad.shape[-1])
     idx = ids.reshape(-1)
     if padding_idx < 0:

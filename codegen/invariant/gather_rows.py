@@ -48,7 +48,7 @@ def _(x, idx):
 @torch.library.custom_op("fp4_compile::gather_rows_backward", mutates_args=())
 def gather_rows_backward(grad: torch.Tensor, idx: torch.Tensor, num_rows: int) -> torch.Tensor:
     if grad.device.type == "cuda" and grad.dtype in KERNEL_DTYPES and grad.numel():
-        from .gather_rows_kernel import gather_rows_backward_triton
+        from .gather_rows_kernel import gather_rows_backward_triton  # lazy: imports triton
 
         return gather_rows_backward_triton(grad, idx, num_rows)
     return gather_rows_backward_reference(grad, idx, num_rows)

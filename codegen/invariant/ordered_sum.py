@@ -14,7 +14,7 @@ MAX_EXTENT = 64
 
 
 def _ordered_sum(x: torch.Tensor, dim: int, keepdim: bool) -> torch.Tensor:
-    from .group_sum_kernel import KERNEL_DTYPES, group_sum
+    from .group_sum_kernel import KERNEL_DTYPES, group_sum  # lazy: imports triton
 
     if x.device.type == "cuda" and x.dtype in KERNEL_DTYPES:  # one pass, the same roundings
         dim = dim % x.dim()

@@ -58,7 +58,7 @@ def invariant_rms_norm_backward(
     """(dh, dweight); dweight is an empty tensor when weight is None. CUDA: one Triton launch
     (`rms_norm_backward`); CPU: plain PyTorch."""
     if h.is_cuda:
-        from .rms_norm_backward_kernel import rms_norm_backward
+        from .rms_norm_backward_kernel import rms_norm_backward  # lazy: imports triton
 
         dh, dw = rms_norm_backward(grad_y, h, weight, eps)
     else:

@@ -53,7 +53,7 @@ def silu_mul(
     _check(a, b)
     _check_mask(a, row_mask)
     if a.device.type == "cuda":
-        from .silu_mul_kernel import kernel_applies, silu_mul_triton
+        from .silu_mul_kernel import kernel_applies, silu_mul_triton  # lazy: imports triton
 
         if kernel_applies(a, b):
             return silu_mul_triton(a, b, row_mask)
@@ -74,6 +74,7 @@ def silu_mul_backward(
     """(grad_a, grad_b); with `row_mask`: the backward of silu_mul on the masked a and b, then
     the masked rows of both gradients +0.0 (`masked_fill`'s own backward)."""
     if a.device.type == "cuda":
+        # lazy: imports triton
         from .silu_mul_kernel import kernel_applies, silu_mul_backward_triton
 
         if kernel_applies(grad, a, b):
@@ -141,6 +142,7 @@ def silu_mul_halves_backward(
     c = _check_halves(x, row_mask)
     a, b = x[:, :c], x[:, c:]
     if x.device.type == "cuda":
+        # lazy: imports triton
         from .silu_mul_kernel import kernel_applies, silu_mul_backward_triton
 
         if kernel_applies(grad, a, b):

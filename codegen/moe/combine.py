@@ -93,7 +93,7 @@ def moe_combine(
     out_dtype = torch.promote_types(x.dtype, w.dtype)
     on_kernel = x.dtype in KERNEL_DTYPES and w.dtype in KERNEL_DTYPES
     if x.device.type == "cuda" and on_kernel and x.numel():
-        from .combine_kernel import moe_combine_triton
+        from .combine_kernel import moe_combine_triton  # lazy: imports triton
 
         return moe_combine_triton(x, w, idx, k, out_dtype, row_mask)
     return moe_combine_reference(x, w, idx, k, row_mask).contiguous()
@@ -139,7 +139,7 @@ def moe_combine_backward(
     permutation) the slot sums are one term each, read in place: one kernel, no sort."""
     _check_inverse(idx, idx_inverse)
     if _fused_backward_kernel(grad, x, w, idx_inverse):
-        from .row_scale_kernel import row_scale_backward_triton
+        from .row_scale_kernel import row_scale_backward_triton  # lazy: imports triton
 
         return row_scale_backward_triton(
             grad, x, w, ROW_SCALE_BLOCK, row_mask, grad_rows=idx_inverse, row_div=k
@@ -149,6 +149,7 @@ def moe_combine_backward(
     if idx_inverse is not None:
         g1 = slot_grad_sums_from_inverse(grad, idx_inverse, k)
     elif grad.device.type == "cuda" and grad.dtype in GATHER_KERNEL_DTYPES and grad.numel():
+        # lazy: imports triton
         from ..invariant.gather_rows_kernel import gather_rows_backward_triton
 
         g1 = gather_rows_backward_triton(grad, idx, x.shape[0], row_div=k)
@@ -158,7 +159,7 @@ def moe_combine_backward(
         return row_scale_backward(g1, x, w)
     on_kernel = all(t.dtype in ROW_SCALE_KERNEL_DTYPES for t in (g1, x, w))
     if x.device.type == "cuda" and x.shape[-1] and on_kernel:
-        from .row_scale_kernel import row_scale_backward_triton
+        from .row_scale_kernel import row_scale_backward_triton  # lazy: imports triton
 
         return row_scale_backward_triton(g1, x, w, ROW_SCALE_BLOCK, row_mask)
     return row_scale_backward_reference(g1, x, w, row_mask)

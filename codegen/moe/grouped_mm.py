@@ -36,7 +36,7 @@ def invariant_grouped_mm(
 
 def grouped_kernel(x_TK, w_ENK, offsets, out_dtype) -> torch.Tensor:
     """The one-launch BF16 grouped GEMM (CUDA, or CPU tensors under TRITON_INTERPRET=1)."""
-    from ..nvfp4.gemm_kernel import launch_gemm
+    from ..nvfp4.gemm_kernel import launch_gemm  # lazy: imports triton
 
     one = torch.ones((1,), dtype=torch.float32, device=x_TK.device)
     # rows_per_group=1: the same pinned config for every call (batch invariance by construction)

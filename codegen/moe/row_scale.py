@@ -29,6 +29,7 @@ def _check(x: torch.Tensor, w: torch.Tensor) -> None:
 def row_scale(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     _check(x, w)
     if x.device.type == "cuda" and x.dtype in KERNEL_DTYPES and w.dtype in KERNEL_DTYPES:
+        # lazy: imports triton
         from .row_scale_kernel import row_scale_triton  # the same bits as x * w
 
         return row_scale_triton(x, w)
@@ -47,6 +48,7 @@ def row_scale_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     on_kernel = all(t.dtype in KERNEL_DTYPES for t in (grad, x, w))
     if x.device.type == "cuda" and x.shape[-1] and on_kernel:
+        # lazy: imports triton
         from .row_scale_kernel import row_scale_backward_triton  # one pass, the same bits
 
         return row_scale_backward_triton(grad, x, w, BLOCK)

@@ -32,7 +32,7 @@ def forward_uses_ongrid(device_type: str, rows: int) -> bool:
 def gathered_row_abs_max(x2, x_index):
     """max |row| of each row of `gather_zero_rows(x2, x_index)` (FP32), from one read of x2's
     rows (a gathered row's max is its source row's; a zero row's is 0)."""
-    from .abs_max_kernel import row_abs_max
+    from .abs_max_kernel import row_abs_max  # lazy: imports triton
 
     rows = row_abs_max(x2)[x_index.clamp(min=0)]
     return torch.where(x_index >= 0, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
@@ -47,7 +47,7 @@ def gathered_global_scale(x2, x_index, recipe, x_amax):
     if isinstance(gs, str) and gs == "per_tensor":
         if x_index.numel() == 0:
             return torch.zeros((), dtype=torch.float32, device=x2.device)
-        from .abs_max_kernel import vector_abs_max
+        from .abs_max_kernel import vector_abs_max  # lazy: imports triton
 
         return vector_abs_max(gathered_row_abs_max(x2, x_index))
     return gs
@@ -62,9 +62,9 @@ def cuda_linear(
     row's) and the GEMM gathers the on-grid rows in its operand load: bitwise
     `cuda_linear(x2[x_index], ...)` without the gathered copy or quantizing each token top-k
     times."""
-    from .gemm_kernel import launch_gemm
-    from .ongrid_weight_kernel import ongrid_weight
-    from .quantize_kernel import quantize_triton
+    from .gemm_kernel import launch_gemm  # lazy: imports triton
+    from .ongrid_weight_kernel import ongrid_weight  # lazy: imports triton
+    from .quantize_kernel import quantize_triton  # lazy: imports triton
 
     gs = (
         act_global(recipe, x_amax)
@@ -91,7 +91,7 @@ def cuda_linear(
 
 
 def _ongrid_weight(w_codes, w_scales, w_gd, w_ongrid, n, k):
-    from .ongrid_weight_kernel import ongrid_weight
+    from .ongrid_weight_kernel import ongrid_weight  # lazy: imports triton
 
     if w_ongrid is not None:
         return w_ongrid
@@ -103,7 +103,7 @@ def grad_amax(dy2, recipe):
     dgrad and wgrad quantize the same dY (along N and along T), so one read serves both."""
     if recipe.grad.global_scale != "per_tensor":
         return None
-    from .abs_max_kernel import tensor_abs_max
+    from .abs_max_kernel import tensor_abs_max  # lazy: imports triton
 
     return tensor_abs_max(dy2)
 
@@ -125,8 +125,8 @@ def cuda_dgrad(
     """dX [T, K] in `out_dtype`: the GEMM stores it directly (its FP32 epilogue, then one
     round-to-nearest-even cast, as `.to(out_dtype)` would). `dy_amax`: dY's per-tensor amax
     when the caller has it (`grad_amax`)."""
-    from .gemm_kernel import launch_gemm
-    from .quantize_kernel import quantize_triton
+    from .gemm_kernel import launch_gemm  # lazy: imports triton
+    from .quantize_kernel import quantize_triton  # lazy: imports triton
 
     n, k = weight_nk(w_codes, w_ongrid)
     if recipe.dgrad == "bf16":
@@ -157,7 +157,7 @@ def quantize_transposed_ongrid(t_TD, *, global_scale, rounding="rne", seed=None)
     in the kernel).
     global_scale: "per_tensor", "per_row", or the FP32 amax [] of t; seed an int or an int64
     [1] device tensor or `sr_stream.DeviceSeed` (stochastic rounding)."""
-    from .quantize_kernel import quantize_tokens_transposed_ongrid
+    from .quantize_kernel import quantize_tokens_transposed_ongrid  # lazy: imports triton
 
     d = t_TD.shape[1]
     per_row = isinstance(global_scale, str) and global_scale == "per_row"
@@ -166,7 +166,7 @@ def quantize_transposed_ongrid(t_TD, *, global_scale, rounding="rne", seed=None)
     elif per_row:  # of t^T's rows: max over tokens, exact in any order
         amax = t_TD.abs().amax(dim=0).to(torch.float32).reshape(1, d)
     elif global_scale == "per_tensor":
-        from .abs_max_kernel import tensor_abs_max
+        from .abs_max_kernel import tensor_abs_max  # lazy: imports triton
 
         amax = tensor_abs_max(t_TD).reshape(1)
     else:
@@ -184,7 +184,7 @@ def quantize_transposed_ongrid(t_TD, *, global_scale, rounding="rne", seed=None)
 def cuda_wgrad(dy2, x2, recipe, seed, *, out_dtype=torch.float32, dy_amax=None):
     """dW [N, K] in `out_dtype` (stored directly by the GEMM, as in cuda_dgrad). dY^T and X^T
     are quantized straight from dY and X (no transposed copies)."""
-    from .gemm_kernel import launch_gemm
+    from .gemm_kernel import launch_gemm  # lazy: imports triton
 
     if recipe.wgrad == "bf16":
         return torch.mm(dy2.to(torch.bfloat16).t(), x2.to(torch.bfloat16)).to(out_dtype)
@@ -199,7 +199,7 @@ def cuda_wgrad(dy2, x2, recipe, seed, *, out_dtype=torch.float32, dy_amax=None):
 def cuda_activation_operands(x2, recipe, x_amax, *, transposed: bool):
     """`cpu_activation_operands` from the Triton kernels: the operands `cuda_linear` and
     `cuda_wgrad` quantize for themselves, by the same calls."""
-    from .quantize_kernel import quantize_triton
+    from .quantize_kernel import quantize_triton  # lazy: imports triton
 
     gs = act_global(recipe, x_amax)
     a, gd_a = quantize_triton(x2, block="1x16", global_scale=gs, out="ongrid")
@@ -210,8 +210,8 @@ def cuda_activation_operands(x2, recipe, x_amax, *, transposed: bool):
 
 def cuda_linear_quantized(x_ongrid, x_gd, w_codes, w_scales, w_gd, w_ongrid, bias, out_dtype):
     """`cuda_linear` (x_index None) with x's quantization given: the same GEMM launch."""
-    from .gemm_kernel import launch_gemm
-    from .ongrid_weight_kernel import ongrid_weight
+    from .gemm_kernel import launch_gemm  # lazy: imports triton
+    from .ongrid_weight_kernel import ongrid_weight  # lazy: imports triton
 
     rows = x_ongrid.shape[0]
     if w_ongrid is None and forward_uses_ongrid(x_ongrid.device.type, rows):
@@ -222,7 +222,7 @@ def cuda_linear_quantized(x_ongrid, x_gd, w_codes, w_scales, w_gd, w_ongrid, bia
 
 def cuda_wgrad_quantized(dy2, xt_ongrid, xt_gd, recipe, seed, *, out_dtype, dy_amax=None):
     """`cuda_wgrad` (NVFP4) with X^T's quantization given: the same GEMM launch."""
-    from .gemm_kernel import launch_gemm
+    from .gemm_kernel import launch_gemm  # lazy: imports triton
 
     scale = recipe.grad.global_scale if dy_amax is None else dy_amax
     a, gd_a = quantize_transposed_ongrid(
@@ -236,8 +236,8 @@ def cuda_grouped_quantized(
 ):
     """`cuda_linear` with offsets (and x_index) given x's per-row quantization: the same GEMM
     launch."""
-    from .gemm_kernel import launch_gemm
-    from .ongrid_weight_kernel import ongrid_weight
+    from .gemm_kernel import launch_gemm  # lazy: imports triton
+    from .ongrid_weight_kernel import ongrid_weight  # lazy: imports triton
 
     m = x_ongrid.shape[0] if x_index is None else x_index.shape[0]
     rows = max(1, -(-m // w_codes.shape[0]))

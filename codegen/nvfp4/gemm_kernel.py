@@ -37,6 +37,7 @@ import triton.language as tl
 from ..configs import decode_dispatch, k_chunk, pick
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
 from ..triton_helpers import e2m1_value, e4m3_value, expert_row_tile
+from .decode_gemm_kernel import launch_decode_gemm
 from .packed_layout import words_tile_k
 
 
@@ -228,8 +229,6 @@ def launch_gemm(
     if packed and config_op is None and config is None:
         decode = decode_dispatch(arch_of(dev), rows_per_group or m)
         if decode is not None:  # few rows: the weight-streaming kernel, the same bits
-            from .decode_gemm_kernel import launch_decode_gemm
-
             return launch_decode_gemm(
                 a_MK,
                 gd_a,

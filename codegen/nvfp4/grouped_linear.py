@@ -29,7 +29,7 @@ _LIB = "fp4_compile"
 
 def _check_grouped(x, offsets, num_experts, x_index=None, x_perm=None, data=True):
     if x_perm is not None:
-        from .expert_gather_backward_kernel import check_perm_precondition
+        from .expert_gather_backward_kernel import check_perm_precondition  # lazy: imports triton
 
         if x_index is None:
             raise ValueError("x_perm needs x_index (it describes the gather)")
@@ -123,6 +123,7 @@ def _scatter_gathered(
         and dx_g.device.type == "cuda"
         and dx_g.dtype in (torch.bfloat16, torch.float32)
     ):
+        # lazy: imports triton
         from .expert_gather_backward_kernel import expert_gather_backward_triton
 
         return expert_gather_backward_triton(dx_g, x_index, x_perm, rows)
@@ -174,7 +175,7 @@ def nvfp4_grouped_mm_backward(
     ):
         # one read of dY for both amaxes: the dgrad's per tensor (the max of the row maxima,
         # as `tensor_abs_max`) and the wgrad's per expert (each expert's max of its rows')
-        from .abs_max_kernel import row_abs_max, vector_abs_max
+        from .abs_max_kernel import row_abs_max, vector_abs_max  # lazy: imports triton
 
         dy_rows = row_abs_max(grad_out)
         dy_amax = vector_abs_max(dy_rows)
@@ -214,7 +215,7 @@ def nvfp4_grouped_mm_backward(
         if x_index is not None:  # the gradient of x: each row's gathered copies summed
             dx = _scatter_gathered(dx, x_index, x_src.shape[0], x_perm=x_perm)
     if needs_w and cuda and rec.wgrad == "nvfp4":  # all experts at once, == the loop below
-        from .grouped_wgrad_kernel import grouped_wgrad
+        from .grouped_wgrad_kernel import grouped_wgrad  # lazy: imports triton
 
         dw = grouped_wgrad(
             grad_out,

@@ -29,6 +29,9 @@ from ...format import BLOCK_SIZE
 from ...sr_stream import DeviceSeed
 from ..configs import pick
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
+from .abs_max_kernel import segment_abs_max, segment_column_abs_max
+from .gemm import gathered_row_abs_max
+from .quantize_kernel import quantize_segments_ongrid
 from .segment_layout_kernel import segment_layout
 
 
@@ -103,8 +106,6 @@ def _segment_amax(t_TD: torch.Tensor, offsets: torch.Tensor, per_row: bool, rows
     """Per-expert amax of |t| over its tokens: [E] (per tensor) or [E, D] (per row of t^T),
     each in one read of t (max is exact in any order and dtype); `rows`: t's row maxima, when
     the caller has them (per tensor: then t is not read here at all)."""
-    from .abs_max_kernel import segment_abs_max, segment_column_abs_max
-
     if per_row:
         return segment_column_abs_max(t_TD, offsets)
     return segment_abs_max(t_TD, offsets, rows)
@@ -132,7 +133,6 @@ def grouped_wgrad(
     token gather, `gemm.gather_zero_rows`), read through the index by the quantizer:
     bitwise `grouped_wgrad(dy, gather_zero_rows(x_TK, x_index), ...)` without the copy."""
     check_kernel_device(dy_TN, "grad_out")
-    from .quantize_kernel import quantize_segments_ongrid
 
     if recipe.wgrad != "nvfp4":
         raise ValueError(f"grouped_wgrad is the NVFP4 wgrad; recipe.wgrad={recipe.wgrad!r}")
@@ -154,8 +154,6 @@ def grouped_wgrad(
             x_TK, lay["src"], *seg, _segment_amax(x_TK, offsets, False)
         )
     else:  # the gathered rows' maxima: each source row's, read once per source row
-        from .gemm import gathered_row_abs_max
-
         amax_x = _segment_amax(None, offsets, False, gathered_row_abs_max(x_TK, x_index))
         b, gd_b = quantize_segments_ongrid(x_TK, lay["src_rows"], *seg, amax_x)
     cfg = pick(arch_of(dev), "bf16" if dev.type == "cuda" else "fp32", "nvfp4_wgrad", n)

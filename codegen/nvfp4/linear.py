@@ -44,7 +44,7 @@ def backward_seed(site_key: int, device: torch.device) -> int | DeviceSeed:
     `sr_stream.device_call_seed`, in one launch): a replay runs no Python, so only a counter the
     graph itself advances gives each replay fresh noise."""
     if capturing(device):
-        from .device_seed_kernel import next_device_seed
+        from .device_seed_kernel import next_device_seed  # lazy: imports triton
 
         return next_device_seed(site_key, device)
     return call_seed(site_key)

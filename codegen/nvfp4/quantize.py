@@ -77,7 +77,7 @@ def _quantize_impl(x, block, gs, rounding, seed, with_ongrid=False, packed=True,
     only, codes and scales empty (`_no_packed_bytes`). into (CUDA): (codes, scale bytes as
     uint8, on-grid) buffers the kernels write instead of new ones (`quantize_into`)."""
     if x.device.type == "cuda":
-        from .quantize_kernel import quantize_triton
+        from .quantize_kernel import quantize_triton  # lazy: imports triton
 
         if isinstance(gs, torch.Tensor) and gs.numel() > 1:
             gs = gs.reshape(-1, 1, 1)
@@ -197,7 +197,7 @@ def _check_packed_weight(w_codes, w_scales):
 def ongrid_weight(w_codes: torch.Tensor, w_scales: torch.Tensor) -> torch.Tensor:
     k = _check_packed_weight(w_codes, w_scales)
     if w_codes.device.type == "cuda":
-        from .ongrid_weight_kernel import ongrid_weight as kernel
+        from .ongrid_weight_kernel import ongrid_weight as kernel  # lazy: imports triton
 
         return kernel(w_codes.contiguous(), w_scales.contiguous())
     values = decode_e2m1(unpack_codes(w_codes))

@@ -33,6 +33,7 @@ from .codes_kernel import launch_rows, launch_transposed
 from .device_seed_kernel import seed_launch_args
 from .global_scale_kernel import amax_global_stage, expert_global_stage, row_global_stage
 from .row_codes_kernel import row_codes_from_parts
+from .weight_quantize_kernel import quantize_weight_tiles
 
 
 def quantize_triton(
@@ -67,8 +68,6 @@ def quantize_triton(
     if one_read_weights and block == "16x16" and rounding == "rne":  # a weight: one read of x?
         groups = pick_launch(target.arch, "weight_quantize_experts")["expert_groups"]
         if _one_read(x, global_scale, groups):
-            from .weight_quantize_kernel import quantize_weight_tiles
-
             return quantize_weight_tiles(
                 x,
                 global_scale,

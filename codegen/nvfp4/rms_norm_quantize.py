@@ -47,9 +47,9 @@ def _check(x, weight, recipe):
 
 
 def _cuda_operands(x, weight, eps, rec, transposed):
-    from .abs_max_kernel import vector_abs_max
-    from .quantize_kernel import quantize_tokens_transposed_ongrid
-    from .rms_norm_quantize_kernel import rms_norm_quantize as kernel
+    from .abs_max_kernel import vector_abs_max  # lazy: imports triton
+    from .quantize_kernel import quantize_tokens_transposed_ongrid  # lazy: imports triton
+    from .rms_norm_quantize_kernel import rms_norm_quantize as kernel  # lazy: imports triton
 
     y2, a, gd_a, row_amax = kernel(x, weight, eps)
     if not transposed:

@@ -58,7 +58,7 @@ def silu_mul_halves_quantize(
     rec = _check(x, recipe)
     c = x.shape[-1] // 2
     if x.device.type == "cuda":
-        from .silu_mul_quantize_kernel import silu_mul_quantize
+        from .silu_mul_quantize_kernel import silu_mul_quantize  # lazy: imports triton
 
         return silu_mul_quantize(x[:, :c], x[:, c:], row_mask)[:3]
     y = silu_mul_halves(x, row_mask)
@@ -106,10 +106,10 @@ def _check_pair(a, b, recipe):
 
 
 def _cuda_pair(a, b, row_mask, rec, transposed):
-    from ..invariant.silu_mul_kernel import kernel_applies
-    from .abs_max_kernel import vector_abs_max
-    from .quantize_kernel import quantize_tokens_transposed_ongrid
-    from .silu_mul_quantize_kernel import silu_mul_quantize as kernel
+    from ..invariant.silu_mul_kernel import kernel_applies  # lazy: imports triton
+    from .abs_max_kernel import vector_abs_max  # lazy: imports triton
+    from .quantize_kernel import quantize_tokens_transposed_ongrid  # lazy: imports triton
+    from .silu_mul_quantize_kernel import silu_mul_quantize as kernel  # lazy: imports triton
 
     c = a.shape[-1]
     if not kernel_applies(a, b):  # silu_mul's own non-kernel path, then the quantize: same bits
