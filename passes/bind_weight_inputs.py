@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
 from ..codegen.nvfp4.op_args import QuantizeArg, QuantizeOut
 from .graph_utils import erase_dead, insert_call
 
@@ -54,8 +55,6 @@ class SiteReads:
 
 
 def _ops():
-    from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
-
     return torch.ops.fp4_compile
 
 

@@ -6,6 +6,7 @@ import re
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
 
 _ROOT = re.compile(r"^L\['[^']*'\](\[\d+\])*\.?")
 _GETATTR = re.compile(r"getattr\(([^,]+), '([^']+)'\)")
@@ -115,6 +116,7 @@ def _meta_value(a):
 def known_equal(a, b) -> bool:
     """a == b for sizes that may be symbolic (torch.compile's dynamic shapes): True only where it
     holds for every value of the symbols (`statically_known_true`), so no shape guard is added."""
+    # lazy: symbolic_shapes imports sympy (~0.3 s at import)
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     return bool(statically_known_true(a == b))
@@ -132,8 +134,6 @@ def size_arg(graph: fx.Graph, node: fx.Node, dim: int, *, before: fx.Node):
 def propagate_val(node: fx.Node) -> None:
     """Set node.meta["val"] (and "example_value" where the graph uses it) by running the node's
     target on its inputs' fake values under the graph's FakeTensorMode."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     args = _meta_value(tuple(node.args))
     kwargs = {k: _meta_value(v) for k, v in node.kwargs.items()}
     flat = [

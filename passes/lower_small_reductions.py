@@ -23,6 +23,7 @@ import math
 import torch
 import torch.fx as fx
 
+from ..codegen.invariant.ordered_sum import MAX_EXTENT
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, insert_call, replace_with_call
 from .patterns import is_op, scalar_arg
@@ -83,8 +84,6 @@ def ordered_sum_tree(
 
 
 def lower_small_reductions(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
-    from ..codegen.invariant.ordered_sum import MAX_EXTENT
-
     graph = gm.graph
     for node in list(graph.nodes):
         if not _is_sum(node) or not node.args:

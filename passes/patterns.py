@@ -58,14 +58,10 @@ def is_rsqrt(n) -> bool:
 
 
 def is_add(n) -> bool:
-    import operator
-
     return is_op(n, functions=(operator.add, torch.add), methods=("add",), overloads=(aten.add,))
 
 
 def is_mul(n) -> bool:
-    import operator
-
     return is_op(n, functions=(operator.mul, torch.mul), methods=("mul",), overloads=(aten.mul,))
 
 
@@ -83,8 +79,6 @@ def is_sum(n) -> bool:
 
 
 def is_div(n) -> bool:
-    import operator
-
     return is_op(
         n,
         functions=(operator.truediv, operator.itruediv, torch.div, torch.true_divide),

@@ -16,6 +16,7 @@ import operator
 import torch
 import torch.fx as fx
 
+from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
 from ..codegen.nvfp4.gemm_call import ActivationOperands, GemmCall, encode_recipe, is_gemm
 from ..recipe import NVFP4Recipe
 from .graph_utils import fake, insert_call, module_path
@@ -24,8 +25,6 @@ from .targets import replace_gemm
 
 
 def _ops():
-    from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
-
     return torch.ops.fp4_compile
 
 

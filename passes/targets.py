@@ -11,16 +11,17 @@ import operator
 import torch
 import torch.fx as fx
 
+from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
+from ..codegen.nvfp4.gemm import forward_uses_ongrid
 from ..codegen.nvfp4.gemm_call import GemmCall, QuantizedWeight
 from ..codegen.nvfp4.op_args import QuantizeOut
 from ..recipe import NVFP4Recipe
+from ..sr_stream import site_id
 from ..weight_policy import weight_quantize_mode
 from .graph_utils import fake, insert_call, propagate_val, replace_with_call
 
 
 def _ops():
-    from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
-
     return torch.ops.fp4_compile
 
 
@@ -82,8 +83,6 @@ def _emit_quantize(graph, det, mode: str, amax, *, after, weight):
 def call_site(graph, decision) -> int:
     """The stochastic-rounding call-site id of a lowered GEMM: its module path and kind, plus a
     running index for repeated uses of one module in a graph (so every site is distinct)."""
-    from ..sr_stream import site_id
-
     seen = graph._minite_sites = getattr(graph, "_minite_sites", {})
     name = f"{decision.module}:{decision.kind}"
     seen[name] = seen.get(name, -1) + 1
@@ -110,8 +109,6 @@ def emit_ongrid_weight(graph, node, x, wq, num_experts: int | None = None):
     packed bytes). One copy per weight in the graph, passed as `w_ongrid` to every use: the
     forward and, saved by autograd, the dgrad read it instead of decoding the packed weight
     each (the same values: the bits do not change)."""
-    from ..codegen.nvfp4.gemm import forward_uses_ongrid
-
     rows = forward_rows(x, num_experts)
     if rows is None or not forward_uses_ongrid(fake(x).device.type, rows):
         return None
