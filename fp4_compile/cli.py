@@ -6,6 +6,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .demo import run_demo
+from .rl.cli.export import add_export_parser, run_export
+from .rl.cli.train import add_train_parser, run_train
+from .rl.diagnostics.gap_report import run_diagnose
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -100,9 +105,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated fnmatch patterns of modules kept BF16 (added to the recipes' own), "
         "e.g. for a model whose sizes are not multiples of 16",
     )
-    from fp4_compile.rl.cli.export import add_export_parser
-    from fp4_compile.rl.cli.train import add_train_parser
-
     add_train_parser(sub)
     add_export_parser(sub)
     return parser
@@ -111,16 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "train":
-        from fp4_compile.rl.cli.train import run_train
-
         return run_train(args)
     if args.command == "export":
-        from fp4_compile.rl.cli.export import run_export
-
         return run_export(args)
     if args.command == "diagnose":
-        from fp4_compile.rl.diagnostics.gap_report import run_diagnose
-
         run_diagnose(
             model=args.model,
             batch=args.batch,
@@ -133,8 +129,6 @@ def _run(argv: list[str]) -> int:
         )
         return 0
     if args.command == "demo":
-        from .demo import run_demo
-
         return run_demo(
             hidden=args.hidden,
             intermediate=args.intermediate,

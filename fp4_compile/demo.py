@@ -6,6 +6,7 @@ import os
 import tempfile
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from . import NVFP4Recipe, dequantize, from_swizzled, nvfp4_mm, quantize, to_swizzled
 from .serialization import nvfp4_from_tensors, nvfp4_to_tensors
@@ -15,8 +16,6 @@ from .testing import count_bytes_differ, sqnr_db
 def run_demo(
     *, hidden: int, intermediate: int, num_tokens: int, seed: int, out_dir: str | None
 ) -> int:
-    from safetensors.torch import load_file, save_file
-
     torch.manual_seed(seed)
     recipe = NVFP4Recipe.strict()
     layer = torch.nn.Linear(hidden, intermediate, bias=False)  # default (Kaiming-uniform) init

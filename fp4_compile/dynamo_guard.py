@@ -14,6 +14,7 @@ RECOMPILE_LIMIT = 64
 
 @contextlib.contextmanager
 def no_silent_eager_fallback() -> Iterator[None]:
+    # lazy: Dynamo costs about a second at `import fp4_compile`
     import torch._dynamo.config as dynamo_config
 
     patches = {}

@@ -3,6 +3,8 @@ CPU recipes; shared by tests, benchmarks and the training presets. Needs the `hf
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 
@@ -24,6 +26,7 @@ def tiny_qwen3_moe(
     seed: int = 0,
     dtype=torch.float32,
 ):
+    # lazy: transformers is optional (the hf extra) and costs seconds at import
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     cfg = Qwen3MoeConfig(
@@ -44,6 +47,7 @@ def tiny_qwen3_moe(
 
 
 def tiny_llama(*, layers: int = 1, hidden: int = 64, vocab: int = 128, seed: int = 0):
+    # lazy: transformers is optional (the hf extra) and costs seconds at import
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
@@ -72,6 +76,7 @@ def qwen3_30b_a3b_layers(
     """Qwen3-30B-A3B-shaped decoder layers (hidden 2048, 32 q / 4 kv heads, head_dim 128, 128
     experts, 8 active, moe_intermediate 768), random init, vocabulary reduced (default 8192).
     dense=True: the same attention with a dense MLP (intermediate 6144), a Qwen3 of that width."""
+    # lazy: transformers is optional (the hf extra) and costs seconds at import
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     common = dict(
@@ -136,7 +141,7 @@ def tiny_causal_lm(
     dtype=torch.float32,
 ):
     """A random-init tiny causal LM of one of `ARCHITECTURES` (4 query / 2 KV heads of 32)."""
-    import transformers
+    import transformers  # lazy: transformers is optional (the hf extra) and costs seconds at import
 
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch must be one of {sorted(ARCHITECTURES)}, got {arch!r}")
@@ -191,7 +196,7 @@ REAL_VOCAB = 151936
 
 def real_shape_config(name: str, *, layers: int, vocab: int = REAL_VOCAB):
     """The transformers config of a `REAL_SHAPES` model with `layers` decoder layers."""
-    import transformers
+    import transformers  # lazy: transformers is optional (the hf extra) and costs seconds at import
 
     if name not in REAL_SHAPES:
         raise ValueError(f"model shape must be one of {sorted(REAL_SHAPES)}, got {name!r}")
@@ -213,7 +218,7 @@ def real_shape_model(
     """A random-init `REAL_SHAPES` causal LM ("qwen3-8b" dense, "qwen3-30b-a3b" MoE) at full
     width and (by default) full vocabulary, with `layers` layers, built directly on `device`
     (the meta device gives shapes without memory)."""
-    import transformers
+    import transformers  # lazy: transformers is optional (the hf extra) and costs seconds at import
 
     cfg = real_shape_config(name, layers=layers, vocab=vocab)
     torch.manual_seed(seed)
@@ -257,8 +262,6 @@ def build_causal_lm(
     `vocab`), or a transformers config.json / folder holding one (its architecture with random
     weights; `layers` and `vocab` override its fields). Checkpoint WEIGHTS are loaded elsewhere
     (`from_pretrained`, `rl/train/model_dir.py`)."""
-    from pathlib import Path
-
     if spec in TINY:
         kwargs = {"layers": 2 if layers is None else layers, "seed": seed, "dtype": dtype}
         model = TINY[spec](**kwargs, **({} if vocab is None else {"vocab": vocab}))
@@ -275,7 +278,7 @@ def build_causal_lm(
             f"model {spec!r} is none of {sorted(TINY)}, {sorted(REAL_SHAPES)} and no existing "
             "config.json or folder holding one"
         )
-    import transformers
+    import transformers  # lazy: transformers is optional (the hf extra) and costs seconds at import
 
     cfg = transformers.AutoConfig.from_pretrained(str(path))
     text = getattr(cfg, "text_config", None) or cfg

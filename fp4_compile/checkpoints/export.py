@@ -15,11 +15,12 @@ import warnings
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from ..recipe import NVFP4Recipe, as_recipe
 from ..version import __version__
 from . import compressed_tensors, modelopt
-from .plan import plan_export
+from .plan import plan_export, split_expert_name
 
 FORMATS = {"compressed-tensors": compressed_tensors, "modelopt": modelopt}
 CONFIG = "config.json"
@@ -70,8 +71,6 @@ TRANSFORMERS_EXPERTS_NOTE = (
 
 
 def _has_fused_experts(plan) -> bool:
-    from .plan import split_expert_name
-
     return any(split_expert_name(q.name) for q in plan.quantized)
 
 
@@ -93,8 +92,6 @@ def export_checkpoint(
 ) -> Path:
     """Write `model` as an NVFP4 checkpoint (`format` "compressed-tensors" or "modelopt") into
     the folder `path` (new, empty, or an earlier export). Returns the folder."""
-    from safetensors.torch import save_file
-
     if format not in FORMATS:
         raise ValueError(f"format must be one of {sorted(FORMATS)}, got {format!r}")
     recipe = as_recipe(recipe)

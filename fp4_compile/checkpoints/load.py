@@ -14,6 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from ..format import BLOCK_SIZE, decode_e2m1, unpack_codes
 from . import compressed_tensors, modelopt
@@ -47,8 +48,6 @@ def checkpoint_format(config: dict) -> str:
 
 def read_weights(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config dict, state dict of dequantized FP32 linears + dense tensors as stored)."""
-    from safetensors.torch import load_file
-
     folder = Path(path)
     config = json.loads((folder / CONFIG).read_text())
     reader = READERS[checkpoint_format(config)]
@@ -92,6 +91,7 @@ def _fuse_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def load_nvfp4_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None):
     """A transformers causal LM from an exported folder, linears dequantized (master dtype, or
     `dtype`). Needs the `hf` extra."""
+    # lazy: transformers is optional (the hf extra) and costs seconds at import
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config_dict, state = read_weights(path)

@@ -38,6 +38,7 @@ import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..backend import inductor_patches
 from ..codegen.nvfp4 import gemm
 from ..passes import run_pipeline
 from ..recipe import NVFP4Recipe
@@ -61,10 +62,8 @@ class _Stop(Exception):
 def post_grad_graph(model, recipe: str, *, batch: int, context: int, max_seq_len: int):
     """(Inductor's post-grad graph of the Tq = 1 step, names of the Dynamo placeholders in the
     same order) for `model` on the meta device, as the engine compiles it."""
-    from torch._inductor.compile_fx import compile_fx
-    from torch._inductor.fx_passes.post_grad import post_grad_passes
-
-    from ..backend import inductor_patches
+    from torch._inductor.compile_fx import compile_fx  # lazy: Inductor costs seconds at import
+    from torch._inductor.fx_passes.post_grad import post_grad_passes  # lazy: Inductor, as above
 
     rec = getattr(NVFP4Recipe, recipe)()
     store = WeightStore(dict(model.named_parameters()))

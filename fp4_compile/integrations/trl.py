@@ -403,6 +403,7 @@ class MiniteGRPOTrainer(GRPOTrainer):
     def _load_balancing_loss(self, router_logits, real_BW):
         """The MoE load-balancing loss TRL adds (`router_aux_loss_coef`), over the real tokens
         only (the model's own aux loss would count the right padding)."""
+        # lazy: transformers is optional (the hf extra)
         from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
         cfg = self.model.config.get_text_config()

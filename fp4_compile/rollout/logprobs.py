@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..codegen import logprobs as shared_logprobs
 from ..dynamo_guard import no_silent_eager_fallback
 from .learner_head import (
     DEFAULT_CHUNK_ROWS,
@@ -16,8 +17,6 @@ from .learner_head import (
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
     """FP32 log-softmax(logits / temperature) gathered at `tokens`, per row, through the shared
     batch-invariant `fp4_compile` op. logits [..., V], tokens [...] -> FP32 [...]."""
-    from ..codegen import logprobs as shared_logprobs
-
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     flat = logits.reshape(-1, logits.shape[-1])

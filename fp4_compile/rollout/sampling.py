@@ -75,7 +75,7 @@ def gumbel_loglog(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: in
     elif step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     if keys_B.device.type == "cuda":
-        from ..codegen.invariant.gumbel_noise_kernel import gumbel_uniforms
+        from ..codegen.invariant.gumbel_noise_kernel import gumbel_uniforms  # lazy: imports triton
 
         u = gumbel_uniforms(keys_B, step, vocab_size)
     else:

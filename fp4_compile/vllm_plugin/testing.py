@@ -6,6 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 
+import torch
+
+from ..codegen import quantize_weight
+
 # in-process engine core (LLM() starts in seconds, apply_model runs functions in this process)
 IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
@@ -20,8 +24,6 @@ def set_in_process_env() -> None:
 def dynamo_disabled(disabled: bool):
     """torch.compile on (the learner's minite backend) or off (vLLM's sampler compiles a helper
     with Inductor: 13-33 s cold on this CPU, and not what a test measures), for the block."""
-    import torch
-
     with torch._dynamo.config.patch(disable=disabled):
         yield
 
@@ -36,7 +38,7 @@ def small_llm(
     **kwargs,
 ):
     """vLLM's LLM for a tiny model folder: eager, no tokenizer, a fixed KV cache size."""
-    from vllm import LLM
+    from vllm import LLM  # lazy: vllm is optional (the vllm extra)
 
     set_in_process_env()
     with dynamo_disabled(True):
@@ -57,8 +59,6 @@ def learner_shards_q(params: dict, shards, recipe) -> list:
     """The learner's quantized weights of a fused vLLM layer's shards (`NVFP4Tensor` each): under
     the shards' shared global scale where `recipe.shared_weight_scale` groups them, as the
     lowering quantizes q/k/v and gate/up."""
-    from ..codegen import quantize_weight
-
     members = [params[f"{s}.weight"] for s in shards]
     group = members if len(members) > 1 and recipe.shared_weight_scale else None
     return [quantize_weight(w, recipe, group=group) for w in members]
