@@ -12,7 +12,7 @@ import torch
 import torch.fx as fx
 
 from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
-from ..codegen.nvfp4.gemm import forward_uses_ongrid
+from ..codegen.nvfp4 import gemm
 from ..codegen.nvfp4.gemm_call import GemmCall, QuantizedWeight
 from ..codegen.nvfp4.op_args import QuantizeOut
 from ..recipe import NVFP4Recipe
@@ -110,7 +110,7 @@ def emit_ongrid_weight(graph, node, x, wq, num_experts: int | None = None):
     forward and, saved by autograd, the dgrad read it instead of decoding the packed weight
     each (the same values: the bits do not change)."""
     rows = forward_rows(x, num_experts)
-    if rows is None or not forward_uses_ongrid(fake(x).device.type, rows):
+    if rows is None or not gemm.forward_uses_ongrid(fake(x).device.type, rows):
         return None
     codes = wq[0]
     made = graph._minite_ongrid = getattr(graph, "_minite_ongrid", {})

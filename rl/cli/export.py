@@ -14,6 +14,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+from ...checkpoints import export_checkpoint
+from ...recipe import NVFP4Recipe
 from ..train.checkpoint import latest_checkpoint, load_checkpoint
 from ..train.config import TrainConfig, build_model
 
@@ -67,8 +69,6 @@ def resolve_checkpoint(source: str | Path) -> Path:
 
 def policy_from_checkpoint(path: str | Path):
     """(model with the checkpoint's policy weights on CPU, recipe, tokenizer dict or None)."""
-    from ...recipe import NVFP4Recipe
-
     state = load_checkpoint(path, kind="grpo")
     cfg = TrainConfig.from_dict(state["config"])
     cfg = dataclasses.replace(cfg, device="cpu", rollout_cuda_graphs=False)
@@ -116,13 +116,12 @@ def prepare_out(out: Path, *, overwrite: bool) -> None:
 
 
 def run_export(args) -> int:
-    from ...checkpoints import export_checkpoint
-
     ckpt = resolve_checkpoint(args.source)
     out = Path(args.out) if args.out else default_out(ckpt, args.format)
     prepare_out(out, overwrite=args.overwrite)  # before the policy is rebuilt
     model, recipe, tokenizer = policy_from_checkpoint(ckpt)
     if tokenizer is not None and tokenizer.get("kind") == "hf":  # a model=DIR run: its tokenizer
+        # lazy: transformers is optional (the hf extra) and costs seconds at import
         from transformers import AutoTokenizer
 
         hf_tokenizer = AutoTokenizer.from_pretrained(tokenizer["path"])

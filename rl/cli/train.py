@@ -8,11 +8,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
+import torch.distributed as dist
+
+from ..train.checkpoint import latest_checkpoint
 from ..train.config import VARIANTS
+from ..train.distributed import NCCL_ENV, init_from_env, rank_world
 from ..train.engines import engines_help
-from ..train.presets import PRESETS
+from ..train.interrupt import StopOnInterrupt, resume_command
+from ..train.preflight import check_gemm_shapes
+from ..train.presets import PRESETS, get_preset
+from ..train.run_dir import claim_run_dir, discard_empty_run, out_dir_given, resolve_run_dir
+from ..train.run_log import read_jsonl, summary, write_plots
+from ..train.trainer import train
 
 
 def _add_options(p: argparse.ArgumentParser, *, defaults: bool = True) -> None:
@@ -97,11 +110,6 @@ def _parse_rest(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    import json
-
-    from ..train.presets import get_preset
-    from ..train.run_dir import claim_run_dir, out_dir_given
-
     args = _parse_rest(args)
     if args.nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
@@ -111,8 +119,6 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     launcher = args.nproc > 1 and "WORLD_SIZE" not in os.environ
     if "WORLD_SIZE" not in os.environ:  # torchrun's ranks get the folder from the launcher
-        from ..train.preflight import check_gemm_shapes
-
         check_gemm_shapes(cfg)  # a model the recipe cannot lower, refused before any work
         if launcher and cfg.prompts_per_step % args.nproc:
             raise ValueError(
@@ -140,10 +146,6 @@ def run_train(args: argparse.Namespace) -> int:
         if lock is not None:
             lock.release()
             if failed:  # a run that failed before its first step leaves no folder behind
-                from pathlib import Path
-
-                from ..train.run_dir import discard_empty_run
-
                 discard_empty_run(Path(cfg.out_dir))
 
 
@@ -180,11 +182,6 @@ def printable_config(cfg, args: argparse.Namespace) -> dict:
     """The settings the run would use, as `--print-config` shows them: out_dir the folder it
     would write to (run_dir.py's rule, nothing created), and for model=DIR the checkpoint's
     architecture (config.json) instead of the preset's fields, which that run ignores."""
-    import json
-    from pathlib import Path
-
-    from ..train.run_dir import out_dir_given, resolve_run_dir
-
     d = cfg.to_dict()
     try:
         resolved, _ = resolve_run_dir(
@@ -202,10 +199,6 @@ def printable_config(cfg, args: argparse.Namespace) -> dict:
 
 
 def _train(args: argparse.Namespace, cfg) -> int:
-    from ..train.distributed import init_from_env, rank_world
-    from ..train.interrupt import StopOnInterrupt, resume_command
-    from ..train.trainer import train
-
     init_from_env(cfg.device)
     one_process = rank_world()[1] == 1  # ranks of torchrun keep the default Ctrl-C
     stop = StopOnInterrupt()
@@ -224,8 +217,6 @@ def _train(args: argparse.Namespace, cfg) -> int:
             _report_interrupted(cfg, again)
         raise
     finally:
-        import torch.distributed as dist
-
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     if rank_world()[0] == 0 and result["summary"]:
@@ -244,11 +235,6 @@ def _train(args: argparse.Namespace, cfg) -> int:
 def _report_interrupted(cfg, again: str) -> None:
     """After a Ctrl-C that stopped the run at once: the summary and plots of the steps logged,
     the checkpoint a `--resume` continues from, and the command."""
-    from pathlib import Path
-
-    from ..train.checkpoint import latest_checkpoint
-    from ..train.run_log import read_jsonl, summary, write_plots
-
     out_dir = Path(cfg.out_dir)
     records = read_jsonl(out_dir / "metrics.jsonl")
     if records:
@@ -272,11 +258,6 @@ def _report_interrupted(cfg, again: str) -> None:
 def _launch(args: argparse.Namespace, *, out_dir: str) -> int:
     """Re-run this command under torchrun with `--nproc` processes on this machine, with the
     run folder the launcher resolved (every rank writes to the same one)."""
-    import subprocess
-    import sys
-
-    from ..train.distributed import NCCL_ENV
-
     cmd = [
         sys.executable,
         "-m",

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import torch
 
+from ...models import TINY, build_causal_lm
 from ...recipe import NVFP4Recipe
 from ...rollout import RolloutEngine, sequence_logprobs
+from ...weight_policy import shape_fallbacks
 from .mismatch import METRIC_NAMES, mismatch_metrics, pack_ragged
 
 # metric -> what a perfect pair of engines shows (the legend printed under the table)
@@ -35,8 +37,6 @@ def build_model(spec: str, dtype=torch.float32, *, log=None):
     """tiny-qwen3 / tiny-qwen3-moe (random init), a local transformers checkpoint folder (its
     weights; refused, naming the cause, if minite cannot run it: rl/train/model_dir.py), or a
     config.json path (random weights of that config: `log` says so)."""
-    from ...models import TINY, build_causal_lm
-
     if spec in TINY:
         return build_causal_lm(spec, dtype=dtype)
     path = Path(spec)
@@ -46,6 +46,7 @@ def build_model(spec: str, dtype=torch.float32, *, log=None):
             f"or a config.json path, got {spec!r} (no such file or folder)"
         )
     if path.is_dir():
+        # lazy: transformers is optional (the hf extra) and costs seconds at import
         from transformers import AutoModelForCausalLM
 
         from ..train.model_dir import check_model_dir
@@ -210,7 +211,6 @@ def diagnose_dir(out_dir: str | None, *, overwrite: bool = False) -> Path:
 def check_shapes(probe: torch.nn.Module, recipe: NVFP4Recipe, *, model: str) -> None:
     """Refuse, before any compile, a model whose GEMMs the strict recipe cannot quantize (K or N
     not a multiple of 16), naming the modules and `--bf16-modules`."""
-    from ...weight_policy import shape_fallbacks
     from ..train.preflight import layer_patterns
 
     odd = shape_fallbacks(probe, recipe)
@@ -237,9 +237,10 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
 
 
 def _histogram(results, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib costs ~0.5 s at import; only the plots need it
 
     matplotlib.use("Agg")
+    # lazy: matplotlib costs ~0.5 s at import; only the plots need it
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))

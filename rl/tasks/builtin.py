@@ -25,6 +25,7 @@ import random
 
 from .base import Problem, Task, check_split_request
 from .base import positional_accuracy as positional_accuracy  # re-exported
+from .reasoning_gym import ReasoningGymTask
 
 
 class AdditionTask(Task):
@@ -113,8 +114,6 @@ TASK_NAMES = ("addition", "sort", "mix") + RG_TASK_NAMES
 def make_task(name: str, *, num_digits: int, partial_credit: float = 0.0) -> Task:
     """A task by name (`num_digits` sizes the built-in ones; the rg: families pin their own)."""
     if name in RG_TASK_NAMES:
-        from .reasoning_gym import ReasoningGymTask
-
         return ReasoningGymTask(name, partial_credit=partial_credit)
     if name == "addition":
         return AdditionTask(num_digits=num_digits, partial_credit=partial_credit)

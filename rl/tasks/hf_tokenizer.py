@@ -29,6 +29,7 @@ BUDGET_SEED = 20261205
 
 class HFTokenizer:
     def __init__(self, path: str | Path) -> None:
+        # lazy: transformers is optional (the hf extra) and costs seconds at import
         from transformers import AutoTokenizer
 
         self.path = str(path)

@@ -43,6 +43,7 @@ only when such a task is built.
 
 from __future__ import annotations
 
+import importlib
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -133,6 +134,7 @@ RG_FAMILIES = {
 def extract_answer(completion: str) -> str:
     """The answer part of a completion: the last `<answer>...</answer>` block's content, else
     the last non-empty line; stripped either way ("" for an empty completion)."""
+    # lazy: reasoning-gym is optional (the tasks extra)
     from reasoning_gym.utils import extract_answer as tagged
 
     inside = tagged(completion)
@@ -143,8 +145,6 @@ def extract_answer(completion: str) -> str:
 
 
 def _import(module: str):
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as e:
@@ -179,7 +179,7 @@ class ReasoningGymTask(Task):
         each is checked against the declared widths and alphabet (a generator that outgrows
         them is an error, never truncated)."""
         check_split_request(num, split)
-        import reasoning_gym
+        import reasoning_gym  # lazy: reasoning-gym is optional (the tasks extra)
 
         limit = MAX_DRAWS_PER_PROBLEM * num  # items to walk before concluding the split is empty
         ds = reasoning_gym.create_dataset(

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from .builtin import Task
+from .hf_tokenizer import HFTokenizer
 
 VOCAB_VERSION = 1
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
@@ -67,8 +68,6 @@ def make_tokenizer(
     if system_prompt is not None and not isinstance(system_prompt, str):
         raise TypeError(f"system_prompt must be a str or None, got {system_prompt!r}")
     if model:
-        from .hf_tokenizer import HFTokenizer
-
         tok = HFTokenizer(model)
         if system_prompt is None:
             system_prompt = task.system_prompt if task is not None and tok.chat_template else ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import random
 import re
 import tempfile
 from pathlib import Path
@@ -202,8 +203,6 @@ def prune_checkpoints(folder: str | os.PathLike, *, keep: int) -> None:
 
 def rng_state() -> dict[str, Any]:
     """Every global RNG stream the loop might touch (torch CPU, CUDA if present, Python)."""
-    import random
-
     version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
@@ -215,8 +214,6 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    import random
-
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import json
 import typing
 from dataclasses import dataclass, fields
@@ -18,6 +19,7 @@ from ...seeds import derive_seed as derive_seed  # re-exported: the run's seed s
 from ..tasks.builtin import TASK_NAMES
 from .engines import engine_entry
 from .grpo import ADVANTAGE_SCALES, AGGREGATIONS
+from .model_dir import check_model_dir
 
 VARIANTS = ("strict", "te", "bf16")
 ARCHS = ("qwen3", "qwen3_moe")
@@ -224,8 +226,6 @@ class TrainConfig:
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.model:  # refused in milliseconds, before any work, naming file and fix
-            from .model_dir import check_model_dir
-
             check_model_dir(self.model)
         if self.rollout_cuda_graphs and not engine_entry(self.rollout_engine).cuda_graphs:
             raise ValueError(
@@ -356,6 +356,7 @@ def build_model(
     Qwen3-MoE causal LM with `vocab_size` rows. `device`: where the random-init model is built
     (default `cfg.device`; "meta" for its shapes alone)."""
     if cfg.model:
+        # lazy: transformers is optional (the hf extra) and costs seconds at import
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(cfg.seed)  # any weights the checkpoint lacks are initialised reproducibly
@@ -383,10 +384,12 @@ def build_model(
     torch.manual_seed(cfg.seed)
     with device or cfg.torch_device():
         if cfg.arch == "qwen3":
+            # lazy: transformers is optional (the hf extra) and costs seconds at import
             from transformers import Qwen3Config, Qwen3ForCausalLM
 
             model = Qwen3ForCausalLM(Qwen3Config(**common))
         else:
+            # lazy: transformers is optional (the hf extra) and costs seconds at import
             from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
             moe = dict(
@@ -402,8 +405,6 @@ def build_model(
 def model_dir_identity(path: str) -> dict[str, Any]:
     """What identifies a checkpoint directory without reading its weights: its config.json and
     the name and size of every file in it (a changed checkpoint changes the hash)."""
-    import hashlib
-
     folder = Path(path)
     files = sorted((p.name, p.stat().st_size) for p in folder.iterdir() if p.is_file())
     blob = json.dumps({"config": (folder / "config.json").read_text(), "files": files}).encode()

@@ -22,9 +22,11 @@ for a fixed world size and message size).
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
+import torch.distributed as dist
 
 from ...rollout.weight_sync import full_tensor
 
@@ -32,6 +34,7 @@ from ...rollout.weight_sync import full_tensor
 def shard_model(model: torch.nn.Module, *, mesh=None) -> torch.nn.Module:
     """fully_shard every decoder layer, then the root (embeddings, final norm, lm_head). In
     place; returns the model. Needs an initialized process group."""
+    # lazy: FSDP costs ~0.5 s at import; a single-process run never needs it
     from torch.distributed.fsdp import fully_shard
 
     inner = getattr(model, "_orig_mod", model)
@@ -78,8 +81,6 @@ def rank_groups(num_groups: int, rank: int, world: int) -> list[int]:
 
 def global_token_count(mask: torch.Tensor) -> torch.Tensor:
     """Sum of the mask over all ranks (all-reduce), clamped to >= 1."""
-    import torch.distributed as dist
-
     n = mask.sum().to(torch.float64)
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(n)
@@ -90,8 +91,6 @@ def global_token_count(mask: torch.Tensor) -> torch.Tensor:
 
 
 def _dist():
-    import torch.distributed as dist
-
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
@@ -121,7 +120,6 @@ def all_reduce_max(value: int) -> int:
     dist = _dist()
     if not dist:
         return value
-    import torch
 
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     t = torch.tensor([value], dtype=torch.int64, device=device)
@@ -168,6 +166,7 @@ def gather_group_objects(items: list, local_groups: list[int], group: int) -> li
 
 
 def _full_options():
+    # lazy: distributed checkpointing costs ~0.7 s at import; only sharded runs need it
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(full_state_dict=True)
@@ -182,6 +181,7 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def full_optimizer_state(model: torch.nn.Module, optimizer) -> dict:
     """The unsharded optimizer state (parameters keyed by name; a collective)."""
+    # lazy: distributed checkpointing costs ~0.7 s at import; only sharded runs need it
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     inner = getattr(model, "_orig_mod", model)
@@ -191,6 +191,7 @@ def full_optimizer_state(model: torch.nn.Module, optimizer) -> dict:
 
 def load_full_optimizer_state(model: torch.nn.Module, optimizer, state: dict) -> None:
     """Load `full_optimizer_state`'s result into a sharded optimizer (every rank)."""
+    # lazy: distributed checkpointing costs ~0.7 s at import; only sharded runs need it
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     inner = getattr(model, "_orig_mod", model)
@@ -218,10 +219,6 @@ NCCL_ENV = {
 def init_from_env(device: str) -> tuple[int, int]:
     """Under torchrun (WORLD_SIZE > 1): initialize the process group, gloo for CPU and NCCL for
     CUDA (one GPU per local rank, NVLink multicast off). Returns (rank, world)."""
-    import os
-
-    import torch.distributed as dist
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1 or dist.is_initialized():
         return rank_world()

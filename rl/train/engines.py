@@ -20,6 +20,9 @@ import torch
 
 from ...engine_api import RolloutEngineProtocol
 from ...recipe import NVFP4Recipe
+from ...rollout import RolloutEngine
+from ...vllm_plugin.engine import VLLMRolloutEngine
+from .stock_rollout import StockRolloutEngine
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,8 +60,6 @@ class EngineEntry:
 
 
 def _minite(req: EngineRequest) -> RolloutEngineProtocol:
-    from ...rollout import RolloutEngine
-
     return RolloutEngine(
         copy.deepcopy(req.model),
         recipe=req.recipe,
@@ -71,8 +72,6 @@ def _minite(req: EngineRequest) -> RolloutEngineProtocol:
 
 
 def _vllm(req: EngineRequest, *, full: bool | None, name: str) -> RolloutEngineProtocol:
-    from ...vllm_plugin.engine import VLLMRolloutEngine
-
     if full and not req.compile:
         raise ValueError(f"rollout_engine={name!r} runs minite's numerics: compile=True")
     # vLLM loads the weights from a folder it writes; compile=False runs vLLM's own path
@@ -88,8 +87,6 @@ def _vllm(req: EngineRequest, *, full: bool | None, name: str) -> RolloutEngineP
 
 
 def _stock(req: EngineRequest) -> RolloutEngineProtocol:
-    from .stock_rollout import StockRolloutEngine
-
     return StockRolloutEngine(
         req.model,
         recipe=req.recipe,

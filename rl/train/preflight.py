@@ -23,6 +23,7 @@ def model_skeleton(cfg: TrainConfig) -> torch.nn.Module:
     """The run's model with its real module tree and shapes on the meta device (no weights read,
     no memory): `model=DIR`'s config, else the preset's architecture fields."""
     if cfg.model:
+        # lazy: transformers is optional (the hf extra) and costs seconds at import
         from transformers import AutoConfig, AutoModelForCausalLM
 
         config = AutoConfig.from_pretrained(cfg.model)

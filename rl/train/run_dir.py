@@ -65,7 +65,7 @@ class RunDirLock:
 
     def release(self) -> None:
         if self.fd is not None:
-            import fcntl
+            import fcntl  # lazy: fcntl is POSIX-only; only the lock needs it
 
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
@@ -75,7 +75,7 @@ class RunDirLock:
 def lock_run_dir(folder: Path) -> RunDirLock:
     """Lock `folder` (created if missing) for this process's run; RunDirBusy, naming the process
     that holds it, if another run has it."""
-    import fcntl
+    import fcntl  # lazy: fcntl is POSIX-only; only the lock needs it
 
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)

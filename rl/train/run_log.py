@@ -82,6 +82,7 @@ class RunLogger:
         self._file = self.path.open("a")
         self.records: list[dict] = kept
         try:
+            # lazy: tensorboard is optional (not a dependency)
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             log(
@@ -184,9 +185,10 @@ def _si(x: float) -> str:
 def write_plots(records: list[dict], out_dir: str | Path) -> list[Path]:
     """PNG curves (matplotlib, Agg backend) of reward, mismatch and throughput. A curve is drawn
     through the records that hold its metric (the eval/ ones every `eval_every` steps)."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib costs ~0.5 s at import; only the plots need it
 
     matplotlib.use("Agg", force=False)
+    # lazy: matplotlib costs ~0.5 s at import; only the plots need it
     import matplotlib.pyplot as plt
 
     out_dir = Path(out_dir)

@@ -148,6 +148,7 @@ class StockRolloutEngine:
     ) -> RolloutOutput:
         """One static batch of at most max_batch requests: a left-padded prefill, then one token
         for every row per step until every row has met its EOS or its budget."""
+        # lazy: transformers is optional (the hf extra) and costs seconds at import
         from transformers import DynamicCache
 
         num, greedy, max_new_tokens = len(prompts), temperature == 0, max(budgets)

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import copy
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
+from ...compile_api import compile as minite_compile
 from ...dynamo_guard import no_silent_eager_fallback
 from ...learner_widths import learner_width, width_buckets
 from ...rollout import token_logprobs
@@ -56,12 +58,11 @@ from .config import TrainConfig, build_model, model_dir_identity
 from .engines import EngineRequest, build_engine
 from .evaluation import evaluate, heldout_problems
 from .grpo import group_advantages, policy_loss, rollout_correction
+from .run_log import Heartbeat, ProgressBar, RunLogger, summary, write_plots
 from .warm_start import load_or_warm_start
 
 
 def _compile(model, recipe, *, quantize_weights: str = "every_call"):
-    from ...compile_api import compile as minite_compile
-
     return minite_compile(model, recipe=recipe, dynamic=False, quantize_weights=quantize_weights)
 
 
@@ -467,10 +468,6 @@ def train(
     `cfg.checkpoint_every`, metrics.jsonl, plots and a summary under `cfg.out_dir`.
     `stop`: called after each step (one process); True ends the run there, checkpoint saved
     (Ctrl-C in `minite train`). Returns {"records", "summary", "plots", "out_dir", "trainer"}."""
-    from contextlib import nullcontext
-
-    from .run_log import Heartbeat, ProgressBar, RunLogger, summary, write_plots
-
     out_dir = Path(cfg.out_dir)
     ckpt_dir = out_dir / "checkpoints"
     rank, world = ddp.rank_world()
