@@ -261,7 +261,7 @@ def build_causal_lm(
     `layers`), a `REAL_SHAPES` name (full width; `layers` required; full vocabulary unless
     `vocab`), or a transformers config.json / folder holding one (its architecture with random
     weights; `layers` and `vocab` override its fields). Checkpoint WEIGHTS are loaded elsewhere
-    (`from_pretrained`, `rl/train/model_dir.py`)."""
+    (`from_pretrained`, `model_dir.py`)."""
     if spec in TINY:
         kwargs = {"layers": 2 if layers is None else layers, "seed": seed, "dtype": dtype}
         model = TINY[spec](**kwargs, **({} if vocab is None else {"vocab": vocab}))

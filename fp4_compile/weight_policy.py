@@ -29,6 +29,7 @@ import torch
 from .recipe import NVFP4Recipe
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+_LAYER_INDEX = re.compile(r"(^|\.)layers\.\d+(\.|$)")
 
 # the reason recorded for a GEMM that stays BF16 because of its shape; `verify` refuses it in a
 # batch-invariant NVFP4 recipe unless `bf16_modules` names the module
@@ -102,6 +103,17 @@ def shape_fallbacks(model: torch.nn.Module, recipe: NVFP4Recipe) -> list[tuple[s
         for (path, n, k), layer in zip(sites, layers)
         if decide(recipe, path, n, k, layer, num_layers)[1].startswith(SHAPE_REASON)
     ]
+
+
+def layer_patterns(paths: list[str]) -> list[str]:
+    """fnmatch patterns naming `paths` in every decoder layer, under any prefix the module is
+    traced with (the rollout engine traces the model one level down: `model.model.layers.3...`):
+    `model.layers.3.mlp.up_proj` -> `*model.layers.*.mlp.up_proj`, in first-seen order (the
+    `bf16_modules` that keep `shape_fallbacks`' modules BF16)."""
+    patterns: dict[str, None] = {}
+    for path in paths:
+        patterns["*" + _LAYER_INDEX.sub(r"\1layers.*\2", path)] = None
+    return list(patterns)
 
 
 def fused_group(path: str) -> str | None:

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import torch
 
+from ...model_dir import check_model_dir
 from ...models import TINY, build_causal_lm
 from ...recipe import NVFP4Recipe
 from ...rollout import RolloutEngine, sequence_logprobs
-from ...weight_policy import shape_fallbacks
+from ...run_folders import numbered_run_dirs
+from ...weight_policy import layer_patterns, shape_fallbacks
 from .mismatch import METRIC_NAMES, mismatch_metrics, pack_ragged
 
 # metric -> what a perfect pair of engines shows (the legend printed under the table)
@@ -35,7 +37,7 @@ SHOWN = {
 
 def build_model(spec: str, dtype=torch.float32, *, log=None):
     """tiny-qwen3 / tiny-qwen3-moe (random init), a local transformers checkpoint folder (its
-    weights; refused, naming the cause, if minite cannot run it: rl/train/model_dir.py), or a
+    weights; refused, naming the cause, if minite cannot run it: fp4_compile/model_dir.py), or a
     config.json path (random weights of that config: `log` says so)."""
     if spec in TINY:
         return build_causal_lm(spec, dtype=dtype)
@@ -48,8 +50,6 @@ def build_model(spec: str, dtype=torch.float32, *, log=None):
     if path.is_dir():
         # lazy: transformers is optional (the hf extra) and costs seconds at import
         from transformers import AutoModelForCausalLM
-
-        from ..train.model_dir import check_model_dir
 
         check_model_dir(path)
         model = AutoModelForCausalLM.from_pretrained(
@@ -193,8 +193,6 @@ def diagnose_dir(out_dir: str | None, *, overwrite: bool = False) -> Path:
     that holds an earlier result the next numbered folder (`runs/diagnose-2`, ...), so a result
     is never replaced silently. A named folder that holds a result is refused unless
     `overwrite`."""
-    from ..train.run_dir import numbered_run_dirs
-
     if out_dir is None:
         base = Path("runs") / "diagnose"
         runs = numbered_run_dirs(base)
@@ -211,8 +209,6 @@ def diagnose_dir(out_dir: str | None, *, overwrite: bool = False) -> Path:
 def check_shapes(probe: torch.nn.Module, recipe: NVFP4Recipe, *, model: str) -> None:
     """Refuse, before any compile, a model whose GEMMs the strict recipe cannot quantize (K or N
     not a multiple of 16), naming the modules and `--bf16-modules`."""
-    from ..train.preflight import layer_patterns
-
     odd = shape_fallbacks(probe, recipe)
     if odd:
         shown = ", ".join(f"{path} (N={n}, K={k})" for path, n, k in odd[:6])

@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
+from ...model_dir import check_model_dir
 from ...recipe import NVFP4Recipe
 from ...seeds import derive_seed as derive_seed  # re-exported: the run's seed streams
 from ..tasks.builtin import TASK_NAMES
 from .engines import engine_entry
 from .grpo import ADVANTAGE_SCALES, AGGREGATIONS
-from .model_dir import check_model_dir
 
 VARIANTS = ("strict", "te", "bf16")
 ARCHS = ("qwen3", "qwen3_moe")

@@ -9,14 +9,10 @@ setting that fixes it, instead of after the warm start as a compile error.
 
 from __future__ import annotations
 
-import re
-
 import torch
 
-from ...weight_policy import shape_fallbacks
+from ...weight_policy import layer_patterns, shape_fallbacks
 from .config import TrainConfig, build_model
-
-_LAYER_INDEX = re.compile(r"(^|\.)layers\.\d+(\.|$)")
 
 
 def model_skeleton(cfg: TrainConfig) -> torch.nn.Module:
@@ -31,16 +27,6 @@ def model_skeleton(cfg: TrainConfig) -> torch.nn.Module:
             return AutoModelForCausalLM.from_config(config)
     # the vocabulary sizes only the embedding and lm_head, BF16 in every recipe
     return build_model(cfg, 16, device=torch.device("meta"))
-
-
-def layer_patterns(paths: list[str]) -> list[str]:
-    """fnmatch patterns naming `paths` in every decoder layer, under any prefix the module is
-    traced with (the rollout engine traces the model one level down: `model.model.layers.3...`):
-    `model.layers.3.mlp.up_proj` -> `*model.layers.*.mlp.up_proj`, in first-seen order."""
-    patterns: dict[str, None] = {}
-    for path in paths:
-        patterns["*" + _LAYER_INDEX.sub(r"\1layers.*\2", path)] = None
-    return list(patterns)
 
 
 def check_gemm_shapes(cfg: TrainConfig, model: torch.nn.Module | None = None) -> None:

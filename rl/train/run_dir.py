@@ -23,6 +23,7 @@ import re
 import shutil
 from pathlib import Path
 
+from ...run_folders import LOCK_NAME, holds_a_run, numbered_run_dirs
 from .checkpoint import CheckpointError, check_resumable, latest_checkpoint
 from .config import TrainConfig
 
@@ -41,15 +42,9 @@ def default_out_dir(cfg: TrainConfig) -> Path:
     return Path("runs") / name
 
 
-LOCK_NAME = ".minite-run.lock"
 # what a run writes into its folder (rl/train/trainer.py, run_log.py, `minite export`): what
 # `--fresh` deletes so that nothing of the earlier run stays beside the new one
 RUN_OUTPUTS = ("checkpoints", "export", "tensorboard", "metrics.jsonl", "summary.txt", "*.png")
-
-
-def holds_a_run(folder: Path) -> bool:
-    """A folder a run has written to: it exists and holds something besides the run lock."""
-    return folder.is_dir() and any(p.name != LOCK_NAME for p in folder.iterdir())
 
 
 class RunDirBusy(ValueError):
@@ -167,18 +162,6 @@ def claim_run_dir(
                 f"; --fresh deleted the earlier run's {', '.join(deleted)}"
             )
     return cfg, note, lock
-
-
-def numbered_run_dirs(base: Path) -> dict[int, Path]:
-    """{1: base, 2: base-2, ...} for the numbered folders of `base` that hold a run."""
-    found = {1: base} if holds_a_run(base) else {}
-    if base.parent.is_dir():
-        pattern = re.compile(re.escape(base.name) + r"-(\d+)$")
-        for p in base.parent.iterdir():
-            m = pattern.match(p.name)
-            if m and int(m.group(1)) >= 2 and holds_a_run(p):
-                found[int(m.group(1))] = p
-    return found
 
 
 def occupied_message(out_dir: Path, latest: Path) -> str:

@@ -1,4 +1,5 @@
-"""`model=DIR` folders minite cannot train are refused before any work (rl/train/model_dir.py).
+"""`model=DIR` folders minite cannot train are refused before any work (fp4_compile/model_dir.py,
+re-exported by rl/train/model_dir.py).
 
 Contract: each of these folders, built here with `save_pretrained` (no downloads), makes
 `minite train tiny model=DIR ...` exit 2 in under 15 s with ONE line on stderr that names the
