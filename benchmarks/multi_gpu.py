@@ -22,8 +22,10 @@ check prompts.
 stochastic-rounding state) and, as tests/rl/train/test_fsdp.py does, the same batch split by
 learner rank in ONE process, each part from the same rounding state as its rank. Gradients are
 not bitwise across process counts (docs/scale_out.md): the NVFP4 wgrad quantizes each part's dY
-with its own per-tensor amax and stochastic-rounding draws, so "N ranks vs split in one" near 0
-next to "N ranks vs 1" attributes the gap to the batch split, not to FSDP.
+with its own per-tensor amax and stochastic-rounding draws, so the gradient is a sample; "split
+in one vs 1" as large as "N ranks vs 1" attributes the gap to the split, not to FSDP. ("N vs
+split in one" is no smaller: under FSDP2 each layer compiles alone, its GEMM sites named from
+the layer, so its rounding streams are not the whole-model graph's.)
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ from fp4_compile.rollout import RolloutEngine, sequence_logprobs
 from fp4_compile.rollout.weight_sync import full_tensor
 from fp4_compile.sr_stream import set_sr_state, sr_state
 
-RECIPE = NVFP4Recipe.strict()
+# Under FSDP2 each decoder layer compiles as its own graph, its modules named from the layer
+# ("mlp.gate", which the default "*.mlp.gate" misses): the MoE router is named as such too.
+RECIPE = NVFP4Recipe.strict().with_(bf16_modules=NVFP4Recipe.strict().bf16_modules + ("mlp.gate",))
 CHECK_PROMPTS, CHECK_NEW = 4, 4  # the learner == rollout check after every sync
 
 

@@ -78,9 +78,11 @@ def report(records: list[dict], args, env: dict, world: int, engine: bool, check
             )
         lines.append(
             "\nNot bitwise across process counts, by design (docs/scale_out.md): each part's NVFP4 "
-            "wgrad quantizes its own dY with its own per-tensor amax and stochastic-rounding draws, "
-            "and the reduce-scatter adds BF16 partial gradients in another order; the split in one "
-            "process, no FSDP, shows how much of the gap the split alone makes."
+            "wgrad quantizes its own dY with its own per-tensor amax and stochastic-rounding draws "
+            "(a sample of the gradient), and the reduce-scatter adds BF16 partial gradients in "
+            "another order; the same split in ONE process, no FSDP, is as far from the 1-process "
+            "gradient: the split makes the gap, not FSDP. (N vs the split in one is no closer: "
+            "FSDP2's per-layer graphs name their GEMM sites from the layer, other rounding streams.)"
         )
     return "\n".join(lines) + "\n"
 
