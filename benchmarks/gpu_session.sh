@@ -32,6 +32,9 @@
 # vocabulary, engine 64 x 2048 prompts + 256 new and 8 x 8192 new, learner == rollout; peak memory
 # in the part's json).
 # Issue 54 (continuous batching): PARTS=cbatch.
+# Issue 56 (multi-GPU, a multi-GPU kind only, e.g. nvidia-h100-x8): PARTS=multi_gpu (FSDP2 strict
+# learner on N-1 GPUs, the packed-only engine on the last, NVFP4 bytes over NCCL vs a BF16 refit,
+# learner == rollout after every sync, N vs 1 gradients); --prompts a multiple of N - 1.
 # Issue 54 (one GRPO step per phase, strict / bf16 / stock pairing, long-tailed responses):
 # PARTS=rl_step (Qwen3-8B-shaped, 4 layers, full vocabulary), then RL_MODEL=qwen3-30b-a3b.
 # Issue 53 (decode at real shapes): PARTS=decode_8b (Qwen3-8B-shaped, full vocabulary, 2 and 8
@@ -89,6 +92,7 @@ for part in $PARTS; do
     decode_8b) run "${DEC8_S:-560}" decode_qwen3_8b python3 -m benchmarks.decode_real_shapes --model qwen3-8b --batches "${DEC_BATCHES:-1,16}" --hf-batches "${HF_BATCHES:-1}" --configs "${DEC_CONFIGS:-all}" --roofline benchmarks/rooflines/qwen3_8b_L2.json ${DEC_ARGS:-} ;;
     decode_moe) run "${DECMOE_S:-560}" decode_qwen3_30b_a3b python3 -m benchmarks.decode_real_shapes --model qwen3-30b-a3b --batches "${DEC_BATCHES:-1,64}" --configs "${DEC_CONFIGS:-$TWO_RECIPES}" --roofline benchmarks/rooflines/qwen3_30b_a3b_L2.json ${DEC_ARGS:-} ;;
     rl_step) run "${RLSTEP_S:-560}" rl_step python3 -m benchmarks.rl_step --model "${RL_MODEL:-qwen3-8b}" --layers "${RL_LAYERS:-4}" --prompts "${RL_PROMPTS:-16}" --group 8 --prompt 256 --budget "${RL_BUDGET:-1024}" --max-batch 64 --steps 2 ${RL_ARGS:-} ;;
+    multi_gpu) run "${MGPU_S:-560}" multi_gpu python3 -m benchmarks.multi_gpu --nproc "${MGPU_N:-8}" --model "${MGPU_MODEL:-qwen3-30b-a3b}" --layers "${MGPU_LAYERS:-4}" --prompts "${MGPU_PROMPTS:-7}" --group 8 --prompt 128 --budget "${MGPU_BUDGET:-256}" --max-batch 64 --steps 2 --compare-single ${MGPU_ARGS:-} ;;
     rollout_profile) run "${PROFILE_S:-300}" rollout_profile python3 -m benchmarks.rollout --configs "$TWO_RECIPES" --batches 1,64 --profile-batch 1,64 --skip-hf --name rollout_profile ;;
     # tools
     gaps) run "${GAPS_S:-200}" learner_gaps python3 -m tools.learner_gaps ${GAPS_ARGS:-} ;;
