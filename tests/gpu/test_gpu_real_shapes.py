@@ -59,7 +59,7 @@ def test_learner_forward_backward_full_vocab(dense, shape):
     """8 x 2048 and 4 x 8192 tokens (16,384 / 32,768 rows x 151,936: 2.5e9 / 5e9 logits, past
     2**31): log-probs of every token and the backward run; the peak above the weights stays
     below what FP32 logits would add on top of the gradients (H100: 9.7 / 14.3 GiB against
-    9.3 / 18.5 GiB of FP32 logits, benchmarks/results/2026-12-07_real_shapes_bf9f8f6.json)."""
+    9.3 / 18.5 GiB of FP32 logits, benchmarks/results/2026-12-07_real_shapes_9f55dc9.json)."""
     num, length = shape
     learner = torch.compile(dense, backend="minite", options={"recipe": NVFP4Recipe.strict()})
     seqs = _sequences(num, length, VOCAB, seed=num)
