@@ -67,9 +67,7 @@ from fp4_compile.rollout import RolloutEngine, sequence_logprobs
 from fp4_compile.rollout.weight_sync import full_tensor
 from fp4_compile.sr_stream import set_sr_state, sr_state
 
-# Under FSDP2 each decoder layer compiles as its own graph, its modules named from the layer
-# ("mlp.gate", which the default "*.mlp.gate" misses): the MoE router is named as such too.
-RECIPE = NVFP4Recipe.strict().with_(bf16_modules=NVFP4Recipe.strict().bf16_modules + ("mlp.gate",))
+RECIPE = NVFP4Recipe.strict()
 CHECK_PROMPTS, CHECK_NEW = 4, 4  # the learner == rollout check after every sync
 
 

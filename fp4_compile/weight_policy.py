@@ -44,6 +44,13 @@ def layer_index(path: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def names_module(path: str, pattern: str) -> bool:
+    """Does the `bf16_modules` fnmatch `pattern` name the module at `path`? A pattern "*.x" also
+    names "x" at the root of the traced graph: FSDP2 compiles each decoder layer as a graph of
+    its own, where the MoE router is "mlp.gate", not "model.layers.3.mlp.gate"."""
+    return fnmatch.fnmatchcase(path, pattern) or fnmatch.fnmatchcase("." + path, pattern)
+
+
 def decide(
     recipe: NVFP4Recipe, path: str, n: int, k: int, layer: int | None, num_layers: int
 ) -> tuple[str, str]:
@@ -52,7 +59,7 @@ def decide(
     if not recipe.quantize:
         return "bf16", "recipe: quantize=False"
     for pattern in recipe.bf16_modules:
-        if fnmatch.fnmatchcase(path, pattern):
+        if names_module(path, pattern):
             return "bf16", f"bf16_modules pattern {pattern!r}"
     if layer is not None and layer < recipe.bf16_first_layers:
         return "bf16", f"layer {layer} < bf16_first_layers={recipe.bf16_first_layers}"

@@ -19,13 +19,13 @@ BF16 head the recipe's `bf16_modules` keeps).
 
 from __future__ import annotations
 
-import fnmatch
 import weakref
 
 import torch
 
 from ..dynamo_guard import no_silent_eager_fallback
 from ..recipe import NVFP4Recipe, as_recipe
+from ..weight_policy import names_module
 
 DEFAULT_CHUNK_ROWS = 2048
 """Rows per head chunk: at V = 151,936 one chunk's FP32 working logits are 1.2 GB."""
@@ -62,7 +62,7 @@ def check_bf16_head(recipe: NVFP4Recipe, inner: torch.nn.Module) -> torch.nn.Mod
             f"{type(inner).__name__}: the chunked head needs a bias-free output embedding"
         )
     name = _head_name(inner, head)
-    if recipe.quantize and not any(fnmatch.fnmatchcase(name, p) for p in recipe.bf16_modules):
+    if recipe.quantize and not any(names_module(name, p) for p in recipe.bf16_modules):
         raise ValueError(
             f"recipe.bf16_modules {recipe.bf16_modules} does not keep the head {name!r} in BF16: "
             "the row-chunked learner head computes the BF16 head; add a pattern for it, or pass "
