@@ -94,8 +94,45 @@ def chunked_head_parts(model):
     return _DECODERS[model], head.weight
 
 
-def learner_hidden(decoder, ids_NW: torch.Tensor) -> torch.Tensor:
-    """The decoder's last hidden states [N, W, H] (one forward, no cache)."""
+def learner_memory_floor(config, tokens: int, *, chunk_rows: int, grad: bool) -> dict:
+    """Bytes a learner pass of `tokens` tokens needs at the least, beyond the weights (each term
+    is certain, the sum a lower bound, so a refusal is never wrong): the residual stream each
+    decoder layer saves for the backward (its BF16 input, [tokens, H]; only when `grad`), the
+    last hidden states [tokens, H] BF16, and one head chunk's FP32 logits [chunk_rows, V]."""
+    cfg = getattr(config, "text_config", None) or config
+    hidden, vocab = cfg.hidden_size, cfg.vocab_size
+    terms = {
+        "saved layer inputs": (cfg.num_hidden_layers * tokens * hidden * 2) if grad else 0,
+        "last hidden states": tokens * hidden * 2,
+        "one head chunk": min(chunk_rows, tokens) * vocab * 4,
+    }
+    return terms
+
+
+def check_learner_fits(config, ids_NW: torch.Tensor, *, chunk_rows: int, free_bytes=None):
+    """Refuse, before the forward, a learner batch the device cannot hold even by the floor of
+    `learner_memory_floor` (naming the shape and the bytes), instead of failing in the
+    allocator minutes in. CPU tensors are not checked (free_bytes: for tests)."""
+    if free_bytes is None:
+        if ids_NW.device.type != "cuda":
+            return
+        free_bytes, _total = torch.cuda.mem_get_info(ids_NW.device)
+    n, w = ids_NW.shape
+    terms = learner_memory_floor(config, n * w, chunk_rows=chunk_rows, grad=torch.is_grad_enabled())
+    need = sum(terms.values())
+    if need > free_bytes:
+        parts = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in terms.items() if v)
+        raise ValueError(
+            f"a learner batch of {n} x {w} tokens needs at least {need / 2**30:.2f} GiB beyond "
+            f"the weights ({parts}); {free_bytes / 2**30:.2f} GiB are free on {ids_NW.device}: "
+            "use fewer or shorter sequences per micro-batch (or a smaller chunk_rows)"
+        )
+
+
+def learner_hidden(decoder, ids_NW: torch.Tensor, *, chunk_rows: int = DEFAULT_CHUNK_ROWS):
+    """The decoder's last hidden states [N, W, H] (one forward, no cache), after checking the
+    batch can fit (`check_learner_fits`)."""
+    check_learner_fits(getattr(decoder, "_orig_mod", decoder).config, ids_NW, chunk_rows=chunk_rows)
     with no_silent_eager_fallback():
         return decoder(input_ids=ids_NW, use_cache=False).last_hidden_state
 

@@ -65,7 +65,7 @@ def sequence_logprobs(
     parts = chunked_head_parts(model) if chunk_rows is not None else None
     if parts is not None:
         decoder, head_weight = parts
-        hidden = learner_hidden(decoder, ids)
+        hidden = learner_hidden(decoder, ids, chunk_rows=chunk_rows)
         width = ids.shape[1]
         rows = torch.cat(
             [

@@ -72,3 +72,23 @@ def test_quantized_head_refused_by_name():
     compiled = torch.compile(model, backend="minite", options={"recipe": recipe})
     with pytest.raises(ValueError, match="lm_head"):
         chunked_head_parts(compiled)
+
+
+def test_a_learner_batch_that_cannot_fit_is_refused_naming_its_shape():
+    """Contract: before the forward, a batch beyond the floor of what it must hold (saved layer
+    inputs, last hidden states, one head chunk) is refused with its shape and bytes."""
+    from transformers import Qwen3Config
+
+    from fp4_compile.rollout.learner_head import check_learner_fits, learner_memory_floor
+
+    cfg = Qwen3Config(hidden_size=4096, num_hidden_layers=36, vocab_size=151936)
+    ids = torch.zeros(8, 4096, dtype=torch.long)
+    floor = learner_memory_floor(cfg, 8 * 4096, chunk_rows=2048, grad=True)
+    assert floor["saved layer inputs"] == 36 * 8 * 4096 * 4096 * 2
+    assert floor["one head chunk"] == 2048 * 151936 * 4
+    need = sum(floor.values())
+    check_learner_fits(cfg, ids, chunk_rows=2048, free_bytes=need)  # fits exactly: no error
+    with pytest.raises(ValueError, match=r"8 x 4096 tokens needs at least .* GiB"):
+        check_learner_fits(cfg, ids, chunk_rows=2048, free_bytes=need - 1)
+    with torch.no_grad():  # no backward: nothing saved for it
+        check_learner_fits(cfg, ids, chunk_rows=2048, free_bytes=need - floor["saved layer inputs"])
