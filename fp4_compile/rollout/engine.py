@@ -15,6 +15,7 @@ from ..dynamo_guard import no_silent_eager_fallback
 from ..engine_api import RolloutOutput, check_generate_args
 from ..recipe import NVFP4Recipe, as_recipe
 from .decode_program import DecodeProgram, Sampling, pick_tokens
+from .export import RolloutArtifact, load_rollout
 from .kv_cache import StaticKVCache
 from .packed_weights import (
     check_not_learner,
@@ -74,8 +75,6 @@ class RolloutEngine:
         cuda_graphs: bool = False,
         weights: str = "bf16+packed",
     ):
-        from .export import RolloutArtifact, load_rollout
-
         self._programs: dict[tuple, DecodeProgram] = {}
         self._caches: dict[int, StaticKVCache] = {}
         self.programs_built = 0
