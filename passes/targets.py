@@ -245,11 +245,37 @@ def _attention_lengths(graph, node, q, k) -> tuple[fx.Node, fx.Node]:
     return pair
 
 
+def _attention_mask_args(graph, node, mask, q, k) -> tuple[fx.Node, fx.Node, fx.Node]:
+    """(words, intervals, flag): `fp4_compile::invariant_attention_mask_args(mask, Tq, Tk)`, ONE
+    per graph for every attention of the same mask node, Tq and Tk (every layer's: the mask is
+    prepared once per step, not once per layer). Inserted before the first such attention,
+    which it therefore precedes, with every later one (`_attention_lengths`)."""
+    sizes = (fake(q).shape[2], fake(k).shape[2])
+    key = (mask, *(_size_key(s) for s in sizes))
+    made = graph._minite_attention_mask_args = getattr(graph, "_minite_attention_mask_args", {})
+    if key in made:
+        return made[key]
+    aten = torch.ops.aten
+    dims = [
+        s if isinstance(s, int) else insert_call(graph, aten.sym_size.int, (t, 2), before=node)
+        for s, t in zip(sizes, (q, k))
+    ]
+    args = insert_call(
+        graph, _ops().invariant_attention_mask_args.default, (mask, *dims), before=node, like=node
+    )
+    made[key] = tuple(
+        insert_call(graph, operator.getitem, (args, i), before=node, like=node) for i in range(3)
+    )
+    return made[key]
+
+
 def emit_attention(graph, node, q, k, v, mask, is_causal: bool, scale):
     """Invariant attention over all Tk keys: causal from position 0 (sdpa's top-left causal),
     or the boolean mask; a BF16 q (cast if needed), output back in q's dtype. k and v go in as
     they are (FP32 ones are rounded to BF16 inside the op, so that the GQA group sum of their
-    gradients rounds once, to their own dtype), with Hkv heads (read in place by the op)."""
+    gradients rounds once, to their own dtype), with Hkv heads (read in place by the op). A
+    mask's kernel arguments come from one `invariant_attention_mask_args` per graph
+    (`_attention_mask_args`), like the lengths (`_attention_lengths`)."""
     qv = fake(q)
     out_dtype = qv.dtype
     if scale is None:
@@ -267,13 +293,11 @@ def emit_attention(graph, node, q, k, v, mask, is_causal: bool, scale):
         kwargs={"memory_format": torch.contiguous_format},
     )
     q_start, kv_len = _attention_lengths(graph, node, q, k)
-    both = insert_call(
-        graph,
-        _ops().invariant_attention.default,
-        (qb, kb, vb, q_start, kv_len, mask, bool(is_causal and mask is None), float(scale)),
-        before=node,
-        like=node,
-    )
+    causal = bool(is_causal and mask is None)
+    args = (qb, kb, vb, q_start, kv_len, mask, causal, float(scale))
+    if mask is not None:  # the mask's kernel arguments, made once per graph
+        args += _attention_mask_args(graph, node, mask, q, k)
+    both = insert_call(graph, _ops().invariant_attention.default, args, before=node, like=node)
     out = insert_call(graph, operator.getitem, (both, 0), before=node, like=node)
     return _cast(graph, node, out, out_dtype, node)
 

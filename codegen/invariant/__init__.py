@@ -5,6 +5,7 @@ May import the core, ..runtime, ..configs and ..triton_helpers; never ..nvfp4 or
 
 from . import (  # noqa: F401  (register the ops)
     attention,
+    attention_mask_args,
     decode_advance,
     embedding,
     gather_rows,

@@ -3,8 +3,14 @@ in `invariant/api.py` (the public API).
 
 Shape legend: B sequences, Hq / Hkv heads, G = Hq / Hkv, Tq queries, Tk keys, D head dim.
 
-- invariant_attention(q, k, v, q_start, kv_len, mask, causal, scale) -> (out, lse);
+- invariant_attention(q, k, v, q_start, kv_len, mask, causal, scale, mask_words=None,
+  mask_intervals=None, mask_flag=None) -> (out, lse);
   invariant_attention_backward(...) -> (dq, dk, dv)
+The trailing three: `fp4_compile::invariant_attention_mask_args(mask, Tq, Tk)`'s outputs, made
+once per graph for every attention of that mask (`passes/targets.py`); given, the CUDA path
+reads them instead of preparing the mask in every call (the same tensors: the same bits), and
+autograd saves them for the backward. The CPU path reads `mask` (the reference stays the
+reference).
 Grouped-query attention reads the KV heads in place (query head h reads KV head h // G): no
 copy of k or v, in the learner's forward, prefill and decode on the static cache. k and v may
 be FP32 where q is BF16 / FP16 (a model held in FP32): they are rounded to q's dtype inside the
@@ -35,19 +41,25 @@ def invariant_attention(
     mask: torch.Tensor | None,
     causal: bool,
     scale: float,
+    mask_words: torch.Tensor | None = None,
+    mask_intervals: torch.Tensor | None = None,
+    mask_flag: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     k, v = k.to(q.dtype), v.to(q.dtype)  # FP32 k, v (a model held in FP32): rounded here
+    prepared = _prepared(mask, mask_words, mask_intervals, mask_flag)
     if q.is_cuda:
         from . import attention_kernel  # lazy: imports triton
 
-        out, lse = attention_kernel.attention(q, k, v, q_start, kv_len, mask, causal, scale)
+        out, lse = attention_kernel.attention(
+            q, k, v, q_start, kv_len, mask, causal, scale, prepared=prepared
+        )
     else:
         out, lse = cpu.attention(q, k, v, q_start, kv_len, mask, causal, scale)
     return out.contiguous(), lse.contiguous()  # the fake promises contiguous outputs
 
 
 @invariant_attention.register_fake
-def _(q, k, v, q_start, kv_len, mask, causal, scale):
+def _(q, k, v, q_start, kv_len, mask, causal, scale, *prepared):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -64,38 +76,54 @@ def invariant_attention_backward(
     mask: torch.Tensor | None,
     causal: bool,
     scale: float,
+    mask_words: torch.Tensor | None = None,
+    mask_intervals: torch.Tensor | None = None,
+    mask_flag: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     kv_dtype = k.dtype  # dK, dV: each group's sum rounded once, to k's own dtype
     k, v = k.to(q.dtype), v.to(q.dtype)
     args = (grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale)
+    prepared = _prepared(mask, mask_words, mask_intervals, mask_flag)
     if q.is_cuda:
         from .attention_backward_kernel import attention_backward  # lazy: imports triton
 
-        grads = attention_backward(*args, kv_grad_dtype=kv_dtype)
+        grads = attention_backward(*args, kv_grad_dtype=kv_dtype, prepared=prepared)
     else:
         grads = cpu.attention_backward(*args, kv_grad_dtype=kv_dtype)
     return tuple(g.contiguous() for g in grads)
 
 
 @invariant_attention_backward.register_fake
-def _(grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale):
+def _(grad_out, q, k, v, out, lse, q_start, kv_len, mask, causal, scale, *prepared):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+def _prepared(mask, words, intervals, flag):
+    """The precomputed mask arguments as the launchers take them: a triple, or None (none
+    given, or no mask). All three or none."""
+    given = [t is not None for t in (words, intervals, flag)]
+    if any(given) and not all(given):
+        raise ValueError("mask_words, mask_intervals and mask_flag: give all three or none")
+    if all(given) and mask is None:
+        raise ValueError("mask_words, mask_intervals and mask_flag are given without a mask")
+    return (words, intervals, flag) if all(given) else None
+
+
 def _attn_setup(ctx, inputs, output):
-    q, k, v, q_start, kv_len, mask, causal, scale = inputs
+    q, k, v, q_start, kv_len, mask, causal, scale, *prepared = inputs
+    prepared = (list(prepared) + [None] * 3)[:3]  # the defaults, where inputs leave them out
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, q_start, kv_len, mask)
+    ctx.save_for_backward(q, k, v, out, lse, q_start, kv_len, mask, *prepared)
     ctx.causal, ctx.scale = causal, scale
     ctx.mark_non_differentiable(lse)
 
 
 def _attn_backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, q_start, kv_len, mask = ctx.saved_tensors
+    q, k, v, out, lse, q_start, kv_len, mask, *prepared = ctx.saved_tensors
     dq, dk, dv = invariant_attention_backward(
-        grad_out, q, k, v, out, lse, q_start, kv_len, mask, ctx.causal, ctx.scale
+        grad_out, q, k, v, out, lse, q_start, kv_len, mask, ctx.causal, ctx.scale, *prepared
     )
-    return dq, dk, dv, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 invariant_attention.register_autograd(_attn_backward, setup_context=_attn_setup)

@@ -39,11 +39,25 @@ from .group_sum_kernel import KERNEL_DTYPES, group_sum
 
 
 def attention_backward(
-    grad_out, q, k, v, out, lse, q_start_B, kv_len_B, mask, causal, scale, kv_grad_dtype=None
+    grad_out,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    q_start_B,
+    kv_len_B,
+    mask,
+    causal,
+    scale,
+    kv_grad_dtype=None,
+    prepared=None,
 ):
     """(dq, dk, dv), contiguous, dq in q's dtype, dk and dv of k's shape in kv_grad_dtype
     (default k's dtype); the arguments of `reference.attention_backward`. Key slots at or past
-    kv_len get zero gradients."""
+    kv_len get zero gradients. prepared: the mask's (words, intervals, flag) from
+    `invariant_attention_mask_args` (made once per graph), else None: `attention_masks.mask_args`
+    prepares them here."""
     check_kernel_device(q, "q")
     b, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
@@ -69,7 +83,7 @@ def attention_backward(
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
     if mask is not None:
-        mask_arg, (smb, smh), iv, iv_ok = mask_args(mask, b, hq, tq, tk)
+        mask_arg, (smb, smh), iv, iv_ok = mask_args(mask, b, hq, tq, tk, prepared)
         sm = (smb, smh, mask_arg.shape[1])
     else:
         sm, mask_arg, iv, iv_ok = (0, 0, 0), q, lse, lse

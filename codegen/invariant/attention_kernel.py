@@ -276,12 +276,14 @@ def positions_arg(t: torch.Tensor, name: str) -> torch.Tensor:
     return t.contiguous()
 
 
-def attention(q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float):
+def attention(q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float, prepared=None):
     """(out, lse) of `reference.attention`. One program per (row block, sequence, KV head): its
     rows are the G query heads of the group (row = query * G + head), so each KV head is read
     in place, once per row block, never copied per query head; its key loop ends at the block
     holding the last key its rows see (kv_len, causal, an interval mask: in decode, the filled
-    part of the sequence's cache), from key 0 in fixed BLOCK_N blocks as in the learner."""
+    part of the sequence's cache), from key 0 in fixed BLOCK_N blocks as in the learner.
+    prepared: the mask's (words, intervals, flag) from `invariant_attention_mask_args` (made
+    once per graph), else None: `attention_masks.mask_args` prepares them here."""
     check_kernel_device(q, "q")
     b, hq, tq, d = q.shape
     hkv = k.shape[1]
@@ -300,7 +302,7 @@ def attention(q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float):
     out = torch.empty(q.shape, dtype=torch.float32 if interp else q.dtype, device=q.device)
     lse = torch.empty((b, hq, tq), dtype=torch.float32, device=q.device)
     if mask is not None:
-        mask_arg, (smb, smh), iv, iv_ok = mask_args(mask, b, hq, tq, k.shape[2])
+        mask_arg, (smb, smh), iv, iv_ok = mask_args(mask, b, hq, tq, k.shape[2], prepared)
         sm = (smb, smh, mask_arg.shape[1])
     else:
         sm, mask_arg, iv, iv_ok = (0, 0, 0), q, lse, lse

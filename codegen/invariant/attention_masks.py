@@ -1,8 +1,10 @@
 """The attention kernels' masks: which keys a row sees (`visible`), what the kernels take for a
 mask tensor (`mask_args`: bit words, each row's interval, one flag, made on the device by
-`_mask_args_kernel`), and the bounds an interval mask gives a program's loop (`mask_key_end`:
-the forward's and dQ's last key block; `mask_row_range`: dK/dV's row blocks). Skipped blocks
-hold no visible key for the program's rows: skipping them changes no bit.
+`_mask_args_kernel` in `prepare_mask`: once per graph by the op
+`fp4_compile::invariant_attention_mask_args`, else inside the attention launchers), and the
+bounds an interval mask gives a program's loop (`mask_key_end`: the forward's and dQ's last key
+block; `mask_row_range`: dK/dV's row blocks). Skipped blocks hold no visible key for the
+program's rows: skipping them changes no bit.
 
 Shape legend: B sequences, Hq heads, Tq queries, Tk key slots; a mask row is one (sequence,
 head, query), broadcast dims stride 0.
@@ -93,16 +95,29 @@ def _mask_args_kernel(m_ptr, words_ptr, iv_ptr, ok_ptr, Tk, W, BLOCK_W: tl.const
     tl.atomic_min(ok_ptr, (count == tl.maximum(hi - lo, 0)).to(tl.int32))  # min: order-free
 
 
-def mask_args(mask: torch.Tensor, b: int, h: int, tq: int, tk: int):
-    """What the kernels take for a boolean mask (True = attend) broadcastable to [b, h, tq, tk]:
-    (int32 words [rows, ceil(tk / 32)], bit i of word w = key 32 w + i; row strides (smb, smh)
-    in rows, 0 on broadcast dims; int32 [rows, 2] each row's [lo, hi) = [first visible key,
-    last + 1); int32 [1] flag: every row's visible keys are exactly its [lo, hi)). One read of
-    the mask on the device (`_mask_args_kernel`), no host sync (CUDA-graph safe)."""
+def mask_rows(mask: torch.Tensor) -> tuple[int, int]:
+    """(mb, mh): the batch and head extents of a boolean mask broadcastable to [B, H, Tq, Tk]
+    (1 on a broadcast dim); its rows are the mb * mh * Tq (sequence, head, query) triples."""
+    shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)
+    return shape[0], shape[1]
+
+
+def mask_strides(mask: torch.Tensor, tq: int) -> tuple[int, int]:
+    """(smb, smh): a mask row's (sequence, head) strides in rows, 0 on broadcast dims."""
+    mb, mh = mask_rows(mask)
+    return (mh * tq if mb > 1 else 0), (tq if mh > 1 else 0)
+
+
+def prepare_mask(mask: torch.Tensor, tq: int, tk: int):
+    """(int32 words [rows, ceil(tk / 32)], bit i of word w = key 32 w + i; int32 [rows, 2] each
+    row's [lo, hi) = [first visible key, last + 1); int32 [1] flag: every row's visible keys
+    are exactly its [lo, hi)) of a boolean mask (True = attend) broadcastable to
+    [B, H, tq, tk], rows as `mask_rows`. One read of the mask on the device
+    (`_mask_args_kernel`), no host sync (CUDA-graph safe); `reference.attention_mask_args` is
+    the same on the CPU. What `fp4_compile::invariant_attention_mask_args` launches."""
     m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)).to(torch.bool)
     m = m.expand(m.shape[0], m.shape[1], tq, tk).contiguous()
-    mb, mh = m.shape[0], m.shape[1]
-    rows, words = mb * mh * tq, -(-tk // 32)
+    rows, words = m.shape[0] * m.shape[1] * tq, -(-tk // 32)
     packed = torch.empty((rows, words), dtype=torch.int32, device=m.device)
     iv = torch.empty((rows, 2), dtype=torch.int32, device=m.device)
     iv_ok = torch.ones(1, dtype=torch.int32, device=m.device)
@@ -111,8 +126,29 @@ def mask_args(mask: torch.Tensor, b: int, h: int, tq: int, tk: int):
         _mask_args_kernel[(rows,)](
             m.view(torch.uint8), packed, iv, iv_ok, tk, words, BLOCK_W=block_w
         )
-    strides = ((mh * tq if mb > 1 else 0), (tq if mh > 1 else 0))
-    return packed, strides, iv, iv_ok
+    return packed, iv, iv_ok
+
+
+def mask_args(mask: torch.Tensor, b: int, h: int, tq: int, tk: int, prepared=None):
+    """What the kernels take for a boolean mask (True = attend) broadcastable to [b, h, tq, tk]:
+    (words, row strides (smb, smh) in rows, intervals, flag), the tensors of `prepare_mask`, or
+    `prepared` (the same three, made once per graph by the op
+    `fp4_compile::invariant_attention_mask_args`, which every layer's attention reads) checked
+    against the mask's rows."""
+    if prepared is None:
+        packed, iv, iv_ok = prepare_mask(mask, tq, tk)
+    else:
+        packed, iv, iv_ok = prepared
+        mb, mh = mask_rows(mask)
+        want = ((mb * mh * tq, -(-tk // 32)), (mb * mh * tq, 2), (1,))
+        got = tuple(tuple(t.shape) for t in prepared)
+        if got != want or any(t.dtype != torch.int32 for t in prepared):
+            raise ValueError(
+                f"prepared mask arguments of shapes {got} (dtypes "
+                f"{[t.dtype for t in prepared]}) do not fit mask {tuple(mask.shape)} at "
+                f"tq={tq}, tk={tk}: want int32 {want}"
+            )
+    return packed, mask_strides(mask, tq), iv, iv_ok
 
 
 @triton.jit

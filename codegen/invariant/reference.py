@@ -80,6 +80,23 @@ def visible_keys(q_start_B, kv_len_B, mask, causal: bool, tq: int, tk: int):
     return vis
 
 
+def attention_mask_args(mask, tq: int, tk: int):
+    """(words, intervals, flag) int32 of a bool mask broadcast to [mb, mh, tq, tk], a row per
+    (b, h, query): words [rows, ceil(tk / 32)], bit i of word w = key 32 w + i; intervals [rows,
+    2] = [first seen key, last + 1) ([tk, 0) if none); flag [1]: all rows exactly intervals."""
+    m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)).to(torch.bool)
+    rows, w, dev = m.shape[0] * m.shape[1] * tq, -(-tk // 32), m.device
+    m = m.expand(m.shape[0], m.shape[1], tq, tk).reshape(rows, tk)
+    bits = torch.nn.functional.pad(m.to(torch.int64), (0, w * 32 - tk)).view(rows, w, 32)
+    bits = (bits << torch.arange(32, device=dev)).sum(-1)  # disjoint bits: < 2**32, exact
+    words = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)  # bit 31: the sign
+    key, edge = torch.arange(tk, device=dev), torch.full((rows, 1), tk, device=dev)
+    lo = torch.cat([torch.where(m, key, tk), edge], 1).amin(1)
+    hi = torch.cat([torch.where(m, key + 1, 0), edge * 0], 1).amax(1)
+    exact = m.sum(1) == (hi - lo).clamp_min(0)
+    return words, torch.stack([lo, hi], 1).to(torch.int32), exact.all().to(torch.int32)[None]
+
+
 def key_end(vis: torch.Tensor) -> int:
     """1 + the last key any row of `visible_keys` sees (0 when none). The keys past it are
     invisible to every row: exact zeros in every sum of the forward (trailing zeros of

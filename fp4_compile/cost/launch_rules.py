@@ -111,6 +111,13 @@ def _fused_quantize(name: str, m: int, c: int, split_key: str) -> list[Launch]:
     return [first, _row_codes(m, c)] if m < lc["split_rows_below"] else [whole]
 
 
+def _mask_args(mask: torch.Tensor, tq: int) -> list[Launch]:
+    """`invariant/attention_masks.prepare_mask`: a torch.ones flag, then one program per mask
+    row (mb * mh * Tq, mb and mh the mask's batch and head extents)."""
+    shape = (1,) * (4 - mask.dim()) + tuple(int(s) for s in mask.shape)
+    return [Launch("ones (mask flag)", 1), Launch("attention_mask_args", shape[0] * shape[1] * tq)]
+
+
 def op_launches(n: fx.Node) -> list[Launch]:
     """The CUDA launches of fp4_compile op node `n` (its args' `meta["val"]` give the shapes)."""
     name = n.target._opname
@@ -158,11 +165,12 @@ def op_launches(n: fx.Node) -> list[Launch]:
         cfg = pick(ARCH, "any", "invariant_attention", 0)
         main = Launch(name, _cdiv(tq * (hq // hkv), cfg.block_m) * b * hkv)
         mask = args[5] if len(args) > 5 else None
-        if mask is None:
+        prepared = len(args) > 8 and args[8] is not None  # invariant_attention_mask_args' words
+        if mask is None or prepared:
             return [main]
-        mb, mh = (int(mask.shape[0]), int(mask.shape[1])) if mask.dim() == 4 else (1, 1)
-        # mask_args: a torch.ones flag, then one program per mask row, every layer
-        return [Launch("ones (mask flag)", 1), Launch("attention_mask_args", mb * mh * tq), main]
+        return _mask_args(mask, tq) + [main]  # attention_masks.mask_args inside the call
+    if name == "invariant_attention_mask_args":  # invariant/attention_masks.prepare_mask
+        return _mask_args(args[0], int(n.args[1]))
     if name in ("invariant_routing", "invariant_logprobs"):  # one program per row
         return [Launch(name, _rows(args[0]))]
     if name == "sample_argmax":  # invariant/sample_argmax_kernel: one program per row

@@ -245,7 +245,7 @@ def _fp4_cost(n: fx.Node, g: _Graph, ctx: dict) -> OpCost:
     written = sum(_nbytes(t) for t in _outputs(n))
     if name in _NVFP4_GEMMS | _BF16_GEMMS:
         flops, note, launches, read = _gemm_facts(n, g, ctx, name, launches, read)
-    if "attention" in name:
+    if "attention" in name and name != "invariant_attention_mask_args":
         flops, read, kv = _attention_facts(n, g, ctx, read)
     if name in ("quantize", "quantize_with_ongrid") and per_expert_quantize(n.args[2]):
         launches += 1

@@ -212,3 +212,38 @@ def test_attention_kv_heads_in_place_equal_repeated(qkv):
     assert_bitwise_equal(leaves[0].grad, qr.grad, "dq")
     assert_bitwise_equal(leaves[1].grad, group_sum(kr.grad), "dk")
     assert_bitwise_equal(leaves[2].grad, group_sum(vr.grad), "dv")
+
+
+def test_attention_mask_prepared_once_equals_inside_the_call(qkv):
+    """Bitwise, compiled sm_90 kernels: `invariant_attention_mask_args` == its CPU reference,
+    and the attention given its three tensors (what every layer of a lowered graph reads) ==
+    the attention preparing the mask itself, forward and gradients: a left-padded causal mask
+    (the interval path) and a random one (the bit path)."""
+    from fp4_compile.codegen.invariant import reference as cpu
+
+    op = torch.ops.fp4_compile.invariant_attention.default
+    q, k, v, _ = qkv
+    zero = torch.zeros(BATCH, dtype=torch.int64, device=DEVICE)
+    full = torch.full_like(zero, T)
+    tril = torch.ones(T, T, dtype=torch.bool, device=DEVICE).tril()
+    keep = torch.ones(BATCH, T, dtype=torch.bool, device=DEVICE)
+    keep[1, :300] = False
+    g = torch.Generator(device=DEVICE).manual_seed(31)
+    masks = {
+        "left-padded causal": (tril[None] & keep[:, None, :])[:, None],
+        "random": torch.rand(BATCH, 1, T, T, device=DEVICE, generator=g) < 0.7,
+    }
+    go = _rnd(BATCH, HQ, T, D, seed=32).bfloat16()
+    for name, mask in masks.items():
+        prepared = torch.ops.fp4_compile.invariant_attention_mask_args(mask, T, T)
+        reference = cpu.attention_mask_args(mask.cpu(), T, T)
+        for got, want, part in zip(prepared, reference, ("words", "intervals", "flag")):
+            assert_bitwise_equal(got.cpu(), want, f"{name} {part}: kernel vs reference")
+        runs = []
+        for extra in (prepared, ()):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            out, lse = op(*leaves, zero, full, mask, False, D**-0.5, *extra)
+            out.backward(go)
+            runs.append((out, lse, *(t.grad for t in leaves)))
+        for got, want, part in zip(*runs, ("out", "lse", "dq", "dk", "dv")):
+            assert_bitwise_equal(got, want, f"{name} {part}: prepared once vs inside the call")

@@ -61,6 +61,21 @@ def test_decode_graph_reads_the_cache_in_place(rollout_graph):
     assert sorted(read) == sorted(caches)  # every layer's k and v cache, each once
 
 
+def test_mask_prepared_once_per_graph(rollout_graph):
+    """The rollout step's mask (exported: symbolic batch and length) is prepared by ONE
+    `invariant_attention_mask_args` node, whose three outputs every layer's attention reads as
+    its trailing arguments (the mask stays its argument for the CPU path)."""
+    graph, census = rollout_graph
+    ops = torch.ops.fp4_compile
+    (made,) = [n for n in graph.nodes if n.target is ops.invariant_attention_mask_args.default]
+    outputs = sorted(made.users, key=lambda n: n.args[1])
+    attention = [n for n in graph.nodes if n.target is ops.invariant_attention.default]
+    assert len(attention) == 2 and census.count("fp4_compile::invariant_attention_mask_args") == 1
+    for node in attention:
+        assert node.args[5] is made.args[0]
+        assert list(node.args[8:11]) == outputs
+
+
 def test_learner_graph_drops_the_repeat():
     """The learner's Dynamo graph (torch-level spelling of the repeat): the same drop."""
     model = tiny_qwen3(layers=1)
