@@ -106,9 +106,13 @@ def check_prompts(vocab: int) -> list[list[int]]:
 def run_engine(args, roles, model) -> None:
     cuda = roles.device.type == "cuda"
     engine = RolloutEngine(
-        model, recipe=RECIPE, weights="packed", max_batch=args.max_batch,
-        max_seq_len=args.prompt + args.budget, cuda_graphs=cuda,
-    )  # fmt: skip
+        model,
+        recipe=RECIPE,
+        weights="packed",
+        max_batch=args.max_batch,
+        max_seq_len=args.prompt + args.budget,
+        cuda_graphs=cuda,
+    )
     vocab = model.config.vocab_size
     checks = check_prompts(vocab)
     engine.generate(checks, max_new_tokens=CHECK_NEW, seed=0)  # compiles; fills the store
@@ -174,9 +178,14 @@ def grpo_loss(learner, batch, rows: list[int], device) -> torch.Tensor:
     logp = sequence_logprobs(learner, seqs, [len(requests[i]) for i in rows], device=device)
     new, mask = padded(logp), padded([torch.ones_like(x) for x in logp])
     loss, _ = policy_loss(
-        new, new.detach(), adv[rows].to(device), mask, clip_low=0.2, clip_high=0.28,
+        new,
+        new.detach(),
+        adv[rows].to(device),
+        mask,
+        clip_low=0.2,
+        clip_high=0.28,
         global_tokens=n_global,
-    )  # fmt: skip
+    )
     return loss
 
 
@@ -195,7 +204,7 @@ def check_aligned(learner, checks, got, device) -> int:
     same = [
         torch.equal(a.cpu().view(torch.int32), b.view(torch.int32))
         for a, b in zip(mine, engine_logps)
-    ]  # fmt: skip
+    ]
     return sum(same)
 
 
@@ -316,8 +325,16 @@ def main() -> int:
                 next(argv)
             elif not a.startswith("--nproc="):
                 rest.append(a)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={args.nproc}", "-m", "benchmarks.multi_gpu", *rest]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={args.nproc}",
+            "-m",
+            "benchmarks.multi_gpu",
+            *rest,
+        ]
         env = {**NCCL_ENV, **os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         return subprocess.run(cmd, env=env, check=False).returncode
     cuda = torch.cuda.is_available()

@@ -39,8 +39,11 @@ def report(records: list[dict], args, env: dict, world: int, engine: bool, check
     step_s = median([r["learner_step_s"] for r in warm])
     if "single_step_s" in steps[0]:
         one_s = median([r["single_step_s"] for r in warm])
-        lines += ["", f"Learner step, 1 process (no FSDP, whole batch): {one_s:.3f} s; "
-                  f"{learners} ranks: {step_s:.3f} s; scaling {one_s / step_s:.2f}x."]  # fmt: skip
+        lines += [
+            "",
+            f"Learner step, 1 process (no FSDP, whole batch): {one_s:.3f} s; "
+            f"{learners} ranks: {step_s:.3f} s; scaling {one_s / step_s:.2f}x.",
+        ]
     if engine:
         lines += [
             "",

@@ -30,8 +30,22 @@ TOL_REL_STRICT = 0.35  # tests/rl/train/test_fsdp.py's strict budget (2 ranks vs
 @pytest.mark.slow
 def test_three_processes_engine_fed_nvfp4_bytes(tmp_path):
     env = dict(os.environ, OUT=str(tmp_path), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "benchmarks.multi_gpu", "--nproc", "3", "--model", "tiny-qwen3-moe",
-           "--steps", "2", "--prompts", "2", "--group", "2", "--compare-single"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.multi_gpu",
+        "--nproc",
+        "3",
+        "--model",
+        "tiny-qwen3-moe",
+        "--steps",
+        "2",
+        "--prompts",
+        "2",
+        "--group",
+        "2",
+        "--compare-single",
+    ]
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (path,) = tmp_path.glob("*multi_gpu_tiny_qwen3_moe_cpu_n3*.json")
@@ -69,15 +83,32 @@ def test_as_bytes_writes_through():
 
 
 def test_report_tables():
-    args = argparse.Namespace(model="tiny-qwen3", layers=2, prompts=2, group=2, prompt=8,
-                              budget=8, steps=1, lr=1e-4)  # fmt: skip
+    args = argparse.Namespace(
+        model="tiny-qwen3", layers=2, prompts=2, group=2, prompt=8, budget=8, steps=1, lr=1e-4
+    )
     cmp = {"rel_l2": 0.25, "cosine": 0.97, "equal_elements": 5, "elements": 10}
-    sync = {"bf16_bytes_sent": 300, "bf16_refit_s": 0.1, "bf16_engine_quantize_s": 0.05,
-            "bytes": 100, "held_param_bytes": 40, "nvfp4_sync_s": 0.2, "quantize_s": 0.01,
-            "nvfp4_vs_engine_quantize_bytes_differing": 0, "store_bytes_changed": 7,
-            "learner_eq_rollout": 4, "gather_s": 0.01}  # fmt: skip
-    step = {"learner_step_s": 2.0, "tokens": 32, "rollout_s": 1.0, "single_step_s": 1.0,
-            "grad_n_vs_1": cmp, "grad_split_in_one_vs_1": cmp, "grad_n_vs_split_in_one": cmp}  # fmt: skip
+    sync = {
+        "bf16_bytes_sent": 300,
+        "bf16_refit_s": 0.1,
+        "bf16_engine_quantize_s": 0.05,
+        "bytes": 100,
+        "held_param_bytes": 40,
+        "nvfp4_sync_s": 0.2,
+        "quantize_s": 0.01,
+        "nvfp4_vs_engine_quantize_bytes_differing": 0,
+        "store_bytes_changed": 7,
+        "learner_eq_rollout": 4,
+        "gather_s": 0.01,
+    }
+    step = {
+        "learner_step_s": 2.0,
+        "tokens": 32,
+        "rollout_s": 1.0,
+        "single_step_s": 1.0,
+        "grad_n_vs_1": cmp,
+        "grad_split_in_one_vs_1": cmp,
+        "grad_n_vs_split_in_one": cmp,
+    }
     env = {"gpu": "GPU", "torch": "t", "commit": "c"}
     text = report([{**sync, **step}, dict(sync)], args, env, 3, True, 4)
     assert "scaling 0.50x" in text  # 1 process 1.0 s, 2 ranks 2.0 s
