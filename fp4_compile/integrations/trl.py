@@ -174,6 +174,9 @@ class MiniteGRPOTrainer(GRPOTrainer):
         sets the engine's KV-cache length and the learner's full width W (a learner micro-batch
         is right-padded to the width bucket of its longest sequence, at most W).
     device: where the engine runs (default: the model's device).
+    engine_weights: the engine's weight copy (`RolloutEngine(weights=...)`, the same bits either
+        way): "bf16+packed" (default) or "packed" (only what its compiled step reads: the NVFP4
+        store and the BF16 weights the recipe leaves unquantized).
 
     `model` must be an instantiated causal LM (its weights are copied into the engine and, for
     beta != 0, into a frozen reference that gets its own compiled copy).
@@ -191,6 +194,7 @@ class MiniteGRPOTrainer(GRPOTrainer):
         recipe: NVFP4Recipe | dict | str | None = None,
         max_prompt_length: int = 512,
         device=None,
+        engine_weights: str = "bf16+packed",
         **trl_kwargs,
     ):
         if not isinstance(model, torch.nn.Module):
@@ -232,6 +236,7 @@ class MiniteGRPOTrainer(GRPOTrainer):
             device=device,
             max_batch=max(args.generation_batch_size, args.per_device_eval_batch_size),
             max_seq_len=self.learner_width,
+            weights=engine_weights,
         )
         reference = copy.deepcopy(model).requires_grad_(False).eval() if args.beta != 0 else None
         # TRL would build the reference by loading the model's hub path again; minite brings its

@@ -16,6 +16,7 @@ import torch
 
 from ...model_dir import check_model_dir
 from ...recipe import NVFP4Recipe
+from ...rollout.packed_weights import WEIGHT_FORMS
 from ...seeds import derive_seed as derive_seed  # re-exported: the run's seed streams
 from ..tasks.builtin import TASK_NAMES
 from .engines import engine_entry
@@ -34,6 +35,7 @@ RESUMABLE_FIELDS = (
     "log_every",
     "eval_every",
     "eval_size",
+    "rollout_weights",  # where the engine's weights live, not what they compute
 )
 
 
@@ -162,6 +164,12 @@ class TrainConfig:
     of this process (prompts_per_step x group_size / processes). The trainer calls `generate`
     once over the whole rollout batch whatever this is: the embedded engine batches it
     continuously (the same bits at any value), the stock engine in static waves of this size."""
+    rollout_weights: str = "bf16+packed"
+    """The embedded engine's weight copy (`RolloutEngine(weights=...)`, the same bits either
+    way): "bf16+packed" keeps its BF16 parameters and the packed NVFP4 store; "packed" keeps only
+    what its compiled step reads (E2M1 codes, E4M3 scales, global scales, and the BF16 weights
+    the recipe leaves unquantized), about 3.5x fewer bytes for the quantized weights. "packed"
+    needs rollout_engine="minite", compile=True and a quantizing variant (strict, te)."""
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     log_every: int = 1
@@ -237,9 +245,30 @@ class TrainConfig:
                 f"rollout_max_batch must be an int >= 0 (0: the whole rollout batch), got "
                 f"{self.rollout_max_batch!r}"
             )
+        self._check_rollout_weights()
         if self.rollout_cuda_graphs and not self.device.startswith("cuda"):
             raise ValueError(
                 f"rollout_cuda_graphs=True needs a CUDA device, got device={self.device!r}"
+            )
+
+    def _check_rollout_weights(self) -> None:
+        if self.rollout_weights not in WEIGHT_FORMS:
+            raise ValueError(
+                f"rollout_weights must be one of {tuple(WEIGHT_FORMS)}, got {self.rollout_weights!r}"
+            )
+        if self.rollout_weights == "bf16+packed":
+            return
+        if self.rollout_engine != "minite":
+            raise ValueError(
+                f"rollout_weights='packed' is the embedded engine's option (rollout_engine="
+                f"'minite'), not {self.rollout_engine!r}'s"
+            )
+        if not self.compile:
+            raise ValueError("rollout_weights='packed' needs compile=True (the eager step reads BF16)")
+        if self.variant == "bf16":
+            raise ValueError(
+                "rollout_weights='packed' releases the weights the recipe quantizes; "
+                "variant='bf16' quantizes none: use rollout_weights='bf16+packed'"
             )
 
     def recipe(self) -> NVFP4Recipe:

@@ -46,6 +46,8 @@ class EngineRequest:
     """False: eager FP32 on both sides (loop-logic tests), no NVFP4."""
     cuda_graphs: bool
     """The embedded engine's CUDA-graph decode (`rollout_cuda_graphs`)."""
+    weights: str = "bf16+packed"
+    """The embedded engine's weight copy (`rollout_weights`, `RolloutEngine(weights=...)`)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ def _minite(req: EngineRequest) -> RolloutEngineProtocol:
         max_seq_len=req.max_seq_len,
         compile=req.compile,
         cuda_graphs=req.cuda_graphs,
+        weights=req.weights,
     )
 
 

@@ -155,6 +155,7 @@ class GRPOTrainer:
             temperature=cfg.temperature,
             compile=cfg.compile,
             cuda_graphs=cfg.rollout_cuda_graphs,
+            weights=cfg.rollout_weights,
         )
         self.engine = build_engine(cfg.rollout_engine, request, world=self.world)
         if self.world > 1:

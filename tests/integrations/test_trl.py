@@ -110,8 +110,11 @@ def test_trl_grpo_learner_equals_rollout_bitwise(tmp_path, arch):
         recipe="strict",
         max_prompt_length=8,
         callbacks=[record],
+        # MoE: the engine keeps only its packed weights (updated in place from the learner's)
+        engine_weights="bf16+packed" if dense else "packed",
     )
     record.trainer = trainer
+    assert trainer.engine.weights == ("bf16+packed" if dense else "packed")
     trainer.train()
 
     assert len(record.steps) == 3

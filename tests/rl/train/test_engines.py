@@ -105,3 +105,38 @@ def test_one_generate_per_rollout_batch_larger_than_max_batch(tmp_path, spy):
     assert trainer.engine.calls == [12], "one generate over prompts x group size (3 x 4)"
     assert trainer.engine.updates == 1
     assert record["rollout/mean_new_tokens"] > 0
+
+
+def test_rollout_weights_reach_the_engine(tmp_path, monkeypatch):
+    seen = []
+
+    def record(name, req, *, world=1):
+        seen.append(req.weights)
+        return SpyEngine(req)
+
+    import fp4_compile.rl.train.trainer as trainer_mod
+
+    monkeypatch.setattr(trainer_mod, "build_engine", record)
+    GRPOTrainer(_cfg(tmp_path, compile=True, rollout_weights="packed"), log=lambda *_: None)
+    GRPOTrainer(_cfg(tmp_path / "b"), log=lambda *_: None)
+    assert seen == ["packed", "bf16+packed"]
+
+
+@pytest.mark.parametrize(
+    "over, named",
+    [
+        (dict(rollout_weights="fp4"), "rollout_weights must be one of"),
+        (dict(rollout_weights="packed", rollout_engine="stock"), "rollout_engine='minite'"),
+        (dict(rollout_weights="packed", compile=False), "compile=True"),
+        (dict(rollout_weights="packed", compile=True, variant="bf16"), "variant='bf16'"),
+    ],
+)
+def test_rollout_weights_refused_before_any_work(tmp_path, over, named):
+    with pytest.raises(ValueError, match=named):
+        _cfg(tmp_path, **over)
+
+
+def test_rollout_weights_do_not_block_a_resume(tmp_path):
+    a = _cfg(tmp_path, compile=True)
+    b = _cfg(tmp_path, compile=True, rollout_weights="packed")
+    assert a.numerics_dict() == b.numerics_dict()

@@ -63,7 +63,7 @@ def test_trl_column_names_grpo_config_fields():
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     values = {"dapo", "grpo", "group", "none", "token_truncate", "token_mask", "sequence_mask"}
     # a MiniteGRPOTrainer argument, said so in its cell, and the class names themselves
-    not_fields = {"max_prompt_length", "GRPOConfig", "MiniteGRPOTrainer"}
+    not_fields = {"max_prompt_length", "engine_weights", "GRPOConfig", "MiniteGRPOTrainer"}
     named = set().union(*(_names(r[2]) for r in _rows())) - values - not_fields
     assert "max_completion_length" in named and "num_generations" in named
     assert named <= fields, named - fields
