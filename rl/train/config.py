@@ -264,7 +264,9 @@ class TrainConfig:
                 f"'minite'), not {self.rollout_engine!r}'s"
             )
         if not self.compile:
-            raise ValueError("rollout_weights='packed' needs compile=True (the eager step reads BF16)")
+            raise ValueError(
+                "rollout_weights='packed' needs compile=True (the eager step reads BF16)"
+            )
         if self.variant == "bf16":
             raise ValueError(
                 "rollout_weights='packed' releases the weights the recipe quantizes; "
