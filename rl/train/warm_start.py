@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -73,12 +74,15 @@ def supervised_batch(
     return ids.to(device), mask.to(device)
 
 
-def run_warm_start(model, cfg: TrainConfig, task: Task, tok: Tokenizer) -> list[float]:
+def run_warm_start(model, cfg: TrainConfig, task: Task, tok: Tokenizer, *, log=None) -> list[float]:
     """Teacher-forced cross-entropy on answer tokens; returns the loss of every step (one
-    host sync at the end)."""
+    host sync at the end, and one after the first step when `log` is given: it gets the
+    first step's time and the estimate of the whole warm start, its cost being the model's
+    size times warm_start_batch times the sequence width)."""
     device = cfg.torch_device()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warm_start_lr, weight_decay=0.0)
     losses = []
+    start = time.perf_counter()
     for step in range(cfg.warm_start_steps):
         problems = task.problems(cfg.warm_start_batch, seed=derive_seed(cfg.seed, "warm", step))
         ids, mask = supervised_batch(problems, tok, device)
@@ -91,6 +95,14 @@ def run_warm_start(model, cfg: TrainConfig, task: Task, tok: Tokenizer) -> list[
         loss.backward()
         opt.step()
         losses.append(loss.detach())
+        if step == 0 and log is not None and cfg.warm_start_steps > 1:
+            losses[0].item()  # wait for the step (on CUDA it runs asynchronously)
+            first_s = time.perf_counter() - start
+            log(
+                f"warm start: step 1 of {cfg.warm_start_steps} ({ids.shape[0]} sequences x "
+                f"width {ids.shape[1]}) took {first_s:.1f} s; about "
+                f"{first_s * cfg.warm_start_steps:.0f} s in all (warm_start_steps=0 skips it)"
+            )
     return torch.stack(losses).tolist() if losses else []
 
 
@@ -107,10 +119,16 @@ def load_or_warm_start(model, cfg: TrainConfig, task: Task, tok: Tokenizer, *, l
         log(
             f"warm start: loaded {path} ({cfg.warm_start_steps} steps, final loss {state['losses'][-1]:.3f})"
         )
-        return {"path": str(path), "cached": True, "losses": state["losses"]}
+        return {"path": str(path), "cached": True, "losses": state["losses"], "seconds": 0.0}
     log(f"warm start: {cfg.warm_start_steps} supervised steps (FP32, eager), caching to {path}")
-    losses = run_warm_start(model, cfg, task, tok)
+    start = time.perf_counter()
+    losses = run_warm_start(model, cfg, task, tok, log=log)
+    seconds = time.perf_counter() - start
     state = {"key": key, "model": model.state_dict(), "losses": losses, "config": cfg.to_dict()}
     save_checkpoint(path, state, kind="warm_start")
-    log(f"warm start: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-    return {"path": str(path), "cached": False, "losses": losses}
+    log(
+        f"warm start: loss {losses[0]:.3f} -> {losses[-1]:.3f} in {seconds:.1f} s "
+        f"({seconds / cfg.warm_start_steps:.2f} s/step); cached: the next run with these "
+        "settings loads it"
+    )
+    return {"path": str(path), "cached": False, "losses": losses, "seconds": seconds}
