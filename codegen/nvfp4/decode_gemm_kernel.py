@@ -42,8 +42,8 @@ import triton.language as tl
 
 from ..configs import check_decode_config, k_chunk, pick_decode
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
-from ..triton_helpers import expert_row_tile
 from .decode_gemm_tiles import weight_tile
+from .gemm_tile import gathered_rows, tile_epilogue, tile_rows
 from .k_chunks import chunk_count, fold_chunks
 from .packed_layout import words_tile_k
 
@@ -103,24 +103,12 @@ def _nvfp4_decode_gemm_kernel(
     w_tiles = tl.cdiv(N, BLOCK_W)
     t = tl.program_id(0).to(tl.int64) // w_tiles
     pid_w = tl.program_id(0).to(tl.int64) % w_tiles
+    e, rows, row_end = tile_rows(t, group_end_ptr, M, E, BLOCK_T, BLOCK_E, GROUPED)
     if GROUPED:
-        e, rows, row_end = expert_row_tile(t, group_end_ptr, M, E, BLOCK_T, BLOCK_E)
         if e >= E:
             return
-        e64 = e.to(tl.int64)
-    else:
-        e = 0
-        e64 = 0
-        row_end = M
-        rows = t * BLOCK_T + tl.arange(0, BLOCK_T)
-    rows = rows.to(tl.int64)  # int64 offsets (codegen/runtime.py)
-    rmask = rows < row_end
-    if A_GATHER:
-        arows = tl.load(a_rows_ptr + rows, mask=rmask, other=-1).to(tl.int64)
-        amask = rmask & (arows >= 0)
-    else:
-        arows = rows
-        amask = rmask
+    e64 = e.to(tl.int64) if GROUPED else 0
+    rows, rmask, arows, amask = gathered_rows(rows, row_end, a_rows_ptr, A_GATHER)
     cols = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
     cmask = cols < N
     b_base = b_ptr + e64 * stride_be + cols.to(tl.int64)[:, None] * stride_bn
@@ -179,18 +167,26 @@ def _nvfp4_decode_gemm_kernel(
     if WEIGHTS_RIGHT:
         acc = tl.trans(acc)  # [W, T], as the epilogue reads it
     acc = acc * 256.0  # 2**WEIGHT_SHIFT (decode_gemm_tiles): exact, the learner's accumulator
-    if GDA_SHARED:
-        gda = tl.load(gda_ptr + rows * 0, mask=rmask, other=1.0)
-    else:
-        gda = tl.load(gda_ptr + arows * gda_stride, mask=amask, other=1.0)
-    gdb = tl.load(gdb_ptr + e * gdb_stride)
-    out = (acc * gda[None, :]) * gdb
-    if HAS_BIAS:
-        out = out + tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[:, None]
-    tl.store(
-        out_ptr + rows[None, :] * stride_om + cols[:, None] * stride_on,
-        out.to(out_ptr.dtype.element_ty),
-        mask=rmask[None, :] & cmask[:, None],
+    tile_epilogue(
+        acc,
+        rows,
+        rmask,
+        arows,
+        amask,
+        cols,
+        cmask,
+        e,
+        gda_ptr,
+        gda_stride,
+        gdb_ptr,
+        gdb_stride,
+        bias_ptr,
+        out_ptr,
+        stride_om,
+        stride_on,
+        HAS_BIAS,
+        GDA_SHARED,
+        False,
     )
 
 

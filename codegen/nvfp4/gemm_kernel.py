@@ -36,8 +36,9 @@ import triton.language as tl
 
 from ..configs import decode_dispatch, k_chunk, pick
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
-from ..triton_helpers import e2m1_value, e4m3_value, expert_row_tile
+from ..triton_helpers import e2m1_value, e4m3_value
 from .decode_gemm_kernel import launch_decode_gemm
+from .gemm_tile import gathered_rows, tile_epilogue, tile_rows
 from .packed_layout import words_tile_k
 
 
@@ -95,24 +96,12 @@ def _nvfp4_gemm_kernel(
     n_tiles = tl.cdiv(N, BLOCK_N)
     t = tl.program_id(0).to(tl.int64) // n_tiles
     pid_n = tl.program_id(0).to(tl.int64) % n_tiles
+    e, rows, row_end = tile_rows(t, group_end_ptr, M, E, BLOCK_M, BLOCK_E, GROUPED)
     if GROUPED:
-        e, rows, row_end = expert_row_tile(t, group_end_ptr, M, E, BLOCK_M, BLOCK_E)
         if e >= E:
             return
-        e64 = e.to(tl.int64)
-    else:
-        e = 0
-        e64 = 0
-        row_end = M
-        rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = rows.to(tl.int64)  # int64 offsets (codegen/runtime.py)
-    rmask = rows < row_end
-    if A_GATHER:
-        arows = tl.load(a_rows_ptr + rows, mask=rmask, other=-1).to(tl.int64)
-        amask = rmask & (arows >= 0)
-    else:
-        arows = rows
-        amask = rmask
+    e64 = e.to(tl.int64) if GROUPED else 0
+    rows, rmask, arows, amask = gathered_rows(rows, row_end, a_rows_ptr, A_GATHER)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     b_base = b_ptr + e64 * stride_be
@@ -172,18 +161,26 @@ def _nvfp4_gemm_kernel(
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if K_CHUNK > 0:
         acc = total
-    if GDA_SHARED:  # one gd_a for every row (gda_stride 0), zero rows included
-        gda = tl.load(gda_ptr + rows * 0, mask=rmask, other=1.0)
-    else:
-        gda = tl.load(gda_ptr + arows * gda_stride, mask=amask, other=1.0)
-    gdb = tl.load(gdb_ptr + e * gdb_stride)
-    out = (acc * gda[:, None]) * gdb
-    if HAS_BIAS:
-        out = out + tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    tl.store(
-        out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on,
-        out.to(out_ptr.dtype.element_ty),
-        mask=rmask[:, None] & cmask[None, :],
+    tile_epilogue(
+        acc,
+        rows,
+        rmask,
+        arows,
+        amask,
+        cols,
+        cmask,
+        e,
+        gda_ptr,
+        gda_stride,
+        gdb_ptr,
+        gdb_stride,
+        bias_ptr,
+        out_ptr,
+        stride_om,
+        stride_on,
+        HAS_BIAS,
+        GDA_SHARED,
+        True,
     )
 
 

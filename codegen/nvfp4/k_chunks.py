@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ..configs import pick_launch, warps_kwargs
 from ..runtime import arch_of, compile_options
-from ..triton_helpers import expert_row_tile
+from .gemm_tile import gathered_rows, tile_epilogue, tile_rows
 
 
 def chunk_count(k: int, kc: int) -> int:
@@ -61,22 +61,11 @@ def _fold_chunks_kernel(
     c_tiles = tl.cdiv(N, BLOCK_C)
     t = tl.program_id(0).to(tl.int64) // c_tiles
     pid_c = tl.program_id(0).to(tl.int64) % c_tiles
+    e, rows, row_end = tile_rows(t, group_end_ptr, M, E, BLOCK_R, BLOCK_E, GROUPED)
     if GROUPED:
-        e, rows, row_end = expert_row_tile(t, group_end_ptr, M, E, BLOCK_R, BLOCK_E)
         if e >= E:
             return
-    else:
-        e = 0
-        row_end = M
-        rows = t * BLOCK_R + tl.arange(0, BLOCK_R)
-    rows = rows.to(tl.int64)  # int64 offsets (codegen/runtime.py)
-    rmask = rows < row_end
-    if A_GATHER:
-        arows = tl.load(a_rows_ptr + rows, mask=rmask, other=-1).to(tl.int64)
-        amask = rmask & (arows >= 0)
-    else:
-        arows = rows
-        amask = rmask
+    rows, rmask, arows, amask = gathered_rows(rows, row_end, a_rows_ptr, A_GATHER)
     cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < N
     mask = rmask[:, None] & cmask[None, :]
@@ -84,18 +73,26 @@ def _fold_chunks_kernel(
     total = tl.load(ptrs, mask=mask, other=0.0)  # p_0 starts the fold
     for c in range(1, C):
         total = total + tl.load(ptrs + c * stride_pc, mask=mask, other=0.0)
-    if GDA_SHARED:
-        gda = tl.load(gda_ptr + rows * 0, mask=rmask, other=1.0)
-    else:
-        gda = tl.load(gda_ptr + arows * gda_stride, mask=amask, other=1.0)
-    gdb = tl.load(gdb_ptr + e * gdb_stride)
-    out = (total * gda[:, None]) * gdb
-    if HAS_BIAS:
-        out = out + tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    tl.store(
-        out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on,
-        out.to(out_ptr.dtype.element_ty),
-        mask=mask,
+    tile_epilogue(
+        total,
+        rows,
+        rmask,
+        arows,
+        amask,
+        cols,
+        cmask,
+        e,
+        gda_ptr,
+        gda_stride,
+        gdb_ptr,
+        gdb_stride,
+        bias_ptr,
+        out_ptr,
+        stride_om,
+        stride_on,
+        HAS_BIAS,
+        GDA_SHARED,
+        True,
     )
 
 
