@@ -17,6 +17,7 @@ import torch.fx as fx
 
 from ..codegen.configs import DECODE, LAUNCH, pick
 from ..codegen.nvfp4.gemm import ONGRID_FORWARD_MIN_ROWS
+from ..codegen.runtime import row_blocks
 
 ARCH = "sm_90"
 NUM_SMS = 132  # H100 SXM; the brief's one-program-per-SM line (the H200 also has 132)
@@ -150,9 +151,10 @@ def op_launches(n: fx.Node) -> list[Launch]:
     if name == "invariant_rms_norm":  # invariant/rms_norm_kernel.rms_norm
         x = args[0]
         norm = Launch(name, _cdiv(_rows(x), _norm_rows_per_program(int(x.shape[-1]))))
-        # rms_norm's x.reshape(-1, H).contiguous(): one copy where x's rows are not one block
-        # (a fused q/k/v GEMM's q or k at batch > 1: rows strided by N_total and by the head)
-        return ([] if x.is_contiguous() else [Launch("copy (rms_norm input)", None)]) + [norm]
+        # rms_norm's x.reshape(-1, H).contiguous(): one copy where x's rows are neither one
+        # block nor blocks it reads in place (`runtime.row_blocks`: a fused q/k/v GEMM's q or k)
+        copy = not x.is_contiguous() and row_blocks(x) is None
+        return ([Launch("copy (rms_norm input)", None)] if copy else []) + [norm]
     if name == "invariant_linear":  # invariant/linear_kernel.linear
         x, w = args[0], args[1]
         cfg = pick(ARCH, "any", "invariant_linear", _rows(x))
