@@ -78,6 +78,23 @@ def row_mask_bytes(row_mask: torch.Tensor | None, rows: int) -> torch.Tensor | N
     return m.view(torch.uint8)
 
 
+def row_blocks(x: torch.Tensor) -> tuple[int, int] | None:
+    """(I, stride) where the rows of x [.., I, H] are not one contiguous block but blocks of I
+    contiguous rows of H, one block every `stride` elements: a column slice of a wider output
+    viewed as heads (a fused q/k/v GEMM's q or k at batch > 1, `passes/fuse_group_gemms.py`),
+    which a row kernel reads in place. None for a contiguous x or any other layout."""
+    if x.dim() < 2 or x.numel() == 0 or x.is_contiguous():
+        return None
+    inner, hdim = x.shape[-2], x.shape[-1]
+    try:
+        x3 = x.view(-1, inner, hdim)
+    except RuntimeError:  # the leading dims do not merge into one stride
+        return None
+    if x3.stride(2) != 1 or (inner > 1 and x3.stride(1) != hdim) or x3.stride(0) < inner * hdim:
+        return None
+    return inner, x3.stride(0)
+
+
 @dataclass(frozen=True)
 class KernelTarget:
     """Where one call's launches run, looked up once per call and handed to each of them: the

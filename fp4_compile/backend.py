@@ -167,7 +167,7 @@ def minite_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         sink.append(report)
     store, extra = opts.get("weight_store"), ()
     if store is not None:
-        gm, example_inputs, extra = store.bind_dynamo_graph(gm, example_inputs)
+        gm, example_inputs, extra = store.bind_dynamo_graph(gm, example_inputs, report)
     patches = inductor_patches(recipe)
     if device is not None:
         # Inductor's CUDA graphs (what mode="reduce-overhead" turns on): the forward and the

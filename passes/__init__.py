@@ -24,6 +24,7 @@ from .fold_expert_gathers import fold_expert_gathers
 from .fold_moe_combine import fold_moe_combine
 from .fold_row_masks import fold_row_masks
 from .fold_swiglu_halves import fold_swiglu_halves
+from .fuse_group_gemms import fuse_group_gemms
 from .fuse_quantize_into_producers import fuse_quantize_into_producers
 from .lower_attention import lower_attention
 from .lower_embeddings import lower_embeddings
@@ -98,7 +99,8 @@ def run_pipeline(
 
 
 # The entry points code outside passes/ may import (tests/repo/test_import_rules.py): the pipeline,
-# its report, and the graph reading and binding of an exported rollout program's weights.
+# its report, and the graph reading and binding of an exported rollout program's weights (and
+# the fusion of a bound inference graph's group GEMMs).
 __all__ = [
     "PIPELINE",
     "QUANTIZE_FUSIONS",
@@ -111,6 +113,7 @@ __all__ = [
     "QuantizeSpec",
     "SiteReads",
     "bind_weight_inputs",
+    "fuse_group_gemms",
     "site_reads",
     "quantized_weight_inputs",
     "weight_quantize_sites",

@@ -26,7 +26,8 @@ def _rms_forward(x, weight, residual, eps):
         outs = rms_norm_kernel.rms_norm(x, weight, residual, eps)
     else:
         outs = cpu.rms_norm(x, weight, residual, eps)
-    return tuple(o.contiguous() for o in outs)  # the fakes promise contiguous outputs
+    # the fakes promise contiguous outputs; h (x itself without a residual) only with one
+    return tuple(o.contiguous() for o in outs[: 1 if residual is None else 2])
 
 
 @torch.library.custom_op(f"{_LIB}::invariant_rms_norm", mutates_args=())

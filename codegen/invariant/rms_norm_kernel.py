@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ..configs import pick_launch
-from ..runtime import check_kernel_device, interpreting
+from ..runtime import check_kernel_device, interpreting, row_blocks
 
 
 @triton.jit
@@ -69,14 +69,21 @@ def _rms_norm_kernel(
     FINISH: tl.constexpr,
     BLOCK_H: tl.constexpr,
     ROWS: tl.constexpr = 1,
+    x_block_rows=1,
+    x_block_stride=0,
+    X_BLOCKS: tl.constexpr = False,
 ):
     # ROWS rows per program, one after the other with the one-row code (the same reduction,
     # instruction for instruction; short rows such as the q / k norms' 128 columns otherwise
     # make one tiny program per row: [131072, 128] took 80 us on the H200)
     for r in tl.static_range(ROWS):
         row = tl.program_id(0).to(tl.int64) * ROWS + r
+        x_row_ptr = x_ptr
+        if X_BLOCKS:  # x's rows in blocks (`runtime.row_blocks`): row r of block b at b*stride +
+            # (r % I)*H, which is rms_norm_row's row*H plus b*(stride - I*H) (>= 0)
+            x_row_ptr = x_ptr + (row // x_block_rows) * (x_block_stride - x_block_rows * H)
         rms_norm_row(
-            x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES, HAS_W, FINISH, BLOCK_H
+            x_row_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES, HAS_W, FINISH, BLOCK_H
         )
 
 
@@ -98,23 +105,27 @@ def rms_norm_launch(hdim: int) -> tuple[int, int, int]:
 
 
 def rms_norm(x, weight, residual, eps: float):
+    """(y, h = x + residual, or x). Without a residual, x's rows may lie in blocks
+    (`runtime.row_blocks`: a fused q/k/v GEMM's q or k), read in place: no copy."""
     check_kernel_device(x, "x")
     hdim = x.shape[-1]
-    x2 = x.reshape(-1, hdim).contiguous()
+    num_rows = x.numel() // hdim if hdim else 0
+    blocks = row_blocks(x) if residual is None else None
+    x2 = x if blocks is not None else x.reshape(-1, hdim).contiguous()
     interp = interpreting()
     if interp and residual is not None:  # the kernel's bf16 store would truncate here
         x2, residual = (x2 + residual.reshape(-1, hdim)).contiguous(), None
     h = torch.empty_like(x2) if residual is not None else x2
     r2 = residual.reshape(-1, hdim).contiguous() if residual is not None else x2
-    y = torch.empty(x2.shape, dtype=torch.float32 if interp else x.dtype, device=x.device)
+    y = torch.empty((num_rows, hdim), dtype=torch.float32 if interp else x.dtype, device=x.device)
     block, rows, warps = rms_norm_launch(hdim)
-    _rms_norm_kernel[(triton.cdiv(x2.shape[0], rows),)](
+    _rms_norm_kernel[(triton.cdiv(num_rows, rows),)](
         x2,
         r2,
         weight if weight is not None else x2,
         y,
         h,
-        x2.shape[0],
+        num_rows,
         hdim,
         eps,
         HAS_RES=residual is not None,
@@ -122,6 +133,9 @@ def rms_norm(x, weight, residual, eps: float):
         FINISH=not interp,
         BLOCK_H=block,
         ROWS=rows,
+        x_block_rows=blocks[0] if blocks else 1,
+        x_block_stride=blocks[1] if blocks else 0,
+        X_BLOCKS=blocks is not None,
         num_warps=warps,
     )
     if interp:

@@ -17,6 +17,7 @@ import torch.fx as fx
 
 from ..codegen.configs import DECODE, LAUNCH, pick
 from ..codegen.nvfp4.gemm import ONGRID_FORWARD_MIN_ROWS
+from ..codegen.runtime import row_blocks
 
 ARCH = "sm_90"
 NUM_SMS = 132  # H100 SXM; the brief's one-program-per-SM line (the H200 also has 132)
@@ -123,9 +124,11 @@ def op_launches(n: fx.Node) -> list[Launch]:
     name = n.target._opname
     args = [_val(a) for a in n.args]
     out = _val(n) if _val(n) is not None else (n.meta.get("val") or [None])[0]
-    if name in ("nvfp4_linear", "nvfp4_linear_quantized"):  # x [.., K], weight [N, K]
-        x, w = args[0], args[1]
-        m, k, nn = _rows(x), int(x.shape[-1]), int(w.shape[0])
+    if name in ("nvfp4_linear", "nvfp4_linear_quantized"):  # x [.., K], w_codes [N, K/2]
+        # N from the codes: a fused group's GEMM (`passes/fuse_group_gemms.py`) reads the
+        # group's buffer [N_total, K/2] and names its first member's weight
+        x, codes = args[0], args[2]
+        m, k, nn = _rows(x), int(x.shape[-1]), int(codes.shape[-2])
         quant = act_quantize(m, k) if name == "nvfp4_linear" else []  # gemm_cuda.cuda_linear
         return quant + nvfp4_gemm(m, nn, k)
     if name in ("nvfp4_grouped_mm", "nvfp4_grouped_mm_quantized"):  # w [E, N, K]
@@ -147,7 +150,11 @@ def op_launches(n: fx.Node) -> list[Launch]:
         return [Launch(name, _cdiv(_rows(x), lc["block_r"]) * _cdiv(c, lc["block_c"]))]
     if name == "invariant_rms_norm":  # invariant/rms_norm_kernel.rms_norm
         x = args[0]
-        return [Launch(name, _cdiv(_rows(x), _norm_rows_per_program(int(x.shape[-1]))))]
+        norm = Launch(name, _cdiv(_rows(x), _norm_rows_per_program(int(x.shape[-1]))))
+        # rms_norm's x.reshape(-1, H).contiguous(): one copy where x's rows are neither one
+        # block nor blocks it reads in place (`runtime.row_blocks`: a fused q/k/v GEMM's q or k)
+        copy = not x.is_contiguous() and row_blocks(x) is None
+        return ([Launch("copy (rms_norm input)", None)] if copy else []) + [norm]
     if name == "invariant_linear":  # invariant/linear_kernel.linear
         x, w = args[0], args[1]
         cfg = pick(ARCH, "any", "invariant_linear", _rows(x))

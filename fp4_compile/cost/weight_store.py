@@ -39,8 +39,13 @@ FORMS = {
 
 def learner_store(model: torch.nn.Module, form: str):
     """A store of `model`'s parameters (meta tensors) in `form` (`FORMS`): bound graphs get the
-    inputs the learner's would; it is never refreshed (no kernel runs)."""
-    return WeightStore(dict(model.named_parameters()), hold_ongrid=FORMS[form]["hold_ongrid"])
+    inputs the learner's would (no group GEMM fusion: the learner's graphs keep one GEMM per
+    linear); it is never refreshed (no kernel runs)."""
+    return WeightStore(
+        dict(model.named_parameters()),
+        hold_ongrid=FORMS[form]["hold_ongrid"],
+        fuse_groups=False,
+    )
 
 
 def _nbytes(t: torch.Tensor | None) -> int:

@@ -3,6 +3,9 @@ rollout engine's compiled graphs) gets new trailing placeholders, marked static 
 replays, that the backend appends to every call; an exported program's module gets buffers.
 Either way the graph's weight quantizes become reads of the store's tensors in the forms the
 site reads (`passes/bind_weight_inputs.py`), the same tensor objects the store rewrites.
+A Dynamo graph that tracks no gradient (the rollout engine's) bound to a store with fuse_groups
+then runs each shared-scale group's GEMMs as one GEMM over the group's buffer
+(`passes/fuse_group_gemms.py`); the member placeholders no GEMM reads any more are dropped.
 """
 
 from __future__ import annotations
@@ -11,7 +14,14 @@ import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
 
-from ..passes import QuantizeSpec, bind_weight_inputs, site_reads, weight_quantize_sites
+from ..passes import (
+    LoweringReport,
+    QuantizeSpec,
+    bind_weight_inputs,
+    fuse_group_gemms,
+    site_reads,
+    weight_quantize_sites,
+)
 
 PARTS = ("codes", "scales", "global_decode", "ongrid")
 # a store tensor as a Dynamo graph input: static (a CUDA-graph replay reads it in place, where
@@ -19,11 +29,13 @@ PARTS = ("codes", "scales", "global_decode", "ongrid")
 STATIC_INPUT = {"_dynamo_static_input_type": "unguarded"}
 
 
-def bind_dynamo_graph(store, gm: fx.GraphModule, example_inputs: list):
+def bind_dynamo_graph(
+    store, gm: fx.GraphModule, example_inputs: list, report: LoweringReport | None = None
+):
     """A copy of Dynamo graph `gm` whose weight quantizes read `store` (new trailing
     placeholders), its example inputs, and the store tensors to append to every call.
     (Dynamo keeps reading its own graph's placeholders after the backend returns: the
-    placeholders go into a copy.)"""
+    placeholders go into a copy.) `report` gets the group fusion's counts and notes."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     names = {n: store.param_name(x) for n, x in zip(placeholders, example_inputs)}
     graph, old_to_new = _copy_graph(gm.graph)
@@ -36,29 +48,34 @@ def bind_dynamo_graph(store, gm: fx.GraphModule, example_inputs: list):
     extra: list[torch.Tensor] = []
     made: dict[tuple, tuple] = {}
     placeholder: dict[int, fx.Node] = {}  # id(store tensor) -> its placeholder (one each)
+    tensor_of: dict[fx.Node, torch.Tensor] = {}
+
+    def store_input(t: torch.Tensor, part: str) -> fx.Node:
+        nonlocal anchor
+        if id(t) not in placeholder:
+            with graph.inserting_after(anchor):
+                anchor = graph.placeholder(f"minite_store_{len(extra)}_{part}")
+            anchor._dynamo_source = None  # not a user input: the backend appends it
+            val = fake_mode.from_tensor(t, static_shapes=True) if fake_mode else t
+            anchor.meta["val"] = anchor.meta["example_value"] = val
+            anchor.meta["tensor_dict"] = dict(STATIC_INPUT)
+            extra.append(t)
+            placeholder[id(t)] = anchor
+            tensor_of[anchor] = t
+        return placeholder[id(t)]
 
     def inputs(spec: QuantizeSpec, q: fx.Node):
-        nonlocal anchor
         reads = site_reads(q)
         if (spec.name, reads) not in made:
-            nodes = []
-            for part, t in zip(PARTS, store.site_inputs(spec, q)):
-                if t is None or id(t) in placeholder:
-                    nodes.append(placeholder.get(id(t)) if t is not None else None)
-                    continue
-                with graph.inserting_after(anchor):
-                    anchor = graph.placeholder(f"minite_store_{len(extra)}_{part}")
-                anchor._dynamo_source = None  # not a user input: the backend appends it
-                val = fake_mode.from_tensor(t, static_shapes=True) if fake_mode else t
-                anchor.meta["val"] = anchor.meta["example_value"] = val
-                anchor.meta["tensor_dict"] = dict(STATIC_INPUT)
-                extra.append(t)
-                nodes.append(anchor)
-                placeholder[id(t)] = anchor
-            made[spec.name, reads] = tuple(nodes)
+            made[spec.name, reads] = tuple(
+                None if t is None else store_input(t, part)
+                for part, t in zip(PARTS, store.site_inputs(spec, q))
+            )
         return made[spec.name, reads]
 
     store.sites_bound += bind_weight_inputs(graph, sites, inputs)
+    if store.fuse_groups and not torch.is_grad_enabled():
+        extra = _fuse_groups(store, graph, extra, tensor_of, store_input, report)
     graph.lint()
     new_gm = fx.GraphModule(gm, graph)
     new_gm.meta.update(gm.meta)
@@ -67,6 +84,41 @@ def bind_dynamo_graph(store, gm: fx.GraphModule, example_inputs: list):
             setattr(new_gm, attr, getattr(gm, attr))
     new_gm.recompile()
     return new_gm, [*example_inputs, *extra], tuple(extra)
+
+
+def _fuse_groups(store, graph, extra, tensor_of, store_input, report) -> list[torch.Tensor]:
+    """Run each fused group's GEMMs as one (`passes.fuse_group_gemms`), reading the group's
+    buffers as new store placeholders; drop the store placeholders nothing reads any more.
+    Returns the store tensors the graph now appends."""
+    made: dict[tuple, tuple[fx.Node, fx.Node]] = {}
+
+    def layout(codes: fx.Node):
+        t = tensor_of.get(codes)
+        g = store.group_layout(t) if t is not None else None
+        return None if g is None else (g.members, g.position, len(g.members), g.start, g.rows)
+
+    def buffers(members: tuple) -> tuple[fx.Node, fx.Node]:
+        if members not in made:
+            g = store.group_layout(store.entries[members[0]].codes)
+            codes, scales = store_input(g.codes, "codes"), store_input(g.scales, "scales")
+            # after the placeholders, found anew: the first op may be a member's scale view
+            # that an earlier group's fusion erased
+            first_op = next(n for n in graph.nodes if n.op != "placeholder")
+            with graph.inserting_before(first_op):
+                view = graph.call_function(torch.ops.aten.view.dtype, (scales, torch.uint8))
+            view.meta["val"] = scales.meta["val"].view(torch.uint8)
+            made[members] = (codes, view)
+        return made[members]
+
+    store.groups_fused += fuse_group_gemms(graph, layout, buffers, report)
+    kept = []
+    for t in extra:
+        node = next(n for n, v in tensor_of.items() if v is t)
+        if node.users:
+            kept.append(t)
+        else:
+            graph.erase_node(node)
+    return kept
 
 
 def bind_module(store, module: fx.GraphModule) -> None:

@@ -36,6 +36,13 @@ When an entry is rewritten:
   write the entry's tensors in place (a weight's 16x16 RNE quantize: one launch,
   `weight_quantize_kernel.py`, where `configs.LAUNCH` takes it; the global decode, a few bytes,
   is copied).
+Fused groups (a store with fuse_groups, the default of the rollout engines' stores): the members
+of a shared-scale group (q/k/v, gate/up: `QuantizeSpec.group`) that hold packed bytes only are
+made together, as row ranges of ONE codes buffer [N_total, K/2] and ONE scale buffer
+[N_total, K/16] in group order (`group_layout`), so an inference graph can run their GEMMs as
+one (`passes/fuse_group_gemms.py`); each member's entry holds views of them, rewritten in place
+as any entry. Members of different K, dtype or device, or that a graph reads on-grid, are made
+one by one (and not fused).
 Cost: a learner's store keeps the on-grid copy of each such weight between steps (the
 every-call learner keeps it from the forward to the backward only).
 
@@ -46,7 +53,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.fx as fx
@@ -95,6 +102,20 @@ def _watch_optimizer_steps(store: WeightStore) -> None:
     _ON_CHANGE_STORES.add(store)
 
 
+@dataclass(frozen=True)
+class GroupLayout:
+    """Where a fused group member's packed rows lie: `members` (the group, in buffer order),
+    its position there, its first row and row count in the buffers `codes` [N_total, K/2] and
+    `scales` [N_total, K/16] (E4M3)."""
+
+    members: tuple[str, ...]
+    position: int
+    start: int
+    rows: int
+    codes: torch.Tensor
+    scales: torch.Tensor
+
+
 @dataclass
 class StoreEntry:
     """One parameter's quantized forms. codes / scales: packed bytes, or [..., N, 0] when no
@@ -110,6 +131,7 @@ class StoreEntry:
     seen: dict[str, int] = field(default_factory=dict)  # parameter -> version at the last write
     stepped: bool = False  # an optimizer stepped over one of its parameters since
     empty: tuple[torch.Tensor, torch.Tensor] | None = None
+    group_layout: GroupLayout | None = None  # a fused group's member: its rows of the buffers
 
     @property
     def packed(self) -> bool:
@@ -118,8 +140,10 @@ class StoreEntry:
 
 class WeightStore:
     """params: name -> the owner's own parameter tensors (read at every write). hold_ongrid
-    (default: on_change): keep the on-grid copies the bound graphs read. See the module
-    docstring for when entries are rewritten."""
+    (default: on_change): keep the on-grid copies the bound graphs read. fuse_groups (default:
+    not on_change, the rollout engines' stores): lay shared-scale groups out as one buffer and
+    fuse their GEMMs in the graphs bound with no gradient. See the module docstring for when
+    entries are rewritten."""
 
     def __init__(
         self,
@@ -128,16 +152,19 @@ class WeightStore:
         on_change: bool = False,
         model: torch.nn.Module | None = None,
         hold_ongrid: bool | None = None,
+        fuse_groups: bool | None = None,
     ):
         self.params = dict(params)
         self.on_change = on_change
         self.hold_ongrid = on_change if hold_ongrid is None else hold_ongrid
+        self.fuse_groups = (not on_change) if fuse_groups is None else fuse_groups
         self._model = model  # on_change: checked for replaced parameters before every call
         self._names = {id(p): n for n, p in self.params.items()}
         self.entries: dict[str, StoreEntry] = {}
         self.refreshes = 0  # refresh calls that wrote entries
         self.entry_writes = 0  # entries written, creation included
         self.sites_bound = 0
+        self.groups_fused = 0  # group GEMMs run as one, over the graphs bound so far
         self._refresh_graph = None  # CUDA: every entry's write, captured once (`_refresh`)
         self._source = None  # name -> tensor, read instead of the parameters (`refresh`)
         if on_change:
@@ -231,6 +258,8 @@ class WeightStore:
                 f"parameter {spec.name!r} is quantized as {entry.spec} in one graph and as "
                 f"{spec} in another: one weight store entry cannot serve both"
             )
+        if entry is None and self._groupable(spec, want_packed, want_ongrid):
+            entry = self._create_group(spec)
         if (
             entry is None
             or (want_packed and not entry.packed)
@@ -267,6 +296,54 @@ class WeightStore:
                 entry.ongrid = copy
         self._mark_written(entry)
         return entry
+
+    def _groupable(self, spec: QuantizeSpec, want_packed: bool, want_ongrid: bool) -> bool:
+        """Whether `spec`'s group is made as one buffer (see the module docstring)."""
+        group = spec.group
+        if not (self.fuse_groups and len(group) > 1 and spec.name in group):
+            return False
+        if not want_packed or want_ongrid or any(m in self.entries for m in group):
+            return False
+        ws = [self.params[m] for m in group]
+        return all(
+            w.dim() == 2
+            and w.shape[1] == ws[0].shape[1]
+            and w.dtype == ws[0].dtype
+            and w.device == ws[0].device
+            for w in ws
+        )
+
+    def _create_group(self, spec: QuantizeSpec) -> StoreEntry:
+        """Every member of `spec`'s group, quantized (the op the graph runs, with each member's
+        arguments) into row ranges of one codes and one scale buffer; returns `spec`'s entry."""
+        specs = [replace(spec, name=m) for m in spec.group]
+        amaxes: dict = {}
+        outs = [self._quantize(s, amaxes, packed=True, ongrid=False) for s in specs]
+        codes = torch.cat([o[0] for o in outs])
+        scale_dtype = outs[0][1].dtype
+        scales = torch.cat([o[1].view(torch.uint8) for o in outs]).view(scale_dtype)
+        self._refresh_graph = None  # the entries change: capture anew
+        ids = {id(self.params[n]) for n in spec.group}
+        start = 0
+        for pos, (s, (c, _, gd, _)) in enumerate(zip(specs, outs)):
+            n = c.shape[0]
+            layout = GroupLayout(spec.group, pos, start, n, codes, scales)
+            entry = StoreEntry(
+                s, codes[start : start + n], scales[start : start + n], gd, None, set(ids)
+            )
+            entry.group_layout = layout
+            self.entries[s.name] = entry
+            self._mark_written(entry)
+            start += n
+        return self.entries[spec.name]
+
+    def group_layout(self, codes: torch.Tensor) -> GroupLayout | None:
+        """The fused-group layout of the entry whose packed codes are the tensor `codes` (the
+        object a bound graph reads), or None (not a fused group's member)."""
+        for entry in self.entries.values():
+            if entry.codes is codes:
+                return entry.group_layout
+        return None
 
     @torch.no_grad()
     def refresh(self, source: Callable[[str], torch.Tensor] | None = None) -> None:
@@ -359,10 +436,11 @@ class WeightStore:
                 )
 
     # ---- binding graphs (`store_binding.py`) -------------------------------------------------
-    def bind_dynamo_graph(self, gm: fx.GraphModule, example_inputs: list):
+    def bind_dynamo_graph(self, gm: fx.GraphModule, example_inputs: list, report=None):
         """A copy of Dynamo graph `gm` whose weight quantizes read this store, its example
-        inputs, and the store tensors to append to every call (`store_binding.py`)."""
-        return bind_dynamo_graph(self, gm, example_inputs)
+        inputs, and the store tensors to append to every call (`store_binding.py`); `report`
+        (a `LoweringReport`) gets the group GEMM fusion's counts and notes."""
+        return bind_dynamo_graph(self, gm, example_inputs, report)
 
     def bind_module(self, module: fx.GraphModule) -> None:
         """Make an exported program's (unlifted) module read this store (`store_binding.py`)."""

@@ -89,6 +89,37 @@ def test_rms_norm_rows_per_program_keep_the_bits(ik, monkeypatch):
     assert_bitwise_equal(many, ik.rms_norm(x, w, None, 1e-6)[0], "16 rows vs 1 row per program")
 
 
+def test_rms_norm_reads_row_blocks_in_place(ik, monkeypatch):
+    """A fused q/k/v GEMM's q and k viewed as heads ([B, 1, heads, D], rows strided by the
+    GEMM's width): the kernel reads them in place (`runtime.row_blocks`, no copy of x), with the
+    same bits as the contiguous copy; the last program's rows past R masked."""
+    from fp4_compile.codegen.runtime import row_blocks
+
+    g = _gen(3)
+    heads, kv_heads, d = 5, 2, 128
+    qkv = torch.randn(7, 1, (heads + 2 * kv_heads) * d, generator=g).bfloat16()
+    q = qkv[..., : heads * d].view(7, 1, heads, d)
+    k = qkv[..., heads * d : (heads + kv_heads) * d].view(7, 1, kv_heads, d)
+    w = torch.randn(d, generator=g).bfloat16()
+    copies = []
+    contiguous = torch.Tensor.contiguous
+
+    def counting(t, *args, **kwargs):
+        copies.append(not t.is_contiguous())
+        return contiguous(t, *args, **kwargs)
+
+    for name, x in (("q", q), ("k", k)):
+        assert row_blocks(x) == (x.shape[-2], qkv.shape[-1]), name
+        want = ik.rms_norm(x.contiguous(), w, None, 1e-6)[0]
+        copies.clear()
+        with monkeypatch.context() as m:
+            m.setattr(torch.Tensor, "contiguous", counting)
+            got = ik.rms_norm(x, w, None, 1e-6)[0]
+        assert not any(copies), f"{name}: x was copied"
+        assert_bitwise_equal(got, want, f"{name} read in place vs its contiguous copy")
+    assert row_blocks(q.contiguous()) is None and row_blocks(q.transpose(-1, -2)) is None
+
+
 def _qkv(b, t, seed=0, hq=4, hkv=2, d=16):
     g = _gen(seed)
     return tuple(torch.randn(b, h, t, d, generator=g).bfloat16() for h in (hq, hkv, hkv))
