@@ -101,6 +101,7 @@ class RolloutEngine:
         self._pool: PagedKVCache | None = None
         self.programs_built = 0
         self.decode_steps = 0  # decode program calls (one token for every row), all calls
+        self.kv_preemptions = 0  # paged: requests restarted to free pages, all calls
         if not isinstance(cuda_graphs, bool):
             raise TypeError(f"cuda_graphs must be a bool, got {cuda_graphs!r}")
         self.cuda_graphs = cuda_graphs
@@ -410,7 +411,6 @@ class _Slots:
         self.admitted = [0] * program.batch  # the decode step its request was admitted at
         self.waiting = deque(range(len(prompts)))
         self.steps = 0  # decode steps run so far
-        self.preemptions = 0
         self.tokens: list = [None] * len(prompts)
         self.logprobs: list = [None] * len(prompts)
 
@@ -492,7 +492,7 @@ class _Slots:
         self.waiting.appendleft(self.request[slot])
         self.request[slot] = None
         self.pages.release(slot)
-        self.preemptions += 1
+        self.engine.kv_preemptions += 1
 
     def prefill_first(self, count: int) -> None:
         """Requests 0..count-1 into slots 0..count-1, one batched prefill (padded rows: a
