@@ -120,15 +120,18 @@ def _prepared(mask, words, intervals, flag):
 def _attn_setup(ctx, inputs, output):
     q, k, v, q_start, kv_len, mask, causal, scale, *prepared = inputs
     prepared = (list(prepared) + [None] * 4)[:4]  # the defaults, where inputs leave them out
-    if prepared.pop() is not None:
-        raise ValueError("invariant_attention on a paged cache (block_table) has no backward")
+    ctx.paged = prepared.pop() is not None  # a rollout's forward: its backward is refused
     out, lse = output
+    ctx.mark_non_differentiable(lse)
+    if ctx.paged:
+        return
     ctx.save_for_backward(q, k, v, out, lse, q_start, kv_len, mask, *prepared)
     ctx.causal, ctx.scale = causal, scale
-    ctx.mark_non_differentiable(lse)
 
 
 def _attn_backward(ctx, grad_out, grad_lse):
+    if ctx.paged:
+        raise ValueError("invariant_attention on a paged cache (block_table) has no backward")
     q, k, v, out, lse, q_start, kv_len, mask, *prepared = ctx.saved_tensors
     dq, dk, dv = invariant_attention_backward(
         grad_out, q, k, v, out, lse, q_start, kv_len, mask, ctx.causal, ctx.scale, *prepared

@@ -87,8 +87,9 @@ def test_op_opcheck_and_no_backward_through_pages():
     q, pk, pv, table, *_, qs, kl, mask, causal = _case("decode", 4, 2, 16)
     torch.library.opcheck(OP, (q, pk, pv, qs, kl, mask, causal, 0.25, None, None, None, table))
     torch.library.opcheck(GATHER, (pk, table))
+    out, _ = OP(q.requires_grad_(), pk, pv, qs, kl, mask, causal, 0.25, None, None, None, table)
     with pytest.raises(ValueError, match="paged cache .* has no backward"):
-        OP(q.requires_grad_(), pk, pv, qs, kl, mask, causal, 0.25, None, None, None, table)
+        out.sum().backward()  # the forward runs under grad mode; its backward is refused
 
 
 needs_kernels = pytest.mark.skipif(
