@@ -22,10 +22,16 @@ Concurrent requests that fit:
 - by tokens (a slot pool or paged cache: each request holds the slots it has filled): KV tokens
   / the mean request length of the long-tail distribution (prompt + mean response of the
   lognormal of `benchmarks.rollout_long_tail`, capped at the budget);
-- static (batch x max_seq_len, minite's `StaticKVCache` today): KV tokens / (prompt + budget).
+- paged (minite's `RolloutEngine(kv_cache="paged", kv_memory_bytes=...)`, pages of --page
+  tokens): the pool's pages less the scratch page / the mean pages a request holds at its end:
+  ceil((prompt + min(response - 1 + RESERVE_AHEAD, budget - 1)) / page) (the engine reserves a
+  running request's pages up to its next host check; the last sampled token is never written),
+  averaged over draws of the same lognormal (`long_tail_lengths`, seed 0);
+- static (batch x max_seq_len, `RolloutEngine(kv_cache="static")`, the default): KV tokens /
+  (prompt + budget).
 
     python -m benchmarks.kv_capacity [--prompt 1024] [--budget 8192] [--median-frac 0.125]
-        [--sigma 1.0] [--reserve-gib 6]
+        [--sigma 1.0] [--reserve-gib 6] [--page 64]
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ from fp4_compile.models import REAL_SHAPES, build_causal_lm, real_shape_config
 
 CARD_BYTES = 80e9
 MODELS = ("qwen3-8b", "qwen3-30b-a3b")
+# the tokens the engine reserves a running request's pages ahead: its host-check interval
+# (`fp4_compile/rollout/engine.py`, _EOS_CHECK_EVERY; tests/benchmarks/test_kv_capacity.py)
+RESERVE_AHEAD = 8
 
 
 def weight_bytes(name: str) -> dict:
@@ -133,6 +142,18 @@ def mean_response(budget: int, median_frac: float, sigma: float) -> float:
     return below + budget * (1.0 - float(normal.cdf(torch.tensor(a))))
 
 
+def mean_paged_tokens(
+    prompt: int, budget: int, median_frac: float, sigma: float, page: int, draws: int = 200_000
+) -> float:
+    """The mean tokens (whole pages) a paged request holds at its end (module docstring)."""
+    from benchmarks.rollout_long_tail import long_tail_lengths
+
+    lengths = long_tail_lengths(draws, budget, median_frac=median_frac, sigma=sigma, seed=0)
+    resp = torch.as_tensor(lengths, dtype=torch.float64)
+    held = prompt + torch.minimum(resp - 1 + RESERVE_AHEAD, torch.tensor(budget - 1.0))
+    return float((torch.ceil(held / page) * page).mean())
+
+
 FORM_LABEL = {
     "bf16": "BF16 weights",
     "nvfp4": "NVFP4 weights (what the strict step reads)",
@@ -143,7 +164,12 @@ FORM_LABEL = {
 
 def capacity(args) -> dict:
     mean_len = args.prompt + mean_response(args.budget, args.median_frac, args.sigma)
-    out = {"mean_request_tokens": mean_len, "static_request_tokens": args.prompt + args.budget}
+    paged_len = mean_paged_tokens(args.prompt, args.budget, args.median_frac, args.sigma, args.page)
+    out = {
+        "mean_request_tokens": mean_len,
+        "paged_request_tokens": paged_len,
+        "static_request_tokens": args.prompt + args.budget,
+    }
     free_card = CARD_BYTES - args.reserve_gib * 2**30
     for name in MODELS:
         w, kv = weight_bytes(name), kv_bytes_per_token(name)
@@ -156,6 +182,7 @@ def capacity(args) -> dict:
                 "kv_gb": kv_room / 1e9,
                 "kv_tokens": tokens,
                 "requests_by_tokens": int(tokens // mean_len),
+                "requests_paged": int(max(tokens // args.page - 1, 0) * args.page // paged_len),
                 "requests_static": int(tokens // out["static_request_tokens"]),
             }
         out[name] = {"kv_bytes_per_token": kv, "weights": w, "rows": rows}
@@ -170,26 +197,32 @@ def report(res: dict, args, env: dict) -> str:
         f"{args.reserve_gib} GiB reserve; BF16 KV cache. Requests: prompt {args.prompt}, responses "
         f"lognormal (median {args.median_frac} x budget {args.budget}, sigma {args.sigma}, capped): "
         f"mean request {res['mean_request_tokens']:.0f} tokens; static slot = prompt + budget = "
-        f"{res['static_request_tokens']} tokens.",
+        f"{res['static_request_tokens']} tokens; a paged request holds "
+        f"{res['paged_request_tokens']:.0f} tokens on average ({args.page}-token pages, "
+        f"reserved {RESERVE_AHEAD} tokens ahead).",
         "",
         "| model | weights | weights GB | KV GB | KV tokens | requests (by tokens) "
-        "| requests (static batch x max_seq_len) | vs BF16 |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| requests (paged, {args.page}-token pages) "
+        "| requests (static batch x max_seq_len) | vs BF16 (paged) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name in MODELS:
         m = res[name]
-        base = m["rows"]["bf16"]["requests_by_tokens"]
+        base = m["rows"]["bf16"]["requests_paged"]
         for form, r in m["rows"].items():
-            ratio = f"{r['requests_by_tokens'] / base:.2f}x" if base else "-"
+            ratio = f"{r['requests_paged'] / base:.2f}x" if base else "-"
             lines.append(
                 f"| {name} ({m['weights']['layers']} layers, {m['kv_bytes_per_token'] // 1024} KiB "
                 f"KV / token) | {FORM_LABEL[form]} | {r['weights_gb']:.1f} | {r['kv_gb']:.1f} | "
-                f"{r['kv_tokens']:,} | {r['requests_by_tokens']} | {r['requests_static']} | {ratio} |"
+                f"{r['kv_tokens']:,} | {r['requests_by_tokens']} | {r['requests_paged']} | "
+                f"{r['requests_static']} | {ratio} |"
             )
     lines += [
         "",
-        "By tokens is what a slot pool or paged KV cache admits; minite's engine allocates a static "
-        "batch x max_seq_len cache today (the 'static' column). minite's default engine holds the "
+        "By tokens is what an ideal slot pool admits (each request its exact length); paged is "
+        'what `RolloutEngine(kv_cache="paged", kv_memory_bytes=<KV GB>)` admits (whole pages, '
+        'reserved ahead, one scratch page); static is the default `kv_cache="static"` (batch x '
+        "max_seq_len, each row sized for the budget). minite's default engine holds the "
         'BF16 parameters beside the packed store; RolloutEngine(weights="packed") holds the NVFP4 '
         "row's bytes (`RolloutEngine.weight_bytes()`).",
     ]
@@ -203,9 +236,12 @@ def main() -> None:
     parser.add_argument("--median-frac", type=float, default=0.125)
     parser.add_argument("--sigma", type=float, default=1.0)
     parser.add_argument("--reserve-gib", type=float, default=6.0)
+    parser.add_argument("--page", type=int, default=64, help="paged cache: tokens per page")
     args = parser.parse_args()
     if args.prompt < 1 or args.budget < 1 or not 0 < args.median_frac <= 1 or args.sigma <= 0:
         raise ValueError("--prompt, --budget >= 1; 0 < --median-frac <= 1; --sigma > 0")
+    if args.page < 1:
+        raise ValueError(f"--page must be >= 1, got {args.page}")
     env = environment()
     res = capacity(args)
     text = report(res, args, env)

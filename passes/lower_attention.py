@@ -17,11 +17,13 @@ refused with a clear error.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 
 from ..recipe import NVFP4Recipe
-from .graph_utils import erase_dead, fake, insert_call, module_path, traced_float
+from .graph_utils import erase_dead, fake, insert_call, module_path, size_arg, traced_float
 from .patterns import is_op, is_sdpa, scalar_arg
 from .report import LoweringReport
 from .targets import emit_attention
@@ -87,6 +89,36 @@ def drop_repeat_kv(graph: fx.Graph, node: fx.Node, t, report: LoweringReport, de
     return heads
 
 
+def _is_shape_view(n) -> bool:
+    """A view that can keep a tensor's shape and layout: squeeze / unsqueeze / alias, a slice,
+    or indexing with full slices and None only (`x[:, :, None]`)."""
+    if is_op(n, functions=(operator.getitem,)):
+        index = n.args[1] if isinstance(n.args[1], tuple) else (n.args[1],)
+        return all(i is None or i is Ellipsis or i == slice(None) for i in index)
+    return is_op(
+        n,
+        functions=(torch.squeeze, torch.unsqueeze),
+        methods=("squeeze", "unsqueeze"),
+        overloads=(aten.squeeze, aten.unsqueeze, aten.slice, aten.alias),
+    )
+
+
+def paged_source(t, gather_op) -> tuple | None:
+    """(pool, block_table, nodes) if `t` is a paged cache's layer, `gather_op(pool, block_table)`
+    (`fp4_compile::gather_kv_pages`), seen through views that end in its own shape (so no key is
+    dropped or moved); `nodes`: the gather and those views. Else None."""
+    chain = []
+    while _is_shape_view(t):
+        chain.append(t)
+        t = t.args[0]
+    if not (isinstance(t, fx.Node) and t.op == "call_function" and t.target == gather_op):
+        return None
+    tv, first = fake(t), fake(chain[0] if chain else t)
+    if tv is None or first is None or tuple(tv.shape) != tuple(first.shape):
+        return None
+    return t.args[0], t.args[1], [*chain, t]
+
+
 def _static_scale(scale, q, where: str):
     """The softmax scale as a Python float. Under automatic dynamic shapes Dynamo may turn the
     model's float attribute into a symbolic value; only the default D**-0.5 is accepted then
@@ -149,7 +181,32 @@ def lower_attention(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringRep
         dead: list = []
         k = drop_repeat_kv(graph, node, k, report, dead)
         v = drop_repeat_kv(graph, node, v, report, dead)
-        new = emit_attention(graph, node, q, k, v, mask, bool(is_causal), scale)
+        gather = torch.ops.fp4_compile.gather_kv_pages.default
+        paged_k, paged_v = paged_source(k, gather), paged_source(v, gather)
+        if paged_k is not None and paged_v is not None and paged_k[1] is paged_v[1]:
+            tk = fake(k).shape[2]
+            if not isinstance(tk, int):  # the table's width x the page size, from the graph
+                width, page = (
+                    size_arg(graph, t, dim, before=node)
+                    for t, dim in ((paged_k[1], 1), (paged_k[0], 2))
+                )
+                tk = insert_call(graph, operator.mul, (width, page), before=node, like=node)
+            dead.extend(paged_k[2] + paged_v[2])
+            report.count("paged_attention")
+            new = emit_attention(
+                graph,
+                node,
+                q,
+                paged_k[0],
+                paged_v[0],
+                mask,
+                bool(is_causal),
+                scale,
+                block_table=paged_k[1],
+                tk=tk,
+            )
+        else:
+            new = emit_attention(graph, node, q, k, v, mask, bool(is_causal), scale)
         node.replace_all_uses_with(new)
         graph.erase_node(node)
         erase_dead(graph, dead)

@@ -217,19 +217,30 @@ def _size_key(size) -> object:
     return size.node.expr if isinstance(size, torch.SymInt) else int(size)
 
 
-def _attention_lengths(graph, node, q, k) -> tuple[fx.Node, fx.Node]:
+def _val(size):
+    """A size given as an int, a SymInt or a graph node (its traced value)."""
+    return size.meta["val"] if isinstance(size, fx.Node) else size
+
+
+def _attention_lengths(graph, node, q, k, tk=None) -> tuple[fx.Node, fx.Node]:
     """(q_start, kv_len): int64 [B] zeros and [B] Tk, ONE pair per graph for every attention of
     the same batch B, key length Tk and device (every layer's: one set of kernels per step). The
     first attention's pair is inserted before it; the pass walks the graph in order, so the
-    pair precedes (dominates) every later attention that reuses it."""
-    qv, kv = fake(q), fake(k)
-    key = (_size_key(qv.shape[0]), _size_key(kv.shape[2]), qv.device)
+    pair precedes (dominates) every later attention that reuses it. tk: Tk given (a paged
+    cache's, whose k is a page pool), else k's length."""
+    qv = fake(q)
+    key = (
+        _size_key(qv.shape[0]),
+        _size_key(fake(k).shape[2] if tk is None else _val(tk)),
+        qv.device,
+    )
     made = graph._minite_attention_lengths = getattr(graph, "_minite_attention_lengths", {})
     if key in made:
         return made[key]
     aten = torch.ops.aten
     b = insert_call(graph, aten.sym_size.int, (q, 0), before=node, like=node)
-    tk = insert_call(graph, aten.sym_size.int, (k, 2), before=node, like=node)
+    if tk is None:
+        tk = insert_call(graph, aten.sym_size.int, (k, 2), before=node, like=node)
     pair = tuple(
         insert_call(
             graph,
@@ -245,19 +256,21 @@ def _attention_lengths(graph, node, q, k) -> tuple[fx.Node, fx.Node]:
     return pair
 
 
-def _attention_mask_args(graph, node, mask, q, k) -> tuple[fx.Node, fx.Node, fx.Node]:
+def _attention_mask_args(graph, node, mask, q, k, tk=None) -> tuple[fx.Node, fx.Node, fx.Node]:
     """(words, intervals, flag): `fp4_compile::invariant_attention_mask_args(mask, Tq, Tk)`, ONE
     per graph for every attention of the same mask node, Tq and Tk (every layer's: the mask is
     prepared once per step, not once per layer). Inserted before the first such attention,
-    which it therefore precedes, with every later one (`_attention_lengths`)."""
-    sizes = (fake(q).shape[2], fake(k).shape[2])
-    key = (mask, *(_size_key(s) for s in sizes))
+    which it therefore precedes, with every later one (`_attention_lengths`). tk: as there."""
+    sizes = (fake(q).shape[2], fake(k).shape[2] if tk is None else tk)
+    key = (mask, *(_size_key(_val(s)) for s in sizes))
     made = graph._minite_attention_mask_args = getattr(graph, "_minite_attention_mask_args", {})
     if key in made:
         return made[key]
     aten = torch.ops.aten
     dims = [
-        s if isinstance(s, int) else insert_call(graph, aten.sym_size.int, (t, 2), before=node)
+        s
+        if isinstance(s, (int, fx.Node))
+        else insert_call(graph, aten.sym_size.int, (t, 2), before=node)
         for s, t in zip(sizes, (q, k))
     ]
     args = insert_call(
@@ -269,13 +282,17 @@ def _attention_mask_args(graph, node, mask, q, k) -> tuple[fx.Node, fx.Node, fx.
     return made[key]
 
 
-def emit_attention(graph, node, q, k, v, mask, is_causal: bool, scale):
+def emit_attention(
+    graph, node, q, k, v, mask, is_causal: bool, scale, *, block_table=None, tk=None
+):
     """Invariant attention over all Tk keys: causal from position 0 (sdpa's top-left causal),
     or the boolean mask; a BF16 q (cast if needed), output back in q's dtype. k and v go in as
     they are (FP32 ones are rounded to BF16 inside the op, so that the GQA group sum of their
     gradients rounds once, to their own dtype), with Hkv heads (read in place by the op). A
     mask's kernel arguments come from one `invariant_attention_mask_args` per graph
-    (`_attention_mask_args`), like the lengths (`_attention_lengths`)."""
+    (`_attention_mask_args`), like the lengths (`_attention_lengths`). block_table (a paged
+    cache): k and v are page pools, the op reads sequence b's keys through block_table[b];
+    tk is then the keys' length (the table's width x the page size: an int or a graph node)."""
     qv = fake(q)
     out_dtype = qv.dtype
     if scale is None:
@@ -292,11 +309,13 @@ def emit_attention(graph, node, q, k, v, mask, is_causal: bool, scale):
         like=node,
         kwargs={"memory_format": torch.contiguous_format},
     )
-    q_start, kv_len = _attention_lengths(graph, node, q, k)
+    q_start, kv_len = _attention_lengths(graph, node, q, k, tk)
     causal = bool(is_causal and mask is None)
     args = (qb, kb, vb, q_start, kv_len, mask, causal, float(scale))
     if mask is not None:  # the mask's kernel arguments, made once per graph
-        args += _attention_mask_args(graph, node, mask, q, k)
+        args += _attention_mask_args(graph, node, mask, q, k, tk)
+    if block_table is not None:
+        args += (None,) * (11 - len(args)) + (block_table,)
     both = insert_call(graph, _ops().invariant_attention.default, args, before=node, like=node)
     out = insert_call(graph, operator.getitem, (both, 0), before=node, like=node)
     return _cast(graph, node, out, out_dtype, node)

@@ -4,7 +4,7 @@ in `invariant/api.py` (the public API).
 Shape legend: B sequences, Hq / Hkv heads, G = Hq / Hkv, Tq queries, Tk keys, D head dim.
 
 - invariant_attention(q, k, v, q_start, kv_len, mask, causal, scale, mask_words=None,
-  mask_intervals=None, mask_flag=None) -> (out, lse);
+  mask_intervals=None, mask_flag=None, block_table=None) -> (out, lse);
   invariant_attention_backward(...) -> (dq, dk, dv)
 The trailing three: `fp4_compile::invariant_attention_mask_args(mask, Tq, Tk)`'s outputs, made
 once per graph for every attention of that mask (`passes/targets.py`); given, the CUDA path
@@ -17,6 +17,10 @@ be FP32 where q is BF16 / FP16 (a model held in FP32): they are rounded to q's d
 op, so the backward's group sum of dK / dV rounds once, to k's own dtype. The backward computes
 dK, dV per query head and sums each group in a fixed order (`reference.kv_group_sum`), the bits
 of the repeat-then-attend lowering it replaces.
+block_table (the rollout's paged KV cache, forward only): k and v are page pools
+[num_pages, Hkv, PAGE, D] and block_table [B, P] int names each sequence's pages in order
+(`kv_pages.py`); the kernel reads the pages in place, the CPU path gathers them into the
+contiguous [B, Hkv, P * PAGE, D] layout first (the same keys: the same bits).
 CPU: `invariant/reference.py` (invariant by construction). CUDA: the Triton kernel of
 `invariant/attention_kernel.py` (imported lazily); the backward two Triton launches
 (`attention_backward_kernel`) and the group sum.
@@ -27,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from . import reference as cpu
+from .kv_pages import gather_pages
 
 _LIB = "fp4_compile"
 
@@ -44,6 +49,7 @@ def invariant_attention(
     mask_words: torch.Tensor | None = None,
     mask_intervals: torch.Tensor | None = None,
     mask_flag: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     k, v = k.to(q.dtype), v.to(q.dtype)  # FP32 k, v (a model held in FP32): rounded here
     prepared = _prepared(mask, mask_words, mask_intervals, mask_flag)
@@ -51,15 +57,17 @@ def invariant_attention(
         from . import attention_kernel  # lazy: imports triton
 
         out, lse = attention_kernel.attention(
-            q, k, v, q_start, kv_len, mask, causal, scale, prepared=prepared
+            q, k, v, q_start, kv_len, mask, causal, scale, prepared, block_table
         )
     else:
+        if block_table is not None:  # the reference reads the contiguous layout
+            k, v = gather_pages(k, block_table), gather_pages(v, block_table)
         out, lse = cpu.attention(q, k, v, q_start, kv_len, mask, causal, scale)
     return out.contiguous(), lse.contiguous()  # the fake promises contiguous outputs
 
 
 @invariant_attention.register_fake
-def _(q, k, v, q_start, kv_len, mask, causal, scale, *prepared):
+def _(q, k, v, q_start, kv_len, mask, causal, scale, *prepared_and_table):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -111,19 +119,24 @@ def _prepared(mask, words, intervals, flag):
 
 def _attn_setup(ctx, inputs, output):
     q, k, v, q_start, kv_len, mask, causal, scale, *prepared = inputs
-    prepared = (list(prepared) + [None] * 3)[:3]  # the defaults, where inputs leave them out
+    prepared = (list(prepared) + [None] * 4)[:4]  # the defaults, where inputs leave them out
+    ctx.paged = prepared.pop() is not None  # a rollout's forward: its backward is refused
     out, lse = output
+    ctx.mark_non_differentiable(lse)
+    if ctx.paged:
+        return
     ctx.save_for_backward(q, k, v, out, lse, q_start, kv_len, mask, *prepared)
     ctx.causal, ctx.scale = causal, scale
-    ctx.mark_non_differentiable(lse)
 
 
 def _attn_backward(ctx, grad_out, grad_lse):
+    if ctx.paged:
+        raise ValueError("invariant_attention on a paged cache (block_table) has no backward")
     q, k, v, out, lse, q_start, kv_len, mask, *prepared = ctx.saved_tensors
     dq, dk, dv = invariant_attention_backward(
         grad_out, q, k, v, out, lse, q_start, kv_len, mask, ctx.causal, ctx.scale, *prepared
     )
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 invariant_attention.register_autograd(_attn_backward, setup_context=_attn_setup)

@@ -67,6 +67,21 @@ def _attend_block(
 
 
 @triton.jit
+def _key_block_base(
+    kv_base, n0, bt_ptr, b64, sbt, spage, skt, PAGED: tl.constexpr, PAGE: tl.constexpr
+):
+    """The offset that `_attend_block` adds to `j * skt` for the key block starting at n0: the
+    sequence's own cache (kv_base), or (PAGED) the page of the block table holding keys
+    [n0, n0 + BLOCK_N) (PAGE a multiple of BLOCK_N: a block never straddles two pages), its
+    slot n0 % PAGE. The same keys, in the same blocks and order, as the contiguous layout."""
+    base = kv_base
+    if PAGED:
+        page = tl.load(bt_ptr + b64 * sbt + n0 // PAGE).to(tl.int64)  # int64: pool offsets
+        base = page * spage + kv_base + (n0 % PAGE - n0) * skt
+    return base
+
+
+@triton.jit
 def _attention_kernel(
     q_ptr,
     k_ptr,
@@ -78,6 +93,7 @@ def _attention_kernel(
     m_ptr,
     iv_ptr,
     ivf_ptr,
+    bt_ptr,
     sqb,
     sqh,
     sqt,
@@ -90,6 +106,8 @@ def _attention_kernel(
     smb,
     smh,
     smt,
+    sbt,
+    spage,
     Tq,
     G,
     scale,
@@ -99,6 +117,8 @@ def _attention_kernel(
     D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE: tl.constexpr,
 ):
     # int64 offsets (codegen/runtime.py) only where a tensor can pass 2**31 elements: each
     # sequence's base (a batch-256 x 8k-slot cache layer is 2.1e9); offsets inside one
@@ -167,7 +187,7 @@ def _attention_kernel(
                     q,
                     k_ptr,
                     v_ptr,
-                    kv_base,
+                    _key_block_base(kv_base, n0, bt_ptr, b64, sbt, spage, skt, PAGED, PAGE),
                     skt,
                     j,
                     key_live,
@@ -205,7 +225,7 @@ def _attention_kernel(
                     q,
                     k_ptr,
                     v_ptr,
-                    kv_base,
+                    _key_block_base(kv_base, n0, bt_ptr, b64, sbt, spage, skt, PAGED, PAGE),
                     skt,
                     j,
                     key_live,
@@ -243,7 +263,7 @@ def _attention_kernel(
                 q,
                 k_ptr,
                 v_ptr,
-                kv_base,
+                _key_block_base(kv_base, n0, bt_ptr, b64, sbt, spage, skt, PAGED, PAGE),
                 skt,
                 j,
                 key_live,
@@ -276,14 +296,21 @@ def positions_arg(t: torch.Tensor, name: str) -> torch.Tensor:
     return t.contiguous()
 
 
-def attention(q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float, prepared=None):
+def attention(
+    q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float, prepared=None, block_table=None
+):
     """(out, lse) of `reference.attention`. One program per (row block, sequence, KV head): its
     rows are the G query heads of the group (row = query * G + head), so each KV head is read
     in place, once per row block, never copied per query head; its key loop ends at the block
     holding the last key its rows see (kv_len, causal, an interval mask: in decode, the filled
     part of the sequence's cache), from key 0 in fixed BLOCK_N blocks as in the learner.
     prepared: the mask's (words, intervals, flag) from `invariant_attention_mask_args` (made
-    once per graph), else None: `attention_masks.mask_args` prepares them here."""
+    once per graph), else None: `attention_masks.mask_args` prepares them here.
+    block_table: int32/int64 [B, P] for a paged cache: k and v are then page pools
+    [num_pages, Hkv, PAGE, D] and sequence b's key j lives in page block_table[b, j // PAGE],
+    slot j % PAGE; the kernel reads the pages where they are (no gathered copy), in the same
+    BLOCK_N blocks from key 0 (PAGE must be a multiple of BLOCK_N), so the same bits as the
+    contiguous [B, Hkv, P * PAGE, D] cache."""
     check_kernel_device(q, "q")
     b, hq, tq, d = q.shape
     hkv = k.shape[1]
@@ -301,18 +328,40 @@ def attention(q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float, pr
     interp = interpreting()
     out = torch.empty(q.shape, dtype=torch.float32 if interp else q.dtype, device=q.device)
     lse = torch.empty((b, hq, tq), dtype=torch.float32, device=q.device)
+    if block_table is None:
+        tk, page, paged_args = k.shape[2], cfg.block_n, (kv_len_B, 0, 0)
+        kv_strides = k.stride()[:3]
+    else:
+        page = k.shape[2]
+        if page % cfg.block_n or block_table.dim() != 2 or block_table.shape[0] != b:
+            raise ValueError(
+                f"a paged cache needs pages of a multiple of the key block {cfg.block_n} and a "
+                f"[B={b}, P] block table, got pages of {page}, table {tuple(block_table.shape)}"
+            )
+        tk = block_table.shape[1] * page
+        paged_args = (block_table, block_table.stride(0), k.stride(0))
+        kv_strides = (0, *k.stride()[1:3])  # no per-sequence base: the table places the pages
     if mask is not None:
-        mask_arg, (smb, smh), iv, iv_ok = mask_args(mask, b, hq, tq, k.shape[2], prepared)
+        mask_arg, (smb, smh), iv, iv_ok = mask_args(mask, b, hq, tq, tk, prepared)
         sm = (smb, smh, mask_arg.shape[1])
     else:
         sm, mask_arg, iv, iv_ok = (0, 0, 0), q, lse, lse
     grid = (triton.cdiv(tq * g, cfg.block_m), b, hkv)
     positions = (positions_arg(q_start_B, "q_start"), positions_arg(kv_len_B, "kv_len"))
-    # the (batch, head, token) strides of q, of k and v, of out, then the mask rows'
-    strides = (*q.stride()[:3], *k.stride()[:3], *out.stride()[:3], *sm)
-    args = (q, k, v, out, lse, *positions, mask_arg, iv, iv_ok, *strides, tq, g, scale)
+    # the (batch, head, token) strides of q, of k and v, of out, then the mask rows', then the
+    # block table's row and the pool's page strides
+    strides = (*q.stride()[:3], *kv_strides, *out.stride()[:3], *sm, *paged_args[1:])
+    args = (q, k, v, out, lse, *positions, mask_arg, iv, iv_ok, paged_args[0], *strides)
     flags = {"CAUSAL": causal, "HAS_MASK": mask is not None, "DOT": dot_dtype(), "D": d}
+    flags |= {"PAGED": block_table is not None, "PAGE": page}
     _attention_kernel[grid](
-        *args, **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **cfg.launch_kwargs()
+        *args,
+        tq,
+        g,
+        scale,
+        **flags,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        **cfg.launch_kwargs(),
     )
     return out.to(q.dtype), lse

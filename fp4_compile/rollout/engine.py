@@ -7,6 +7,7 @@ Shape legend: B requests, L prompt length (padded), S_max cache slots, V vocabul
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -24,6 +25,8 @@ from .packed_weights import (
     release_stored,
     update_packed,
 )
+from .paged_kv_cache import PageAllocator, PagedKVCache
+from .paged_options import PagedOptions, check_kv_cache_options, paged_cache
 from .sampling import request_keys
 from .step import RolloutStep
 from .weight_store import WeightStore
@@ -60,6 +63,20 @@ class RolloutEngine:
     into the store. The same bits either way; `weight_bytes()` says what the engine holds.
     Refused: compile=False, a recipe with quantize=False, and the learner's own module (build
     the engine on a copy).
+
+    KV memory: kv_cache="static" (the default) holds [bucket, H_kv, max_seq_len, D] per layer
+    per batch bucket. kv_cache="paged" sizes it in tokens (`paged_kv_cache.py`): one pool of
+    pages of kv_page_size slots (a multiple of the attention's key block; default 64), shared
+    by every bucket, of kv_tokens tokens or as many pages as kv_memory_bytes holds (give one).
+    A request gets pages as it grows (at the host check every `_EOS_CHECK_EVERY` tokens, for
+    the tokens up to the next one) and frees them when it finishes; a waiting request is
+    admitted only when the free pages hold its prompt and those tokens; a running request that
+    cannot grow preempts the youngest running request (its pages freed, itself requeued first:
+    it restarts from its prompt with the same seed, so its bits are unchanged; never a silent
+    truncation); a request that could not fit even alone is refused before any work, naming
+    the setting. The attention reads the pages in place, in the same key blocks from key 0 as
+    the static cache: every request's tokens and log-probs are the static cache's, bitwise.
+    Model engines only (an exported artifact's step takes the static cache).
     """
 
     def __init__(
@@ -74,11 +91,17 @@ class RolloutEngine:
         expected_fingerprint: str | None = None,
         cuda_graphs: bool = False,
         weights: str = "bf16+packed",
+        kv_cache: str = "static",
+        kv_tokens: int | None = None,
+        kv_memory_bytes: int | None = None,
+        kv_page_size: int = 64,
     ):
         self._programs: dict[tuple, DecodeProgram] = {}
-        self._caches: dict[int, StaticKVCache] = {}
+        self._caches: dict[int, StaticKVCache | PagedKVCache] = {}
+        self._pool: PagedKVCache | None = None
         self.programs_built = 0
         self.decode_steps = 0  # decode program calls (one token for every row), all calls
+        self.kv_preemptions = 0  # paged: requests restarted to free pages, all calls
         if not isinstance(cuda_graphs, bool):
             raise TypeError(f"cuda_graphs must be a bool, got {cuda_graphs!r}")
         self.cuda_graphs = cuda_graphs
@@ -106,6 +129,15 @@ class RolloutEngine:
             if self.model is not None:
                 check_not_learner(self.model)
             self._release_stored()  # an artifact's store is filled: bound at construction
+        self.paged: PagedOptions | None = check_kv_cache_options(
+            kv_cache,
+            kv_tokens=kv_tokens,
+            kv_memory_bytes=kv_memory_bytes,
+            page_size=kv_page_size,
+            device=self.device,
+            from_artifact=self.model is None,
+            bytes_per_token=self._kv_bytes_per_token(),
+        )
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError(
                 f"cuda_graphs=True needs a CUDA device, the engine runs on {self.device}"
@@ -197,11 +229,17 @@ class RolloutEngine:
         that still holds its storage (all of them with weights="bf16+packed")."""
         return held_weight_bytes(self._params, self.weight_store)
 
-    def kv_cache_bytes(self, bucket: int) -> int:
-        """Bytes of the static KV cache of one batch bucket (keys and values, every layer)."""
+    def _kv_bytes_per_token(self) -> int:
+        """Bytes one token's keys and values take (every layer)."""
         elem = torch.empty((), dtype=self.dtype).element_size()
-        per_layer = bucket * self.num_kv_heads * self.max_seq_len * self.head_dim * elem
-        return 2 * self.num_layers * per_layer
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+    def kv_cache_bytes(self, bucket: int) -> int:
+        """Bytes of the static KV cache of one batch bucket (keys and values, every layer); with
+        kv_cache="paged", of the one page pool (every bucket shares it; scratch page included)."""
+        if self.paged is not None:
+            return self.paged.num_pages * self.paged.page_size * self._kv_bytes_per_token()
+        return bucket * self.max_seq_len * self._kv_bytes_per_token()
 
     def _check_cache_fits(self, bucket: int) -> None:
         """Refuse, before any work, a cache the device cannot hold (naming the shape and the
@@ -210,6 +248,12 @@ class RolloutEngine:
             return
         need = self.kv_cache_bytes(bucket)
         free, _total = torch.cuda.mem_get_info(self.device)
+        if need > free and self.paged is not None:
+            raise ValueError(
+                f"the paged KV cache ({self.paged.num_pages} pages of {self.paged.page_size} "
+                f"tokens) needs {need / 2**30:.2f} GiB; {free / 2**30:.2f} GiB are free on "
+                f"{self.device}: lower kv_tokens or kv_memory_bytes"
+            )
         if need > free:
             raise ValueError(
                 f"the KV cache of batch {bucket} x max_seq_len {self.max_seq_len} "
@@ -218,8 +262,15 @@ class RolloutEngine:
                 f"{self.device}: lower max_batch or max_seq_len"
             )
 
-    def _cache(self, bucket: int) -> StaticKVCache:
-        if bucket not in self._caches:
+    def _cache(self, bucket: int) -> StaticKVCache | PagedKVCache:
+        if bucket in self._caches:
+            return self._caches[bucket]
+        if self.paged is not None:  # one pool for every bucket; a block table per bucket
+            if self._pool is None:
+                self._check_cache_fits(bucket)
+                self._pool = paged_cache(self, self.paged, rows=bucket)
+            self._caches[bucket] = paged_cache(self, self.paged, rows=bucket, pool=self._pool)
+        else:
             self._check_cache_fits(bucket)
             self._caches[bucket] = StaticKVCache(
                 num_layers=self.num_layers,
@@ -257,6 +308,10 @@ class RolloutEngine:
         """The compiled step on `cache`, or (rows = slice) on those rows of it: views of each
         layer's K/V rows, written in place (a prefill into the slots of a running bucket)."""
         tensors = [t for pair in zip(cache.keys, cache.values) for t in pair]
+        if isinstance(cache, PagedKVCache):  # the pools whole, the rows' block table
+            table = cache.block_table if rows is None else cache.block_table[rows]
+            with no_silent_eager_fallback():
+                return self.step(ids_BT, positions_BT, kv_len_B, *tensors, block_table=table)
         if rows is not None:
             tensors = [t[rows] for t in tensors]
         with no_silent_eager_fallback():
@@ -311,10 +366,15 @@ class RolloutEngine:
         program = self._program(bucket, sampling)  # before the prefill: a capture warms it
         cache = self._cache(bucket)
         keys = request_keys(seeds, self.device)
-        for t in (*cache.keys, *cache.values):  # as a fresh cache: no slot holds an old call's
-            t.zero_()
+        pages = None
+        if self.paged is not None:  # pages are handed out afresh; stale ones are never visible
+            pages = PageAllocator(cache)
+            self.paged.check_requests(prompts, budgets, pages)
+        else:
+            for t in (*cache.keys, *cache.values):  # a fresh cache: no slot holds an old call's
+                t.zero_()
         program.start(eos_token_id)
-        run = _Slots(self, program, cache, prompts, budgets, keys, sampling)
+        run = _Slots(self, program, cache, prompts, budgets, keys, sampling, pages)
         run.prefill_first(min(num, bucket))
         if self.weights == "packed":  # the first compile filled the store
             self._release_stored()
@@ -322,8 +382,9 @@ class RolloutEngine:
         # host syncs at the next budget's end, and with an EOS id every _EOS_CHECK_EVERY tokens.
         while run.running():
             todo = run.steps_to_next_end()
-            if eos_token_id is not None:
+            if eos_token_id is not None or pages is not None:
                 todo = min(todo, _EOS_CHECK_EVERY)
+            run.reserve(todo)  # paged: every running row's pages for these tokens
             for _ in range(todo):
                 program()
             run.steps += todo
@@ -338,20 +399,26 @@ class RolloutEngine:
 
 class _Slots:
     """The host side of one continuously batched generate call: which request runs in which row
-    (slot) of the bucket, when each one's budget ends, the waiting queue, the finished results."""
+    (slot) of the bucket, when each one's budget ends, the waiting queue, the finished results;
+    with a paged cache (`pages`, a `PageAllocator`), each row's pages."""
 
-    def __init__(self, engine, program, cache, prompts, budgets, keys, sampling):
+    def __init__(self, engine, program, cache, prompts, budgets, keys, sampling, pages=None):
         self.engine, self.program, self.cache = engine, program, cache
         self.prompts, self.budgets, self.keys, self.sampling = prompts, budgets, keys, sampling
+        self.pages = pages
         self.request = [None] * program.batch  # the request index each slot runs, or None
         self.ends = [0] * program.batch  # the decode step after which its budget is spent
-        self.waiting = iter(range(len(prompts)))
+        self.admitted = [0] * program.batch  # the decode step its request was admitted at
+        self.waiting = deque(range(len(prompts)))
         self.steps = 0  # decode steps run so far
         self.tokens: list = [None] * len(prompts)
         self.logprobs: list = [None] * len(prompts)
 
     def running(self) -> bool:
-        return any(r is not None for r in self.request)
+        if any(r is not None for r in self.request):
+            return True
+        assert not self.waiting, "a request waits with every slot idle (checked up front)"
+        return False
 
     def steps_to_next_end(self) -> int:
         return min(self.ends[s] for s, r in enumerate(self.request) if r is not None) - self.steps
@@ -369,13 +436,71 @@ class _Slots:
             torch.tensor(budgets, device=device),
         )
         for s, i, b in zip(slots, requests, budgets):
-            self.request[s], self.ends[s] = i, self.steps + b - 1
+            self.request[s], self.ends[s], self.admitted[s] = i, self.steps + b - 1, self.steps
+
+    def _tokens(self, i: int, ahead: int) -> int:
+        """Positions request i (admitted now, or `ahead` decode steps from its admission) writes:
+        its prompt, then one per decode step, at most budget - 1 of them."""
+        return len(self.prompts[i]) + min(ahead, self.budgets[i] - 1)
+
+    def _next_fits(self, slot: int) -> bool:
+        """Paged: whether the next waiting request gets its pages in `slot` (for its prompt and
+        the tokens to the next host check), taking them if so. Static: always."""
+        if self.pages is None:
+            return True
+        tokens = self._tokens(self.waiting[0], _EOS_CHECK_EVERY)
+        if not self.pages.can_grow(slot, tokens):
+            return False
+        self.pages.grow(slot, tokens)
+        return True
+
+    def _take_waiting(self, slots) -> list[tuple[int, int]]:
+        """(slot, request) pairs for the free `slots`, in queue order, while the pages last."""
+        pairs = []
+        for s in slots:
+            if not self.waiting or not self._next_fits(s):
+                break
+            pairs.append((s, self.waiting.popleft()))
+        if self.pages is not None:
+            self.pages.flush()
+        return pairs
+
+    def reserve(self, todo: int) -> None:
+        """Paged: pages for every running row's next `todo` decode steps, oldest request first;
+        a row that cannot grow preempts the youngest running request (perhaps itself): its
+        pages are freed, its row idles, and it goes back to the front of the queue (it restarts
+        from its prompt with the same seed: the same bits)."""
+        if self.pages is None:
+            return
+        for s in sorted(self._running_slots(), key=lambda s: self.admitted[s]):
+            if self.request[s] is None:  # preempted while making room for an older row
+                continue
+            tokens = self._tokens(self.request[s], self.steps + todo - self.admitted[s])
+            while not self.pages.can_grow(s, tokens):
+                self._preempt(max(self._running_slots(), key=lambda r: (self.admitted[r], r)))
+                if self.request[s] is None:
+                    break
+            else:
+                self.pages.grow(s, tokens)
+        self.pages.flush()
+
+    def _running_slots(self) -> list[int]:
+        return [s for s, r in enumerate(self.request) if r is not None]
+
+    def _preempt(self, slot: int) -> None:
+        self.program.finished[slot] = True
+        self.waiting.appendleft(self.request[slot])
+        self.request[slot] = None
+        self.pages.release(slot)
+        self.engine.kv_preemptions += 1
 
     def prefill_first(self, count: int) -> None:
         """Requests 0..count-1 into slots 0..count-1, one batched prefill (padded rows: a
-        one-token prompt; rows never interact, so they change no bit, and stay idle)."""
+        one-token prompt; rows never interact, so they change no bit, and stay idle). Paged: as
+        many of them as the pages hold."""
         engine, bucket = self.engine, self.program.batch
-        requests = [next(self.waiting) for _ in range(count)]
+        requests = [i for _, i in self._take_waiting(range(count))]
+        count = len(requests)
         width = max(len(self.prompts[i]) for i in requests)
         ids = torch.zeros((bucket, width), dtype=torch.long)
         lengths = torch.ones(bucket, dtype=torch.long)
@@ -396,7 +521,7 @@ class _Slots:
         """The next waiting requests into `slots` (free rows of the running bucket): each
         prefilled alone (batch 1) into its slot's cache rows, then all admitted at once."""
         engine, device = self.engine, self.engine.device
-        pairs = [(s, i) for s, i in zip(slots, self.waiting)]
+        pairs = self._take_waiting(slots)
         if not pairs:
             return
         firsts, logps = [], []
@@ -421,6 +546,8 @@ class _Slots:
         state = torch.stack((program.finished.to(torch.int64), program.n)).cpu()
         done = [s for s, r in enumerate(self.request) if r is not None and bool(state[0, s])]
         if not done:
+            if self.pages is not None and self.waiting:  # slots a preemption or a full pool left
+                self._prefill_into([s for s, r in enumerate(self.request) if r is None])
             return
         counts = [int(state[1, s]) for s in done]
         rows = torch.tensor(done, device=program.n.device)
@@ -432,4 +559,8 @@ class _Slots:
             self.tokens[i] = tokens[j, :count].tolist()
             self.logprobs[i] = logps[j, :count].clone()
             self.request[s] = None
+            if self.pages is not None:
+                self.pages.release(s)
+        if self.pages is not None:  # also the slots a full pool left idle before
+            done = [s for s, r in enumerate(self.request) if r is None]
         self._prefill_into(done)

@@ -19,6 +19,7 @@ import inspect
 import torch
 
 from .kv_cache import StaticKVCache, attention_mask_4d
+from .paged_kv_cache import PagedKVCache
 
 
 def _cache_kwarg(module: torch.nn.Module) -> str:
@@ -43,13 +44,18 @@ class RolloutStep(torch.nn.Module):
         cfg = getattr(model.config, "text_config", None) or model.config
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
 
-    def forward(self, input_ids_BT, positions_BT, kv_len_B, *caches):
-        """caches: k_0, v_0, k_1, v_1, ... each [B, H_kv, S_max, D], updated in place.
+    def forward(self, input_ids_BT, positions_BT, kv_len_B, *caches, block_table=None):
+        """caches: k_0, v_0, k_1, v_1, ... each [B, H_kv, S_max, D], updated in place; or, with
+        block_table [B, P] (a paged cache, `paged_kv_cache.py`), page pools [N, H_kv, PAGE, D].
         Returns the logits [B, 1, V] of each sequence's last new position (see the module doc)."""
         num_layers = len(caches) // 2
-        cache = StaticKVCache.from_tensors(list(caches[0::2]), list(caches[1::2]))
+        keys, values = list(caches[0::2]), list(caches[1::2])
+        if block_table is None:
+            cache = StaticKVCache.from_tensors(keys, values)
+        else:
+            cache = PagedKVCache.from_tensors(keys, values, block_table)
         cache.write_positions = positions_BT
-        mask = attention_mask_4d(positions_BT, kv_len_B, caches[0].shape[2])
+        mask = attention_mask_4d(positions_BT, kv_len_B, cache.max_seq_len)
         common = dict(attention_mask=mask, position_ids=positions_BT, use_cache=True)
         if self.return_hidden:
             out = self.model(

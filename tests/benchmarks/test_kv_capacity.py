@@ -57,3 +57,19 @@ def test_engine_rows_are_what_the_engines_hold(build):
         held[weights] = engine.weight_bytes()
     assert held["bf16+packed"] == forms["minite_engine_default"]
     assert held["packed"] == forms["minite_engine_packed"] == forms["nvfp4"]
+
+
+def test_paged_request_tokens_are_whole_pages_reserved_ahead():
+    """A paged request holds its prompt and response in whole pages, reserved RESERVE_AHEAD
+    tokens ahead (the engine's host-check interval): between the exact mean length and that
+    plus a page and the reservation; one-token pages, no long tail: exactly the reservation."""
+    from benchmarks.kv_capacity import RESERVE_AHEAD, mean_paged_tokens
+    from fp4_compile.rollout import engine
+
+    assert RESERVE_AHEAD == engine._EOS_CHECK_EVERY
+    budget, frac, sigma = 8192, 0.125, 1.0
+    exact = 1024 + mean_response(budget, frac, sigma)
+    paged = mean_paged_tokens(1024, budget, frac, sigma, page=64)
+    assert exact < paged < exact + 64 + RESERVE_AHEAD
+    # responses all 64 (sigma ~ 0, median 64 of 512): 10 + min(63 + 8, 511) tokens
+    assert mean_paged_tokens(10, 512, 0.125, 1e-9, page=1, draws=100) == 10 + 63 + RESERVE_AHEAD
