@@ -37,6 +37,11 @@ def _is_view(node) -> bool:
     )
 
 
+def _readers(node: fx.Node) -> list[fx.Node]:
+    """node's users but an exported graph's metadata asserts (erase_dead drops those)."""
+    return [u for u in node.users if u.target is not aten._assert_tensor_metadata.default]
+
+
 def _is_cast(node) -> bool:
     """A dtype conversion, `.int()` / `.long()` spellings included (transformers' histogram input)."""
     return is_cast(node) or is_op(node, methods=("int", "long", "short", "byte", "double"))
@@ -78,19 +83,19 @@ def _offsets_chain(keys_out: fx.Node, num_experts: int):
     """(cumsum node, the nodes before it) when the sorted keys reach only `cumsum(histc(keys,
     bins=E, min=0, max=E-1), 0, dtype=int32)` through single-reader casts, else None."""
     chain, node = [keys_out], keys_out
-    while len(node.users) == 1 and _is_cast(next(iter(node.users))):
-        node = next(iter(node.users))
+    while len(_readers(node)) == 1 and _is_cast(_readers(node)[0]):
+        node = _readers(node)[0]
         chain.append(node)
-    histc = next(iter(node.users)) if len(node.users) == 1 else None
+    histc = _readers(node)[0] if len(_readers(node)) == 1 else None
     if not is_op(histc, functions=(torch.histc,), methods=("histc",), overloads=(aten.histc,)):
         return None
     bounds = tuple(
         scalar_arg(histc, i, name, default)
         for i, name, default in ((1, "bins", 100), (2, "min", 0), (3, "max", 0))
     )
-    if bounds != (num_experts, 0, num_experts - 1) or len(histc.users) != 1:
+    if bounds != (num_experts, 0, num_experts - 1) or len(_readers(histc)) != 1:
         return None
-    cumsum = next(iter(histc.users))
+    cumsum = _readers(histc)[0]
     if not is_op(cumsum, functions=(torch.cumsum,), methods=("cumsum",), overloads=(aten.cumsum,)):
         return None
     out = fake(cumsum)
@@ -172,10 +177,10 @@ def _use_op_inverse(graph: fx.Graph, perm: fx.Node, inverse: fx.Node) -> None:
         index_put = is_op(old, overloads=(aten.index_put, aten.index_put_))
         base = old.args[0] if index_put else old
         writers = [u for u in base.users if _writes(u, base) and not u.users]
-        others = [u for u in base.users if u not in writers and u is not old]
-        if others or old.users and old is not base:
+        others = [u for u in _readers(base) if u not in writers and u is not old]
+        if others or (old is not base and old.users):
             continue
-        if old is base and any(u not in writers for u in old.users):
+        if old is base and any(u not in writers for u in _readers(old)):
             continue
         values = [w.args[2] for w in writers if len(w.args) > 2 and isinstance(w.args[2], fx.Node)]
         for w in writers:
