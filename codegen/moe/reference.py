@@ -96,7 +96,11 @@ def expert_order_reference(experts, values, num_experts: int, values_dtype: torc
     - token_index int64 [S]: perm // k, the token of each sorted row."""
     ids = experts.reshape(-1)
     s = ids.shape[0]
-    sorted_ids, perm = torch.sort(ids, stable=True)
+    # the keys as uint8 / int16 where the ids fit: a stable sort's order is the keys' order, so
+    # the same perm, and on CUDA 1-2 radix passes instead of 8 (`narrow_expert_sort_keys`)
+    narrow = torch.uint8 if num_experts <= 256 else torch.int16 if num_experts <= 32767 else None
+    perm = torch.sort(ids if narrow is None else ids.to(narrow), stable=True).indices
+    sorted_ids = ids[perm]
     experts_E = torch.arange(num_experts, dtype=sorted_ids.dtype, device=ids.device)
     # the end of expert e's rows: how many ids are <= e (no atomics: the same on every device)
     offsets = torch.searchsorted(sorted_ids, experts_E, right=True, out_int32=True)
