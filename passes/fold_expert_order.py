@@ -28,7 +28,7 @@ from .report import LoweringReport
 
 aten = torch.ops.aten
 _VIEWS = ("reshape", "view", "flatten", "contiguous")
-_VIEW_OPS = (aten.reshape, aten.view, aten._unsafe_view, aten.flatten, aten.clone)
+_VIEW_OPS = (aten.reshape, aten.view, aten._unsafe_view, aten.flatten)
 
 
 def _is_view(node) -> bool:
@@ -118,8 +118,9 @@ def _is_gather_by(node, perm) -> bool:
 
 def _values_source(gather: fx.Node, ids: fx.Node):
     """(values [T, k], dtype, nodes in between) for `gather = values.to(dtype).reshape(-1)[perm]`
-    (the cast optional), values the same shape as the ids; a clone of the routing weights is
-    read through (nothing writes the op's output); else None."""
+    (the cast optional), values the same shape as the ids; a clone of the routing weights that
+    only copying casts read is read through (the op's output itself is never written); else
+    None."""
     chain, node = [], gather.args[0]
     while _is_view(node) and fake(node.args[0]) is not None and fake(node.args[0]).dim() == 2:
         chain.append(node)
@@ -131,7 +132,12 @@ def _values_source(gather: fx.Node, ids: fx.Node):
         chain.append(node)
         node = node.args[0]
     if is_op(node, overloads=(aten.clone,)) and _is_routing_output(node.args[0], 0):
-        if not any(written_args(u) for u in node.users):
+        # read only by casts that copy (another dtype): nothing can write the clone
+        readers = _readers(node)
+        if all(
+            is_cast(u) and not written_args(u) and fake(u).dtype != fake(node).dtype
+            for u in readers
+        ):
             chain.append(node)
             node = node.args[0]
     if fake(node) is None or fake(node).shape != fake(ids).shape or not dtype.is_floating_point:
