@@ -148,6 +148,12 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     ("interpreter", "row_scale"): dict(block_r=16, block_h=256),
     ("cuda", "row_scale_backward"): dict(block_r=8, num_warps=2, most_blocks=4),
     ("interpreter", "row_scale_backward"): dict(block_r=8, most_blocks=4),
+    # moe/expert_order_kernel: ONE program walks the S = T x k slots in block_s chunks (twice:
+    # the per-expert counts, then each slot's place) for up to max_slots slots and max_experts
+    # experts; larger calls run the torch composition (the same integers). Integer bookkeeping
+    # whose results are exact: speed only
+    ("cuda", "expert_order"): dict(block_s=128, max_slots=4096, max_experts=256, num_warps=4),
+    ("interpreter", "expert_order"): dict(block_s=8, max_slots=4096, max_experts=256),
 }
 
 

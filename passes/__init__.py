@@ -21,6 +21,7 @@ from .bind_weight_inputs import (
 )
 from .drop_ongrid_weights import drop_ongrid_weights
 from .fold_expert_gathers import fold_expert_gathers
+from .fold_expert_order import fold_expert_order
 from .fold_moe_combine import fold_moe_combine
 from .fold_row_masks import fold_row_masks
 from .fold_swiglu_halves import fold_swiglu_halves
@@ -71,6 +72,7 @@ PIPELINE = (
     lower_embeddings,  # token embedding -> embedding op with one opaque (same-kernel) backward
     share_activation_quantize,  # linears reading one X: X (and wgrad's X^T) quantized once
     fuse_quantize_into_producers,  # per-row operands emitted by their producers (norm, SwiGLU)
+    fold_expert_order,  # routing ids -> sort, counts, offsets, inverse, weights: one expert_order
     verify,  # nothing eligible left, no stock reduction left (strict), op census
 )
 # By option (the backend's options of the same names):

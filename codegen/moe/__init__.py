@@ -4,4 +4,4 @@ Layout: reference.py (the CPU references), <op>.py (registration, fake, autograd
 May import the core, ..runtime, ..configs, ..triton_helpers, ..invariant and ..nvfp4.
 """
 
-from . import combine, grouped_mm, row_scale  # noqa: F401  (register the ops)
+from . import combine, expert_order, grouped_mm, row_scale  # noqa: F401  (register the ops)

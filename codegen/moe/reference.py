@@ -14,6 +14,8 @@ k experts per token, E experts, K in-features, N out-features.
   (a fixed tree order, whatever the batch), rounded to w's dtype.
 - `grouped_mm_reference`: per expert, `invariant_linear` of its rows (so every row's bits are
   its own and its expert weight's).
+- `expert_order_reference`: the routing's sort, counts, offsets, inverse and sorted weights
+  (integers and one gather: exact).
 """
 
 from __future__ import annotations
@@ -79,3 +81,31 @@ def grouped_mm_reference(x_TK, w_ENK, offsets, out_dtype):
                 x_TK[start:end], w_ENK[e], None, out_dtype
             )
     return out
+
+
+def expert_order_reference(experts, values, num_experts: int, values_dtype: torch.dtype):
+    """The bookkeeping of transformers' grouped experts between the router and the GEMMs, as
+    plain torch ops (the CPU implementation of `fp4_compile::expert_order`, and its CUDA path
+    past the kernel's limits). experts: int [T, k] expert ids, each in 0..E-1; values: [T, k]
+    routing weights. Returns, all exact (a gather after one cast, or integers):
+    - sorted_values [S] values_dtype: values.to(values_dtype).reshape(-1)[perm] (one rounding,
+      the cast's; the gather is exact);
+    - perm int64 [S]: the slots (t * k + j) sorted by expert id, stable (ties: the lower slot);
+    - offsets int32 [E]: the end of each expert's rows in that order (cumsum of the counts);
+    - inverse int64 [S]: inverse[perm[r]] = r;
+    - token_index int64 [S]: perm // k, the token of each sorted row."""
+    ids = experts.reshape(-1)
+    s = ids.shape[0]
+    # the keys as uint8 / int16 where the ids fit: a stable sort's order is the keys' order, so
+    # the same perm, and on CUDA 1-2 radix passes instead of 8 (`narrow_expert_sort_keys`)
+    narrow = torch.uint8 if num_experts <= 256 else torch.int16 if num_experts <= 32767 else None
+    perm = torch.sort(ids if narrow is None else ids.to(narrow), stable=True).indices
+    sorted_ids = ids[perm]
+    experts_E = torch.arange(num_experts, dtype=sorted_ids.dtype, device=ids.device)
+    # the end of expert e's rows: how many ids are <= e (no atomics: the same on every device)
+    offsets = torch.searchsorted(sorted_ids, experts_E, right=True, out_int32=True)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(s, dtype=perm.dtype, device=perm.device)
+    token_index = torch.div(perm, experts.shape[-1], rounding_mode="floor")
+    sorted_values = values.to(values_dtype).reshape(-1)[perm]
+    return sorted_values, perm, offsets, inverse, token_index

@@ -188,6 +188,14 @@ def op_launches(n: fx.Node) -> list[Launch]:
         lc = LAUNCH[("cuda", "moe_combine")]
         t, h = int(out.shape[0]), int(out.shape[-1])
         return [Launch(name, _cdiv(t, lc["block_t"]) * _cdiv(h, lc["block_h"]))]
+    if name == "expert_order":  # moe/expert_order: one program, or past its limits the torch ops
+        s, e = _rows(args[0]) * int(args[0].shape[-1]), int(n.args[2])
+        lc = LAUNCH[("cuda", "expert_order")]
+        if s <= lc["max_slots"] and e <= lc["max_experts"]:
+            return [Launch(name, 1)]
+        # `reference.expert_order_reference`'s kernels (empty_like allocates, views are free)
+        torch_ops = ("sort", "arange", "searchsorted", "index_put_", "div", "_to_copy", "index")
+        return [Launch(f"expert_order: {op}", None) for op in torch_ops]
     if name in ("embedding", "gather_rows", "cos", "sin"):  # one ATen kernel each
         return [Launch(name, None)]
     raise NotImplementedError(

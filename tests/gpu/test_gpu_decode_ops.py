@@ -82,3 +82,19 @@ def test_decode_advance_equals_the_torch_ops(rows):
         torch.ops.fp4_compile.decode_advance(**got)
     for name in want:
         assert_bitwise_equal(got[name], want[name], name)
+
+
+@pytest.mark.parametrize("tokens", [1, 64, 512, 4096])
+def test_expert_order_equals_the_torch_ops(tokens):
+    """`fp4_compile::expert_order` (one Triton launch up to 4096 slots; past them the torch
+    path) == its reference's torch ops on the CUDA tensors, every output bitwise, at
+    Qwen3-30B-A3B's routing (128 experts, top 8) and the router's FP32 weights cast to BF16."""
+    from fp4_compile.codegen.moe.reference import expert_order_reference
+
+    g = torch.Generator(device=DEVICE).manual_seed(tokens)
+    logits = torch.randn(tokens, 128, generator=g, device=DEVICE)
+    weights, experts = torch.ops.fp4_compile.invariant_routing(logits, 8, True)
+    got = torch.ops.fp4_compile.expert_order(experts, weights, 128, torch.bfloat16)
+    want = expert_order_reference(experts, weights, 128, torch.bfloat16)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert_bitwise_equal(a, b, f"output {i} at {tokens} tokens")

@@ -15,6 +15,7 @@ from fp4_compile import passes
 from fp4_compile.models import tiny_qwen3_moe
 from fp4_compile.passes.attach_combine_inverse import attach_combine_inverse
 from fp4_compile.passes.fold_expert_gathers import fold_expert_gathers
+from fp4_compile.passes.fold_expert_order import fold_expert_order
 from fp4_compile.passes.fold_moe_combine import fold_moe_combine
 from fp4_compile.passes.fold_row_masks import fold_row_masks
 from fp4_compile.passes.fold_swiglu_halves import fold_swiglu_halves
@@ -74,6 +75,33 @@ def test_fold_fires_and_changes_no_bit(sentinel_mask, fold, monkeypatch):
     for name in g:
         assert_bitwise_equal(g[name], g_ref[name], name)
     set_sr_state(None)
+
+
+def test_expert_order_fold_fires_and_changes_no_bit(monkeypatch):
+    """`fold_expert_order`: transformers' sort, histogram, cumsum, inverse, token index and
+    weight gather become one `expert_order` per layer, and the logits and every gradient (the
+    routing weights' included) equal the model compiled without it, bitwise. With the sentinel
+    mask the sorted ids have more readers (the clamp, the mask): left as it is."""
+    model = _model(False)
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1)
+    )
+    (report,) = fp4_compile.explain(model, ids, use_cache=False, print_report=False)
+    assert report.counts["expert_order_folded"] == 2  # one per layer
+    census = " ".join(report.census)
+    assert "sort" not in census.replace("expert_order", "") and "histc" not in census
+    y, g = _run(model, ids)
+    without = tuple(p for p in passes.PIPELINE if p is not fold_expert_order)
+    monkeypatch.setattr(passes, "PIPELINE", without)
+    y_ref, g_ref = _run(model, ids)
+    assert_bitwise_equal(y, y_ref, "logits")
+    assert g.keys() == g_ref.keys() and len(g) > 10
+    for name in g:
+        assert_bitwise_equal(g[name], g_ref[name], name)
+    set_sr_state(None)
+    monkeypatch.undo()
+    (masked,) = fp4_compile.explain(_model(True), ids, use_cache=False, print_report=False)
+    assert "expert_order_folded" not in masked.counts
 
 
 def test_masked_rows_are_zero_rows_of_the_op():

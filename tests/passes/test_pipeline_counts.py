@@ -61,6 +61,7 @@ def test_qwen3_moe_counts():
     assert rep.counts["gather_rows"] == 4  # per layer: tokens to experts, outputs back to slots
     assert rep.counts["expert_gather_folded"] == 2  # ... the first read by gate_up's GEMM itself
     assert rep.counts["moe_combine_folded"] == 2  # row_scale + gather + ordered_sum: one op
+    assert rep.counts["expert_order_folded"] == 2  # sort, counts, inverse, weights: one op
     routers = [g for g in rep.gemms if g.module.endswith("mlp.gate")]
     assert len(routers) == 2 and all(g.precision == "bf16" for g in routers)
 
