@@ -102,8 +102,8 @@ def _lowered_as_on_cuda():
             checked.append(tuple(w_ongrid.shape))
         return real_check(x, w_codes, w_scales, w_gd, experts=experts, w_ongrid=w_ongrid)
 
-    def bind(store, gm, example_inputs):
-        out = real_bind(store, gm, example_inputs)
+    def bind(store, gm, example_inputs, report=None):
+        out = real_bind(store, gm, example_inputs, report)
         bound.append(out[0])
         return out
 
