@@ -25,6 +25,7 @@ from .fold_moe_combine import fold_moe_combine
 from .fold_row_masks import fold_row_masks
 from .fold_swiglu_halves import fold_swiglu_halves
 from .fuse_quantize_into_producers import fuse_quantize_into_producers
+from .fuse_residual_adds import fuse_residual_adds
 from .lower_attention import lower_attention
 from .lower_embeddings import lower_embeddings
 from .lower_gathers import lower_gathers
@@ -70,6 +71,7 @@ PIPELINE = (
     lower_embeddings,  # token embedding -> embedding op with one opaque (same-kernel) backward
     share_activation_quantize,  # linears reading one X: X (and wgrad's X^T) quantized once
     fuse_quantize_into_producers,  # per-row operands emitted by their producers (norm, SwiGLU)
+    fuse_residual_adds,  # x + r read by an RMSNorm -> the norm's residual form: no add kernel
     verify,  # nothing eligible left, no stock reduction left (strict), op census
 )
 # By option (the backend's options of the same names):

@@ -100,7 +100,7 @@ def _fused_quantize(name: str, m: int, c: int, split_key: str) -> list[Launch]:
     """rms_norm_quantize / silu_mul_quantize: one launch, or below split_rows_below the split
     form's two (`nvfp4/rms_norm_quantize_kernel.py`, `nvfp4/silu_mul_quantize_kernel.py`)."""
     lc = LAUNCH[("cuda", split_key)]
-    if name == "rms_norm_quantize":
+    if name in ("rms_norm_quantize", "add_rms_norm_quantize"):  # the residual form: the same
         first = Launch("rms_norm_amax", _cdiv(m, _norm_rows_per_program(c)))
         whole = Launch("rms_norm_quantize", first.programs)
     else:
@@ -133,7 +133,7 @@ def op_launches(n: fx.Node) -> list[Launch]:
         m, k = int(out.shape[0]), int(x.shape[-1])
         quant = act_quantize(_rows(x), k) if name == "nvfp4_grouped_mm" else []
         return quant + nvfp4_gemm(m, int(w.shape[1]), k, experts=int(w.shape[0]))
-    if name == "rms_norm_quantize":
+    if name in ("rms_norm_quantize", "add_rms_norm_quantize"):  # x [.., H] (+ residual)
         x = args[0]
         return _fused_quantize(name, _rows(x), int(x.shape[-1]), "rms_norm_quantize")
     if name in ("silu_mul_quantize", "silu_mul_halves_quantize"):
@@ -145,7 +145,7 @@ def op_launches(n: fx.Node) -> list[Launch]:
         c = int(x.shape[-1]) // (2 if name == "silu_mul_halves" else 1)
         lc = LAUNCH[("any", "silu_mul")]
         return [Launch(name, _cdiv(_rows(x), lc["block_r"]) * _cdiv(c, lc["block_c"]))]
-    if name == "invariant_rms_norm":  # invariant/rms_norm_kernel.rms_norm
+    if name in ("invariant_rms_norm", "invariant_add_rms_norm"):  # rms_norm_kernel.rms_norm
         x = args[0]
         return [Launch(name, _cdiv(_rows(x), _norm_rows_per_program(int(x.shape[-1]))))]
     if name == "invariant_linear":  # invariant/linear_kernel.linear
