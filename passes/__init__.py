@@ -39,6 +39,7 @@ from .lower_silu_muls import lower_silu_muls
 from .lower_small_reductions import lower_small_reductions
 from .lower_trig import lower_trig
 from .narrow_expert_sort_keys import narrow_expert_sort_keys
+from .pair_rms_norms import pair_rms_norms
 from .report import GemmDecision, LoweringReport
 from .select_gemms import select_gemms
 from .share_activation_quantize import share_activation_quantize
@@ -72,6 +73,7 @@ PIPELINE = (
     share_activation_quantize,  # linears reading one X: X (and wgrad's X^T) quantized once
     fuse_quantize_into_producers,  # per-row operands emitted by their producers (norm, SwiGLU)
     fuse_residual_adds,  # x + r read by an RMSNorm -> the norm's residual form: no add kernel
+    pair_rms_norms,  # two independent norms of one row length (q / k norms) -> one launch
     verify,  # nothing eligible left, no stock reduction left (strict), op census
 )
 # By option (the backend's options of the same names):

@@ -80,6 +80,41 @@ def _rms_norm_kernel(
         )
 
 
+@triton.jit
+def _rms_norm_pair_kernel(
+    a_ptr,
+    wa_ptr,
+    ya_ptr,
+    b_ptr,
+    wb_ptr,
+    yb_ptr,
+    RA,
+    RB,
+    H,
+    eps,
+    HAS_W: tl.constexpr,
+    FINISH: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    # `invariant_rms_norm_pair`: the first cdiv(RA, ROWS) programs are `_rms_norm_kernel`'s on
+    # a, the rest its programs on b (each row the one-row code, instruction for instruction)
+    pid = tl.program_id(0).to(tl.int64)
+    programs_a = tl.cdiv(RA, ROWS)
+    if pid < programs_a:
+        for r in tl.static_range(ROWS):
+            row = pid * ROWS + r
+            rms_norm_row(
+                a_ptr, a_ptr, wa_ptr, ya_ptr, ya_ptr, row, RA, H, eps, False, HAS_W, FINISH, BLOCK_H
+            )
+    else:
+        for r in tl.static_range(ROWS):
+            row = (pid - programs_a) * ROWS + r
+            rms_norm_row(
+                b_ptr, b_ptr, wb_ptr, yb_ptr, yb_ptr, row, RB, H, eps, False, HAS_W, FINISH, BLOCK_H
+            )
+
+
 def rms_norm_rows_per_program(block: int) -> int:
     """Rows per RMSNorm program: 1 for rows of >= 2048 columns, more for short rows (up to 16,
     so that a program holds ~2048 elements: `configs.LAUNCH`'s "rms_norm" row)."""
@@ -129,3 +164,41 @@ def rms_norm(x, weight, residual, eps: float):
         if weight is not None:
             y = weight * y
     return y.reshape(x.shape), h.reshape(x.shape)
+
+
+def rms_norm_pair(a, a_weight, b, b_weight, eps: float):
+    """(rms_norm(a, a_weight), rms_norm(b, b_weight)) in one launch: rows of the same length H
+    (an attention's q and k norms), each row bitwise as `rms_norm` computes it."""
+    check_kernel_device(a, "a")
+    check_kernel_device(b, "b")
+    hdim = a.shape[-1]
+    a2, b2 = a.reshape(-1, hdim).contiguous(), b.reshape(-1, hdim).contiguous()
+    interp = interpreting()
+    dtype = torch.float32 if interp else a.dtype
+    ya = torch.empty(a2.shape, dtype=dtype, device=a.device)
+    yb = torch.empty(b2.shape, dtype=dtype, device=b.device)
+    block, rows, warps = rms_norm_launch(hdim)
+    grid = (triton.cdiv(a2.shape[0], rows) + triton.cdiv(b2.shape[0], rows),)
+    if grid[0]:
+        _rms_norm_pair_kernel[grid](
+            a2,
+            a_weight if a_weight is not None else a2,
+            ya,
+            b2,
+            b_weight if b_weight is not None else b2,
+            yb,
+            a2.shape[0],
+            b2.shape[0],
+            hdim,
+            eps,
+            HAS_W=a_weight is not None,
+            FINISH=not interp,
+            BLOCK_H=block,
+            ROWS=rows,
+            num_warps=warps,
+        )
+    if interp:  # the final roundings in torch, as `rms_norm` does here
+        ya, yb = ya.to(a.dtype), yb.to(b.dtype)
+        if a_weight is not None:
+            ya, yb = a_weight * ya, b_weight * yb
+    return ya.reshape(a.shape), yb.reshape(b.shape)

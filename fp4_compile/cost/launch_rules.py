@@ -148,6 +148,10 @@ def op_launches(n: fx.Node) -> list[Launch]:
     if name in ("invariant_rms_norm", "invariant_add_rms_norm"):  # rms_norm_kernel.rms_norm
         x = args[0]
         return [Launch(name, _cdiv(_rows(x), _norm_rows_per_program(int(x.shape[-1]))))]
+    if name == "invariant_rms_norm_pair":  # rms_norm_kernel.rms_norm_pair: a's programs, b's
+        a, b = args[0], args[2]
+        rows = _norm_rows_per_program(int(a.shape[-1]))
+        return [Launch(name, _cdiv(_rows(a), rows) + _cdiv(_rows(b), rows))]
     if name == "invariant_linear":  # invariant/linear_kernel.linear
         x, w = args[0], args[1]
         cfg = pick(ARCH, "any", "invariant_linear", _rows(x))

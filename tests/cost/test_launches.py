@@ -18,12 +18,13 @@ from fp4_compile.rollout import decode_program
 
 # (model, recipe): (per layer, outside the layers in the compiled step); the same at batch 1, 64.
 # Per layer -2: the two residual adds run in the norms after them (passes/fuse_residual_adds.py;
-# the last layer's MLP add in the final norm, outside, which stays one launch).
+# the last layer's MLP add in the final norm, outside, which stays one launch); -1: the q and k
+# norms in one launch (passes/pair_rms_norms.py).
 PINNED = {
-    ("qwen3-8b", "strict"): (22, 13),
-    ("qwen3-8b", "bf16"): (17, 13),
-    ("qwen3-30b-a3b", "strict"): (33, 13),
-    ("qwen3-30b-a3b", "bf16"): (31, 13),
+    ("qwen3-8b", "strict"): (21, 13),
+    ("qwen3-8b", "bf16"): (16, 13),
+    ("qwen3-30b-a3b", "strict"): (32, 13),
+    ("qwen3-30b-a3b", "bf16"): (30, 13),
 }
 # one token's sampling and bookkeeping, temperature 1: the Gumbel uniforms (one launch), their
 # two FP64 logs and a negation, sample_argmax, the shared log-prob op, decode_advance

@@ -36,6 +36,7 @@ def test_qwen3_counts():
         "rms_norm_quantize_fused": 4,  # per layer: the norms before q/k/v and gate/up
         "silu_mul_quantize_fused": 2,  # per layer: the SwiGLU emits down_proj's operand
         "residual_add_fused": 4,  # the adds read by the norms (not layer 0's input norm) + final
+        "rms_norms_paired": 2,  # per layer: q_norm and k_norm in one launch
     }
     lm = [g for g in rep.gemms if g.module == "lm_head"]
     assert lm and lm[0].precision == "bf16" and "lm_head" in lm[0].reason
@@ -60,6 +61,7 @@ def test_qwen3_moe_counts():
     assert rep.counts["silu_mul_quantize_fused"] == 2  # the SwiGLU emits the down GEMM's operand
     assert rep.counts["expert_input_from_silu_mul"] == 2
     assert rep.counts["residual_add_fused"] == 4  # the adds read by the norms + the final norm's
+    assert rep.counts["rms_norms_paired"] == 2  # per layer: q_norm and k_norm in one launch
     assert rep.counts["gather_rows"] == 4  # per layer: tokens to experts, outputs back to slots
     assert rep.counts["expert_gather_folded"] == 2  # ... the first read by gate_up's GEMM itself
     assert rep.counts["moe_combine_folded"] == 2  # row_scale + gather + ordered_sum: one op
