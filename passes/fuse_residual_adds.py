@@ -9,8 +9,10 @@ The sum is the same one rounding (FP32 sum of the two, rounded once to their dty
 add, Inductor's and the kernels' `rms_norm_row` HAS_RES), so every output keeps its bits
 (tests/passes/test_fuse_residual_adds.py); the fused ops' backward is the norm's plus the
 gradient of h, to both addends. Only plain adds of two tensors of the output's shape and dtype
-(no alpha, no broadcast, no type promotion). Runs in every graph (learner and rollout alike:
-the op census stays equal); `explain` counts `residual_add_fused`.
+(no alpha, no broadcast, no type promotion). The fused op takes the add's place (the norm's
+other inputs come first: its weight), so readers of h between the two (an exported graph's
+metadata asserts) keep reading it. Runs in every graph (learner and rollout alike: the op
+census stays equal, tests/rollout/test_export.py); `explain` counts `residual_add_fused`.
 """
 
 from __future__ import annotations
@@ -61,10 +63,16 @@ def _fuse(graph: fx.Graph, norm: fx.Node, order: dict) -> bool:
     addends = _addends(add) if isinstance(add, fx.Node) else None
     if found is None or addends is None:
         return False
-    if any(order[u] < order[norm] for u in add.users):  # h is read before the norm: keep it
-        return False
     target, h_index = found
-    fused = insert_call(graph, target, (*addends, *norm.args[1:]), before=norm, like=norm)
+    args = (*addends, *norm.args[1:])
+    if all(order[a] < order[add] for a in norm.args[1:] if isinstance(a, fx.Node)):
+        # in the add's place: readers of h before the norm (an exported graph's metadata
+        # asserts, casts) read it from there
+        fused = insert_call(graph, target, args, after=add, like=norm)
+    elif any(order[u] < order[norm] for u in add.users):  # read before the norm, which cannot move
+        return False
+    else:
+        fused = insert_call(graph, target, args, before=norm, like=norm)
     if norm.target is _ops().invariant_rms_norm.default:  # one output -> output 0 of two
         y = insert_call(graph, operator.getitem, (fused, 0), before=norm, like=norm)
         norm.replace_all_uses_with(y)
