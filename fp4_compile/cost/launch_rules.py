@@ -181,6 +181,9 @@ def op_launches(n: fx.Node) -> list[Launch]:
         return [Launch(name, _rows(args[0]))]
     if name == "decode_advance":  # invariant/decode_advance_kernel: block_b rows per program
         return [Launch(name, _cdiv(int(args[0].shape[0]), LAUNCH[("cuda", name)]["block_b"]))]
+    if name == "kv_cache_write":  # invariant/kv_cache_write_kernel: one program per (b, h, t)
+        k = args[3]
+        return [Launch(name, int(k.shape[0]) * int(k.shape[1]) * int(k.shape[2]))]
     if name == "moe_combine":  # moe/combine_kernel: (cdiv(T, block_t), cdiv(H, block_h))
         lc = LAUNCH[("cuda", "moe_combine")]
         t, h = int(out.shape[0]), int(out.shape[-1])
