@@ -112,6 +112,10 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     # to block_b rows; integer bookkeeping: speed only)
     ("cuda", "decode_advance"): dict(block_b=256, num_warps=4),
     ("interpreter", "decode_advance"): dict(block_b=4),
+    # invariant/kv_cache_write_kernel: one program per (sequence, head, token) row of D lanes
+    # (a copy: speed only)
+    ("cuda", "kv_cache_write"): dict(num_warps=1),
+    ("interpreter", "kv_cache_write"): dict(),
     # invariant/routing_kernel and routing_backward_kernel: BLOCK_E = pow2(E) lanes per row;
     # `small_num_warps` where BLOCK_E <= small_block_e, else `num_warps`
     ("any", "routing"): dict(small_block_e=256, small_num_warps=1, num_warps=4),

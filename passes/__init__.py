@@ -27,6 +27,7 @@ from .fold_row_masks import fold_row_masks
 from .fold_swiglu_halves import fold_swiglu_halves
 from .fuse_group_gemms import fuse_group_gemms
 from .fuse_quantize_into_producers import fuse_quantize_into_producers
+from .fuse_residual_adds import fuse_residual_adds
 from .lower_attention import lower_attention
 from .lower_embeddings import lower_embeddings
 from .lower_gathers import lower_gathers
@@ -40,6 +41,7 @@ from .lower_silu_muls import lower_silu_muls
 from .lower_small_reductions import lower_small_reductions
 from .lower_trig import lower_trig
 from .narrow_expert_sort_keys import narrow_expert_sort_keys
+from .pair_rms_norms import pair_rms_norms
 from .report import GemmDecision, LoweringReport
 from .select_gemms import select_gemms
 from .share_activation_quantize import share_activation_quantize
@@ -73,6 +75,8 @@ PIPELINE = (
     share_activation_quantize,  # linears reading one X: X (and wgrad's X^T) quantized once
     fuse_quantize_into_producers,  # per-row operands emitted by their producers (norm, SwiGLU)
     fold_expert_order,  # routing ids -> sort, counts, offsets, inverse, weights: one expert_order
+    fuse_residual_adds,  # x + r read by an RMSNorm -> the norm's residual form: no add kernel
+    pair_rms_norms,  # two independent norms of one row length (q / k norms) -> one launch
     verify,  # nothing eligible left, no stock reduction left (strict), op census
 )
 # By option (the backend's options of the same names):

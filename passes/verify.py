@@ -241,9 +241,12 @@ class LoweringError(RuntimeError):
 def normalized_census(census: list[str]) -> list[str]:
     """Census names without the IR spelling, so a Dynamo graph's and an exported graph's compute
     ops compare: 'Tensor.sum' / 'torch.sum' / 'aten::sum.dim_IntList' -> 'sum'; fp4_compile ops
-    keep their names. Integer bookkeeping (cumsum of routing counts) is dropped."""
+    keep their names. Integer bookkeeping (cumsum of routing counts) and the rollout's KV-cache
+    write (no learner graph has a cache) are dropped."""
     out = []
     for name in census:
+        if name.startswith("fp4_compile::kv_cache_write"):
+            continue
         if name.startswith("fp4_compile::"):
             out.append(name.split(".")[0])
             continue

@@ -9,6 +9,7 @@ from . import (  # noqa: F401  (register the ops)
     decode_advance,
     embedding,
     gather_rows,
+    kv_cache_write,
     kv_pages,
     linear,
     logprobs,

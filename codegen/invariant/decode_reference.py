@@ -1,6 +1,7 @@
 """CPU references of the decode program's two ops (`sample_argmax.py`, `decode_advance.py`):
 plain PyTorch, the very ops `fp4_compile/rollout/decode_program.py` ran eagerly before they were
-fused, so the fused forms are checked against what they replace.
+fused, so the fused forms are checked against what they replace; and of the step's KV-cache write
+(`kv_cache_write.py`: the two `index_put_` that `fp4_compile/rollout/kv_cache.py` ran).
 
 Shape legend: B rows (slots), V vocabulary, T token columns of a row's record (max_tokens).
 """
@@ -73,3 +74,14 @@ def decode_advance(
     ids_B1.copy_(torch.where(running, picked_B, ids_B1[:, 0])[:, None])
     positions_B1.add_(running[:, None])
     kv_len_B.add_(running)
+
+
+def kv_cache_write(k_cache, v_cache, positions_BT, k, v) -> None:
+    """k_cache[b, h, positions[b, t]] = k[b, h, t], the same for v (in place): the indices of
+    every (b, h, t) broadcast to [B, H_kv, Tq], so `index_put_` takes [B, H_kv, Tq, D] as it is."""
+    b, h = k_cache.shape[:2]
+    rows = torch.arange(b, device=k_cache.device)[:, None, None]
+    heads = torch.arange(h, device=k_cache.device)[None, :, None]
+    index = (rows, heads, positions_BT[:, None, :])
+    k_cache.index_put_(index, k)
+    v_cache.index_put_(index, v)

@@ -5,6 +5,10 @@ Shape legend: M rows, H hidden.
 
 - invariant_rms_norm(x, weight, eps) -> y;  invariant_add_rms_norm(x, residual, weight, eps)
   -> (y, h = x + residual);  invariant_rms_norm_backward(grad_y, h, weight, eps) -> (dh, dw)
+- invariant_rms_norm_pair(a, a_weight, b, b_weight, eps) -> (invariant_rms_norm(a, a_weight,
+  eps), invariant_rms_norm(b, b_weight, eps)) bit for bit, in ONE launch (an attention's q and
+  k norms: rows of the same length H; `passes/pair_rms_norms.py`); its backward is the two
+  norms' backward ops.
 CPU: `invariant/reference.py` (invariant by construction). CUDA: the Triton kernel of
 `invariant/rms_norm_kernel.py` (imported lazily); the backward one Triton launch
 (`rms_norm_backward_kernel`).
@@ -107,3 +111,58 @@ def _add_rms_backward(ctx, grad_y, grad_h):
 
 
 invariant_add_rms_norm.register_autograd(_add_rms_backward, setup_context=_add_rms_setup)
+
+
+def _check_pair(a, a_weight, b, b_weight):
+    if b.shape[-1] != a.shape[-1] or b.dtype != a.dtype:
+        raise ValueError(
+            f"b must have a's row length and dtype ({a.shape[-1]}, {a.dtype}), got "
+            f"{b.shape[-1]}, {b.dtype}"
+        )
+    if (a_weight is None) != (b_weight is None):
+        raise ValueError("a_weight and b_weight must both be given or both be None")
+
+
+@torch.library.custom_op(f"{_LIB}::invariant_rms_norm_pair", mutates_args=())
+def invariant_rms_norm_pair(
+    a: torch.Tensor,
+    a_weight: torch.Tensor | None,
+    b: torch.Tensor,
+    b_weight: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_pair(a, a_weight, b, b_weight)
+    if a.is_cuda:
+        from . import rms_norm_kernel  # lazy: imports triton
+
+        ya, yb = rms_norm_kernel.rms_norm_pair(a, a_weight, b, b_weight, eps)
+    else:
+        ya, yb = cpu.rms_norm(a, a_weight, None, eps)[0], cpu.rms_norm(b, b_weight, None, eps)[0]
+    return ya.contiguous(), yb.contiguous()
+
+
+@invariant_rms_norm_pair.register_fake
+def _(a, a_weight, b, b_weight, eps):
+    _check_pair(a, a_weight, b, b_weight)
+    return a.new_empty(a.shape), b.new_empty(b.shape)
+
+
+def _pair_setup(ctx, inputs, output):
+    a, a_weight, b, b_weight, eps = inputs
+    ctx.save_for_backward(a, a_weight, b, b_weight)
+    ctx.eps = eps
+
+
+def _pair_backward(ctx, grad_a, grad_b):
+    a, a_weight, b, b_weight = ctx.saved_tensors
+    grads = []
+    for x, w, g in ((a, a_weight, grad_a), (b, b_weight, grad_b)):
+        if g is None:
+            grads += [None, None]
+            continue
+        dx, dw = invariant_rms_norm_backward(g, x, w, ctx.eps)
+        grads += [dx, dw if w is not None else None]
+    return grads[0], grads[1], grads[2], grads[3], None
+
+
+invariant_rms_norm_pair.register_autograd(_pair_backward, setup_context=_pair_setup)

@@ -87,6 +87,79 @@ def _rms_norm_kernel(
         )
 
 
+@triton.jit
+def _rms_norm_pair_kernel(
+    a_ptr,
+    wa_ptr,
+    ya_ptr,
+    b_ptr,
+    wb_ptr,
+    yb_ptr,
+    RA,
+    RB,
+    H,
+    eps,
+    HAS_W: tl.constexpr,
+    FINISH: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    ROWS: tl.constexpr,
+    a_block_rows=1,
+    a_block_stride=0,
+    A_BLOCKS: tl.constexpr = False,
+    b_block_rows=1,
+    b_block_stride=0,
+    B_BLOCKS: tl.constexpr = False,
+):
+    # `invariant_rms_norm_pair`: the first cdiv(RA, ROWS) programs are `_rms_norm_kernel`'s on
+    # a, the rest its programs on b (each row the one-row code, instruction for instruction);
+    # A_BLOCKS / B_BLOCKS: that input's rows in blocks, read in place as `_rms_norm_kernel`'s
+    # X_BLOCKS (a fused q/k/v GEMM's q and k at batch > 1)
+    pid = tl.program_id(0).to(tl.int64)
+    programs_a = tl.cdiv(RA, ROWS)
+    if pid < programs_a:
+        for r in tl.static_range(ROWS):
+            row = pid * ROWS + r
+            a_row_ptr = a_ptr
+            if A_BLOCKS:
+                a_row_ptr = a_ptr + (row // a_block_rows) * (a_block_stride - a_block_rows * H)
+            rms_norm_row(
+                a_row_ptr,
+                a_row_ptr,
+                wa_ptr,
+                ya_ptr,
+                ya_ptr,
+                row,
+                RA,
+                H,
+                eps,
+                False,
+                HAS_W,
+                FINISH,
+                BLOCK_H,
+            )
+    else:
+        for r in tl.static_range(ROWS):
+            row = (pid - programs_a) * ROWS + r
+            b_row_ptr = b_ptr
+            if B_BLOCKS:
+                b_row_ptr = b_ptr + (row // b_block_rows) * (b_block_stride - b_block_rows * H)
+            rms_norm_row(
+                b_row_ptr,
+                b_row_ptr,
+                wb_ptr,
+                yb_ptr,
+                yb_ptr,
+                row,
+                RB,
+                H,
+                eps,
+                False,
+                HAS_W,
+                FINISH,
+                BLOCK_H,
+            )
+
+
 def rms_norm_rows_per_program(block: int) -> int:
     """Rows per RMSNorm program: 1 for rows of >= 2048 columns, more for short rows (up to 16,
     so that a program holds ~2048 elements: `configs.LAUNCH`'s "rms_norm" row)."""
@@ -143,3 +216,51 @@ def rms_norm(x, weight, residual, eps: float):
         if weight is not None:
             y = weight * y
     return y.reshape(x.shape), h.reshape(x.shape)
+
+
+def rms_norm_pair(a, a_weight, b, b_weight, eps: float):
+    """(rms_norm(a, a_weight), rms_norm(b, b_weight)) in one launch: rows of the same length H
+    (an attention's q and k norms), each row bitwise as `rms_norm` computes it."""
+    check_kernel_device(a, "a")
+    check_kernel_device(b, "b")
+    hdim = a.shape[-1]
+    # rows in blocks (`runtime.row_blocks`: a fused q/k/v GEMM's q or k) are read in place
+    blocks_a, blocks_b = row_blocks(a), row_blocks(b)
+    a2 = a if blocks_a is not None else a.reshape(-1, hdim).contiguous()
+    b2 = b if blocks_b is not None else b.reshape(-1, hdim).contiguous()
+    rows_a, rows_b = a.numel() // hdim if hdim else 0, b.numel() // hdim if hdim else 0
+    interp = interpreting()
+    dtype = torch.float32 if interp else a.dtype
+    ya = torch.empty((rows_a, hdim), dtype=dtype, device=a.device)
+    yb = torch.empty((rows_b, hdim), dtype=dtype, device=b.device)
+    block, rows, warps = rms_norm_launch(hdim)
+    grid = (triton.cdiv(rows_a, rows) + triton.cdiv(rows_b, rows),)
+    if grid[0]:
+        _rms_norm_pair_kernel[grid](
+            a2,
+            a_weight if a_weight is not None else a2,
+            ya,
+            b2,
+            b_weight if b_weight is not None else b2,
+            yb,
+            rows_a,
+            rows_b,
+            hdim,
+            eps,
+            HAS_W=a_weight is not None,
+            FINISH=not interp,
+            BLOCK_H=block,
+            ROWS=rows,
+            a_block_rows=blocks_a[0] if blocks_a else 1,
+            a_block_stride=blocks_a[1] if blocks_a else 0,
+            A_BLOCKS=blocks_a is not None,
+            b_block_rows=blocks_b[0] if blocks_b else 1,
+            b_block_stride=blocks_b[1] if blocks_b else 0,
+            B_BLOCKS=blocks_b is not None,
+            num_warps=warps,
+        )
+    if interp:  # the final roundings in torch, as `rms_norm` does here
+        ya, yb = ya.to(a.dtype), yb.to(b.dtype)
+        if a_weight is not None:
+            ya, yb = a_weight * ya, b_weight * yb
+    return ya.reshape(a.shape), yb.reshape(b.shape)

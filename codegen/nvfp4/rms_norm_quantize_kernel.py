@@ -20,6 +20,9 @@ Outputs: y [M, H] in x's dtype, on-grid BF16 [M, H], global decode FP32 [M], and
 FP32 [M] (NaN where the row holds one, as `abs_max_kernel.row_abs_max`), from which the wgrad's
 per-tensor X^T scale is one small max instead of another read of y.
 Under the Triton interpreter, x must be float32 (its fp32 -> bf16 casts truncate).
+The residual form (`add_rms_norm_quantize`: a decoder layer's residual add feeding its norm)
+sums x + residual in step 1 (`rms_norm_row`'s HAS_RES: the FP32 sum rounded once to x's dtype,
+Inductor's add) and stores that h too: no separate add kernel.
 
 Few rows (fewer than `configs.LAUNCH`'s split_rows_below: at batch 1 the one-launch form is ONE
 program normalizing and quantizing the whole row) take the split form, the same bits:
@@ -71,8 +74,10 @@ def _quantize_row(y_ptr, ongrid_ptr, gd_ptr, amax_ptr, row, R, H, one_sixth, BLO
 @triton.jit
 def _rms_norm_quantize_kernel(
     x_ptr,
+    r_ptr,
     w_ptr,
     y_ptr,
+    h_ptr,
     ongrid_ptr,
     gd_ptr,
     amax_ptr,
@@ -80,13 +85,16 @@ def _rms_norm_quantize_kernel(
     H,
     eps,
     one_sixth,
+    HAS_RES: tl.constexpr,
     HAS_W: tl.constexpr,
     BLOCK_H: tl.constexpr,
     ROWS: tl.constexpr,
 ):
     for r in tl.static_range(ROWS):
         row = tl.program_id(0).to(tl.int64) * ROWS + r
-        rms_norm_row(x_ptr, x_ptr, w_ptr, y_ptr, y_ptr, row, R, H, eps, False, HAS_W, True, BLOCK_H)
+        rms_norm_row(
+            x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES, HAS_W, True, BLOCK_H
+        )
     tl.debug_barrier()  # this program's rows of y, stored by all its threads, are read back
     for r in tl.static_range(ROWS):
         row = tl.program_id(0).to(tl.int64) * ROWS + r
@@ -96,12 +104,15 @@ def _rms_norm_quantize_kernel(
 @triton.jit
 def _rms_norm_amax_kernel(
     x_ptr,
+    r_ptr,
     w_ptr,
     y_ptr,
+    h_ptr,
     part_ptr,
     R,
     H,
     eps,
+    HAS_RES: tl.constexpr,
     HAS_W: tl.constexpr,
     BLOCK_H: tl.constexpr,
     ROWS: tl.constexpr,
@@ -109,7 +120,9 @@ def _rms_norm_amax_kernel(
     # step 1 of the split form: the norm's rows, then each row's max |y| (NaN where it holds one)
     for r in tl.static_range(ROWS):
         row = tl.program_id(0).to(tl.int64) * ROWS + r
-        rms_norm_row(x_ptr, x_ptr, w_ptr, y_ptr, y_ptr, row, R, H, eps, False, HAS_W, True, BLOCK_H)
+        rms_norm_row(
+            x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, row, R, H, eps, HAS_RES, HAS_W, True, BLOCK_H
+        )
     tl.debug_barrier()  # this program's rows of y, stored by all its threads, are read back
     for r in tl.static_range(ROWS):
         row = tl.program_id(0).to(tl.int64) * ROWS + r
@@ -129,6 +142,30 @@ def rms_norm_quantize(
     row maxima FP32 [M]) in one launch, or for few rows in the split form's two (module
     docstring; the same bits). split: force the form (tests); None = `configs.LAUNCH`'s
     split_rows_below."""
+    y, ongrid, gd, amax, _ = _launch(x, None, weight, eps, split)
+    return y, ongrid, gd, amax
+
+
+def add_rms_norm_quantize(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    *,
+    split: bool | None = None,
+):
+    """The residual form: h = x + residual (FP32 sum rounded once to x's dtype, as Inductor's
+    add of the two; `rms_norm_row`'s HAS_RES), stored, then `rms_norm_quantize` of h in the same
+    launch(es). -> (y, on-grid, global decode, row maxima, h [M, H])."""
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(
+            f"residual must match x ({tuple(x.shape)}, {x.dtype}), "
+            f"got {tuple(residual.shape)}, {residual.dtype}"
+        )
+    return _launch(x, residual, weight, eps, split)
+
+
+def _launch(x, residual, weight, eps: float, split: bool | None):
     check_kernel_device(x, "x")
     hdim = x.shape[-1]
     if hdim % 16:
@@ -142,46 +179,32 @@ def rms_norm_quantize(
     m = x2.shape[0]
     dev = x.device
     y = torch.empty_like(x2)
+    r2 = x2 if residual is None else residual.reshape(-1, hdim).contiguous()
+    h = x2 if residual is None else torch.empty_like(x2)
     block, rows, warps = rms_norm_launch(hdim)
     target = kernel_target(x)
     if split is None:
         split = m < pick_launch(target.arch, "rms_norm_quantize")["split_rows_below"]
+    w = weight if weight is not None else x2
+    common = dict(
+        HAS_RES=residual is not None,
+        HAS_W=weight is not None,
+        BLOCK_H=block,
+        ROWS=rows,
+        num_warps=warps,
+    )
     if split:
         parts = torch.empty((m, 1), dtype=torch.float32, device=dev)
         if m:
-            _rms_norm_amax_kernel[(triton.cdiv(m, rows),)](
-                x2,
-                weight if weight is not None else x2,
-                y,
-                parts,
-                m,
-                hdim,
-                eps,
-                HAS_W=weight is not None,
-                BLOCK_H=block,
-                ROWS=rows,
-                num_warps=warps,
-            )
+            grid = (triton.cdiv(m, rows),)
+            _rms_norm_amax_kernel[grid](x2, r2, w, y, h, parts, m, hdim, eps, **common)
         ongrid, gd, amax = row_codes_from_parts(y, parts, target=target)
-        return y, ongrid, gd.reshape(m, 1), amax
+        return y, ongrid, gd.reshape(m, 1), amax, h
     ongrid = torch.empty((m, hdim), dtype=torch.bfloat16, device=dev)
     gd = torch.empty((m,), dtype=torch.float32, device=dev)
     amax = torch.empty((m,), dtype=torch.float32, device=dev)
     if m:
         _rms_norm_quantize_kernel[(triton.cdiv(m, rows),)](
-            x2,
-            weight if weight is not None else x2,
-            y,
-            ongrid,
-            gd,
-            amax,
-            m,
-            hdim,
-            eps,
-            ONE_SIXTH_F32,
-            HAS_W=weight is not None,
-            BLOCK_H=block,
-            ROWS=rows,
-            num_warps=warps,
+            x2, r2, w, y, h, ongrid, gd, amax, m, hdim, eps, ONE_SIXTH_F32, **common
         )
-    return y, ongrid, gd.reshape(m, 1), amax
+    return y, ongrid, gd.reshape(m, 1), amax, h

@@ -101,7 +101,7 @@ def _fused_quantize(name: str, m: int, c: int, split_key: str) -> list[Launch]:
     """rms_norm_quantize / silu_mul_quantize: one launch, or below split_rows_below the split
     form's two (`nvfp4/rms_norm_quantize_kernel.py`, `nvfp4/silu_mul_quantize_kernel.py`)."""
     lc = LAUNCH[("cuda", split_key)]
-    if name == "rms_norm_quantize":
+    if name in ("rms_norm_quantize", "add_rms_norm_quantize"):  # the residual form: the same
         first = Launch("rms_norm_amax", _cdiv(m, _norm_rows_per_program(c)))
         whole = Launch("rms_norm_quantize", first.programs)
     else:
@@ -136,7 +136,7 @@ def op_launches(n: fx.Node) -> list[Launch]:
         m, k = int(out.shape[0]), int(x.shape[-1])
         quant = act_quantize(_rows(x), k) if name == "nvfp4_grouped_mm" else []
         return quant + nvfp4_gemm(m, int(w.shape[1]), k, experts=int(w.shape[0]))
-    if name == "rms_norm_quantize":
+    if name in ("rms_norm_quantize", "add_rms_norm_quantize"):  # x [.., H] (+ residual)
         x = args[0]
         return _fused_quantize(name, _rows(x), int(x.shape[-1]), "rms_norm_quantize")
     if name in ("silu_mul_quantize", "silu_mul_halves_quantize"):
@@ -148,13 +148,20 @@ def op_launches(n: fx.Node) -> list[Launch]:
         c = int(x.shape[-1]) // (2 if name == "silu_mul_halves" else 1)
         lc = LAUNCH[("any", "silu_mul")]
         return [Launch(name, _cdiv(_rows(x), lc["block_r"]) * _cdiv(c, lc["block_c"]))]
-    if name == "invariant_rms_norm":  # invariant/rms_norm_kernel.rms_norm
+    if name in ("invariant_rms_norm", "invariant_add_rms_norm"):  # rms_norm_kernel.rms_norm
         x = args[0]
         norm = Launch(name, _cdiv(_rows(x), _norm_rows_per_program(int(x.shape[-1]))))
         # rms_norm's x.reshape(-1, H).contiguous(): one copy where x's rows are neither one
         # block nor blocks it reads in place (`runtime.row_blocks`: a fused q/k/v GEMM's q or k)
         copy = not x.is_contiguous() and row_blocks(x) is None
         return ([Launch("copy (rms_norm input)", None)] if copy else []) + [norm]
+    if name == "invariant_rms_norm_pair":  # rms_norm_kernel.rms_norm_pair: a's programs, b's
+        a, b = args[0], args[2]
+        rows = _norm_rows_per_program(int(a.shape[-1]))
+        norm = Launch(name, _cdiv(_rows(a), rows) + _cdiv(_rows(b), rows))
+        # a copy for an input whose rows are neither one block nor blocks read in place
+        copies = [t for t in (a, b) if not t.is_contiguous() and row_blocks(t) is None]
+        return [Launch("copy (rms_norm input)", None) for _ in copies] + [norm]
     if name == "invariant_linear":  # invariant/linear_kernel.linear
         x, w = args[0], args[1]
         cfg = pick(ARCH, "any", "invariant_linear", _rows(x))
@@ -184,6 +191,9 @@ def op_launches(n: fx.Node) -> list[Launch]:
         return [Launch(name, _rows(args[0]))]
     if name == "decode_advance":  # invariant/decode_advance_kernel: block_b rows per program
         return [Launch(name, _cdiv(int(args[0].shape[0]), LAUNCH[("cuda", name)]["block_b"]))]
+    if name == "kv_cache_write":  # invariant/kv_cache_write_kernel: one program per (b, h, t)
+        k = args[3]
+        return [Launch(name, int(k.shape[0]) * int(k.shape[1]) * int(k.shape[2]))]
     if name == "moe_combine":  # moe/combine_kernel: (cdiv(T, block_t), cdiv(H, block_h))
         lc = LAUNCH[("cuda", "moe_combine")]
         t, h = int(out.shape[0]), int(out.shape[-1])

@@ -13,7 +13,8 @@ Counted in that graph:
 - each `fp4_compile` op: the launches its CUDA dispatch makes at its shapes
   (`launch_rules.op_launches`, citing each launcher);
 - each extern ATen kernel (`rules.EXTERN`: GEMMs, sort, histc, cumsum, index_put_ ...): one;
-  a `copy_` into a graph input: one (a KV cache's adds its bytes to `kv_cache_copy_bytes`);
+  a `copy_` into a graph input: one (a KV cache's adds its bytes to `kv_cache_copy_bytes`), but
+  none for a copy of a tensor into itself (a mutating op's, `fp4_compile::kv_cache_write`);
 - every other ATen op is Inductor's: a pointwise / reduction op whose value a kernel above, the
   output or a `copy_` reads is materialized (a kernel); the others are inlined into their
   readers; materialized ops joined by data flow with no kernel between them (the same count of
@@ -63,6 +64,7 @@ def post_grad_graph(model, recipe: str, *, batch: int, context: int, max_seq_len
     """(Inductor's post-grad graph of the Tq = 1 step, names of the Dynamo placeholders in the
     same order) for `model` on the meta device, as the engine compiles it."""
     from torch._inductor.compile_fx import compile_fx  # lazy: Inductor costs seconds at import
+    from torch._inductor.fx_passes import post_grad  # lazy: Inductor, as above
     from torch._inductor.fx_passes.post_grad import post_grad_passes  # lazy: Inductor, as above
 
     rec = getattr(NVFP4Recipe, recipe)()
@@ -70,7 +72,9 @@ def post_grad_graph(model, recipe: str, *, batch: int, context: int, max_seq_len
     got: dict = {}
 
     def inner(gm, example_inputs, **unused):
-        post_grad_passes(gm, True)  # is_inference
+        decompose = _on_meta(post_grad.decompose_auto_functionalized)
+        with mock.patch.object(post_grad, "decompose_auto_functionalized", decompose):
+            post_grad_passes(gm, True)  # is_inference
         got["graph"] = gm
         raise _Stop
 
@@ -100,6 +104,23 @@ def post_grad_graph(model, recipe: str, *, batch: int, context: int, max_seq_len
     return got["graph"], got["names"]
 
 
+def _on_meta(decompose_auto_functionalized):
+    """Inductor's `decompose_auto_functionalized` (a mutating op such as
+    `fp4_compile::kv_cache_write` back to its in-place call) for a graph of meta tensors: its
+    pattern skips nodes of meta inputs, which here stand for CUDA ones."""
+    from torch._inductor import pattern_matcher  # lazy: Inductor costs seconds at import
+
+    def decompose(graph: fx.Graph) -> None:
+        with mock.patch.object(pattern_matcher, "fallback_node_due_to_unsupported_type", _never):
+            decompose_auto_functionalized(graph)
+
+    return decompose
+
+
+def _never(*args, **kwargs) -> bool:
+    return False
+
+
 def _layer_of_name(name: str) -> int | None:
     """A Dynamo placeholder's layer: a layer's parameter or KV cache (k_i, v_i -> i // 2);
     OUTSIDE for another parameter; None for a user input or a store tensor."""
@@ -117,8 +138,11 @@ def _nbytes(v) -> int:
 
 
 def _kind(n: fx.Node) -> str:
-    """'kernel', 'fusible' or 'free' (no kernel: a view, an allocation, a getitem)."""
+    """'kernel', 'fusible' or 'free' (no kernel: a view, an allocation, a getitem, a copy of a
+    tensor into itself: what a mutating op's decomposition leaves, which Inductor drops)."""
     if n.op != "call_function" or n.target is operator.getitem:
+        return "free"
+    if n.target is torch.ops.aten.copy_.default and n.args[0] is n.args[1]:
         return "free"
     name = op_name(n)
     short = name.split(".", 1)[-1]

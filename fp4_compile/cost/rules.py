@@ -252,7 +252,12 @@ def _fp4_cost(n: fx.Node, g: _Graph, ctx: dict) -> OpCost:
         read += g.read_bytes(n.args[0])
         written += int(_val(n.args[0]).numel()) // _val(n.args[0]).shape[-1] * 4  # [E, N] FP32
         note = EXPERT_ROW_MAXIMA
-    reads_cache = any(g.from_cache(x) for _, x in args) and "attention" not in name
+    if name == "kv_cache_write":  # reads the positions and new rows, writes them (in place)
+        read = sum(g.read_bytes(x) for i, x in args if i >= 2)
+        written = sum(_nbytes(_val(x)) for i, x in args if i >= 3)
+        kv = "writes the new tokens into the cache"
+    never_copies = "attention" in name or name == "kv_cache_write"  # their outputs are no cache
+    reads_cache = any(g.from_cache(x) for _, x in args) and not never_copies
     copies = reads_cache and written >= _cache_layer_bytes(g) > 0  # attention's output is none
     if copies:
         kv = _COPY

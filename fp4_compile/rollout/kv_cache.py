@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .. import codegen  # noqa: F401  (registers fp4_compile::kv_cache_write)
+
 
 class StaticKVCache:
     """k/v tensors [B, H_kv, S_max, D] per layer, written at explicit per-sequence positions."""
@@ -44,22 +46,6 @@ class StaticKVCache:
         cache.write_positions = None
         return cache
 
-    @property
-    def write_positions(self) -> torch.Tensor | None:
-        """[B, Tq] int64: where this forward's new tokens go, set before each forward."""
-        return self._write_positions
-
-    @write_positions.setter
-    def write_positions(self, positions_BT: torch.Tensor | None) -> None:
-        """Also builds the write's index here, once per forward: every layer's `update` reuses
-        it (one set of index kernels per step, not one per layer)."""
-        self._write_positions = positions_BT
-        self._write_index = (
-            None
-            if positions_BT is None
-            else _write_index(positions_BT, num_heads=self.keys[0].shape[1])
-        )
-
     def set_write_positions(self, positions_BT: torch.Tensor) -> None:
         if positions_BT.dim() != 2 or int(positions_BT.max()) >= self.max_seq_len:
             raise ValueError(
@@ -71,13 +57,16 @@ class StaticKVCache:
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
     ):
-        """Write [B, H_kv, Tq, D] at the sequences' positions; return the whole cache layer."""
-        index = self._write_index
-        assert index is not None, "set_write_positions() before the forward"
-        assert key_states.shape[1] == index[1].shape[1], "the cache's KV heads"
-        self.keys[layer_idx].index_put_(index, key_states)
-        self.values[layer_idx].index_put_(index, value_states)
-        return self.keys[layer_idx], self.values[layer_idx]
+        """Write [B, H_kv, Tq, D] at the sequences' positions; return the whole cache layer.
+
+        One op writes both, `fp4_compile::kv_cache_write` (one launch on CUDA), in place: on a
+        graph input Inductor calls it on the cache itself (no clone of the layer cache, no copy
+        back: tests/rollout/test_kv_cache_write.py reads it from the generated code)."""
+        positions = self.write_positions
+        assert positions is not None, "set_write_positions() before the forward"
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        torch.ops.fp4_compile.kv_cache_write(keys, values, positions, key_states, value_states)
+        return keys, values
 
     # what transformers may ask of a cache
     @property
@@ -95,23 +84,6 @@ class StaticKVCache:
 
     def __len__(self) -> int:
         return len(self.keys)
-
-
-def _write_index(positions_BT: torch.Tensor, *, num_heads: int) -> tuple[torch.Tensor, ...]:
-    """Indices of `cache[b, h, positions_BT[b, t], :]` for every (b, h, t): broadcast to
-    [B, H_kv, Tq], adjacent, so `index_put_` takes the [B, H_kv, Tq, D] states as they are.
-
-    The write is `index_put_`, not `scatter_`: on a graph input Inductor re-inplaces
-    `index_put` (a store of the B * H_kv * Tq rows), while it functionalizes `scatter_` into a
-    clone of the whole layer cache, the write, and a copy back every step
-    (tests/rollout/test_kv_cache_write.py reads it from the generated code). A sequence's
-    positions are distinct, so no slot is written twice and the order of the stores is moot.
-    Rows and heads are built as one [2, B, H_kv, 1] tensor: one index kernel per step."""
-    device = positions_BT.device
-    rows = torch.arange(positions_BT.shape[0], device=device)
-    heads = torch.arange(num_heads, device=device)
-    rows_heads = torch.stack(torch.meshgrid(rows, heads, indexing="ij"))[..., None]  # one kernel
-    return rows_heads[0], rows_heads[1], positions_BT[:, None, :]
 
 
 def attention_mask_4d(

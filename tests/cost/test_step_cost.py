@@ -113,11 +113,12 @@ def test_moe_counts_the_experts_a_step_touches(configs, costs):
 
 
 def test_cache_writes_write_the_new_tokens_only(costs):
-    """The decode step writes one token's K and V per sequence into the static cache."""
+    """The decode step writes one token's K and V per sequence into the static cache: one
+    `kv_cache_write` per layer writing both, and nothing more."""
     for res in costs.values():
         writes = [r for r in res["per_op"] if r["kv_cache"].startswith("writes")]
-        assert len(writes) == 4  # k and v, 2 layers
-        assert all(r["bytes_written"] == BATCH * 2 * 1 * 32 * 2 for r in writes)
+        assert len(writes) == 2  # k and v in one op, 2 layers
+        assert all(r["bytes_written"] == 2 * BATCH * 2 * 1 * 32 * 2 for r in writes)
 
 
 def test_bad_arguments_are_refused(configs):

@@ -52,6 +52,13 @@ def rms_norm_quantize_kernel(*args, **kwargs):
     return rms_norm_quantize(*args, **kwargs)
 
 
+def add_rms_norm_quantize_kernel(*args, **kwargs):
+    """Its residual form, h = x + residual in the same launch (the same module)."""
+    from fp4_compile.codegen.nvfp4.rms_norm_quantize_kernel import add_rms_norm_quantize
+
+    return add_rms_norm_quantize(*args, **kwargs)
+
+
 def rms_norm_kernel(*args, **kwargs):
     """The batch-invariant RMSNorm kernel's launcher (codegen/invariant/rms_norm_kernel.py)."""
     from fp4_compile.codegen.invariant.rms_norm_kernel import rms_norm

@@ -5,7 +5,11 @@ Bitwise:
 - `sample_argmax`'s picks == argmax(logits.float() / T + gumbel_noise) and the greedy
   argmax(logits.float()), as ATen computes them on the same device (its division by a host
   scalar multiplies by the FP32 reciprocal: the kernel must match it, not IEEE division);
-- `decode_advance` == the old bookkeeping's torch ops on every buffer, over several steps.
+- `decode_advance` == the old bookkeeping's torch ops on every buffer, over several steps;
+- `kv_cache_write` == the two `index_put_` it replaced (both whole caches, Qwen3-8B's 8 KV heads
+  of 128, decode and prefill rows, v a transposed view);
+- `invariant_rms_norm_pair` == two `invariant_rms_norm` (the q / k norms at decode and prefill
+  row counts).
 """
 
 import pytest
@@ -98,3 +102,37 @@ def test_expert_order_equals_the_torch_ops(tokens):
     want = expert_order_reference(experts, weights, 128, torch.bfloat16)
     for i, (a, b) in enumerate(zip(got, want)):
         assert_bitwise_equal(a, b, f"output {i} at {tokens} tokens")
+
+
+@pytest.mark.parametrize(("batch", "tq"), [(1, 1), (64, 1), (2, 300)])
+def test_kv_cache_write_equals_two_index_puts(batch, tq):
+    g = torch.Generator(device=DEVICE).manual_seed(batch + tq)
+    heads, slots, dim = 8, 512, 128
+    caches = [
+        torch.randn(batch, heads, slots, dim, generator=g, device=DEVICE).bfloat16()
+        for _ in range(2)
+    ]
+    keys = torch.rand(batch, slots, generator=g, device=DEVICE)
+    positions = keys.argsort(dim=1)[:, :tq].contiguous()  # distinct slots per sequence
+    k = torch.randn(batch, heads, tq, dim, generator=g, device=DEVICE).bfloat16()
+    v = torch.randn(batch, tq, heads, dim, generator=g, device=DEVICE).bfloat16().transpose(1, 2)
+    index = (
+        torch.arange(batch, device=DEVICE)[:, None, None],
+        torch.arange(heads, device=DEVICE)[None, :, None],
+        positions[:, None, :],
+    )
+    want = [caches[0].clone().index_put_(index, k), caches[1].clone().index_put_(index, v)]
+    torch.ops.fp4_compile.kv_cache_write(*caches, positions, k, v)
+    assert_bitwise_equal(caches[0], want[0], "k cache")
+    assert_bitwise_equal(caches[1], want[1], "v cache")
+
+
+@pytest.mark.parametrize("tokens", [1, 64, 4096])
+def test_rms_norm_pair_equals_two_norms(tokens):
+    g = torch.Generator(device=DEVICE).manual_seed(tokens)
+    q = torch.randn(tokens, 32, 128, generator=g, device=DEVICE).bfloat16() * 3
+    k = torch.randn(tokens, 8, 128, generator=g, device=DEVICE).bfloat16() * 0.01
+    wq, wk = (1 + 0.1 * torch.randn(2, 128, generator=g, device=DEVICE)).bfloat16()
+    got = torch.ops.fp4_compile.invariant_rms_norm_pair(q, wq, k, wk, 1e-6)
+    assert_bitwise_equal(got[0], torch.ops.fp4_compile.invariant_rms_norm(q, wq, 1e-6), "q")
+    assert_bitwise_equal(got[1], torch.ops.fp4_compile.invariant_rms_norm(k, wk, 1e-6), "k")

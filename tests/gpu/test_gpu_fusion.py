@@ -7,6 +7,7 @@ Bitwise, each against the unfused path:
 - the rms_norm_quantize kernel == the rms_norm kernel, then quantize_triton (per row) and the
   per-tensor X^T quantize: y, on-grid operands, global decodes; rows of a 16-row call == the
   same rows of the 4096-row call (batch invariance);
+- its residual form (add_rms_norm_quantize) == the add, then the kernel, h included;
 - the silu_mul_quantize kernel == silu_mul_triton, then quantize_triton (per row);
 - nvfp4_grouped_mm_quantized == nvfp4_grouped_mm (128 experts, gathered tokens): y, dX, dW;
 - the expert weights' one-read quantize in 1, 4, 8 expert groups == the two-step form;
@@ -91,6 +92,22 @@ def test_rms_norm_quantize_kernel_equals_unfused_kernels(hidden):
         part = gi.rms_norm_quantize_kernel(x[:m], w, 1e-6)
         for got, full, what in zip(part, (y, ongrid, gd, row_amax), ("y", "on-grid", "gd", "amax")):
             assert_bitwise_equal(got, full[:m], f"{what}: {m} rows alone vs in {TOKENS}")
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("rows", [1, 16, TOKENS])
+def test_add_rms_norm_quantize_kernel_equals_add_then_kernel(rows, split):
+    """The residual form (a decoder layer's add fused into the norm after it) == eager
+    `x + residual` (BF16, one rounding) then the rms_norm_quantize kernel: y, on-grid operand,
+    global decode, row maxima and h, in both launch forms (decode's batch 1 takes the split)."""
+    x = (_randn(rows, HIDDEN, seed=9) * _randn(rows, 1, seed=10).exp()).to(torch.bfloat16)
+    r = (_randn(rows, HIDDEN, seed=11) * _randn(rows, 1, seed=12).exp()).to(torch.bfloat16)
+    w = (1.0 + 0.1 * _randn(HIDDEN, seed=13)).to(torch.bfloat16)
+    got = gi.add_rms_norm_quantize_kernel(x, r, w, 1e-6, split=split)
+    h = x + r
+    want = gi.rms_norm_quantize_kernel(h, w, 1e-6, split=split)
+    for a, b, what in zip(got, (*want, h), ("y", "on-grid", "gd", "row maxima", "h")):
+        assert_bitwise_equal(a, b, f"{what} ({rows} rows, split {split})")
 
 
 @pytest.mark.parametrize("masked", [False, True])

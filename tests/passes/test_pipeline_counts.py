@@ -35,6 +35,8 @@ def test_qwen3_counts():
         "activation_quantize_saved": 6,  # per layer: 2 of q/k/v, 1 of gate/up
         "rms_norm_quantize_fused": 4,  # per layer: the norms before q/k/v and gate/up
         "silu_mul_quantize_fused": 2,  # per layer: the SwiGLU emits down_proj's operand
+        "residual_add_fused": 4,  # the adds read by the norms (not layer 0's input norm) + final
+        "rms_norms_paired": 2,  # per layer: q_norm and k_norm in one launch
     }
     lm = [g for g in rep.gemms if g.module == "lm_head"]
     assert lm and lm[0].precision == "bf16" and "lm_head" in lm[0].reason
@@ -58,6 +60,8 @@ def test_qwen3_moe_counts():
     assert rep.counts["expert_input_from_norm"] == 2  # the experts' gate_up reads the operand
     assert rep.counts["silu_mul_quantize_fused"] == 2  # the SwiGLU emits the down GEMM's operand
     assert rep.counts["expert_input_from_silu_mul"] == 2
+    assert rep.counts["residual_add_fused"] == 4  # the adds read by the norms + the final norm's
+    assert rep.counts["rms_norms_paired"] == 2  # per layer: q_norm and k_norm in one launch
     assert rep.counts["gather_rows"] == 4  # per layer: tokens to experts, outputs back to slots
     assert rep.counts["expert_gather_folded"] == 2  # ... the first read by gate_up's GEMM itself
     assert rep.counts["moe_combine_folded"] == 2  # row_scale + gather + ordered_sum: one op
@@ -109,6 +113,7 @@ def test_llama_counts():
         "activation_quantize_saved": 3,
         "rms_norm_quantize_fused": 2,
         "silu_mul_quantize_fused": 1,
+        "residual_add_fused": 2,  # the attention's add (post-attention norm), the MLP's (final)
     }
 
 

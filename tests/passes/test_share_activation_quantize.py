@@ -86,6 +86,7 @@ def _transposed_flags(gm):
     position = {
         ops.quantize_activation.default: 3,
         ops.rms_norm_quantize.default: 4,
+        ops.add_rms_norm_quantize.default: 5,  # the norm after a residual add (fuse_residual_adds)
         ops.silu_mul_quantize.default: 4,
     }
     return [

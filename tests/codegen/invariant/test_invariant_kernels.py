@@ -223,3 +223,33 @@ def test_attention_kernel_reads_projection_layouts_in_place(ik):
     assert_bitwise_equal(got[1], want[1], "lse")
     with pytest.raises(ValueError, match=r"q_start must be int32/int64 \[B\]"):
         ik.attention(q, k, v, zeros.float(), lens, None, True, 0.25)
+
+
+def test_rms_norm_pair_reads_row_blocks_in_place(ik, monkeypatch):
+    """The q / k norm pair (`rms_norm_pair`) on a fused q/k/v GEMM's q and k at batch > 1 reads
+    both in place like `rms_norm` (no copy), with the bits of the two single norms."""
+    from fp4_compile.codegen.invariant import rms_norm_kernel
+
+    g = _gen(4)
+    heads, kv_heads, d = 5, 2, 128
+    qkv = torch.randn(7, 1, (heads + 2 * kv_heads) * d, generator=g).bfloat16()
+    q = qkv[..., : heads * d].view(7, 1, heads, d)
+    k = qkv[..., heads * d : (heads + kv_heads) * d].view(7, 1, kv_heads, d)
+    wq, wk = torch.randn(2, d, generator=g).bfloat16()
+    want = (
+        ik.rms_norm(q.contiguous(), wq, None, 1e-6)[0],
+        ik.rms_norm(k.contiguous(), wk, None, 1e-6)[0],
+    )
+    copies = []
+    contiguous = torch.Tensor.contiguous
+
+    def counting(t, *args, **kwargs):
+        copies.append(not t.is_contiguous())
+        return contiguous(t, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "contiguous", counting)
+        got = rms_norm_kernel.rms_norm_pair(q, wq, k, wk, 1e-6)
+    assert not any(copies), "q or k was copied"
+    assert_bitwise_equal(got[0], want[0], "q read in place vs its contiguous copy")
+    assert_bitwise_equal(got[1], want[1], "k read in place vs its contiguous copy")
