@@ -312,12 +312,14 @@ def _fused_producer_cases() -> list[KernelCase]:
                 "ongrid_ptr": ("*bf16", 0),
                 "gd_ptr": ("*fp32", 0),
                 "amax_ptr": ("*fp32", 0),
+                "r_ptr": ("*bf16", 0),  # no residual: x's pointer (rms_norm_quantize._launch)
+                "h_ptr": ("*bf16", 0),
                 "R": ("i32", 4096),
                 "H": ("i32", 2048),
                 "eps": ("fp32", 1e-6),
                 "one_sixth": ("fp32", 1.0 / 6.0),
             },
-            {"HAS_W": True, "BLOCK_H": block, "ROWS": rows},
+            {"HAS_RES": False, "HAS_W": True, "BLOCK_H": block, "ROWS": rows},
             warps,
             1,
             options={},
@@ -521,6 +523,7 @@ def _attention_cases() -> list[KernelCase]:
         "skt": (i32, hkv * d),
     }
     no_mask = {"smb": (i32, 0), "smh": (i32, 0), "smt": (i32, 0)}
+    unpaged = {"bt_ptr": ("*i64", 0), "sbt": (i32, 0), "spage": (i32, 0)}
     mask = {"smb": (i32, t), "smh": (i32, 0), "smt": (i32, t // 32)}  # rows per sequence, words
     common = {
         "qs_ptr": ("*i64", 0),
@@ -566,8 +569,15 @@ def _attention_cases() -> list[KernelCase]:
             KernelCase(
                 f"attention forward (invariant){label}",
                 ik._attention_kernel,
-                {**tensors, **common, **sm, **out_strides},
-                {**flags, "BLOCK_M": fwd.block_m, "BLOCK_N": fwd.block_n},
+                # not paged: the block table's pointer is kv_len's, its strides 0 (attention.py)
+                {**tensors, **common, **sm, **out_strides, **unpaged},
+                {
+                    **flags,
+                    "BLOCK_M": fwd.block_m,
+                    "BLOCK_N": fwd.block_n,
+                    "PAGED": False,
+                    "PAGE": fwd.block_n,
+                },
                 fwd.num_warps,
                 fwd.num_stages,
                 {},
