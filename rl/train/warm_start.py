@@ -76,13 +76,13 @@ def supervised_batch(
 
 def run_warm_start(model, cfg: TrainConfig, task: Task, tok: Tokenizer, *, log=None) -> list[float]:
     """Teacher-forced cross-entropy on answer tokens; returns the loss of every step (one
-    host sync at the end, and one after the first step when `log` is given: it gets the
-    first step's time and the estimate of the whole warm start, its cost being the model's
+    host sync at the end, and one after each of the first two steps when `log` is given: it
+    gets their times and the estimate of the whole warm start, its cost being the model's
     size times warm_start_batch times the sequence width)."""
     device = cfg.torch_device()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warm_start_lr, weight_decay=0.0)
     losses = []
-    start = time.perf_counter()
+    start, marks = time.perf_counter(), []
     for step in range(cfg.warm_start_steps):
         problems = task.problems(cfg.warm_start_batch, seed=derive_seed(cfg.seed, "warm", step))
         ids, mask = supervised_batch(problems, tok, device)
@@ -95,14 +95,19 @@ def run_warm_start(model, cfg: TrainConfig, task: Task, tok: Tokenizer, *, log=N
         loss.backward()
         opt.step()
         losses.append(loss.detach())
-        if step == 0 and log is not None and cfg.warm_start_steps > 1:
-            losses[0].item()  # wait for the step (on CUDA it runs asynchronously)
-            first_s = time.perf_counter() - start
-            log(
-                f"warm start: step 1 of {cfg.warm_start_steps} ({ids.shape[0]} sequences x "
-                f"width {ids.shape[1]}) took {first_s:.1f} s; about "
-                f"{first_s * cfg.warm_start_steps:.0f} s in all (warm_start_steps=0 skips it)"
-            )
+        if log is not None and step < 2 and cfg.warm_start_steps > 2:
+            # the first step pays one-time costs (allocations, kernel caches): the estimate
+            # is the first step plus the second step's time for each of the rest
+            losses[-1].item()  # wait for the step (on CUDA it runs asynchronously)
+            marks.append(time.perf_counter() - start)
+            if step == 1:
+                first_s, second_s = marks[0], marks[1] - marks[0]
+                total = first_s + second_s * (cfg.warm_start_steps - 1)
+                log(
+                    f"warm start: steps 1-2 of {cfg.warm_start_steps} ({ids.shape[0]} sequences "
+                    f"x width {ids.shape[1]}) took {first_s:.2f} + {second_s:.2f} s; about "
+                    f"{total:.0f} s in all (warm_start_steps=0 skips it)"
+                )
     return torch.stack(losses).tolist() if losses else []
 
 
