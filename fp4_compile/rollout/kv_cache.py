@@ -15,7 +15,29 @@ import torch
 from .. import codegen  # noqa: F401  (registers fp4_compile::kv_cache_write)
 
 
-class StaticKVCache:
+class TransformersCacheQueries:
+    """What transformers asks of a cache besides `update`, for the rollout's caches (static and
+    paged): `keys` per layer and `max_seq_len` slots; no sliding layers, and the step passes
+    the mask and positions itself (so the "seen" length is 0)."""
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False] * len(self.keys)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        return self.max_seq_len
+
+    def get_mask_sizes(self, *args, **kwargs):
+        return self.max_seq_len, 0
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class StaticKVCache(TransformersCacheQueries):
     """k/v tensors [B, H_kv, S_max, D] per layer, written at explicit per-sequence positions."""
 
     is_compileable = True
@@ -67,23 +89,6 @@ class StaticKVCache:
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         torch.ops.fp4_compile.kv_cache_write(keys, values, positions, key_states, value_states)
         return keys, values
-
-    # what transformers may ask of a cache
-    @property
-    def is_sliding(self) -> list[bool]:
-        return [False] * len(self.keys)
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0
-
-    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
-        return self.max_seq_len
-
-    def get_mask_sizes(self, *args, **kwargs):
-        return self.max_seq_len, 0
-
-    def __len__(self) -> int:
-        return len(self.keys)
 
 
 def attention_mask_4d(

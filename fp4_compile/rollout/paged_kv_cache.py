@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..codegen.invariant.kv_pages import gather_kv_pages
+from .kv_cache import TransformersCacheQueries
 
 SCRATCH_PAGE = 0
 
@@ -34,7 +35,7 @@ def pages_for(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
 
 
-class PagedKVCache:
+class PagedKVCache(TransformersCacheQueries):
     """Page pools [N, H_kv, PAGE, D] per layer and a block table [B, P] (int64); duck-types
     transformers' Cache like `StaticKVCache`, whose write contract it keeps: `update` writes the
     new [B, H_kv, Tq, D] keys and values with `index_put_` (in place on a graph input: no copy
@@ -123,23 +124,6 @@ class PagedKVCache:
             gather_kv_pages(self.keys[layer_idx], table),
             gather_kv_pages(self.values[layer_idx], table),
         )
-
-    # what transformers may ask of a cache
-    @property
-    def is_sliding(self) -> list[bool]:
-        return [False] * len(self.keys)
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0
-
-    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
-        return self.max_seq_len
-
-    def get_mask_sizes(self, *args, **kwargs):
-        return self.max_seq_len, 0
-
-    def __len__(self) -> int:
-        return len(self.keys)
 
 
 class PageAllocator:
