@@ -138,7 +138,14 @@ class VLLMRolloutEngine:
         """bytes and seconds of the last `update_weights` (learner side, vLLM side)."""
 
     def close(self) -> None:
-        """Stop vLLM and remove the engine's temporary model folder."""
+        """Stop vLLM now and remove the engine's temporary model folder. Close an engine before
+        making the next one in the same process: an in-process vLLM engine tears down the
+        process-wide distributed state when it stops, and one left to the garbage collector
+        stops whenever the collector runs, under the next engine's feet."""
+        if self.llm is not None:
+            core = getattr(self.llm.llm_engine, "engine_core", None)
+            if core is not None:
+                core.shutdown()  # detaches its finalizer: it will not run a second time
         self.llm = None
         if self._tmp is not None:
             self._cleanup()

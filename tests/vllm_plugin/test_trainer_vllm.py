@@ -44,6 +44,13 @@ def test_grpo_with_vllm_rollouts(tmp_path, rollout_engine, arch):
     )
     cfg = get_preset("tiny").with_overrides([f"{k}={v}" for k, v in over.items()])
     result = train(cfg, progress=False, log=lambda *_: None)
+    try:
+        _check_run(result, rollout_engine)
+    finally:  # the next test's engine must not be under this one's teardown
+        result["trainer"].engine.close()
+
+
+def _check_run(result, rollout_engine):
     records = [r for r in result["records"] if "mismatch/max_abs_dlogp" in r]
     assert len(records) == 2
     for r in records:
