@@ -36,6 +36,7 @@ RESUMABLE_FIELDS = (
     "eval_every",
     "eval_size",
     "rollout_weights",  # where the engine's weights live, not what they compute
+    "rollout_kv_tokens",  # where the engine's KV cache lives, not what it computes
 )
 
 
@@ -164,6 +165,13 @@ class TrainConfig:
     of this process (prompts_per_step x group_size / processes). The trainer calls `generate`
     once over the whole rollout batch whatever this is: the embedded engine batches it
     continuously (the same bits at any value), the stock engine in static waves of this size."""
+    rollout_kv_tokens: int = 0
+    """The embedded engine's KV cache. 0: static, one row of the longest sequence per running
+    request (rollout_max_batch x width, per layer). > 0: a paged cache of this many tokens
+    shared by the running requests (`RolloutEngine(kv_cache="paged", kv_tokens=...)`): pages
+    are granted as requests grow and freed as they finish; when the pool runs out the youngest
+    request restarts from its prompt with its seed (the same bits). A request that could never
+    fit is refused before any work. Same tokens and log-probs as the static cache."""
     rollout_weights: str = "bf16+packed"
     """The embedded engine's weight copy (`RolloutEngine(weights=...)`, the same bits either
     way): "bf16+packed" keeps its BF16 parameters and the packed NVFP4 store; "packed" keeps only
@@ -246,6 +254,16 @@ class TrainConfig:
                 f"{self.rollout_max_batch!r}"
             )
         self._check_rollout_weights()
+        if not isinstance(self.rollout_kv_tokens, int) or self.rollout_kv_tokens < 0:
+            raise ValueError(
+                f"rollout_kv_tokens must be an int >= 0 (0: a static KV cache), got "
+                f"{self.rollout_kv_tokens!r}"
+            )
+        if self.rollout_kv_tokens and self.rollout_engine != "minite":
+            raise ValueError(
+                f"rollout_kv_tokens sizes the embedded engine's paged KV cache (rollout_engine="
+                f"'minite'); {self.rollout_engine!r} sizes its own"
+            )
         if self.rollout_cuda_graphs and not self.device.startswith("cuda"):
             raise ValueError(
                 f"rollout_cuda_graphs=True needs a CUDA device, got device={self.device!r}"

@@ -48,6 +48,8 @@ class EngineRequest:
     """The embedded engine's CUDA-graph decode (`rollout_cuda_graphs`)."""
     weights: str = "bf16+packed"
     """The embedded engine's weight copy (`rollout_weights`, `RolloutEngine(weights=...)`)."""
+    kv_tokens: int = 0
+    """The embedded engine's paged KV cache size in tokens (`rollout_kv_tokens`); 0: static."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ def _minite(req: EngineRequest) -> RolloutEngineProtocol:
         compile=req.compile,
         cuda_graphs=req.cuda_graphs,
         weights=req.weights,
+        **(dict(kv_cache="paged", kv_tokens=req.kv_tokens) if req.kv_tokens else {}),
     )
 
 

@@ -156,6 +156,7 @@ class GRPOTrainer:
             compile=cfg.compile,
             cuda_graphs=cfg.rollout_cuda_graphs,
             weights=cfg.rollout_weights,
+            kv_tokens=cfg.rollout_kv_tokens,
         )
         self.engine = build_engine(cfg.rollout_engine, request, world=self.world)
         if self.world > 1:
@@ -320,6 +321,7 @@ class GRPOTrainer:
             for g in self.local_groups
             for j in range(group)
         ]
+        preempted = getattr(self.engine, "kv_preemptions", 0)
         out = self.engine.generate(
             prompts,
             max_new_tokens=self.max_new_tokens,
@@ -328,6 +330,7 @@ class GRPOTrainer:
             eos_token_id=tok.eos_id,
         )
         t_rollout = time.perf_counter() - t_start
+        preempted = getattr(self.engine, "kv_preemptions", 0) - preempted
         completions = [tok.decode(t) for t in out.tokens]  # each up to its own EOS
         # the verifier scores the answer the task extracts from each completion
         rewards = [self.task.reward(problems[i // group], c) for i, c in enumerate(completions)]
@@ -425,6 +428,8 @@ class GRPOTrainer:
         record["rollout/max_new_tokens"] = max(lengths)
         record["perf/learner_width"] = ids.shape[1]
         record["rollout/eos_frac"] = [g[4] for g in gathered].count("eos") / self.num_seqs
+        if cfg.rollout_kv_tokens:  # this process's requests restarted for lack of KV pages
+            record["rollout/kv_preemptions"] = preempted
         record.update(zip(names, values))
         record["perf/rollout_s"] = t_rollout
         record["perf/learner_s"] = t_end - t_learn
