@@ -76,12 +76,19 @@ def decode_advance(
     kv_len_B.add_(running)
 
 
-def kv_cache_write(k_cache, v_cache, positions_BT, k, v) -> None:
+def kv_cache_write(k_cache, v_cache, positions_BT, k, v, block_table=None) -> None:
     """k_cache[b, h, positions[b, t]] = k[b, h, t], the same for v (in place): the indices of
-    every (b, h, t) broadcast to [B, H_kv, Tq], so `index_put_` takes [B, H_kv, Tq, D] as it is."""
-    b, h = k_cache.shape[:2]
-    rows = torch.arange(b, device=k_cache.device)[:, None, None]
+    every (b, h, t) broadcast to [B, H_kv, Tq], so `index_put_` takes [B, H_kv, Tq, D] as it is.
+    Paged (block_table [B, P], caches [N, H_kv, PAGE, D]): page block_table[b, p // PAGE],
+    slot p % PAGE."""
+    b, h = positions_BT.shape[0], k_cache.shape[1]
     heads = torch.arange(h, device=k_cache.device)[None, :, None]
-    index = (rows, heads, positions_BT[:, None, :])
+    if block_table is None:
+        rows, slots = torch.arange(b, device=k_cache.device)[:, None, None], positions_BT
+    else:
+        page = k_cache.shape[2]
+        rows = torch.gather(block_table, 1, positions_BT // page)[:, None, :]
+        slots = positions_BT % page
+    index = (rows, heads, slots[:, None, :])
     k_cache.index_put_(index, k)
     v_cache.index_put_(index, v)

@@ -38,8 +38,9 @@ def pages_for(tokens: int, page_size: int) -> int:
 class PagedKVCache(TransformersCacheQueries):
     """Page pools [N, H_kv, PAGE, D] per layer and a block table [B, P] (int64); duck-types
     transformers' Cache like `StaticKVCache`, whose write contract it keeps: `update` writes the
-    new [B, H_kv, Tq, D] keys and values with `index_put_` (in place on a graph input: no copy
-    of a pool, `tests/rollout/test_kv_cache_write.py`) and returns each layer as the contiguous
+    new [B, H_kv, Tq, D] keys and values with `fp4_compile::kv_cache_write` through the block
+    table (one launch on CUDA, in place on a graph input: no copy of a pool,
+    `tests/rollout/test_kv_cache_write.py`) and returns each layer as the contiguous
     layout, `fp4_compile::gather_kv_pages(pool, table)`, which the lowering folds into the
     attention op (the kernel reads the pages; nothing is gathered)."""
 
@@ -95,31 +96,21 @@ class PagedKVCache(TransformersCacheQueries):
 
     @write_positions.setter
     def write_positions(self, positions_BT: torch.Tensor | None) -> None:
-        """Also builds the write's index once per forward (every layer's `update` reuses it)."""
         self._write_positions = positions_BT
-        self._write_index = (
-            None if positions_BT is None else self._index(positions_BT, self.keys[0].shape[1])
-        )
-
-    def _index(self, positions_BT: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, ...]:
-        """Indices of `pool[page, h, slot, :]` for every (b, h, t), broadcast to [B, H_kv, Tq]
-        (adjacent: `index_put_` takes the [B, H_kv, Tq, D] states as they are). A row's
-        positions are distinct and its pages its own, so no slot is written twice (idle rows
-        all write the scratch page, which no visible key reads)."""
-        page = self.page_size
-        pages_BT = torch.gather(self.block_table, 1, positions_BT // page)
-        heads = torch.arange(num_heads, device=positions_BT.device)
-        return pages_BT[:, None, :], heads[None, :, None], (positions_BT % page)[:, None, :]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
     ):
-        """Write [B, H_kv, Tq, D] at the rows' positions; return the layer as [B, H_kv, S, D]."""
-        index = self._write_index
-        assert index is not None, "set write_positions before the forward"
-        self.keys[layer_idx].index_put_(index, key_states)
-        self.values[layer_idx].index_put_(index, value_states)
+        """Write [B, H_kv, Tq, D] at the rows' positions (page block_table[b, p // PAGE], slot
+        p % PAGE); return the layer as [B, H_kv, S, D]. A row's positions are distinct and its
+        pages its own, so no slot is written twice (idle rows all write the scratch page, which
+        no visible key reads)."""
+        positions = self._write_positions
+        assert positions is not None, "set write_positions before the forward"
         table = self.block_table
+        torch.ops.fp4_compile.kv_cache_write(
+            self.keys[layer_idx], self.values[layer_idx], positions, key_states, value_states, table
+        )
         return (
             gather_kv_pages(self.keys[layer_idx], table),
             gather_kv_pages(self.values[layer_idx], table),

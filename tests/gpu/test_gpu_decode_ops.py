@@ -7,7 +7,8 @@ Bitwise:
   scalar multiplies by the FP32 reciprocal: the kernel must match it, not IEEE division);
 - `decode_advance` == the old bookkeeping's torch ops on every buffer, over several steps;
 - `kv_cache_write` == the two `index_put_` it replaced (both whole caches, Qwen3-8B's 8 KV heads
-  of 128, decode and prefill rows, v a transposed view);
+  of 128, decode and prefill rows, v a transposed view), and through a block table into page
+  pools == the `index_put_` of the pages' slots;
 - `invariant_rms_norm_pair` == two `invariant_rms_norm` (the q / k norms at decode and prefill
   row counts).
 """
@@ -125,6 +126,31 @@ def test_kv_cache_write_equals_two_index_puts(batch, tq):
     torch.ops.fp4_compile.kv_cache_write(*caches, positions, k, v)
     assert_bitwise_equal(caches[0], want[0], "k cache")
     assert_bitwise_equal(caches[1], want[1], "v cache")
+
+
+@pytest.mark.parametrize(("batch", "tq"), [(1, 1), (64, 1), (2, 300)])
+def test_paged_kv_cache_write_equals_index_puts_of_the_pages(batch, tq):
+    g = torch.Generator(device=DEVICE).manual_seed(batch * tq)
+    heads, page, dim, width = 8, 64, 128, 8  # 8 pages of 64 per sequence, 512 positions
+    pages = 1 + batch * width
+    pools = [
+        torch.randn(pages, heads, page, dim, generator=g, device=DEVICE).bfloat16()
+        for _ in range(2)
+    ]
+    table = 1 + torch.randperm(pages - 1, generator=g, device=DEVICE).view(batch, width)
+    keys = torch.rand(batch, page * width, generator=g, device=DEVICE)
+    positions = keys.argsort(dim=1)[:, :tq].contiguous()
+    k = torch.randn(batch, heads, tq, dim, generator=g, device=DEVICE).bfloat16()
+    v = torch.randn(batch, tq, heads, dim, generator=g, device=DEVICE).bfloat16().transpose(1, 2)
+    index = (
+        torch.gather(table, 1, positions // page)[:, None, :],
+        torch.arange(heads, device=DEVICE)[None, :, None],
+        (positions % page)[:, None, :],
+    )
+    want = [pools[0].clone().index_put_(index, k), pools[1].clone().index_put_(index, v)]
+    torch.ops.fp4_compile.kv_cache_write(*pools, positions, k, v, table)
+    assert_bitwise_equal(pools[0], want[0], "k pool")
+    assert_bitwise_equal(pools[1], want[1], "v pool")
 
 
 @pytest.mark.parametrize("tokens", [1, 64, 4096])

@@ -66,6 +66,44 @@ def test_cache_written_in_place_no_whole_cache_copy(step_codes):
         assert flat == set(caches), f"caches {caches} written in place: {sorted(flat)}"
 
 
+def test_paged_pools_written_in_place_no_whole_pool_copy():
+    """The same contract for kv_cache="paged": every layer's K and V page pools (graph inputs)
+    are written in place through the block table by one `kv_cache_write` per layer, and no
+    buffer of a pool's shape is allocated."""
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = tiny_qwen3(layers=2).eval()
+    engine = RolloutEngine(
+        model,
+        recipe=NVFP4Recipe.strict(),
+        max_batch=2,
+        max_seq_len=MAX_SEQ_LEN,
+        kv_cache="paged",
+        kv_tokens=192,
+    )
+    pool_shape = (
+        engine.paged.num_pages,
+        engine.num_kv_heads,
+        engine.paged.page_size,
+        engine.head_dim,
+    )
+    with inductor_config.patch({"force_disable_caches": True}):
+        _, codes = run_and_get_code(
+            lambda: engine.generate([[1, 2, 3], [4, 5]], max_new_tokens=3, seed=0)
+        )
+    steps = [c for c in codes if _cache_args(c, pool_shape)]
+    assert len(steps) == 2, "a prefill and a decode step were compiled"
+    shape = re.escape(str(pool_shape))
+    for code in steps:
+        body, pools = _call_body(code), _cache_args(code, pool_shape)
+        assert len(pools) == 2 * engine.num_layers
+        copies = re.findall(rf"(buf\d+) = empty_strided_\w+\({shape},", body)
+        assert not copies, f"whole-pool buffers {copies}: the pool is cloned and copied back"
+        written = re.findall(r"kv_cache_write\.default\((arg\d+_1), (arg\d+_1),", body)
+        assert len(written) == engine.num_layers, "one write of both pools per layer"
+        assert {n for pair in written for n in pair} == set(pools)
+
+
 def test_update_writes_exactly_the_new_rows():
     """Contract (bitwise): `update` stores key/value [B, H_kv, Tq, D] at cache[b, h, pos[b, t]]
     and leaves every other slot's bytes as they were; it returns the cache tensors themselves."""
