@@ -115,3 +115,45 @@ def test_bad_parts_are_refused():
     b = (wq.codes, wq.block_scales.view(torch.uint8))
     with pytest.raises(ValueError, match="a_parts"):
         launch(y, None, b, wq.global_decode, out_dtype=torch.float32, a_parts=torch.ones(3, 1))
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_cuda_linear_takes_the_prologue_bitwise(monkeypatch, grouped):
+    """`gemm_cuda.cuda_linear` (nvfp4_linear's kernel path) at few rows: chunk maxima, then the
+    decode GEMM quantizing in its prologue, bitwise quantize_triton's split form (chunk maxima,
+    row_codes) then launch_gemm's decode GEMM. The interpreter is made a decode architecture
+    for both sides (it is not one: its FP32 dot sums a transposed operand in numpy's order)."""
+    from fp4_compile import NVFP4Recipe
+    from fp4_compile.codegen import configs
+    from fp4_compile.codegen.nvfp4 import gemm_cuda
+    from fp4_compile.codegen.nvfp4.gemm_kernel import launch_gemm
+    from fp4_compile.codegen.nvfp4.quantize_kernel import quantize_triton
+
+    monkeypatch.setattr(configs, "DECODE_DISPATCH", (*configs.DECODE_DISPATCH, "interpreter"))
+    x = _rows(6, K, torch.float32, 10)
+    wq = _weight(3 if grouped else 0, 32, K, 11)
+    b = (wq.codes, wq.block_scales.view(torch.uint8))
+    kwargs, rows = {}, 6
+    if grouped:
+        idx = torch.tensor([0, 3, -1, 5, 1, 3, 2, 4, -1, 0], dtype=torch.int32, device=DEV)
+        offs = torch.tensor([4, 4, 10], dtype=torch.int32, device=DEV)
+        kwargs, rows = dict(offsets=offs, x_index=idx), 4
+    assert gemm_cuda.few_row_parts(x, "per_row", b, rows) is not None  # the path is taken
+    bias = None if grouped else torch.randn(32, generator=torch.Generator().manual_seed(12))
+    bias = bias.to(DEV) if bias is not None else None
+    got = gemm_cuda.cuda_linear(
+        x, *b, wq.global_decode, None, bias, NVFP4Recipe.strict(), None, **kwargs
+    )
+    a, gd_a = quantize_triton(x, block="1x16", global_scale="per_row", out="ongrid")
+    want = launch_gemm(
+        a,
+        gd_a,
+        b,
+        wq.global_decode,
+        bias=bias,
+        out_dtype=x.dtype,
+        offsets=kwargs.get("offsets"),
+        rows_per_group=rows,
+        a_rows=kwargs.get("x_index"),
+    )
+    assert_bitwise_equal(got.cpu(), want.cpu(), f"grouped={grouped}")
