@@ -16,6 +16,10 @@ program; at batch 1 that is ONE program over a 12288-wide row. Their split form 
    `rne_ongrid_magnitude`, `signed_value`: the same FP32 operations, hence the same bits); the
    programs of chunk 0 store the rows' global decode and maxima (NaN where the row holds one).
 Compiled without FP contraction (`runtime.compile_options`), as the quantize kernels.
+The fold (`row_scales_from_parts`) and the block quantize (`ongrid_blocks`) are jit helpers that
+the decode GEMM's prologue calls too (`decode_gemm_prologue.py`: the GEMM quantizes its A operand
+itself, no row_codes launch before it): one piece of code, so the two forms' bits are equal by
+construction.
 """
 
 from __future__ import annotations
