@@ -170,6 +170,7 @@ def cases() -> list[tuple[KernelCase, int]]:
             (f"decode kernel, pinned M<={mx}, K_CHUNK=0", c, 0, 1),
             (f"decode kernel, pinned M<={mx}, K_CHUNK={kc}", c, kc, 1),
             (f"decode kernel, pinned M<={mx}, K_CHUNK={kc}, split 4", c, kc, 4),
+            (f"decode kernel, A quantized in its prologue, pinned M<={mx}, K_CHUNK=0", c, 0, -1),
         ]
     for w in (64, 32, 16):
         variants.append(
@@ -180,7 +181,8 @@ def cases() -> list[tuple[KernelCase, int]]:
                 1,
             )
         )
-    for label, c, k_chunk, split in variants:
+    row_codes = configs.pick_launch("sm_90", "row_codes")
+    for label, c, k_chunk, split in variants:  # split -1: one program per output, A_PARTS
         out.append(
             (
                 KernelCase(
@@ -213,6 +215,10 @@ def cases() -> list[tuple[KernelCase, int]]:
                         "part_ptr": (f32, 0),
                         "stride_pc": (i32, m * n),
                         "chunks_per_split": (i32, 2),
+                        "a_part_ptr": (f32, 0),
+                        "P": (i32, k // 256),
+                        "gd_out_ptr": (f32, 0),
+                        "one_sixth": ("fp32", 1.0 / 6.0),
                     },
                     {
                         "GROUPED": False,
@@ -228,7 +234,9 @@ def cases() -> list[tuple[KernelCase, int]]:
                         "WEIGHTS_RIGHT": c.weights_right,
                         "EVEN_K": True,
                         "K_CHUNK": k_chunk,
-                        "SPLIT": split,
+                        "SPLIT": max(split, 1),
+                        "A_PARTS": split < 0,
+                        "BLOCK_P": row_codes["block_p"],
                     },
                     c.num_warps,
                     c.num_stages,

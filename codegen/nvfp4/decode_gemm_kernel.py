@@ -29,6 +29,7 @@ the weight stream cheap, none of which changes a bit:
    partial, restored (x 2**8, exact), to an FP32 buffer [chunks, M, N]; `k_chunks.fold_chunks`
    then folds them in the learner's order and applies the learner's epilogue. Which program
    computed a chunk changes no bit: the split count is speed only.
+A_PARTS (`decode_gemm_prologue.py`): A quantized in the prologue, bitwise as `row_codes` does.
 So D here equals the learner's D bitwise; tests/gpu/test_gpu_decode_gemm.py checks it on the
 H200 on cancellation-heavy rows at every pinned bucket, and tests/codegen checks the decode and
 the epilogue in the interpreter (FP32 lanes there: the interpreter has no BF16 arithmetic).
@@ -40,12 +41,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ..configs import check_decode_config, k_chunk, pick_decode
+from ..configs import check_decode_config, k_chunk, pick_decode, pick_launch
 from ..runtime import arch_of, check_kernel_device, compile_options, interpreting
+from ..triton_helpers import ONE_SIXTH_F32
+from .decode_gemm_prologue import a_row_scales, quantized_a_tile
 from .decode_gemm_tiles import weight_tile
-from .gemm_tile import gathered_rows, tile_epilogue, tile_rows
+from .gemm_tile import gathered_rows, row_global_decodes, scaled_store, tile_rows
 from .k_chunks import chunk_count, fold_chunks
-from .packed_layout import words_tile_k
+from .packed_layout import packed_weight, weight_words
 
 
 @triton.jit
@@ -76,6 +79,10 @@ def _nvfp4_decode_gemm_kernel(
     part_ptr,
     stride_pc,
     chunks_per_split,
+    a_part_ptr,
+    P,
+    gd_out_ptr,
+    one_sixth,
     GROUPED: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     WORDS: tl.constexpr,
@@ -90,6 +97,8 @@ def _nvfp4_decode_gemm_kernel(
     WEIGHTS_RIGHT: tl.constexpr,
     K_CHUNK: tl.constexpr,
     SPLIT: tl.constexpr,
+    A_PARTS: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
     # grid: token tiles x weight tiles, the weight tiles of one token tile adjacent in launch
     # order (the programs in flight share their A rows). A_GATHER / GDA_SHARED / GROUPED have
@@ -100,6 +109,8 @@ def _nvfp4_decode_gemm_kernel(
     # and EVEN_K (K a multiple of BLOCK_K) drops the K masks so that the copies are 16 bytes wide.
     # WEIGHTS_RIGHT: the learner's orientation (tokens the MMA's left operand, BLOCK_T >= 64 on
     # sm_90; the decoded weights its right operand, through shared memory) instead of 1. above.
+    # A_PARTS: A quantized here from the rows' values and partial maxima (a_part_ptr), gd_a not
+    # read (`decode_gemm_prologue.py`); split K: weight tile 0 writes gd_out_ptr for the fold.
     w_tiles = tl.cdiv(N, BLOCK_W)
     t = tl.program_id(0).to(tl.int64) // w_tiles
     pid_w = tl.program_id(0).to(tl.int64) % w_tiles
@@ -113,6 +124,12 @@ def _nvfp4_decode_gemm_kernel(
     cmask = cols < N
     b_base = b_ptr + e64 * stride_be + cols.to(tl.int64)[:, None] * stride_bn
     s_base = bs_ptr + e64 * stride_se + cols.to(tl.int64)[:, None] * stride_sn
+    if A_PARTS:  # the rows' global decodes and multipliers, once per program
+        gd_rows, mult_rows = a_row_scales(a_part_ptr, arows, amask, P, one_sixth, BLOCK_T, BLOCK_P)
+        a_base = a_ptr + arows * stride_am  # [T] row pointers (unit stride along K)
+        if SPLIT > 1:  # (a vector mask: the interpreter's; a repeated gathered row: equal values)
+            first = amask & ((arows * 0 + pid_w + tl.program_id(1)) == 0)
+            tl.store(gd_out_ptr + arows, gd_rows, mask=first)
     if WEIGHTS_RIGHT:
         acc = tl.zeros((BLOCK_T, BLOCK_W), dtype=tl.float32)
     else:
@@ -129,9 +146,14 @@ def _nvfp4_decode_gemm_kernel(
         a_mask = amask[None, :]
         if not EVEN_K:
             a_mask = a_mask & (kk < K)[:, None]
-        a_t = tl.load(
-            a_ptr + arows[None, :] * stride_am + kk[:, None] * stride_ak, mask=a_mask, other=0.0
-        )
+        if A_PARTS:
+            a_t = quantized_a_tile(
+                a_base, amask, k0, K, gd_rows, mult_rows, EVEN_K, BLOCK_T, BLOCK_K, not WORDS
+            )
+        else:
+            a_t = tl.load(
+                a_ptr + arows[None, :] * stride_am + kk[:, None] * stride_ak, mask=a_mask, other=0.0
+            )
         w = weight_tile(b_base, s_base, k0, K, cmask, WORDS, SCALE_WORDS, EVEN_K, BLOCK_W, BLOCK_K)
         if WORDS and WEIGHTS_RIGHT:
             acc = tl.dot(tl.trans(a_t.to(tl.bfloat16)), tl.trans(w), acc)
@@ -167,17 +189,16 @@ def _nvfp4_decode_gemm_kernel(
     if WEIGHTS_RIGHT:
         acc = tl.trans(acc)  # [W, T], as the epilogue reads it
     acc = acc * 256.0  # 2**WEIGHT_SHIFT (decode_gemm_tiles): exact, the learner's accumulator
-    tile_epilogue(
+    if not A_PARTS:  # (else the prologue's, in registers)
+        gd_rows = row_global_decodes(gda_ptr, gda_stride, rows, rmask, arows, amask, GDA_SHARED)
+    scaled_store(
         acc,
+        gd_rows,
         rows,
         rmask,
-        arows,
-        amask,
         cols,
         cmask,
         e,
-        gda_ptr,
-        gda_stride,
         gdb_ptr,
         gdb_stride,
         bias_ptr,
@@ -185,7 +206,6 @@ def _nvfp4_decode_gemm_kernel(
         stride_om,
         stride_on,
         HAS_BIAS,
-        GDA_SHARED,
         False,
     )
 
@@ -203,29 +223,28 @@ def launch_decode_gemm(
     a_rows: torch.Tensor | None = None,
     config=None,
     splits: int | None = None,
+    a_parts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`gemm_kernel.launch_gemm` for packed B = (codes [.., N, K/2], E4M3 scale bytes
     [.., N, K/16]) and few rows, bitwise the same result. `config` (a `DecodeConfig`) overrides
     the pinned one, `splits` the config's split count (at most one program per K chunk); both
-    for the tuner's sweeps and the tests: no bit depends on them."""
+    for the tuner's sweeps and the tests: no bit depends on them. `a_parts` (gd_a None): a_MK
+    holds rows' values and a_parts their partial maxima (`row_codes_from_parts`'s arguments),
+    quantized in the prologue: bitwise row_codes_from_parts, then this GEMM on its output."""
     check_kernel_device(a_MK, "x")
     dev = a_MK.device
-    codes, scales = b
-    if codes.dim() == 2:
-        codes, scales = codes.unsqueeze(0), scales.unsqueeze(0)
-    scales = scales.view(torch.uint8)
-    if codes.dtype != torch.uint8 or codes.stride(-1) != 1 or scales.stride(-1) != 1:
-        raise ValueError("packed weight codes (uint8) and scales must be contiguous along K")
     if a_rows is not None and (a_rows.dim() != 1 or a_rows.dtype not in (torch.int32, torch.int64)):
         raise ValueError(f"a_rows must be int32/int64 [M], got {a_rows.dtype}{list(a_rows.shape)}")
     k = a_MK.shape[1]
+    codes, scales = packed_weight(b, k)
     num_experts, n = codes.shape[0], codes.shape[1]
-    if codes.shape[2] * 2 != k or scales.shape[2] * 16 != k:
-        raise ValueError(
-            f"packed weight codes {tuple(codes.shape)} / scales {tuple(scales.shape)} do not "
-            f"match K={k} (K/2 and K/16)"
-        )
     m = a_MK.shape[0] if a_rows is None else a_rows.shape[0]
+    if a_parts is not None:  # the prologue's global decodes (written only where K splits)
+        if not a_parts.is_contiguous() or a_parts.shape[0] != a_MK.shape[0] or gd_a is not None:
+            raise ValueError(f"a_parts [M_a, P] contiguous with gd_a None, got {a_parts.shape}")
+        if a_MK.stride(1) != 1 and k > 1:
+            raise ValueError("a_parts: the rows' values must have unit stride along K")
+        gd_a = torch.empty((a_MK.shape[0],), dtype=torch.float32, device=dev)
     gd_a, gd_b = gd_a.reshape(-1), gd_b.reshape(-1)
     if gd_a.numel() not in (1, a_MK.shape[0]) or gd_b.numel() not in (1, num_experts):
         raise ValueError(
@@ -261,17 +280,7 @@ def launch_decode_gemm(
     partials = out
     if splits > 1:
         partials = torch.empty((chunks, m, n), dtype=torch.float32, device=dev)
-    if not interp:  # the codes as 32-bit words of 8 nibbles
-        if codes.stride(1) % 4 or codes.stride(0) % 4 or codes.storage_offset() % 4:
-            raise ValueError(
-                f"the decode GEMM reads the codes as 32-bit words: codes strides {codes.stride()} and offset "
-                f"{codes.storage_offset()} must be multiples of 4 bytes"
-            )
-        codes = codes.view(torch.int32)
-    # the scale bytes as 32-bit words of 4 where whole words tile a K step (one pipelined load)
-    scale_words = words_tile_k(scales, k, cfg.block_k)
-    if scale_words:
-        scales = scales.view(torch.int32)
+    codes, scales, scale_words = weight_words(codes, scales, k, cfg.block_k, not interp)
     _nvfp4_decode_gemm_kernel[(tile_programs, splits)](
         a_MK,
         codes,
@@ -299,6 +308,10 @@ def launch_decode_gemm(
         partials,
         m * n,
         chunks_per_split,
+        a_parts if a_parts is not None else gd_a,
+        a_parts.shape[1] if a_parts is not None else 0,
+        gd_a,
+        ONE_SIXTH_F32,
         GROUPED=grouped,
         HAS_BIAS=bias is not None,
         WORDS=not interp,
@@ -313,6 +326,8 @@ def launch_decode_gemm(
         EVEN_K=k % cfg.block_k == 0,
         K_CHUNK=kc,
         SPLIT=splits,
+        A_PARTS=a_parts is not None,
+        BLOCK_P=pick_launch(arch_of(dev), "row_codes")["block_p"],
         **cfg.launch_kwargs(),
         **compile_options(dev),
     )

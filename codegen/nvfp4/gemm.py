@@ -34,6 +34,7 @@ from .gemm_cuda import (  # noqa: F401
     cuda_linear_quantized,
     cuda_wgrad,
     cuda_wgrad_quantized,
+    few_row_parts,
     forward_uses_ongrid,
     gathered_global_scale,
     gathered_row_abs_max,

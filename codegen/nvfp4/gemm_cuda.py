@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ..configs import decode_dispatch, pick_launch
+from ..runtime import kernel_target
 from .gemm_operands import act_global, no_transposed_operand, weight_nk
 
 # Rows per weight (per expert for MoE) from which the forward dequantizes a packed weight once
@@ -53,6 +55,25 @@ def gathered_global_scale(x2, x_index, recipe, x_amax):
     return gs
 
 
+def few_row_parts(x2, gs, b, rows):
+    """The chunk maxima of x2 [M_a, K] (`abs_max_kernel.chunk_abs_max`) where the forward of
+    rows `rows` per weight quantizes x2 per row in `quantize_triton`'s split form (chunk maxima,
+    then `row_codes`) and `launch_gemm` sends the packed GEMM to the decode kernel; else None.
+    The decode kernel then quantizes x2 in its prologue with row_codes' own code
+    (`decode_gemm_prologue.py`): the same on-grid operand and global decodes, bitwise, and no
+    row_codes launch."""
+    from .abs_max_kernel import chunk_abs_max  # lazy: imports triton
+
+    target = kernel_target(x2)
+    per_row = isinstance(gs, str) and gs == "per_row"
+    if not (per_row and isinstance(b, tuple) and x2.numel() and x2.stride(-1) == 1):
+        return None
+    few = x2.shape[0] < pick_launch(target.arch, "row_quantize")["split_rows_below"]
+    if not few or decode_dispatch(target.arch, rows) is None:
+        return None
+    return chunk_abs_max(x2, target=target)
+
+
 def cuda_linear(
     x2, w_codes, w_scales, w_gd, w_ongrid, bias, recipe, x_amax, offsets=None, x_index=None
 ):
@@ -71,12 +92,28 @@ def cuda_linear(
         if x_index is None
         else gathered_global_scale(x2, x_index, recipe, x_amax)
     )
-    a, gd_a = quantize_triton(x2, block="1x16", global_scale=gs, out="ongrid")
     m = x2.shape[0] if x_index is None else x_index.shape[0]
     rows = m if offsets is None else max(1, -(-m // w_codes.shape[0]))
     if w_ongrid is None and forward_uses_ongrid(x2.device.type, rows):
         w_ongrid = ongrid_weight(w_codes, w_scales)
     b = w_ongrid if w_ongrid is not None else (w_codes, w_scales)
+    parts = few_row_parts(x2, gs, b, rows)
+    if parts is not None:  # one launch fewer, the same bits (`few_row_parts`)
+        from .decode_gemm_kernel import launch_decode_gemm  # lazy: imports triton
+
+        return launch_decode_gemm(
+            x2,
+            None,
+            b,
+            w_gd,
+            bias=bias,
+            out_dtype=x2.dtype,
+            offsets=offsets,
+            rows_per_group=rows,
+            a_rows=x_index,
+            a_parts=parts,
+        )
+    a, gd_a = quantize_triton(x2, block="1x16", global_scale=gs, out="ongrid")
     return launch_gemm(
         a,
         gd_a,

@@ -15,6 +15,8 @@ Shape legend: M rows (tokens), N out-features, E experts.
   cast, exactly `reference.apply_global_scales` (FMA contraction is off on CUDA:
   `runtime.compile_options`). GDA_SHARED: one gd_a for every row, zero rows included. acc is
   [rows, cols] (ROWS_FIRST) or [cols, rows] (the decode kernel's swapped operands).
+  Its halves: `row_global_decodes` (the rows' gd_a) and `scaled_store` (the rest, from global
+  decodes in registers: the decode GEMM that quantizes A in its prologue holds its own).
 """
 
 from __future__ import annotations
@@ -73,10 +75,54 @@ def tile_epilogue(
     GDA_SHARED: tl.constexpr,
     ROWS_FIRST: tl.constexpr,
 ):
+    gda = row_global_decodes(gda_ptr, gda_stride, rows, rmask, arows, amask, GDA_SHARED)
+    scaled_store(
+        acc,
+        gda,
+        rows,
+        rmask,
+        cols,
+        cmask,
+        e,
+        gdb_ptr,
+        gdb_stride,
+        bias_ptr,
+        out_ptr,
+        stride_om,
+        stride_on,
+        HAS_BIAS,
+        ROWS_FIRST,
+    )
+
+
+@triton.jit
+def row_global_decodes(gda_ptr, gda_stride, rows, rmask, arows, amask, GDA_SHARED: tl.constexpr):
+    """The rows' gd_a, 1.0 where a row is masked (`tile_epilogue`'s first half)."""
     if GDA_SHARED:  # one gd_a for every row (gda_stride 0), zero rows included
-        gda = tl.load(gda_ptr + rows * 0, mask=rmask, other=1.0)
+        return tl.load(gda_ptr + rows * 0, mask=rmask, other=1.0)
     else:
-        gda = tl.load(gda_ptr + arows * gda_stride, mask=amask, other=1.0)
+        return tl.load(gda_ptr + arows * gda_stride, mask=amask, other=1.0)
+
+
+@triton.jit
+def scaled_store(
+    acc,
+    gda,
+    rows,
+    rmask,
+    cols,
+    cmask,
+    e,
+    gdb_ptr,
+    gdb_stride,
+    bias_ptr,
+    out_ptr,
+    stride_om,
+    stride_on,
+    HAS_BIAS: tl.constexpr,
+    ROWS_FIRST: tl.constexpr,
+):
+    """`tile_epilogue` from the rows' global decodes gda [rows] (1.0 where a row is masked)."""
     gdb = tl.load(gdb_ptr + e * gdb_stride)
     if ROWS_FIRST:
         out = (acc * gda[:, None]) * gdb

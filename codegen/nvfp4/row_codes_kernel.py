@@ -16,6 +16,10 @@ program; at batch 1 that is ONE program over a 12288-wide row. Their split form 
    `rne_ongrid_magnitude`, `signed_value`: the same FP32 operations, hence the same bits); the
    programs of chunk 0 store the rows' global decode and maxima (NaN where the row holds one).
 Compiled without FP contraction (`runtime.compile_options`), as the quantize kernels.
+The fold (`row_scales_from_parts`) and the block quantize (`ongrid_blocks`) are jit helpers that
+the decode GEMM's prologue calls too (`decode_gemm_prologue.py`: the GEMM quantizes its A operand
+itself, no row_codes launch before it): one piece of code, so the two forms' bits are equal by
+construction.
 """
 
 from __future__ import annotations
@@ -36,6 +40,36 @@ from ..triton_helpers import (
 
 
 @triton.jit
+def row_scales_from_parts(
+    part_ptr, rows, rmask, P, one_sixth, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr
+):
+    """Rows `rows` (int64 [BLOCK_R], live where rmask) of parts [R, P] (contiguous) -> (global
+    decode, multiplier, the row maxima with NaN where a part holds one), FP32 [BLOCK_R]: the P
+    partial maxima folded (max: exact in any order), then `scales_from_amax`."""
+    amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    nan = tl.zeros((BLOCK_R,), dtype=tl.int32)
+    for p0 in range(0, P, BLOCK_P):
+        parts = p0 + tl.arange(0, BLOCK_P)
+        pmask = rmask[:, None] & (parts < P)[None, :]
+        v = tl.load(part_ptr + rows[:, None] * P + parts[None, :], mask=pmask, other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.where(pmask & (v == v), v, 0.0), axis=1))
+        nan = tl.maximum(nan, tl.max((pmask & (v != v)).to(tl.int32), axis=1))
+    gd, mult = scales_from_amax(amax, nan > 0, one_sixth, BLOCK_R)
+    return gd, mult, tl.where(nan > 0, float("nan"), amax)
+
+
+@triton.jit
+def ongrid_blocks(x, mult, gd):
+    """FP32 values x [BLOCK_R, NB, 16] (NB 16-blocks of each row) and their rows' multiplier and
+    global decode [BLOCK_R] -> the on-grid values (FP32, exact in BF16): steps 5-8 of
+    `reference.quantize` as `quantize_kernel._quantize_kernel` runs them per row."""
+    vmax = tl.max(tl.abs(x), axis=2)  # [BLOCK_R, NB]
+    s_code, s_val, enc = block_encode(vmax, mult[:, None], gd[:, None])
+    v = tl.minimum(tl.maximum(x * enc[:, :, None], -6.0), 6.0)
+    return signed_value(rne_ongrid_magnitude(tl.abs(v)), v, s_val)
+
+
+@triton.jit
 def _row_codes_kernel(
     y_ptr,
     part_ptr,
@@ -53,20 +87,12 @@ def _row_codes_kernel(
 ):
     rows = (tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     rmask = rows < R
-    amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    nan = tl.zeros((BLOCK_R,), dtype=tl.int32)
-    for p0 in range(0, P, BLOCK_P):
-        parts = p0 + tl.arange(0, BLOCK_P)
-        pmask = rmask[:, None] & (parts < P)[None, :]
-        v = tl.load(part_ptr + rows[:, None] * P + parts[None, :], mask=pmask, other=0.0)
-        amax = tl.maximum(amax, tl.max(tl.where(pmask & (v == v), v, 0.0), axis=1))
-        nan = tl.maximum(nan, tl.max((pmask & (v != v)).to(tl.int32), axis=1))
-    gd, mult = scales_from_amax(amax, nan > 0, one_sixth, BLOCK_R)
+    gd, mult, amax = row_scales_from_parts(part_ptr, rows, rmask, P, one_sixth, BLOCK_R, BLOCK_P)
     first = rmask & (
         (rows * 0 + tl.program_id(1).to(tl.int64)) == 0
     )  # (as a vector: interpreter masks)
     tl.store(gd_ptr + rows, gd, mask=first)
-    tl.store(amax_ptr + rows, tl.where(nan > 0, float("nan"), amax), mask=first)
+    tl.store(amax_ptr + rows, amax, mask=first)
     NB: tl.constexpr = BLOCK_K // 16
     rows3 = rows[:, None, None]
     cols3 = (
@@ -76,10 +102,7 @@ def _row_codes_kernel(
     )
     mask3 = (rows3 < R) & (cols3 < C)
     x = tl.load(y_ptr + rows3 * stride_yr + cols3, mask=mask3, other=0.0).to(tl.float32)
-    vmax = tl.max(tl.abs(x), axis=2)  # [BLOCK_R, NB]
-    s_code, s_val, enc = block_encode(vmax, mult[:, None], gd[:, None])
-    v = tl.minimum(tl.maximum(x * enc[:, :, None], -6.0), 6.0)
-    val = signed_value(rne_ongrid_magnitude(tl.abs(v)), v, s_val)
+    val = ongrid_blocks(x, mult, gd)
     tl.store(ongrid_ptr + rows3 * C + cols3, val.to(ongrid_ptr.dtype.element_ty), mask=mask3)
 
 

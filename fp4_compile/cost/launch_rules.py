@@ -97,6 +97,16 @@ def nvfp4_gemm(m: int, n: int, k: int, experts: int = 0) -> list[Launch]:
     return out
 
 
+def _quantizing_decode(quant: list[Launch], gemm: list[Launch]) -> list[Launch]:
+    """A GEMM op's own quantize and GEMM launches: where the quantize takes the split form
+    (chunk maxima, row codes) and the GEMM the decode kernel, the decode kernel quantizes A in
+    its prologue and no row_codes runs (`nvfp4/gemm_cuda.few_row_parts`)."""
+    split = [q.kernel for q in quant] == ["chunk_abs_max", "row_codes"]
+    if split and [g.kernel for g in gemm] == ["nvfp4_decode_gemm"]:
+        return [quant[0], *gemm]
+    return quant + gemm
+
+
 def _fused_quantize(name: str, m: int, c: int, split_key: str) -> list[Launch]:
     """rms_norm_quantize / silu_mul_quantize: one launch, or below split_rows_below the split
     form's two (`nvfp4/rms_norm_quantize_kernel.py`, `nvfp4/silu_mul_quantize_kernel.py`)."""
@@ -130,12 +140,12 @@ def op_launches(n: fx.Node) -> list[Launch]:
         x, codes = args[0], args[2]
         m, k, nn = _rows(x), int(x.shape[-1]), int(codes.shape[-2])
         quant = act_quantize(m, k) if name == "nvfp4_linear" else []  # gemm_cuda.cuda_linear
-        return quant + nvfp4_gemm(m, nn, k)
+        return _quantizing_decode(quant, nvfp4_gemm(m, nn, k))
     if name in ("nvfp4_grouped_mm", "nvfp4_grouped_mm_quantized"):  # w [E, N, K]
         x, w = args[0], args[1]
         m, k = int(out.shape[0]), int(x.shape[-1])
         quant = act_quantize(_rows(x), k) if name == "nvfp4_grouped_mm" else []
-        return quant + nvfp4_gemm(m, int(w.shape[1]), k, experts=int(w.shape[0]))
+        return _quantizing_decode(quant, nvfp4_gemm(m, int(w.shape[1]), k, experts=int(w.shape[0])))
     if name in ("rms_norm_quantize", "add_rms_norm_quantize"):  # x [.., H] (+ residual)
         x = args[0]
         return _fused_quantize(name, _rows(x), int(x.shape[-1]), "rms_norm_quantize")

@@ -107,3 +107,17 @@ def quantize_weight_tiles(*args, **kwargs):
     from fp4_compile.codegen.nvfp4.weight_quantize_kernel import quantize_weight_tiles as launch
 
     return launch(*args, **kwargs)
+
+
+def chunk_abs_max(*args, **kwargs):
+    """The rows' partial maxima (codegen/nvfp4/abs_max_kernel.py)."""
+    from fp4_compile.codegen.nvfp4.abs_max_kernel import chunk_abs_max as launch
+
+    return launch(*args, **kwargs)
+
+
+def row_codes_from_parts(*args, **kwargs):
+    """The split form's row quantize (codegen/nvfp4/row_codes_kernel.py)."""
+    from fp4_compile.codegen.nvfp4.row_codes_kernel import row_codes_from_parts as launch
+
+    return launch(*args, **kwargs)

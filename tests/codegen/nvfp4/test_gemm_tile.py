@@ -26,8 +26,20 @@ def _source(kernel) -> str:
 @pytest.mark.parametrize("name", KERNELS)
 def test_kernel_uses_the_shared_tile_prologue_and_epilogue(name):
     src = _source(KERNELS[name])
-    for helper in ("tile_rows(", "gathered_rows(", "tile_epilogue("):
+    # the decode GEMM calls tile_epilogue's two halves: its prologue may hold the rows' gd_a
+    # (A quantized in the kernel, `decode_gemm_prologue.py`)
+    halves = ("row_global_decodes(", "scaled_store(")
+    epilogue = halves if name == "decode GEMM" else ("tile_epilogue(",)
+    for helper in ("tile_rows(", "gathered_rows(", *epilogue):
         assert src.count(helper) == 1, f"{name} must call gemm_tile.{helper[:-1]} once"
     # no copy of the epilogue's arithmetic or of the row gather outside the helpers
     for copy in ("gda[:, None]", "gda[None, :]", "expert_row_tile(", "a_rows_ptr + rows"):
         assert copy not in src, f"{name} keeps its own copy of {copy!r}"
+
+
+def test_tile_epilogue_is_its_two_halves():
+    from fp4_compile.codegen.nvfp4 import gemm_tile
+
+    src = _source(gemm_tile.tile_epilogue)
+    assert "row_global_decodes(" in src and "scaled_store(" in src
+    assert "gda[" not in src and "tl.store(" not in src
