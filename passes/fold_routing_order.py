@@ -1,14 +1,15 @@
 """Pass, fold the routing into the experts' order: in an inference graph (the rollout engine's
 step, an exported rollout program), `fp4_compile::invariant_routing` (the router's softmax top-k)
 whose weights and expert ids only `fp4_compile::expert_order` reads (what `fold_expert_order`
-leaves in a decode step) becomes, with it, ONE `fp4_compile::routing_order`
+leaves in a decode step; through a clone of the weights only it reads: the same bits) becomes, with it, ONE `fp4_compile::routing_order`
 (`codegen/moe/routing_order.py`): one launch instead of two, the same outputs bit for bit (the
 same per-row routing code and the same bookkeeping code, in one program). Runs right after
 `fold_expert_order`.
 
 Left as it is, with the reason in the report's notes:
-- a graph that needs the routing's gradient (grad enabled and the router's logits require it:
-  the learner's training forward): routing_order has no backward, the two ops have theirs;
+- a graph that needs the routing's gradient (grad enabled and an input, the router's weight,
+  requiring it: the learner's training forward): routing_order has no backward, the two ops
+  have theirs;
 - routing outputs read by anything but that one expert_order (a top-k the model also returns,
   a weight clone, ...): the fused op does not produce them;
 - an expert_order of other experts than the routing's (num_experts != the logits' E)."""
@@ -23,7 +24,10 @@ import torch.fx as fx
 from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
 from ..recipe import NVFP4Recipe
 from .graph_utils import erase_dead, fake, insert_call
+from .patterns import is_op
 from .report import LoweringReport
+
+aten = torch.ops.aten
 
 
 def _readers(node: fx.Node) -> list[fx.Node]:
@@ -37,10 +41,20 @@ def _is_op(node, packet) -> bool:
     return isinstance(node, fx.Node) and node.target in (packet, packet.default)
 
 
+def _through_clones(values: fx.Node) -> tuple[fx.Node, list[fx.Node]]:
+    """(the node under `values`' clones, the clones): a clone is a copy of the same bits (an
+    FP32 model's `weights.to(float32)`); `_refusal` checks that only the next node reads it."""
+    clones = []
+    while is_op(values, functions=(torch.clone,), methods=("clone",), overloads=(aten.clone,)):
+        clones.append(values)
+        values = values.args[0]
+    return values, clones
+
+
 def _routing_of(order: fx.Node):
-    """(the invariant_routing node, its weights and ids getitems) that `order`'s values and
-    experts are, else None."""
-    experts, values = order.args[0], order.args[1]
+    """(the invariant_routing node, its weights and ids getitems, the clones between the
+    weights and `order`) that `order`'s values and experts are, else None."""
+    experts, (values, clones) = order.args[0], _through_clones(order.args[1])
     parts = []
     for node, index in ((values, 0), (experts, 1)):
         if not (
@@ -52,20 +66,38 @@ def _routing_of(order: fx.Node):
             return None
         parts.append(node)
     routing = parts[0].args[0]
-    return (routing, *parts) if parts[1].args[0] is routing else None
+    return (routing, *parts, clones) if parts[1].args[0] is routing else None
 
 
-def _refusal(order: fx.Node, routing: fx.Node, weights: fx.Node, ids: fx.Node) -> str | None:
+def _tracks_gradients(graph: fx.Graph) -> bool:
+    """Grad mode on and an input (a parameter: the router's weight) that requires grad: the
+    training forward. Read on the inputs, not the logits: a lowered op's example value (the
+    router's invariant_linear) is made without autograd."""
+    if not torch.is_grad_enabled():
+        return False
+    inputs = (fake(n) for n in graph.nodes if n.op in ("placeholder", "get_attr"))
+    return any(v is not None and v.requires_grad for v in inputs)
+
+
+def _refusal(
+    order: fx.Node,
+    routing: fx.Node,
+    weights: fx.Node,
+    ids: fx.Node,
+    clones: list[fx.Node],
+    training: bool,
+) -> str | None:
     logits = fake(routing.args[0])
     if logits is None:
         return "no example value of the router's logits"
-    if torch.is_grad_enabled() and logits.requires_grad:
+    if training or (torch.is_grad_enabled() and logits.requires_grad):
         return "a graph that needs the routing's gradient (routing_order has no backward)"
     if int(order.args[2]) != int(logits.shape[-1]):
         return f"expert_order of {order.args[2]} experts, routing of {logits.shape[-1]}"
     if set(_readers(routing)) != {weights, ids}:
         return "the routing's outputs have other readers"
-    if _readers(weights) != [order] or _readers(ids) != [order]:
+    chain = [weights, *reversed(clones), order]  # each read only by the next
+    if any(_readers(a) != [b] for a, b in zip(chain, chain[1:])) or _readers(ids) != [order]:
         return "the routing's weights or ids have other readers than expert_order"
     return None
 
@@ -74,14 +106,15 @@ def fold_routing_order(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Lowering
     graph = gm.graph
     fused = torch.ops.fp4_compile.routing_order.default
     refused: dict[str, int] = {}
+    training = _tracks_gradients(graph)
     for order in list(graph.nodes):
         if not _is_op(order, torch.ops.fp4_compile.expert_order):
             continue
         found = _routing_of(order)
         if found is None:
             continue
-        routing, weights, ids = found
-        why = _refusal(order, routing, weights, ids)
+        routing, weights, ids, clones = found
+        why = _refusal(order, routing, weights, ids, clones, training)
         if why is not None:
             refused[why] = refused.get(why, 0) + 1
             continue
@@ -89,7 +122,7 @@ def fold_routing_order(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Lowering
         args = (logits, top_k, norm, order.args[3])
         new = insert_call(graph, fused, args, before=routing, like=order)
         order.replace_all_uses_with(new)  # the same five outputs, read by the same getitems
-        erase_dead(graph, [order, weights, ids, routing])
+        erase_dead(graph, [order, *clones, weights, ids, routing])
         report.count("routing_order_folded")
     for why, n in refused.items():
         report.notes.append(f"routing not folded into expert_order at {n} site(s): {why}")

@@ -25,6 +25,18 @@ def _plain(logits):
     return ops.expert_order(ids, w, E, torch.bfloat16)
 
 
+def _cloned(logits):
+    """An FP32 model's `weights.to(float32)`: a clone only expert_order reads."""
+    w, ids = ops.invariant_routing(logits, K, True)
+    return ops.expert_order(ids, w.clone(), E, torch.float32)
+
+
+def _clone_read(logits):
+    w, ids = ops.invariant_routing(logits, K, True)
+    c = w.clone()
+    return *ops.expert_order(ids, c, E, torch.float32), c
+
+
 def _weights_read(logits):
     w, ids = ops.invariant_routing(logits, K, True)
     return *ops.expert_order(ids, w, E, torch.bfloat16), w * 2
@@ -66,13 +78,14 @@ def _logits():
     return x
 
 
-def test_fold_fires_and_changes_no_bit():
+@pytest.mark.parametrize("fn", [_plain, _cloned], ids=["plain", "cloned-weights"])
+def test_fold_fires_and_changes_no_bit(fn):
     logits = _logits()
-    out, report, targets = _fold(_plain, logits, grad=False)
+    out, report, targets = _fold(fn, logits, grad=False)
     assert report.counts["routing_order_folded"] == 1
-    assert "routing_order" in targets
+    assert "routing_order" in targets and "clone" not in targets
     assert "invariant_routing" not in targets and "expert_order" not in targets
-    for i, (a, b) in enumerate(zip(out, _plain(logits))):
+    for i, (a, b) in enumerate(zip(out, fn(logits))):
         assert_bitwise_equal(a, b, f"output {i}")
 
 
@@ -82,9 +95,10 @@ def test_fold_fires_and_changes_no_bit():
         (_plain, True, "gradient"),
         (_weights_read, False, "other readers"),
         (_ids_read, False, "other readers"),
+        (_clone_read, False, "other readers"),
         (_other_experts, False, "expert_order of 13 experts"),
     ],
-    ids=["needs-gradient", "weights-read", "ids-read", "other-experts"],
+    ids=["needs-gradient", "weights-read", "ids-read", "clone-read", "other-experts"],
 )
 def test_fold_refuses_with_a_reason(fn, grad, why):
     """Refused: the graph keeps both ops, its outputs the same bits, the reason noted."""
