@@ -158,6 +158,11 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     # whose results are exact: speed only
     ("cuda", "expert_order"): dict(block_s=128, max_slots=4096, max_experts=256, num_warps=4),
     ("interpreter", "expert_order"): dict(block_s=8, max_slots=4096, max_experts=256),
+    # moe/routing_order_kernel: ONE program routes the T tokens block_t rows at a time (each row
+    # its own bits: `invariant/routing_kernel.route_rows`), then runs expert_order's two passes
+    # (its row above: block_s, the limits); rows per step: speed only
+    ("cuda", "routing_order"): dict(block_t=16, num_warps=4),
+    ("interpreter", "routing_order"): dict(block_t=4),
 }
 
 

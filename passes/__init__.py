@@ -23,6 +23,7 @@ from .drop_ongrid_weights import drop_ongrid_weights
 from .fold_expert_gathers import fold_expert_gathers
 from .fold_expert_order import fold_expert_order
 from .fold_moe_combine import fold_moe_combine
+from .fold_routing_order import fold_routing_order
 from .fold_row_masks import fold_row_masks
 from .fold_swiglu_halves import fold_swiglu_halves
 from .fuse_group_gemms import fuse_group_gemms
@@ -75,6 +76,7 @@ PIPELINE = (
     share_activation_quantize,  # linears reading one X: X (and wgrad's X^T) quantized once
     fuse_quantize_into_producers,  # per-row operands emitted by their producers (norm, SwiGLU)
     fold_expert_order,  # routing ids -> sort, counts, offsets, inverse, weights: one expert_order
+    fold_routing_order,  # inference: invariant_routing + expert_order -> one routing_order launch
     fuse_residual_adds,  # x + r read by an RMSNorm -> the norm's residual form: no add kernel
     pair_rms_norms,  # two independent norms of one row length (q / k norms) -> one launch
     verify,  # nothing eligible left, no stock reduction left (strict), op census

@@ -4,4 +4,10 @@ Layout: reference.py (the CPU references), <op>.py (registration, fake, autograd
 May import the core, ..runtime, ..configs, ..triton_helpers, ..invariant and ..nvfp4.
 """
 
-from . import combine, expert_order, grouped_mm, row_scale  # noqa: F401  (register the ops)
+from . import (  # noqa: F401  (register the ops)
+    combine,
+    expert_order,
+    grouped_mm,
+    routing_order,
+    row_scale,
+)

@@ -26,7 +26,7 @@ KERNEL_VALUE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @triton.jit
-def _expert_order_kernel(
+def expert_order_steps(
     ids_ptr,
     val_ptr,
     perm_ptr,
@@ -41,6 +41,8 @@ def _expert_order_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_E: tl.constexpr,
 ):
+    """The two passes over the S slots (the module doc), in the calling program: the body of
+    `_expert_order_kernel` and the bookkeeping of `routing_order_kernel` (the same code)."""
     # int32 index: one program, S <= the launch table's max_slots (the launcher checks it)
     lanes = tl.arange(0, BLOCK_S)
     experts = tl.arange(0, BLOCK_E)
@@ -71,10 +73,54 @@ def _expert_order_kernel(
         tl.store(sval_ptr + row, v, mask=live)
 
 
+@triton.jit
+def _expert_order_kernel(
+    ids_ptr,
+    val_ptr,
+    perm_ptr,
+    offs_ptr,
+    inv_ptr,
+    tok_ptr,
+    sval_ptr,
+    S,
+    E,
+    K_TOP: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):
+    expert_order_steps(
+        ids_ptr,
+        val_ptr,
+        perm_ptr,
+        offs_ptr,
+        inv_ptr,
+        tok_ptr,
+        sval_ptr,
+        S,
+        E,
+        K_TOP,
+        ROUND_BF16,
+        BLOCK_S,
+        BLOCK_E,
+    )
+
+
 def fits_kernel(num_slots: int, num_experts: int, arch: str) -> bool:
     """Whether one `_expert_order_kernel` program takes the call (the launch table's limits)."""
     lc = pick_launch(arch, "expert_order")
     return num_slots <= lc["max_slots"] and num_experts <= lc["max_experts"]
+
+
+def empty_outputs(num_slots: int, num_experts: int, values_dtype: torch.dtype, device):
+    """(sorted_values, perm, offsets, inverse, token_index) to fill; sorted_values FP32 in the
+    interpreter (its fp32 -> bf16 store truncates: the kernel stores the exact rounded values,
+    the launcher casts them)."""
+    longs = [torch.empty(num_slots, dtype=torch.int64, device=device) for _ in range(3)]
+    offsets = torch.empty(num_experts, dtype=torch.int32, device=device)
+    dtype = torch.float32 if interpreting() else values_dtype
+    sorted_values = torch.empty(num_slots, dtype=dtype, device=device)
+    return sorted_values, longs[0], offsets, longs[1], longs[2]
 
 
 def expert_order_triton(experts, values, num_experts: int, values_dtype: torch.dtype):
@@ -92,13 +138,9 @@ def expert_order_triton(experts, values, num_experts: int, values_dtype: torch.d
             f"expert_order kernel: values {values.dtype} -> {values_dtype} not in "
             f"{KERNEL_VALUE_DTYPES}"
         )
-    dev = experts.device
-    perm = torch.empty(s, dtype=torch.int64, device=dev)
-    offsets = torch.empty(num_experts, dtype=torch.int32, device=dev)
-    inverse = torch.empty(s, dtype=torch.int64, device=dev)
-    token_index = torch.empty(s, dtype=torch.int64, device=dev)
-    interp = interpreting()  # its fp32 -> bf16 store truncates: store FP32 (exact values)
-    sorted_values = torch.empty(s, dtype=torch.float32 if interp else values_dtype, device=dev)
+    sorted_values, perm, offsets, inverse, token_index = empty_outputs(
+        s, num_experts, values_dtype, experts.device
+    )
     lc = pick_launch(arch, "expert_order")
     _expert_order_kernel[(1,)](
         ids,

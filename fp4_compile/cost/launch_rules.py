@@ -129,6 +129,16 @@ def _mask_args(mask: torch.Tensor, tq: int) -> list[Launch]:
     return [Launch("ones (mask flag)", 1), Launch("attention_mask_args", shape[0] * shape[1] * tq)]
 
 
+def _expert_order(slots: int, experts: int) -> list[Launch]:
+    """`moe/expert_order`: one program within the launch table's limits, else the torch ops."""
+    lc = LAUNCH[("cuda", "expert_order")]
+    if slots <= lc["max_slots"] and experts <= lc["max_experts"]:
+        return [Launch("expert_order", 1)]
+    # `reference.expert_order_reference`'s kernels (empty_like allocates, views are free)
+    torch_ops = ("sort", "arange", "searchsorted", "index_put_", "div", "_to_copy", "index")
+    return [Launch(f"expert_order: {op}", None) for op in torch_ops]
+
+
 def op_launches(n: fx.Node) -> list[Launch]:
     """The CUDA launches of fp4_compile op node `n` (its args' `meta["val"]` give the shapes)."""
     name = n.target._opname
@@ -209,13 +219,12 @@ def op_launches(n: fx.Node) -> list[Launch]:
         t, h = int(out.shape[0]), int(out.shape[-1])
         return [Launch(name, _cdiv(t, lc["block_t"]) * _cdiv(h, lc["block_h"]))]
     if name == "expert_order":  # moe/expert_order: one program, or past its limits the torch ops
-        s, e = _rows(args[0]) * int(args[0].shape[-1]), int(n.args[2])
-        lc = LAUNCH[("cuda", "expert_order")]
-        if s <= lc["max_slots"] and e <= lc["max_experts"]:
+        return _expert_order(_rows(args[0]) * int(args[0].shape[-1]), int(n.args[2]))
+    if name == "routing_order":  # moe/routing_order: one program, or past expert_order's limits
+        t, e, k = _rows(args[0]), int(args[0].shape[-1]), int(n.args[1])  # the two ops
+        if _expert_order(t * k, e) == [Launch("expert_order", 1)]:
             return [Launch(name, 1)]
-        # `reference.expert_order_reference`'s kernels (empty_like allocates, views are free)
-        torch_ops = ("sort", "arange", "searchsorted", "index_put_", "div", "_to_copy", "index")
-        return [Launch(f"expert_order: {op}", None) for op in torch_ops]
+        return [Launch("invariant_routing", t)] + _expert_order(t * k, e)
     if name in ("embedding", "gather_rows", "cos", "sin"):  # one ATen kernel each
         return [Launch(name, None)]
     raise NotImplementedError(

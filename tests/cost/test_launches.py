@@ -22,12 +22,14 @@ from fp4_compile.rollout import decode_program
 # norms in one launch (passes/pair_rms_norms.py); -1: the K and V cache writes in one launch
 # (fp4_compile::kv_cache_write), whose index is no longer built outside (-1 outside); strict -1:
 # the attention output projection's decode GEMM quantizes its operand in its prologue (no
-# row_codes launch: nvfp4/gemm_cuda.few_row_parts).
+# row_codes launch: nvfp4/gemm_cuda.few_row_parts);
+# MoE -1:
+# the routing and expert_order in one launch (passes/fold_routing_order.py).
 PINNED = {
     ("qwen3-8b", "strict"): (16, 12),
     ("qwen3-8b", "bf16"): (15, 12),
     ("qwen3-30b-a3b", "strict"): (20, 12),
-    ("qwen3-30b-a3b", "bf16"): (21, 12),
+    ("qwen3-30b-a3b", "bf16"): (20, 12),
 }
 # one token's sampling and bookkeeping, temperature 1: the Gumbel uniforms (one launch), their
 # two FP64 logs and a negation, sample_argmax, the shared log-prob op, decode_advance
