@@ -26,6 +26,7 @@ from .fold_moe_combine import fold_moe_combine
 from .fold_row_masks import fold_row_masks
 from .fold_swiglu_halves import fold_swiglu_halves
 from .fuse_group_gemms import fuse_group_gemms
+from .fuse_group_linears import fuse_group_linears
 from .fuse_quantize_into_producers import fuse_quantize_into_producers
 from .fuse_residual_adds import fuse_residual_adds
 from .lower_attention import lower_attention
@@ -106,7 +107,7 @@ def run_pipeline(
 
 # The entry points code outside passes/ may import (tests/repo/test_import_rules.py): the pipeline,
 # its report, and the graph reading and binding of an exported rollout program's weights (and
-# the fusion of a bound inference graph's group GEMMs).
+# the fusion of a bound inference graph's group GEMMs, NVFP4 and BF16).
 __all__ = [
     "PIPELINE",
     "QUANTIZE_FUSIONS",
@@ -120,6 +121,7 @@ __all__ = [
     "SiteReads",
     "bind_weight_inputs",
     "fuse_group_gemms",
+    "fuse_group_linears",
     "site_reads",
     "quantized_weight_inputs",
     "weight_quantize_sites",
