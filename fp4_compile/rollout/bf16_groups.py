@@ -62,6 +62,24 @@ def _own_storage(p: torch.Tensor) -> bool:
     return p.storage_offset() == 0 and p.untyped_storage().nbytes() == p.numel() * p.element_size()
 
 
+def _storage_id(t: torch.Tensor) -> int:
+    """The storage's identity (its data pointer is 0 for every meta tensor)."""
+    return t.untyped_storage()._cdata
+
+
+def _laid_out(ws: list[torch.Tensor]) -> bool:
+    """Whether `ws` already are consecutive row ranges of one storage that holds them alone
+    (a group made by an earlier store over the same parameters)."""
+    w0, offset = ws[0], 0
+    for w in ws:
+        if _storage_id(w) != _storage_id(w0):
+            return False
+        if w.storage_offset() != offset:
+            return False
+        offset += w.numel()
+    return w0.untyped_storage().nbytes() == offset * w0.element_size()
+
+
 def groupable(ws: list[torch.Tensor], looks_like_learner) -> bool:
     """Whether the parameters `ws` (one group, in order) can be re-pointed into one buffer
     (see the module docstring)."""
@@ -75,9 +93,9 @@ def groupable(ws: list[torch.Tensor], looks_like_learner) -> bool:
             and w.device == w0.device
             and w.is_contiguous()
             and w.numel() > 0
-            and _own_storage(w)
             for w in ws
         )
+        and (all(_own_storage(w) for w in ws) or _laid_out(ws))
         and len({id(w) for w in ws}) == len(ws)
     )
 
@@ -87,11 +105,19 @@ def make_group(params: dict[str, torch.Tensor], members: tuple[str, ...]) -> lis
     """One buffer holding the members' weights in order, each member's parameter re-pointed to
     its rows; the members' layouts, in order."""
     ws = [params[m] for m in members]
-    buffer = torch.cat([w.detach() for w in ws])
+    laid_out = _laid_out(ws)
+    if laid_out:  # the buffer an earlier store made: its storage, viewed whole
+        rows = sum(w.shape[0] for w in ws)
+        buffer = (
+            ws[0].detach().new_empty(0).set_(ws[0].untyped_storage(), 0, (rows, ws[0].shape[1]))
+        )
+    else:
+        buffer = torch.cat([w.detach() for w in ws])
     out, start = [], 0
     for pos, w in enumerate(ws):
         n = w.shape[0]
-        w.data = buffer[start : start + n]
+        if not laid_out:
+            w.data = buffer[start : start + n]
         out.append(LinearGroup(members, pos, start, n, buffer))
         start += n
     return out

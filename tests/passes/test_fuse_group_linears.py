@@ -138,3 +138,15 @@ def test_a_learners_parameters_get_no_buffer():
     module.q_proj.weight.grad = torch.zeros_like(module.q_proj.weight)
     store = WeightStore(dict(module.named_parameters()))
     assert store.make_linear_groups() == 0 and not store.linear_groups
+
+
+def test_a_second_store_reads_the_first_stores_buffer():
+    """Two stores over one module (an engine and a cost model): the second finds the members
+    already laid out and views the same storage (no second copy), fused the same way."""
+    module = QKV().to(torch.bfloat16).eval()
+    first = WeightStore(dict(module.named_parameters()))
+    second = WeightStore(dict(module.named_parameters()))
+    assert first.make_linear_groups() == 1 and second.make_linear_groups() == 1
+    a, b = (s.linear_groups["k_proj.weight"].buffer for s in (first, second))
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    assert a.shape == b.shape == (sum(N.values()), K) and torch.equal(a, b)
