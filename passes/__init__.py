@@ -64,7 +64,7 @@ PIPELINE = (
     lower_small_reductions,  # small float sums (MoE top-k combine) -> fixed-order ordered_sum
     lower_row_scales,  # x[..., H] * w[..., 1] (routing weights) -> row_scale, ordered backward
     lower_gathers,  # x[idx] rows (MoE token gathers) -> gather_rows, position-ordered backward
-    fold_expert_gathers,  # gather_rows only read by an NVFP4 grouped GEMM -> its x_index
+    fold_expert_gathers,  # gather_rows only read by a grouped GEMM (NVFP4, BF16) -> its x_index
     fold_moe_combine,  # row_scale -> gather_rows -> view -> ordered_sum (top-k combine): one op
     lower_silu_muls,  # silu(a) * b (SwiGLU) -> silu_mul, one implementation for every engine
     fold_row_masks,  # x.masked_fill(rows, 0) read only by moe_combine / silu_mul -> their row_mask
