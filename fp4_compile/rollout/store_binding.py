@@ -99,7 +99,8 @@ def bind_dynamo_graph(
 
 def _linear_layout(store, names: dict):
     """`fuse_group_linears`' layout: a parameter placeholder's BF16 group (`store.linear_group`,
-    made on first need), as (key, position, members, first row, rows), else None."""
+    made before the compile by `make_linear_groups`), as (key, position, members, first row,
+    rows), else None."""
 
     def layout(node: fx.Node):
         g = store.linear_group(names.get(node))
