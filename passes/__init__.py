@@ -27,6 +27,7 @@ from .fold_routing_order import fold_routing_order
 from .fold_row_masks import fold_row_masks
 from .fold_swiglu_halves import fold_swiglu_halves
 from .fuse_group_gemms import fuse_group_gemms
+from .fuse_group_linears import fuse_group_linears
 from .fuse_quantize_into_producers import fuse_quantize_into_producers
 from .fuse_residual_adds import fuse_residual_adds
 from .lower_attention import lower_attention
@@ -64,7 +65,7 @@ PIPELINE = (
     lower_small_reductions,  # small float sums (MoE top-k combine) -> fixed-order ordered_sum
     lower_row_scales,  # x[..., H] * w[..., 1] (routing weights) -> row_scale, ordered backward
     lower_gathers,  # x[idx] rows (MoE token gathers) -> gather_rows, position-ordered backward
-    fold_expert_gathers,  # gather_rows only read by an NVFP4 grouped GEMM -> its x_index
+    fold_expert_gathers,  # gather_rows only read by a grouped GEMM (NVFP4, BF16) -> its x_index
     fold_moe_combine,  # row_scale -> gather_rows -> view -> ordered_sum (top-k combine): one op
     lower_silu_muls,  # silu(a) * b (SwiGLU) -> silu_mul, one implementation for every engine
     fold_row_masks,  # x.masked_fill(rows, 0) read only by moe_combine / silu_mul -> their row_mask
@@ -108,7 +109,7 @@ def run_pipeline(
 
 # The entry points code outside passes/ may import (tests/repo/test_import_rules.py): the pipeline,
 # its report, and the graph reading and binding of an exported rollout program's weights (and
-# the fusion of a bound inference graph's group GEMMs).
+# the fusion of a bound inference graph's group GEMMs, NVFP4 and BF16).
 __all__ = [
     "PIPELINE",
     "QUANTIZE_FUSIONS",
@@ -122,6 +123,7 @@ __all__ = [
     "SiteReads",
     "bind_weight_inputs",
     "fuse_group_gemms",
+    "fuse_group_linears",
     "site_reads",
     "quantized_weight_inputs",
     "weight_quantize_sites",

@@ -11,9 +11,16 @@ expert-parallel sentinel mask, `masked_fill_(mask, 0.0)`) folds in as index -1: 
 row. When the gather index is `perm // top_k` of a sort permutation that nothing writes,
 perm rides along (`x_perm`): the backward finds each token's gathered positions through its
 inverse instead of sorting the index (`codegen/nvfp4/expert_gather_backward_kernel.py`), the same
-bits."""
+bits.
+The BF16 experts' GEMM of the bf16 recipe (`invariant_grouped_mm`) folds its gather the same way
+(`x_index`, read by the kernel's operand load), where the gathered copy is read by that GEMM
+alone: the same rows, so the same products; its backward is the unfolded graph's
+(`invariant_grouped_mm_backward` on the gathered rows, then `gather_rows_backward`). An index
+that is one of `expert_order`'s (never negative) is read as it is; another is wrapped first."""
 
 from __future__ import annotations
+
+import operator
 
 import torch
 import torch.fx as fx
@@ -76,9 +83,67 @@ def _source(x: fx.Node, gemm: fx.Node):
     return x, chain, mask
 
 
+def _nonnegative(idx) -> bool:
+    """Whether `idx` is never negative: `perm // top_k` of a sort permutation, or an output
+    of `fp4_compile::expert_order` that is one (its perm, inverse or token index)."""
+    if floordiv_of_sort_permutation(idx) is not None:
+        return True
+    return (
+        isinstance(idx, fx.Node)
+        and idx.op == "call_function"
+        and idx.target is operator.getitem
+        and isinstance(idx.args[0], fx.Node)
+        and idx.args[0].target is torch.ops.fp4_compile.expert_order.default
+        and idx.args[1] in (1, 3, 4)
+    )
+
+
+def _wrapped(graph: fx.Graph, idx: fx.Node, h: fx.Node, node: fx.Node) -> fx.Node:
+    """x[idx]'s index with negative entries wrapped (the op's -1 is a zero row)."""
+    negative = insert_call(graph, aten.lt.Scalar, (idx, 0), before=node, like=node)
+    rows_arg = size_arg(graph, h, 0, before=node)
+    wrapped = insert_call(graph, aten.add.Scalar, (idx, rows_arg), before=node, like=node)
+    return insert_call(graph, aten.where.self, (negative, wrapped, idx), before=node, like=node)
+
+
+def _fold_bf16(graph: fx.Graph, node: fx.Node, report: LoweringReport) -> None:
+    """invariant_grouped_mm(gather_rows(h, idx), w, offsets, dtype) -> (h, ..., x_index=idx),
+    through dtype-preserving casts only (a row fill in between: left as it is)."""
+    if len(node.args) != 4 or node.kwargs or not isinstance(node.args[0], fx.Node):
+        return
+    found = _source(node.args[0], node)
+    if found is None or found[2] is not None:
+        return
+    gathered, chain, _ = found
+    h, idx = gathered.args
+    if fake(h) is None or written_between(graph, gathered, node, (h, idx)):
+        return
+    if not _nonnegative(idx):
+        idx = _wrapped(graph, idx, h, node)
+    folded = insert_call(
+        graph,
+        torch.ops.fp4_compile.invariant_grouped_mm.default,
+        (h, *node.args[1:], idx),
+        before=node,
+        like=node,
+    )
+    node.replace_all_uses_with(folded)
+    graph.erase_node(node)
+    for dead in [*chain, gathered]:  # GEMM side first: each one's only reader is gone
+        if not dead.users:
+            graph.erase_node(dead)
+    report.count("expert_gather_folded")
+
+
 def fold_expert_gathers(gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport) -> None:
     graph = gm.graph
     for node in list(graph.nodes):
+        if (
+            node.op == "call_function"
+            and node.target is torch.ops.fp4_compile.invariant_grouped_mm.default
+        ):
+            _fold_bf16(graph, node, report)
+            continue
         if not is_gemm(node, "nvfp4_grouped_mm") or node.kwargs:
             continue
         call = GemmCall.of(node)
@@ -100,10 +165,7 @@ def fold_expert_gathers(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Lowerin
             perm = source[0]  # the backward finds each row's positions through its inverse
         # x[idx] wraps a negative index; the op's -1 is a zero row: wrap first (the experts'
         # indices are never negative; one fused elementwise kernel over [S] ints)
-        negative = insert_call(graph, aten.lt.Scalar, (idx, 0), before=node, like=node)
-        rows_arg = size_arg(graph, h, 0, before=node)
-        wrapped = insert_call(graph, aten.add.Scalar, (idx, rows_arg), before=node, like=node)
-        idx = insert_call(graph, aten.where.self, (negative, wrapped, idx), before=node, like=node)
+        idx = _wrapped(graph, idx, h, node)
         if mask is not None:  # masked rows: index -1, a zero row in the op
             rows_mask = insert_call(graph, aten.squeeze.dim, (mask, -1), before=node, like=node)
             idx = insert_call(

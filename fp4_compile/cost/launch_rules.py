@@ -186,12 +186,13 @@ def op_launches(n: fx.Node) -> list[Launch]:
         x, w = args[0], args[1]
         cfg = pick(ARCH, "any", "invariant_linear", _rows(x))
         return [Launch(name, _cdiv(_rows(x), cfg.block_m) * _cdiv(int(w.shape[0]), cfg.block_n))]
-    if name == "invariant_grouped_mm":  # moe/grouped_mm.grouped_kernel: a ones fill, the GEMM
-        x, w = args[0], args[1]
+    if name == "invariant_grouped_mm":  # moe/grouped_mm.grouped_kernel: the GEMM (unit scales
+        # made once per device; x_index: A's rows gathered in the operand load)
+        w, rows = args[1], int(out.shape[0])
         e, nn = int(w.shape[0]), int(w.shape[1])
         cfg = pick(ARCH, "bf16", "nvfp4_gemm_ongrid", 1)  # rows_per_group=1
-        tiles = (_cdiv(int(x.shape[0]), cfg.block_m) + e) * _cdiv(nn, cfg.block_n)
-        return [Launch("ones (global scale)", 1), Launch("grouped_gemm", tiles)]
+        tiles = (_cdiv(rows, cfg.block_m) + e) * _cdiv(nn, cfg.block_n)
+        return [Launch("grouped_gemm", tiles)]
     if name == "invariant_attention":  # invariant/attention_kernel.attention
         q, k = args[0], args[1]
         b, hq, tq, _ = (int(s) for s in q.shape)

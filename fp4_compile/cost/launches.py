@@ -69,6 +69,8 @@ def post_grad_graph(model, recipe: str, *, batch: int, context: int, max_seq_len
 
     rec = getattr(NVFP4Recipe, recipe)()
     store = WeightStore(dict(model.named_parameters()))
+    if not rec.quantize:  # as the engine: the BF16 q/k/v and gate/up buffers
+        store.make_linear_groups()
     got: dict = {}
 
     def inner(gm, example_inputs, **unused):

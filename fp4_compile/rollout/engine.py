@@ -163,6 +163,8 @@ class RolloutEngine:
         self._params = dict(self.model.named_parameters())
         self._module = self.model
         self.weight_store = WeightStore(self._params)
+        if not self.recipe.quantize:  # BF16 q/k/v and gate/up: one buffer, one linear each
+            self.weight_store.make_linear_groups()
         step = RolloutStep(self.model)
         if compile:
             options = {"recipe": self.recipe, "weight_store": self.weight_store}

@@ -6,6 +6,8 @@ site reads (`passes/bind_weight_inputs.py`), the same tensor objects the store r
 A Dynamo graph that tracks no gradient (the rollout engine's) bound to a store with fuse_groups
 then runs each shared-scale group's GEMMs as one GEMM over the group's buffer
 (`passes/fuse_group_gemms.py`); the member placeholders no GEMM reads any more are dropped.
+Its group linears that stay BF16 run as one linear over the group's BF16 buffer, which the
+members' parameters are views of (`passes/fuse_group_linears.py`, `bf16_groups.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..passes import (
     QuantizeSpec,
     bind_weight_inputs,
     fuse_group_gemms,
+    fuse_group_linears,
     site_reads,
     weight_quantize_sites,
 )
@@ -41,7 +44,9 @@ def bind_dynamo_graph(
     graph, old_to_new = _copy_graph(gm.graph)
     new_names = {old_to_new[n]: v for n, v in names.items() if v is not None}
     sites = weight_quantize_sites(graph, new_names.get)
-    if not sites:
+    fuse = store.fuse_groups and not torch.is_grad_enabled()
+    linear = torch.ops.fp4_compile.invariant_linear.default
+    if not sites and not (fuse and any(n.target is linear for n in graph.nodes)):
         return gm, list(example_inputs), ()
     fake_mode = detect_fake_mode(example_inputs)
     anchor = _hoist_placeholders(graph)
@@ -74,8 +79,14 @@ def bind_dynamo_graph(
         return made[spec.name, reads]
 
     store.sites_bound += bind_weight_inputs(graph, sites, inputs)
-    if store.fuse_groups and not torch.is_grad_enabled():
+    if fuse:
         extra = _fuse_groups(store, graph, extra, tensor_of, store_input, report)
+
+        def buffer(members: tuple) -> fx.Node:
+            return store_input(store.linear_groups[members[0]].buffer, "linear_group")
+
+        layout = _linear_layout(store, new_names)
+        store.groups_fused += fuse_group_linears(graph, layout, buffer, report)
     graph.lint()
     new_gm = fx.GraphModule(gm, graph)
     new_gm.meta.update(gm.meta)
@@ -84,6 +95,18 @@ def bind_dynamo_graph(
             setattr(new_gm, attr, getattr(gm, attr))
     new_gm.recompile()
     return new_gm, [*example_inputs, *extra], tuple(extra)
+
+
+def _linear_layout(store, names: dict):
+    """`fuse_group_linears`' layout: a parameter placeholder's BF16 group (`store.linear_group`,
+    made before the compile by `make_linear_groups`), as (key, position, members, first row,
+    rows), else None."""
+
+    def layout(node: fx.Node):
+        g = store.linear_group(names.get(node))
+        return None if g is None else (g.members, g.position, len(g.members), g.start, g.rows)
+
+    return layout
 
 
 def _fuse_groups(store, graph, extra, tensor_of, store_input, report) -> list[torch.Tensor]:

@@ -42,7 +42,9 @@ made together, as row ranges of ONE codes buffer [N_total, K/2] and ONE scale bu
 [N_total, K/16] in group order (`group_layout`), so an inference graph can run their GEMMs as
 one (`passes/fuse_group_gemms.py`); each member's entry holds views of them, rewritten in place
 as any entry. Members of different K, dtype or device, or that a graph reads on-grid, are made
-one by one (and not fused).
+one by one (and not fused). The groups the graphs read in BF16 (a recipe with quantize=False) have
+no entries: their parameters are re-pointed into one buffer per group (`linear_group`,
+`bf16_groups.py`), which the inference graphs' one linear per group reads.
 Cost: a learner's store keeps the on-grid copy of each such weight between steps (the
 every-call learner keeps it from the forward to the backward only).
 
@@ -62,6 +64,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
 from ..codegen import quantize_into
 from ..passes import QuantizeSpec, SiteReads, site_reads
+from .bf16_groups import LinearGroup, make_linear_groups
 from .store_binding import bind_dynamo_graph, bind_module
 
 
@@ -93,6 +96,11 @@ def in_learner_store(params) -> bool:
     """Whether a live on_change store (a learner's) reads any of the tensors `params`."""
     ids = {id(p) for p in params}
     return any(ids & {id(p) for p in s.params.values()} for s in list(_ON_CHANGE_STORES))
+
+
+def _looks_like_learner(params) -> bool:
+    """A gradient on one of `params`, or a learner's weight store reads one."""
+    return any(p.grad is not None for p in params) or in_learner_store(params)
 
 
 def _watch_optimizer_steps(store: WeightStore) -> None:
@@ -165,6 +173,7 @@ class WeightStore:
         self.entry_writes = 0  # entries written, creation included
         self.sites_bound = 0
         self.groups_fused = 0  # group GEMMs run as one, over the graphs bound so far
+        self.linear_groups: dict[str, LinearGroup] = {}  # BF16 group buffers (`bf16_groups.py`)
         self._refresh_graph = None  # CUDA: every entry's write, captured once (`_refresh`)
         self._source = None  # name -> tensor, read instead of the parameters (`refresh`)
         if on_change:
@@ -344,6 +353,16 @@ class WeightStore:
             if entry.codes is codes:
                 return entry.group_layout
         return None
+
+    def make_linear_groups(self) -> int:
+        """Lay out the fused groups the graphs will read in BF16 as one buffer each, their
+        parameters re-pointed into it (`bf16_groups.make_linear_groups`); how many were made."""
+        return make_linear_groups(self, _looks_like_learner)
+
+    def linear_group(self, name: str | None) -> LinearGroup | None:
+        """Where parameter `name`'s BF16 weight lies in its group's buffer (`make_linear_groups`),
+        or None."""
+        return self.linear_groups.get(name) if self.fuse_groups else None
 
     @torch.no_grad()
     def refresh(self, source: Callable[[str], torch.Tensor] | None = None) -> None:

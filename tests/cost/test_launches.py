@@ -24,7 +24,10 @@ from fp4_compile.rollout import decode_program
 # the attention output projection's decode GEMM quantizes its operand in its prologue (no
 # row_codes launch: nvfp4/gemm_cuda.few_row_parts);
 # MoE -1:
-# the routing and expert_order in one launch (passes/fold_routing_order.py).
+# the routing and expert_order in one launch (passes/fold_routing_order.py). bf16:
+# -2 q/k/v as one linear, -1 gate/up as one (dense; passes/fuse_group_linears.py); MoE -2: no
+# unit global scale fills (made once per device), -1: the tokens' gather read by the grouped
+# GEMM (passes/fold_expert_gathers.py).
 PINNED = {
     ("qwen3-8b", "strict"): (16, 12),
     ("qwen3-8b", "bf16"): (15, 12),
