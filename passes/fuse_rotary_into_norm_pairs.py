@@ -166,11 +166,11 @@ def _rotary(y: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node, list[fx.Node], list[
     cos, sin = _unsqueezed_1(cu), _unsqueezed_1(su)
     if cos is None or sin is None:
         raise _NoMatch("cos / sin are not [B, T, D] tables unsqueezed at the heads' dim")
-    want = (*vy.shape[:2], d)
+    want = [(*vy.shape[:2], d), (1, vy.shape[1], d)]
     for name, table in (("cos", cos), ("sin", sin)):
         v = fake(table)
-        if v is None or tuple(v.shape) != want or v.dtype != vy.dtype:
-            raise _NoMatch(f"{name} is not {list(want)} of the heads' dtype {vy.dtype}")
+        if v is None or tuple(v.shape) not in want or v.dtype != vy.dtype:
+            raise _NoMatch(f"{name} is not {list(want[0])} (or B 1) of the heads' {vy.dtype}")
     return add, cos, sin, [add, m2, m1, cat, neg, x1, x2, t], [cu, su]
 
 
@@ -196,18 +196,17 @@ def _fuse(graph: fx.Graph, pair: fx.Node) -> None:
     ya, yb = _check_pair(graph, pair)
     qe, qcos, qsin, q_nodes, tables = _rotary(ya)
     ke, kcos, ksin, k_nodes, k_tables = _rotary(yb)
-    if (qcos, qsin) != (kcos, ksin):
+    if (qcos, qsin) != (kcos, ksin) or fake(qcos).shape != fake(qsin).shape:
         raise _NoMatch("q and k are rotated with different cos / sin tables")
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    if max(order[qcos], order[qsin]) > order[pair]:
-        raise _NoMatch("cos / sin are computed after the norm pair")
     (cos, scale_c, cast_c), (sin, scale_s, cast_s) = map(_finished_table, (qcos, qsin))
     if scale_c != scale_s:
         cos, sin, scale_c, cast_c, cast_s = qcos, qsin, 1.0, [], []
     a, wa, b, wb, eps = pair.args
     target = torch.ops.fp4_compile.invariant_rms_norm_pair_rotary.default
     args = (a, wa, b, wb, eps, cos, sin, scale_c)
-    fused = insert_call(graph, target, args, before=pair, like=pair)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    first = min(qe, ke, key=order.__getitem__)  # every input is ready there (the tables too)
+    fused = insert_call(graph, target, args, before=first, like=pair)
     ra = insert_call(graph, operator.getitem, (fused, 0), after=fused, like=ya)
     rb = insert_call(graph, operator.getitem, (fused, 1), after=ra, like=yb)
     qe.replace_all_uses_with(ra)

@@ -4,7 +4,7 @@ embedding after them in ONE launch (`passes/fuse_rotary_into_norm_pair.py`).
 Shape legend: B sequences, T positions, Ha / Hb heads of a / b, D head dim (even).
 
 invariant_rms_norm_pair_rotary(a [B, T, Ha, D], a_weight, b [B, T, Hb, D], b_weight, eps,
-cos [B, T, D], sin [B, T, D], scaling) -> (q_embed [B, Ha, T, D], k_embed [B, Hb, T, D]),
+cos [B | 1, T, D], sin [B | 1, T, D], scaling) -> (q_embed [B, Ha, T, D], k_embed [B, Hb, T, D]),
 contiguous, where (ya, yb) = invariant_rms_norm_pair(a, a_weight, b, b_weight, eps) and, as
 transformers computes it (the rotary embedding's `(cos * attention_scaling).to(dtype)`, then
 Qwen3's attention: the heads transposed, then `apply_rotary_pos_emb`):
@@ -42,7 +42,7 @@ def rotate_half(y: torch.Tensor) -> torch.Tensor:
 def rotary_reference(
     y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scaling: float
 ) -> torch.Tensor:
-    """The model's torch ops on y [B, T, H, D] (normed heads), cos / sin [B, T, D]: the tables
+    """The model's torch ops on y [B, T, H, D] (normed heads), cos / sin [B | 1, T, D]: the tables
     scaled and cast to y's dtype, the heads transposed to [B, H, T, D], then
     (q * c) + (rotate_half(q) * s), each op rounded to y's dtype; contiguous."""
     c = (cos * scaling).to(y.dtype).unsqueeze(1)
@@ -66,12 +66,13 @@ def _check(a, a_weight, b, b_weight, cos, sin):
         raise ValueError(f"the head dim must be even for the rotary, got {a.shape[-1]}")
     if (a_weight is None) != (b_weight is None):
         raise ValueError("a_weight and b_weight must both be given or both be None")
-    want = (a.shape[0], a.shape[1], a.shape[-1])
+    want = [(a.shape[0], a.shape[1], a.shape[-1]), (1, a.shape[1], a.shape[-1])]
     for name, t in (("cos", cos), ("sin", sin)):
-        if tuple(t.shape) != want or t.dtype not in (a.dtype, torch.float32):
+        if tuple(t.shape) not in want or t.shape != cos.shape:
+            raise ValueError(f"{name} must be [B or 1, T, D] {list(want[0])}, got {list(t.shape)}")
+        if t.dtype not in (a.dtype, torch.float32):
             raise ValueError(
-                f"{name} must be {list(want)}, float32 or a's dtype {a.dtype}, got "
-                f"{list(t.shape)} {t.dtype}"
+                f"{name} must be float32 or a's dtype {a.dtype}, got {list(t.shape)} {t.dtype}"
             )
 
 

@@ -27,7 +27,7 @@ from .rms_norm_kernel import rms_norm_launch
 
 @triton.jit
 def _norm_rotary_row(
-    x_ptr, w_ptr, c_ptr, s_ptr, y_ptr, row, R, H, heads, T, eps, scaling, HAS_W: tl.constexpr, BLOCK_H: tl.constexpr
+    x_ptr, w_ptr, c_ptr, s_ptr, y_ptr, row, R, H, heads, T, c_bstride, eps, scaling, HAS_W: tl.constexpr, BLOCK_H: tl.constexpr
 ):  # fmt: skip
     cols = tl.arange(0, BLOCK_H)
     live = (cols < H) & ((cols * 0 + row) < R)  # (row < R as a vector: the interpreter's masks)
@@ -47,13 +47,14 @@ def _norm_rotary_row(
         y = round_bf16_keep_nan(y * w)
         yr = round_bf16_keep_nan(yr * wr)
     yr = tl.where(first, -yr, yr)  # cat(-y[H/2:], y[:H/2]); the negation is exact
-    pos = row // heads  # b * T + t: the row of cos / sin
+    pos = row // heads  # b * T + t
+    tab = (pos // T) * c_bstride + (pos % T) * H  # the row of cos / sin (c_bstride 0: one set)
     # the tables as the rotary embedding finishes them: (t * scaling).to(dtype), in FP32
     c = round_bf16_keep_nan(
-        tl.load(c_ptr + pos * H + cols, mask=live, other=0.0).to(tl.float32) * scaling
+        tl.load(c_ptr + tab + cols, mask=live, other=0.0).to(tl.float32) * scaling
     )
     s = round_bf16_keep_nan(
-        tl.load(s_ptr + pos * H + cols, mask=live, other=0.0).to(tl.float32) * scaling
+        tl.load(s_ptr + tab + cols, mask=live, other=0.0).to(tl.float32) * scaling
     )
     out = round_bf16_keep_nan(round_bf16_keep_nan(y * c) + round_bf16_keep_nan(yr * s))
     # stored heads first ([B, heads, T, H]: the model's transpose(1, 2), contiguous)
@@ -77,6 +78,7 @@ def _rms_norm_pair_rotary_kernel(
     heads_a,
     heads_b,
     T,
+    c_bstride,
     eps,
     scaling,
     HAS_W: tl.constexpr,
@@ -110,6 +112,7 @@ def _rms_norm_pair_rotary_kernel(
                 H,
                 heads_a,
                 T,
+                c_bstride,
                 eps,
                 scaling,
                 HAS_W,
@@ -132,6 +135,7 @@ def _rms_norm_pair_rotary_kernel(
                 H,
                 heads_b,
                 T,
+                c_bstride,
                 eps,
                 scaling,
                 HAS_W,
@@ -148,7 +152,7 @@ def _rows_of(x: torch.Tensor, hdim: int):
 
 def rms_norm_pair_rotary(a, a_weight, b, b_weight, eps: float, cos, sin, scaling: float):
     """(q_embed, k_embed) of `invariant_rms_norm_pair_rotary` in one launch: a [B, T, Ha, H],
-    b [B, T, Hb, H], cos / sin [B, T, H] (FP32 or bf16, scaled and rounded to bf16 here) ->
+    b [B, T, Hb, H], cos / sin [B | 1, T, H] (FP32 or bf16, scaled and rounded to bf16 here) ->
     [B, Ha, T, H], [B, Hb, T, H] contiguous; each row
     bitwise as `rms_norm` then the rotary's torch ops compute it (bf16)."""
     for name, t in (("a", a), ("b", b), ("cos", cos), ("sin", sin)):
@@ -180,6 +184,7 @@ def rms_norm_pair_rotary(a, a_weight, b, b_weight, eps: float, cos, sin, scaling
             a.shape[-2],
             b.shape[-2],
             a.shape[1],
+            hdim * a.shape[1] if cos.shape[0] == a.shape[0] else 0,
             eps,
             float(scaling),
             HAS_W=a_weight is not None,
