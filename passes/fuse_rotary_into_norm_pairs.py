@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
 from ..recipe import NVFP4Recipe
-from .graph_utils import erase_dead, fake, insert_call
+from .graph_utils import erase_dead, fake, insert_call, written_between
 from .patterns import is_add, is_mul, is_op
 from .report import LoweringReport
 
@@ -206,6 +206,8 @@ def _fuse(graph: fx.Graph, pair: fx.Node) -> None:
     args = (a, wa, b, wb, eps, cos, sin, scale_c)
     order = {n: i for i, n in enumerate(graph.nodes)}
     first = min(qe, ke, key=order.__getitem__)  # every input is ready there (the tables too)
+    if written_between(graph, pair, first, (a, b, wa, wb)):
+        raise _NoMatch("the heads or the weights are written between the pair and the rotary")
     fused = insert_call(graph, target, args, before=first, like=pair)
     ra = insert_call(graph, operator.getitem, (fused, 0), after=fused, like=ya)
     rb = insert_call(graph, operator.getitem, (fused, 1), after=ra, like=yb)
