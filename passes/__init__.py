@@ -30,6 +30,7 @@ from .fuse_group_gemms import fuse_group_gemms
 from .fuse_group_linears import fuse_group_linears
 from .fuse_quantize_into_producers import fuse_quantize_into_producers
 from .fuse_residual_adds import fuse_residual_adds
+from .fuse_rotary_into_norm_pairs import fuse_rotary_into_norm_pairs
 from .lower_attention import lower_attention
 from .lower_embeddings import lower_embeddings
 from .lower_gathers import lower_gathers
@@ -80,6 +81,7 @@ PIPELINE = (
     fold_routing_order,  # inference: invariant_routing + expert_order -> one routing_order launch
     fuse_residual_adds,  # x + r read by an RMSNorm -> the norm's residual form: no add kernel
     pair_rms_norms,  # two independent norms of one row length (q / k norms) -> one launch
+    fuse_rotary_into_norm_pairs,  # q / k norm pair + rotary (inference, bf16) -> one launch
     verify,  # nothing eligible left, no stock reduction left (strict), op census
 )
 # By option (the backend's options of the same names):

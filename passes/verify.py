@@ -238,17 +238,26 @@ class LoweringError(RuntimeError):
         self.summary = summary or message
 
 
+# an inference graph's fused form -> the op the learner's graph has in its place
+_INFERENCE_FORMS = {
+    "fp4_compile::invariant_rms_norm_pair_rotary": "fp4_compile::invariant_rms_norm_pair",
+}
+
+
 def normalized_census(census: list[str]) -> list[str]:
     """Census names without the IR spelling, so a Dynamo graph's and an exported graph's compute
     ops compare: 'Tensor.sum' / 'torch.sum' / 'aten::sum.dim_IntList' -> 'sum'; fp4_compile ops
     keep their names. Integer bookkeeping (cumsum of routing counts) and the rollout's KV-cache
-    write (no learner graph has a cache) are dropped."""
+    write (no learner graph has a cache) are dropped; the norm pair with the rotary in it (an
+    inference graph's, `fuse_rotary_into_norm_pairs`) counts as the norm pair (the rotary's
+    pointwise ops are no compute op here)."""
     out = []
     for name in census:
         if name.startswith("fp4_compile::kv_cache_write"):
             continue
         if name.startswith("fp4_compile::"):
-            out.append(name.split(".")[0])
+            op = name.split(".")[0]
+            out.append(_INFERENCE_FORMS.get(op, op))
             continue
         base = name.split("::")[-1].split(".")[0] if "::" in name else name.split(".")[-1]
         if base in ("cumsum",):

@@ -15,6 +15,7 @@ from . import (  # noqa: F401  (register the ops)
     logprobs,
     ordered_sum,
     rms_norm,
+    rms_norm_rotary,
     routing,
     sample_argmax,
     silu_mul,

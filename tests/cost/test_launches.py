@@ -27,7 +27,8 @@ from fp4_compile.rollout import decode_program
 # the routing and expert_order in one launch (passes/fold_routing_order.py). bf16:
 # -2 q/k/v as one linear, -1 gate/up as one (dense; passes/fuse_group_linears.py); MoE -2: no
 # unit global scale fills (made once per device), -1: the tokens' gather read by the grouped
-# GEMM (passes/fold_expert_gathers.py).
+# GEMM (passes/fold_expert_gathers.py). -2: the rotary of q and k in the norm pair's launch
+# (passes/fuse_rotary_into_norm_pairs.py; the cos / sin tables' bf16 cast in it too).
 PINNED = {
     ("qwen3-8b", "strict"): (16, 12),
     ("qwen3-8b", "bf16"): (15, 12),
