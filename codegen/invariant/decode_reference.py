@@ -1,7 +1,9 @@
 """CPU references of the decode program's two ops (`sample_argmax.py`, `decode_advance.py`):
 plain PyTorch, the very ops `fp4_compile/rollout/decode_program.py` ran eagerly before they were
-fused, so the fused forms are checked against what they replace; and of the step's KV-cache write
-(`kv_cache_write.py`: the two `index_put_` that `fp4_compile/rollout/kv_cache.py` ran).
+fused, so the fused forms are checked against what they replace (the seeded Gumbel noise
+included: `gumbel_uniforms`, `gumbel_loglog`, which `fp4_compile/rollout/sampling.py` draws
+with); and of the step's KV-cache write (`kv_cache_write.py`: the two `index_put_` that
+`fp4_compile/rollout/kv_cache.py` ran).
 
 Shape legend: B rows (slots), V vocabulary, T token columns of a row's record (max_tokens).
 """
@@ -9,6 +11,8 @@ Shape legend: B rows (slots), V vocabulary, T token columns of a row's record (m
 from __future__ import annotations
 
 import torch
+
+from ...sr_stream import M32, mix32, mix32_int
 
 
 def scale_logits(logits_BV: torch.Tensor, temperature: float, *, reciprocal: bool) -> torch.Tensor:
@@ -24,9 +28,32 @@ def scale_logits(logits_BV: torch.Tensor, temperature: float, *, reciprocal: boo
     return x * torch.tensor(inv, dtype=torch.float32, device=x.device)
 
 
+def gumbel_uniforms(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int):
+    """FP64 [B, V] u of `sampling.gumbel_noise` in torch ops (arguments checked by the caller):
+    the CPU path and the reference of the CUDA kernel (`gumbel_noise_kernel.py`). Exact integer
+    arithmetic on int64 (products split so that none overflows) and an exact u. A per-row step
+    [B] gives each row its own step key (the same integers as that row's step alone)."""
+    if isinstance(step, torch.Tensor):
+        step_key = mix32((mix32(step & M32) ^ (step >> 32) ^ 0x85EBCA6B) & M32)
+        if step_key.dim() == 1:
+            step_key = step_key[:, None]
+    else:
+        step_key = mix32_int((mix32_int(step & M32) ^ (step >> 32) ^ 0x85EBCA6B) & M32)
+    tok = torch.arange(vocab_size, dtype=torch.int64, device=keys_B.device)
+    h = mix32(tok[None, :] ^ keys_B[:, None])
+    h = mix32(h ^ ((keys_B[:, None] >> 1) ^ step_key))
+    return ((h >> 8).to(torch.float64) + 0.5) * (1.0 / 16777216.0)
+
+
+def gumbel_loglog(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int):
+    """FP64 [B, V] log(-log(u)) of `gumbel_uniforms`, torch's FP64 logs on keys_B's device."""
+    return torch.log(-torch.log(gumbel_uniforms(keys_B, step, vocab_size)))
+
+
 def sample_argmax(
     logits_BV: torch.Tensor,
-    gumbel_loglog_BV: torch.Tensor | None,
+    keys_B: torch.Tensor | None,
+    step: torch.Tensor | None,
     temperature: float,
     *,
     reciprocal: bool = False,
@@ -35,15 +62,18 @@ def sample_argmax(
     torch.argmax) over v of
 
         scaled[b, v] = FP32(logits[b, v]) / temperature       (`scale_logits`: one rounding)
-        noise[b, v]  = FP32(-gumbel_loglog[b, v])             (negation exact; RNE to FP32)
+        loglog[b, v] = log(-log(u[b, v]))                     (`gumbel_loglog`: FP64, exact -)
+        noise[b, v]  = FP32(-loglog[b, v])                    (negation exact; RNE to FP32)
         key[b, v]    = scaled[b, v] + noise[b, v]             (one FP32 add; no FMA)
 
-    with no noise when gumbel_loglog is None (greedy: the argmax of the logits, temperature 1).
-    This is `sampling.sample(logits.float() / T, gumbel_noise(...))`, with gumbel_noise =
-    FP32(-log(-log(u))) = FP32(-gumbel_loglog)."""
+    u the seeded uniforms of row b's request key and draw number (`step`: int64 [] or [B]);
+    no noise when keys_B is None (greedy: the argmax of the logits, temperature 1).
+    This is `sampling.sample(logits.float() / T, gumbel_noise(keys, step, V))`, with
+    gumbel_noise = FP32(-log(-log(u))) = FP32(-loglog)."""
     scaled = scale_logits(logits_BV, temperature, reciprocal=reciprocal)
-    if gumbel_loglog_BV is not None:
-        scaled = scaled + (-gumbel_loglog_BV).to(torch.float32)
+    if keys_B is not None:
+        loglog = gumbel_loglog(keys_B, step, logits_BV.shape[1])
+        scaled = scaled + (-loglog).to(torch.float32)
     return torch.argmax(scaled, dim=-1)
 
 

@@ -210,8 +210,9 @@ def op_launches(n: fx.Node) -> list[Launch]:
         return _mask_args(args[0], int(n.args[1]))
     if name in ("invariant_routing", "invariant_logprobs"):  # one program per row
         return [Launch(name, _rows(args[0]))]
-    if name == "sample_argmax":  # invariant/sample_argmax_kernel: one program per row
-        return [Launch(name, _rows(args[0]))]
+    if name == "sample_argmax":  # invariant/sample_argmax_kernel: (rows, cdiv(V, chunk_v))
+        chunks = _cdiv(int(args[0].shape[-1]), LAUNCH[("cuda", name)]["chunk_v"])
+        return [Launch(name, _rows(args[0]) * chunks)]
     if name == "decode_advance":  # invariant/decode_advance_kernel: block_b rows per program
         return [Launch(name, _cdiv(int(args[0].shape[0]), LAUNCH[("cuda", name)]["block_b"]))]
     if name == "kv_cache_write":  # invariant/kv_cache_write_kernel: one program per (b, h, t)

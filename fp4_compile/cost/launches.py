@@ -25,8 +25,7 @@ the layer of its inputs (the latest), else to outside the layers (embedding, rot
 mask, final norm, head); `launches_per_layer` is the count of the LAST layer.
 Eager: one decode token's `DecodeProgram._one_token` around a stub step, under a
 TorchDispatchMode on meta tensors: every ATen op with a kernel is one launch, an `fp4_compile`
-op its rule's count; the CPU form of the Gumbel uniforms (about 80 integer ops) counts as the one
-launch the CUDA dispatch makes (`sampling.gumbel_loglog` -> `gumbel_uniforms`).
+op its rule's count (the seeded noise is made inside `fp4_compile::sample_argmax`).
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from ..backend import inductor_patches
 from ..codegen.nvfp4 import gemm
 from ..passes import run_pipeline
 from ..recipe import NVFP4Recipe
-from ..rollout import decode_program, sampling
+from ..rollout import decode_program
 from ..rollout.kv_cache import StaticKVCache
 from ..rollout.step import RolloutStep
 from ..rollout.weight_store import WeightStore
@@ -286,28 +285,9 @@ def eager_ops(*, batch: int, vocab: int, temperature: float, top_k: int = 0, top
         capture=False,
     )
     counter = LaunchCounter()
-    uniforms = LaunchCounter()
-    reference = sampling.gumbel_uniforms_reference
-
-    def cuda_uniforms(keys, step, vocab_size):  # the CUDA dispatch: one Triton launch
-        with uniforms:  # counted apart (nested modes: the outer one sees these too)
-            return reference(keys, step, vocab_size)
-
-    with mock.patch.object(sampling, "gumbel_uniforms_reference", cuda_uniforms), counter:
+    with counter:
         program._one_token()
-    ops = counter.ops
-    if uniforms.ops:  # drop the CPU form's ops, count the kernel's one launch
-        ops = _without(ops, uniforms.ops)
-        ops.append("gumbel_uniforms (Triton, one launch on CUDA)")
-    return ops
-
-
-def _without(ops: list[str], removed: list[str]) -> list[str]:
-    """ops minus one occurrence of each name in `removed` (a multiset difference)."""
-    left = list(ops)
-    for op in removed:
-        left.remove(op)
-    return left
+    return counter.ops
 
 
 def launch_budget(

@@ -15,9 +15,9 @@ token for every running row without reading anything on the host:
     n += live; finished |= live & (picked == eos | n == budget)
     ids, positions, kv_len = picked, positions + 1, kv_len + 1   # running rows only
 
-Around the compiled step a token costs, on CUDA: the Gumbel uniforms (one Triton launch) and
-their two FP64 logs; the pick (`fp4_compile::sample_argmax`: scale, noise and first maximum in
-one launch); the shared log-prob op; the bookkeeping of the last three lines
+Around the compiled step a token costs, on CUDA: the pick (`fp4_compile::sample_argmax`: scale,
+the seeded Gumbel noise made in registers and first maximum in one launch); the shared log-prob
+op; the bookkeeping of the last three lines
 (`fp4_compile::decode_advance`, one launch). Each fused op is bitwise the torch ops it replaced
 (`codegen/invariant/decode_reference.py`).
 
@@ -35,8 +35,8 @@ weight store's quantized bytes (`weight_store.py`: rewritten in place by `update
 replay after an update reads the new weights). Elsewhere (CPU, or capture=False) the same call
 runs eagerly.
 
-The seeded noise of token n is `gumbel_noise(keys, n)` with n a device tensor [B]: the same
-integers, so the same bits as the host-side step number (`sampling.py`).
+The seeded noise of token n is `gumbel_noise(keys, n)` with n a device tensor [B] (made inside
+the pick): the same integers, so the same bits as the host-side step number (`sampling.py`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from ..codegen.invariant.decode_advance import decode_advance
 from ..codegen.invariant.sample_argmax import sample_argmax
 from .kv_cache import StaticKVCache
 from .logprobs import token_logprobs
-from .sampling import filter_logits, gumbel_loglog
+from .sampling import check_draw, filter_logits
 
 
 @dataclass(frozen=True)
@@ -63,17 +63,20 @@ class Sampling:
 
 def pick_tokens(last_BV, keys_B, n, sampling: Sampling, vocab_size: int):
     """(token int64 [B], its FP32 log-prob [B]) of draw number n (int, int64 [] or [B] tensor):
-    argmax(last.float() / T + gumbel_noise(keys, n)) (`sampling.sample`), greedy argmax(last)."""
+    argmax(last.float() / T + gumbel_noise(keys, n)) (`sampling.sample`), greedy argmax(last).
+    The pick makes the noise itself (`fp4_compile::sample_argmax`: no noise tensor)."""
     if sampling.temperature == 0:
-        picked = sample_argmax(last_BV, None, 1.0)  # the first maximum: lower id wins
+        picked = sample_argmax(last_BV, None, None, 1.0)  # the first maximum: lower id wins
         return picked, token_logprobs(last_BV, picked, 1.0)
-    loglog = gumbel_loglog(keys_B, n, vocab_size)
+    check_draw(keys_B, n, vocab_size)
+    if not isinstance(n, torch.Tensor):  # a host draw number (the prefill's): one device int64
+        n = torch.tensor(n, dtype=torch.int64).to(keys_B.device)
     if sampling.top_k > 0 or sampling.top_p < 1.0:
         scaled = last_BV.float() / sampling.temperature
         filtered = filter_logits(scaled, top_k=sampling.top_k, top_p=sampling.top_p)
-        picked = sample_argmax(filtered, loglog, 1.0)  # x / 1 = x: the same keys
+        picked = sample_argmax(filtered, keys_B, n, 1.0)  # x / 1 = x: the same keys
     else:
-        picked = sample_argmax(last_BV, loglog, sampling.temperature)
+        picked = sample_argmax(last_BV, keys_B, n, sampling.temperature)
     return picked, token_logprobs(last_BV, picked, sampling.temperature)
 
 

@@ -10,7 +10,9 @@ batch 64 were a third of the H200 engine's host time).
 u = ((h >> 8) + 0.5) * 2^-24 in (0, 1), noise = -log(-log(u)) in FP64, rounded to FP32. On CUDA
 the hash and u are one Triton launch (`codegen/invariant/gumbel_noise_kernel.py`: uint32
 registers instead of about 80 int64 torch launches per token, the same exact integers, so the
-same u); the torch form below is the CPU path and the kernel's reference. CPU and
+same u), and the decode program's pick (`fp4_compile::sample_argmax`) makes the noise itself in
+registers, logs included; the torch form (`gumbel_uniforms_reference`, in
+`codegen/invariant/decode_reference.py`) is the CPU path and the kernels' reference. CPU and
 GPU give the same noise unless their FP64 `log` differ by an ulp right at an FP32 rounding
 boundary (odds ~2^-29 per value). Temperature is applied exactly as the shared log-prob op applies
 it: `logits / temperature` in FP32.
@@ -22,8 +24,19 @@ import operator
 
 import torch
 
+from ..codegen.invariant.decode_reference import gumbel_uniforms as gumbel_uniforms_reference
 from ..engine_api import check_filter
-from ..sr_stream import M32, mix32, mix32_int, sr_key
+from ..sr_stream import sr_key
+
+__all__ = [
+    "check_draw",
+    "filter_logits",
+    "gumbel_loglog",
+    "gumbel_noise",
+    "gumbel_uniforms_reference",
+    "request_keys",
+    "sample",
+]
 
 
 def request_keys(seeds: list[int], device) -> torch.Tensor:
@@ -49,14 +62,26 @@ def gumbel_noise(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int
 
 def gumbel_loglog(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int) -> torch.Tensor:
     """FP64 [B, V] log(-log(u)): the Gumbel noise of `gumbel_noise` before its negation (exact)
-    and its rounding to FP32, which the decode program's pick (`fp4_compile::sample_argmax`)
-    does in its own pass.
+    and its rounding to FP32. The decode program's pick (`fp4_compile::sample_argmax`) makes the
+    same values in its own pass from (keys_B, step), without this tensor.
 
     `step`: a Python int, an int64 0-dim tensor on keys_B's device (a device-side step counter:
     no host read), or an int64 [B] tensor there: one draw number per row (a continuously batched
     decode program, whose rows run different requests at different token indices). The step's
     key is the same exact integer arithmetic on the host or on the device, per row or shared, so
     a row's noise at draw n has the same bits whichever form carries n."""
+    check_draw(keys_B, step, vocab_size)
+    if keys_B.device.type == "cuda":
+        from ..codegen.invariant.gumbel_noise_kernel import gumbel_uniforms  # lazy: imports triton
+
+        u = gumbel_uniforms(keys_B, step, vocab_size)
+    else:
+        u = gumbel_uniforms_reference(keys_B, step, vocab_size)
+    return torch.log(-torch.log(u))
+
+
+def check_draw(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int) -> None:
+    """`gumbel_loglog`'s argument check (its docstring says what each may be)."""
     if keys_B.dtype != torch.int64 or keys_B.dim() != 1:
         raise TypeError(f"keys_B must be int64 [B], got {keys_B.dtype}{list(keys_B.shape)}")
     if vocab_size < 1:
@@ -74,30 +99,6 @@ def gumbel_loglog(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: in
             )
     elif step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
-    if keys_B.device.type == "cuda":
-        from ..codegen.invariant.gumbel_noise_kernel import gumbel_uniforms  # lazy: imports triton
-
-        u = gumbel_uniforms(keys_B, step, vocab_size)
-    else:
-        u = gumbel_uniforms_reference(keys_B, step, vocab_size)
-    return torch.log(-torch.log(u))
-
-
-def gumbel_uniforms_reference(keys_B: torch.Tensor, step: int | torch.Tensor, vocab_size: int):
-    """FP64 [B, V] u of `gumbel_noise` in torch ops (checked arguments): the CPU path and the
-    reference of the CUDA kernel. Exact integer arithmetic on int64 (products split so that
-    none overflows) and an exact u. A per-row step [B] gives each row its own step key (the
-    same integers as that row's step alone)."""
-    if isinstance(step, torch.Tensor):
-        step_key = mix32((mix32(step & M32) ^ (step >> 32) ^ 0x85EBCA6B) & M32)
-        if step_key.dim() == 1:
-            step_key = step_key[:, None]
-    else:
-        step_key = mix32_int((mix32_int(step & M32) ^ (step >> 32) ^ 0x85EBCA6B) & M32)
-    tok = torch.arange(vocab_size, dtype=torch.int64, device=keys_B.device)
-    h = mix32(tok[None, :] ^ keys_B[:, None])
-    h = mix32(h ^ ((keys_B[:, None] >> 1) ^ step_key))
-    return ((h >> 8).to(torch.float64) + 0.5) * (1.0 / 16777216.0)
 
 
 def filter_logits(scaled_BV: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:

@@ -6,8 +6,10 @@ The head runs only where it is read: sampling needs the logits of each sequence'
 position, so the step runs the decoder, takes that one hidden row per sequence and applies the
 output embedding (and the model's final logit soft-capping, where its config has one) to it:
 [B, 1, V] logits, never [B, Tq, V]. The row is `kv_len - 1 - positions[:, 0]` (the prompt's last
-token in a prefill, 0 in a decode). A row of the head is the same op on the same hidden row as in
-the learner's full forward (rows never interact), so its bits are the learner's.
+token in a prefill, 0 in a decode: at Tq = 1 the hidden rows are read as they are, with no
+gather, wherever Tq is a static 1 (torch.compile specializes a size of 1; an export keeps Tq
+symbolic and the gather). A row of the head is the same op on the same hidden row as in the
+learner's full forward (rows never interact), so its bits are the learner's.
 `return_hidden=True` (diagnostics) keeps the model's own forward: logits at every position and the
 hidden states.
 """
@@ -71,9 +73,13 @@ class RolloutStep(torch.nn.Module):
         )
         assert len(cache.keys) == num_layers
         hidden_BTH = out.last_hidden_state
-        last_B = kv_len_B - 1 - positions_BT[:, 0]
-        index = last_B[:, None, None].expand(-1, 1, hidden_BTH.shape[-1])
-        logits = self.model.get_output_embeddings()(torch.gather(hidden_BTH, 1, index))
+        if not torch.compiler.is_exporting() and input_ids_BT.shape[1] == 1:
+            last_B1H = hidden_BTH  # a decode: its one position is the last (no gather kernel)
+        else:
+            last_B = kv_len_B - 1 - positions_BT[:, 0]
+            index = last_B[:, None, None].expand(-1, 1, hidden_BTH.shape[-1])
+            last_B1H = torch.gather(hidden_BTH, 1, index)
+        logits = self.model.get_output_embeddings()(last_B1H)
         if self.softcap is not None:  # as transformers' Gemma heads: tanh(logits / cap) * cap
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

@@ -2,9 +2,12 @@
 they replaced, at Qwen3's vocabulary (151,936) and decode batch sizes.
 
 Bitwise:
-- `sample_argmax`'s picks == argmax(logits.float() / T + gumbel_noise) and the greedy
-  argmax(logits.float()), as ATen computes them on the same device (its division by a host
-  scalar multiplies by the FP32 reciprocal: the kernel must match it, not IEEE division);
+- the in-kernel Gumbel log-logs (`gumbel_noise_kernel.gumbel_loglog`: libdevice's FP64 log)
+  == torch's CUDA `torch.log(-torch.log(u))`, every value's bytes at the full vocabulary;
+- `sample_argmax`'s picks (the noise made in the kernel) == argmax(logits.float() / T +
+  gumbel_noise) and the greedy argmax(logits.float()), as ATen computes them on the same device
+  (its division by a host scalar multiplies by the FP32 reciprocal: the kernel must match it,
+  not IEEE division), per-row and shared draw numbers, batch 1 and 64;
 - `decode_advance` == the old bookkeeping's torch ops on every buffer, over several steps;
 - `kv_cache_write` == the two `index_put_` it replaced (both whole caches, Qwen3-8B's 8 KV heads
   of 128, decode and prefill rows, v a transposed view), and through a block table into page
@@ -16,7 +19,7 @@ Bitwise:
 import pytest
 import torch
 
-from fp4_compile.rollout.sampling import gumbel_loglog, gumbel_noise, request_keys
+from fp4_compile.rollout.sampling import gumbel_noise, gumbel_uniforms_reference, request_keys
 from fp4_compile.testing import assert_bitwise_equal
 
 pytestmark = pytest.mark.gpu
@@ -25,20 +28,36 @@ DEVICE = "cuda"
 VOCAB = 151936
 
 
+def test_kernel_loglog_equals_torchs_cuda_logs_bitwise():
+    """Contract: libdevice's FP64 log (Triton) == ATen's CUDA FP64 log (the CUDA math library's
+    `log(double)`), bytes of log(-log(u)) at every token of 64 rows and several draws."""
+    from fp4_compile.codegen.invariant.gumbel_noise_kernel import gumbel_uniforms
+
+    keys = request_keys(list(range(64)), DEVICE)
+    for step in (0, 1, 17, 2**31 + 3):
+        n = torch.full((64,), step, dtype=torch.int64, device=DEVICE) + torch.arange(
+            64, device=DEVICE
+        )
+        u = gumbel_uniforms_reference(keys, n, VOCAB)
+        want = torch.log(-torch.log(u))
+        got = gumbel_uniforms(keys, n, VOCAB, loglog=True)
+        assert_bitwise_equal(got, want, f"log(-log(u)) at draw {step}")
+
+
 @pytest.mark.parametrize("rows", [1, 64])
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.6, 1.3])
 def test_sample_argmax_equals_the_torch_ops(rows, temperature):
+    """Contract: the picks == the torch ops' (bytes), every call (the kernel resets its
+    scratch), per-row and shared draw numbers."""
     g = torch.Generator(device=DEVICE).manual_seed(rows)
     logits = (torch.randn(rows, VOCAB, generator=g, device=DEVICE) * 4).to(torch.bfloat16)
     keys = request_keys(list(range(rows)), DEVICE)
     for step in range(8):  # many draws: a wrong last bit of the scale flips some picks
-        n = torch.full((rows,), step, dtype=torch.int64, device=DEVICE)
-        want = torch.argmax(logits.float() / temperature + gumbel_noise(keys, n, VOCAB), dim=-1)
-        got = torch.ops.fp4_compile.sample_argmax(
-            logits, gumbel_loglog(keys, n, VOCAB), temperature
-        )
-        assert_bitwise_equal(got, want, f"picks at step {step}, T={temperature}")
-    greedy = torch.ops.fp4_compile.sample_argmax(logits, None, 1.0)
+        for n in (torch.full((rows,), step, device=DEVICE), torch.tensor(step, device=DEVICE)):
+            want = torch.argmax(logits.float() / temperature + gumbel_noise(keys, n, VOCAB), -1)
+            got = torch.ops.fp4_compile.sample_argmax(logits, keys, n, temperature)
+            assert_bitwise_equal(got, want, f"picks at step {step}, T={temperature}")
+    greedy = torch.ops.fp4_compile.sample_argmax(logits, None, None, 1.0)
     assert_bitwise_equal(greedy, torch.argmax(logits.float(), dim=-1), "greedy picks")
 
 

@@ -9,6 +9,9 @@ import torch
 from fp4_compile import NVFP4Recipe
 from fp4_compile.models import tiny_qwen3
 from fp4_compile.rl import RolloutEngine
+from fp4_compile.rollout.decode_program import Sampling, pick_tokens
+from fp4_compile.rollout.logprobs import token_logprobs
+from fp4_compile.rollout.sampling import filter_logits, gumbel_noise, request_keys
 from fp4_compile.testing import assert_bitwise_equal
 
 RECIPE = NVFP4Recipe.strict()
@@ -67,3 +70,27 @@ def test_padded_rows_change_no_real_row(engine_and_model):
         for other, j, what in others:
             assert padded.tokens[i] == other.tokens[j], (i, what)
             assert_bitwise_equal(padded.logprobs[i], other.logprobs[j], f"request {i}, {what}")
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [Sampling(1.0), Sampling(0.7), Sampling(0.9, top_k=5), Sampling(1.0, top_p=0.8), Sampling(0.0)],
+)
+def test_pick_tokens_equal_the_torch_form(sampling):
+    """Contract (bitwise): the decode program's pick (`fp4_compile::sample_argmax`, which makes
+    the seeded noise itself from the keys and draw numbers) == the torch form the program ran
+    before: argmax(filter(logits.float() / T) + gumbel_noise(keys, n)) and the shared log-prob
+    op at that token, for host, shared and per-row draw numbers; greedy: argmax(logits)."""
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(5, 97, generator=g) * 2).to(torch.bfloat16)
+    keys = request_keys([5, 6, 7, 8, 9], "cpu")
+    for n in (0, 7, torch.tensor(3), torch.tensor([0, 1, 4, 2**33, 9])):
+        picked, logp = pick_tokens(logits, keys, n, sampling, 97)
+        t = sampling.temperature
+        if t == 0:
+            want = torch.argmax(logits.float(), dim=-1)
+        else:
+            scaled = filter_logits(logits.float() / t, top_k=sampling.top_k, top_p=sampling.top_p)
+            want = torch.argmax(scaled + gumbel_noise(keys, n, 97), dim=-1)
+        assert_bitwise_equal(picked, want, f"picks at draw {n}")
+        assert_bitwise_equal(logp, token_logprobs(logits, want, t or 1.0), f"log-probs at {n}")

@@ -39,20 +39,38 @@ def _old_sample(logits, keys, step, temperature):
 @pytest.mark.parametrize("temperature", TEMPERATURES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_sample_argmax_kernel_equals_the_cuda_form_bitwise(temperature, dtype):
-    """Contract: the kernel's picks == the CUDA form's reference (bytes), with and without the
-    noise (greedy), and each row alone == the row in the batch."""
+    """Contract: the kernel's picks (the noise made in the kernel from the keys and per-row or
+    shared draw numbers) == the CUDA form's reference (bytes), with and without the noise
+    (greedy), and each row alone == the row in the batch."""
     from fp4_compile.codegen.invariant.sample_argmax_kernel import sample_argmax
 
     logits = _logits(6, 97, dtype, seed=int(temperature * 10))
     keys = request_keys([3, 1, 4, 1, 5, 9], DEV)
-    loglog = gumbel_loglog(keys, torch.arange(6, device=DEV), 97)
-    for g in (loglog, None):
-        want = decode_reference.sample_argmax(logits, g, temperature, reciprocal=True)
-        assert_bitwise_equal(sample_argmax(logits, g, temperature), want, "picks")
+    per_row, shared = torch.arange(6, device=DEV) * 7 + 2, torch.tensor(5, device=DEV)
+    for k, step in ((keys, per_row), (keys, shared), (None, None)):
+        want = decode_reference.sample_argmax(logits, k, step, temperature, reciprocal=True)
+        assert_bitwise_equal(sample_argmax(logits, k, step, temperature), want, "picks")
         for r in range(6):
-            row_g = None if g is None else g[r : r + 1]
-            alone = sample_argmax(logits[r : r + 1], row_g, temperature)
+            row_k = None if k is None else k[r : r + 1]
+            row_step = step[r : r + 1] if step is not None and step.dim() else step
+            alone = sample_argmax(logits[r : r + 1], row_k, row_step, temperature)
             assert_bitwise_equal(alone, want[r : r + 1], f"row {r} alone")
+
+
+def test_sample_argmax_kernel_picks_the_old_noise_tensors_pick():
+    """Contract: the kernel (noise in registers) == the pick of the old path, which read the
+    noise tensor `gumbel_loglog` made (on CUDA: the uniforms kernel and torch's FP64 logs), over
+    many draws; and the kernel leaves its per-row scratch reset (every call the same picks)."""
+    from fp4_compile.codegen.invariant.sample_argmax_kernel import sample_argmax
+
+    logits = _logits(4, 200, torch.float32, seed=2) * 0.01  # small logits: the noise decides
+    keys = request_keys([7, 8, 9, 10], DEV)
+    for n in range(6):
+        step = torch.full((4,), n, device=DEV)
+        noise = (-gumbel_loglog(keys, step, 200)).to(torch.float32)
+        want = torch.argmax(decode_reference.scale_logits(logits, 0.9, reciprocal=True) + noise, -1)
+        assert_bitwise_equal(sample_argmax(logits, keys, step, 0.9), want, f"picks at draw {n}")
+        assert_bitwise_equal(sample_argmax(logits, keys, step, 0.9), want, f"again at draw {n}")
 
 
 def test_sample_argmax_kernel_ties_nan_and_all_minus_inf():
@@ -68,7 +86,7 @@ def test_sample_argmax_kernel_ties_nan_and_all_minus_inf():
     x = x.to(DEV)
     want = torch.argmax(x, dim=-1)
     assert want.tolist() == [3, 50, 65, 0]
-    assert_bitwise_equal(sample_argmax(x, None, 1.0), want, "picks")
+    assert_bitwise_equal(sample_argmax(x, None, None, 1.0), want, "picks")
 
 
 @pytest.mark.parametrize("temperature", TEMPERATURES)
@@ -78,9 +96,11 @@ def test_sample_argmax_op_on_cpu_is_the_old_torch_form(temperature):
     logits = _logits(5, 131, torch.bfloat16, seed=4).cpu()
     keys = request_keys([11, 12, 13, 14, 15], "cpu")
     step = torch.tensor([0, 1, 9, 2**31, 5])
-    got = torch.ops.fp4_compile.sample_argmax(logits, gumbel_loglog(keys, step, 131), temperature)
+    got = torch.ops.fp4_compile.sample_argmax(logits, keys, step, temperature)
     assert_bitwise_equal(got, _old_sample(logits, keys, step, temperature), "sampled picks")
-    greedy = torch.ops.fp4_compile.sample_argmax(logits, None, 1.0)
+    shared = torch.ops.fp4_compile.sample_argmax(logits, keys, torch.tensor(9), temperature)
+    assert_bitwise_equal(shared, _old_sample(logits, keys, 9, temperature), "host draw 9")
+    greedy = torch.ops.fp4_compile.sample_argmax(logits, None, None, 1.0)
     assert_bitwise_equal(greedy, torch.argmax(logits.float(), dim=-1), "greedy picks")
 
 
@@ -139,8 +159,9 @@ def test_decode_advance_equals_the_old_torch_ops_bitwise(rows):
 def test_ops_pass_opcheck():
     """Contract: schemas, fakes and mutation annotations are right (torch.library.opcheck)."""
     logits = _logits(3, 40, torch.float32, seed=1).cpu()
-    loglog = gumbel_loglog(request_keys([1, 2, 3], "cpu"), 2, 40)
-    torch.library.opcheck(torch.ops.fp4_compile.sample_argmax, (logits, loglog, 0.7))
-    torch.library.opcheck(torch.ops.fp4_compile.sample_argmax, (logits, None, 1.0))
+    keys = request_keys([1, 2, 3], "cpu")
+    for step in (torch.tensor(2), torch.tensor([0, 4, 9])):
+        torch.library.opcheck(torch.ops.fp4_compile.sample_argmax, (logits, keys, step, 0.7))
+    torch.library.opcheck(torch.ops.fp4_compile.sample_argmax, (logits, None, None, 1.0))
     state = {k: v.cpu() for k, v in _state(3, 6, seed=0).items()}
     torch.library.opcheck(torch.ops.fp4_compile.decode_advance, (), state)
