@@ -31,10 +31,10 @@ from fp4_compile.rollout import decode_program
 # (passes/fuse_rotary_into_norm_pairs.py; the cos / sin tables' bf16 cast in it too). -1 outside:
 # the head reads a decode's hidden rows as they are (no gather at Tq = 1, rollout/step.py).
 PINNED = {
-    ("qwen3-8b", "strict"): (16, 11),
-    ("qwen3-8b", "bf16"): (15, 11),
-    ("qwen3-30b-a3b", "strict"): (20, 11),
-    ("qwen3-30b-a3b", "bf16"): (20, 11),
+    ("qwen3-8b", "strict"): (14, 11),
+    ("qwen3-8b", "bf16"): (10, 11),
+    ("qwen3-30b-a3b", "strict"): (17, 11),
+    ("qwen3-30b-a3b", "bf16"): (13, 11),
 }
 # one token's sampling and bookkeeping, temperature 1: sample_argmax (the seeded noise made in
 # it), the shared log-prob op, decode_advance
