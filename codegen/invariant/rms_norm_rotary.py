@@ -1,5 +1,5 @@
 """`fp4_compile::invariant_rms_norm_pair_rotary`: an attention's q and k norms and the rotary
-embedding after them in ONE launch (`passes/fuse_rotary_into_norm_pair.py`).
+embedding after them in ONE launch (`passes/fuse_rotary_into_norm_pairs.py`).
 
 Shape legend: B sequences, T positions, Ha / Hb heads of a / b, D head dim (even).
 
