@@ -42,7 +42,10 @@
 # PARTS=decode_moe (Qwen3-30B-A3B-shaped, strict vs bf16 at batch 1, 64); rooflines in
 # benchmarks/rooflines/ (`--roofline-only`, computed on a CPU). PARTS=decode_fill: the split
 # quantize forms == the one-launch forms bitwise at Qwen3-8B widths, the Gumbel kernel == torch;
-# then benchmarks.decode_quantize.
+# then benchmarks.decode_quantize. PARTS=decode_fusions: the decode GEMM's quantizing prologue,
+# the bf16 q/k/v and gate/up groups, routing_order, the rotary in the norm pair and the noise in
+# sample_argmax == the ops they replace on CUDA (and engine == learner); run it before trusting
+# the decode figures of a commit that has them.
 # Waiting runs, one device call each: issue 43, PARTS=learner_on_change MICRO_BATCHES=1 (one pass
 # per step with the captured refresh); issue 42, PARTS=kc_checks, PARTS=learner_kc, then
 # PARTS=decode_gemm DECODE_ARGS="--k-chunk 1024 --splits --learner-forward".
@@ -74,6 +77,8 @@ for part in $PARTS; do
     real_shapes) MINITE_GPU_REPORT="$R/${STAMP_DATE}_real_shapes_${STAMP_COMMIT}.json" run "${REAL_S:-540}" real_shapes python3 -m pytest -m gpu -q -s tests/gpu/test_gpu_real_shapes.py ${REAL_ARGS:-} ;;
     decode_fill) run "${FILL_TESTS_S:-200}" pytest_decode_fill python3 -m pytest -q tests/gpu/test_gpu_decode_fill.py tests/gpu/test_gpu_decode_ops.py
       run "${FILL_S:-200}" decode_quantize python3 -m benchmarks.decode_quantize ;;
+    # the decode fusions of 2026-12-07 (4): prologue quantize, bf16 groups, routing_order, rotary in the norm pair, noise in sample_argmax
+    decode_fusions) run "${DEC_FUSIONS_S:-300}" pytest_decode_fusions python3 -m pytest -q -m gpu tests/gpu/test_gpu_decode_gemm_prologue.py tests/gpu/test_gpu_bf16_decode_fusions.py tests/gpu/test_gpu_routing_order.py tests/gpu/test_gpu_rotary_fusion.py tests/gpu/test_gpu_decode_ops.py tests/gpu/test_gpu_invariant_ops.py tests/codegen/invariant/test_fused_group_linear.py tests/codegen/moe/test_grouped_mm_gathered.py ;;
     decode_tests) run "${DECODE_TESTS_S:-200}" pytest_gpu_decode python3 -m pytest -q -m "gpu and not slow" tests/gpu/test_gpu_decode_gemm.py tests/codegen/nvfp4/test_decode_gemm.py tests/codegen/nvfp4/test_k_chunks.py tests/gpu/test_gpu_alignment.py ;;
     # benchmarks
     gemm) run "${GEMM_S:-240}" gemm python3 -m benchmarks.gemm ;;
