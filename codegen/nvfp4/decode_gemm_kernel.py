@@ -128,7 +128,7 @@ def _nvfp4_decode_gemm_kernel(
         gd_rows, mult_rows = a_row_scales(a_part_ptr, arows, amask, P, one_sixth, BLOCK_T, BLOCK_P)
         a_base = a_ptr + arows * stride_am  # [T] row pointers (unit stride along K)
         if SPLIT > 1:  # (a vector mask: the interpreter's; a repeated gathered row: equal values)
-            first = amask & ((arows * 0 + pid_w + tl.program_id(1)) == 0)
+            first = amask & ((arows * 0 + pid_w + tl.program_id(1).to(tl.int64)) == 0)
             tl.store(gd_out_ptr + arows, gd_rows, mask=first)
     if WEIGHTS_RIGHT:
         acc = tl.zeros((BLOCK_T, BLOCK_W), dtype=tl.float32)
