@@ -40,6 +40,12 @@ _VIEWS = dict(
 )
 
 
+def _is_op(node, packet) -> bool:
+    """node calls the op (its default overload, as passes insert it, or the packet, as Dynamo
+    records a user's own call)."""
+    return isinstance(node, fx.Node) and node.target in (packet, packet.default)
+
+
 def _readers(node: fx.Node) -> list[fx.Node]:
     """node's users but an exported graph's metadata asserts (erase_dead drops those)."""
     return [u for u in node.users if "assert_tensor_metadata" not in str(u.target)]
@@ -65,7 +71,7 @@ def _chain(combine: fx.Node) -> tuple[list[fx.Node], fx.Node | None]:
         if len(readers) != 1:
             return chain, None
         nxt = readers[0]
-        if nxt.target is torch.ops.fp4_compile.invariant_add_rms_norm.default:
+        if _is_op(nxt, torch.ops.fp4_compile.invariant_add_rms_norm):
             return chain, nxt
         if not (_same_dtype_cast(nxt) or is_op(nxt, **_VIEWS)) or nxt.args[0] is not node:
             return chain, None
@@ -86,7 +92,8 @@ def _refusal(combine: fx.Node, last: fx.Node, norm: fx.Node | None, training: bo
         return "its output is read by other ops than one add + RMSNorm (through casts, views)"
     if training:
         return "a graph that tracks a gradient (the fused op has no backward)"
-    if len(combine.args) > 4 or combine.kwargs.get("row_mask") is not None:
+    row_mask = combine.args[4] if len(combine.args) > 4 else combine.kwargs.get("row_mask")
+    if row_mask is not None:
         return "a combine with a row_mask"
     if norm.kwargs or len(norm.args) != 4 or last not in norm.args[:2] or norm.args[0] is norm.args[1]:  # fmt: skip
         return "the norm's residual add does not read the combine once, as an addend"
@@ -104,7 +111,7 @@ def fuse_combine_into_norms(
     fused_op = torch.ops.fp4_compile.moe_combine_add_rms_norm.default
     refused: dict[str, int] = {}
     for combine in list(graph.nodes):
-        if combine.target is not torch.ops.fp4_compile.moe_combine.default:
+        if not _is_op(combine, torch.ops.fp4_compile.moe_combine):
             continue
         chain, norm = _chain(combine)
         last = chain[-1] if chain else combine
