@@ -84,3 +84,13 @@ def test_kernel_equals_the_two_ops(t, h, permutation, has_weight):
     weight = weight if has_weight else None
     got = moe_combine_add_rms_norm_triton(residual, x, w, idx, k, weight, 1e-6)
     _check(got, _two_ops(residual, x, w, idx, k, weight, 1e-6), "kernel vs two ops")
+
+
+def test_opcheck():
+    """Schema, fake and dispatch agree (no autograd: the op is for inference graphs)."""
+    residual, x, w, idx, k, weight = _case(t=3, h=64)
+    torch.library.opcheck(
+        ops.moe_combine_add_rms_norm.default,
+        (residual, x, w, idx, k, weight, 1e-6),
+        test_utils=("test_schema", "test_faketensor"),
+    )
