@@ -26,6 +26,7 @@ from .fold_moe_combine import fold_moe_combine
 from .fold_routing_order import fold_routing_order
 from .fold_row_masks import fold_row_masks
 from .fold_swiglu_halves import fold_swiglu_halves
+from .fuse_combine_into_norms import fuse_combine_into_norms
 from .fuse_group_gemms import fuse_group_gemms
 from .fuse_group_linears import fuse_group_linears
 from .fuse_quantize_into_producers import fuse_quantize_into_producers
@@ -80,6 +81,7 @@ PIPELINE = (
     fold_expert_order,  # routing ids -> sort, counts, offsets, inverse, weights: one expert_order
     fold_routing_order,  # inference: invariant_routing + expert_order -> one routing_order launch
     fuse_residual_adds,  # x + r read by an RMSNorm -> the norm's residual form: no add kernel
+    fuse_combine_into_norms,  # inference, bf16: MoE combine read by add + norm -> one launch
     pair_rms_norms,  # two independent norms of one row length (q / k norms) -> one launch
     fuse_rotary_into_norm_pairs,  # q / k norm pair + rotary (inference, bf16) -> one launch
     verify,  # nothing eligible left, no stock reduction left (strict), op census

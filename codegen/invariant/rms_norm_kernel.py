@@ -38,6 +38,27 @@ def rms_norm_row(
     cols = tl.arange(0, BLOCK_H)
     live = (cols < H) & ((cols * 0 + row) < R)  # (row < R as a vector: the interpreter's masks)
     h = tl.load(x_ptr + row * H + cols, mask=live, other=0.0)
+    rms_norm_values(h, r_ptr, w_ptr, y_ptr, h_ptr, row, H, eps, cols, live, HAS_RES, HAS_W, FINISH)
+
+
+@triton.jit
+def rms_norm_values(
+    h,
+    r_ptr,
+    w_ptr,
+    y_ptr,
+    h_ptr,
+    row,
+    H,
+    eps,
+    cols,
+    live,
+    HAS_RES: tl.constexpr,
+    HAS_W: tl.constexpr,
+    FINISH: tl.constexpr,
+):
+    """`rms_norm_row` after its load of x's row (h, [BLOCK_H] in x's dtype): also the end of
+    `moe/combine_add_rms_norm_kernel`, whose x is the MoE combine computed in its prologue."""
     if HAS_RES:  # sum in x's dtype, as the model adds it
         h = (
             h.to(tl.float32) + tl.load(r_ptr + row * H + cols, mask=live, other=0.0).to(tl.float32)

@@ -6,6 +6,7 @@ May import the core, ..runtime, ..configs, ..triton_helpers, ..invariant and ..n
 
 from . import (  # noqa: F401  (register the ops)
     combine,
+    combine_add_rms_norm,
     expert_order,
     grouped_mm,
     routing_order,

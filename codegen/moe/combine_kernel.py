@@ -53,6 +53,40 @@ def _slot_value(
 
 
 @triton.jit
+def combine_tokens(
+    x_ptr,
+    w_ptr,
+    idx_ptr,
+    m_ptr,
+    t64,
+    S,
+    H,
+    cols,
+    tmask,
+    cmask,
+    K_TOP: tl.constexpr,
+    BF16: tl.constexpr,
+    ROW_MASK: tl.constexpr,
+):
+    """[len(t64), len(cols)] FP32: tokens t64's combine (slot values summed in slot order, each
+    partial sum rounded to BF16 where BF16), before the cast to the output dtype. Shared with
+    `combine_add_rms_norm_kernel` (the combine in a norm's prologue): the same code, the same bits."""
+    # the k slots unrolled (K_TOP a constant): every slot's index, weight and row loads can be
+    # in flight at once, not one slot's chain of dependent loads after another (the sums are
+    # still added in slot order)
+    acc = _slot_value(
+        x_ptr, w_ptr, idx_ptr, m_ptr, t64, 0, S, H, cols, tmask, cmask, K_TOP, BF16, ROW_MASK
+    )
+    for j in tl.static_range(1, K_TOP):
+        acc = acc + _slot_value(
+            x_ptr, w_ptr, idx_ptr, m_ptr, t64, j, S, H, cols, tmask, cmask, K_TOP, BF16, ROW_MASK
+        )
+        if BF16:
+            acc = round_bf16_keep_nan(acc)
+    return acc
+
+
+@triton.jit
 def _moe_combine_kernel(
     x_ptr,
     w_ptr,
@@ -68,23 +102,14 @@ def _moe_combine_kernel(
     BLOCK_H: tl.constexpr,
     ROW_MASK: tl.constexpr = False,
 ):
-    # the k slots unrolled (K_TOP a constant): every slot's index, weight and row loads can be
-    # in flight at once, not one slot's chain of dependent loads after another (the sums are
-    # still added in slot order)
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
     tmask = t < T
     cmask = cols < H
     t64 = t.to(tl.int64)
-    acc = _slot_value(
-        x_ptr, w_ptr, idx_ptr, m_ptr, t64, 0, S, H, cols, tmask, cmask, K_TOP, BF16, ROW_MASK
+    acc = combine_tokens(
+        x_ptr, w_ptr, idx_ptr, m_ptr, t64, S, H, cols, tmask, cmask, K_TOP, BF16, ROW_MASK
     )
-    for j in tl.static_range(1, K_TOP):
-        acc = acc + _slot_value(
-            x_ptr, w_ptr, idx_ptr, m_ptr, t64, j, S, H, cols, tmask, cmask, K_TOP, BF16, ROW_MASK
-        )
-        if BF16:
-            acc = round_bf16_keep_nan(acc)
     tl.store(
         out_ptr + t64[:, None] * H + cols[None, :],
         acc.to(out_ptr.dtype.element_ty),

@@ -175,6 +175,9 @@ def op_launches(n: fx.Node) -> list[Launch]:
         # block nor blocks it reads in place (`runtime.row_blocks`: a fused q/k/v GEMM's q or k)
         copy = not x.is_contiguous() and row_blocks(x) is None
         return ([Launch("copy (rms_norm input)", None)] if copy else []) + [norm]
+    if name == "moe_combine_add_rms_norm":  # moe/combine_add_rms_norm_kernel: the norm's grid
+        r = args[0]
+        return [Launch(name, _cdiv(_rows(r), _norm_rows_per_program(int(r.shape[-1]))))]
     if name in ("invariant_rms_norm_pair", "invariant_rms_norm_pair_rotary"):
         # rms_norm_kernel.rms_norm_pair / rms_norm_rotary_kernel.rms_norm_pair_rotary: a's
         # programs, then b's

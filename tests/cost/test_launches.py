@@ -30,12 +30,19 @@ from fp4_compile.rollout import decode_program
 # GEMM (passes/fold_expert_gathers.py). -2: the rotary of q and k in the norm pair's launch
 # (passes/fuse_rotary_into_norm_pairs.py; the cos / sin tables' bf16 cast in it too). -1 outside:
 # the head reads a decode's hidden rows as they are (no gather at Tq = 1, rollout/step.py).
+# MoE -1: the top-k combine in the next norm's launch (passes/fuse_combine_into_norms.py): bf16
+# in every layer; strict only in the LAST layer (the count's layer), whose combine meets the
+# final norm (a bf16 invariant_add_rms_norm) -- layers 0..L-2 stay at 17 there, their combine
+# read by add_rms_norm_quantize, which the pass does not take.
 PINNED = {
     ("qwen3-8b", "strict"): (14, 11),
     ("qwen3-8b", "bf16"): (10, 11),
-    ("qwen3-30b-a3b", "strict"): (17, 11),
-    ("qwen3-30b-a3b", "bf16"): (13, 11),
+    ("qwen3-30b-a3b", "strict"): (16, 11),
+    ("qwen3-30b-a3b", "bf16"): (12, 11),
 }
+# launches the layers before the last have beyond the last layer's count (the step's total checks
+# it): strict Qwen3-30B-A3B's layer 0 keeps its combine (the last layer's is in the final norm)
+EARLIER_LAYER_EXTRA = {("qwen3-30b-a3b", "strict"): 1}
 # one token's sampling and bookkeeping, temperature 1: sample_argmax (the seeded noise made in
 # it), the shared log-prob op, decode_advance
 EAGER_SAMPLED = 3
@@ -60,7 +67,8 @@ def test_launch_counts_pinned(model, recipe, batch):
         res["outside_kernels"],
     )
     assert res["launches_outside_layers"] == outside + EAGER_SAMPLED
-    assert res["launches_step"] == 2 * per_layer + outside + EAGER_SAMPLED
+    extra = EARLIER_LAYER_EXTRA.get((spec, recipe), 0)
+    assert res["launches_step"] == 2 * per_layer + extra + outside + EAGER_SAMPLED
     assert res["kv_cache_copy_bytes"] == 0
     assert res["min_programs"] == 1 and res["under_one_program_per_sm"]
     assert res["budget_met"] is False
