@@ -22,7 +22,8 @@ Counted in that graph:
   kernels is not modeled (it could only lower the count).
 Layers: each kernel is attributed to the decoder layer whose weights or KV cache it reads, else to
 the layer of its inputs (the latest), else to outside the layers (embedding, rotary tables,
-mask, final norm, head); `launches_per_layer` is the count of the LAST layer.
+mask, final norm, head); `launches_per_layer` is the most of any layer (the last layer's can be
+fewer: its MoE combine may go into the final norm), `launches_by_layer` each layer's.
 Eager: one decode token's `DecodeProgram._one_token` around a stub step, under a
 TorchDispatchMode on meta tensors: every ATen op with a kernel is one launch, an `fp4_compile`
 op its rule's count (the seeded noise is made inside `fp4_compile::sample_argmax`).
@@ -302,11 +303,11 @@ def launch_budget(
         {"layer": lay, "kernel": launch.kernel, "programs": launch.programs, "node": n.name}
         for lay, launch, n in counted["launches"]
     ]
-    last = [r for r in rows if r["layer"] == num_layers - 1]
+    by_layer = [sum(1 for r in rows if r["layer"] == lay) for lay in range(num_layers)]
     outside = [r for r in rows if r["layer"] in (None, OUTSIDE)]
     eager = eager_ops(batch=batch, vocab=cfg.vocab_size, temperature=temperature)
     known = [r["programs"] for r in rows if r["programs"] is not None]
-    per_layer, out_count = len(last), len(outside) + len(eager)
+    per_layer, out_count = max(by_layer), len(outside) + len(eager)
     return {
         "model": note,
         "recipe": recipe,
@@ -314,6 +315,7 @@ def launch_budget(
         "context": context,
         "layers": num_layers,
         "launches_per_layer": per_layer,
+        "launches_by_layer": by_layer,
         "launches_outside_layers": out_count,
         "launches_outside_compiled": len(outside),
         "launches_eager": len(eager),
@@ -323,7 +325,7 @@ def launch_budget(
         "under_one_program_per_sm": [r for r in rows if (r["programs"] or NUM_SMS) < NUM_SMS],
         "budget": {"per_layer": 12, "outside_layers": 8},
         "budget_met": per_layer <= 12 and out_count <= 8,
-        "per_layer_kernels": [r["kernel"] for r in last],
+        "per_layer_kernels": [r["kernel"] for r in rows if r["layer"] == by_layer.index(per_layer)],
         "outside_kernels": [r["kernel"] for r in outside],
         "eager_kernels": eager,
         "sampling": f"temperature {temperature}, top_k 0, top_p 1.0",
