@@ -27,13 +27,13 @@ def _ops():
     return torch.ops.fp4_compile
 
 
-def _outputs(node: fx.Node) -> dict[int, fx.Node] | None:
-    """Output index -> its getitem node (one each), or None if read otherwise."""
-    out = {}
+def _outputs(node: fx.Node) -> dict[int, list[fx.Node]] | None:
+    """Output index -> its getitem nodes, or None if read otherwise."""
+    out: dict[int, list[fx.Node]] = {}
     for user in node.users:
-        if user.op != "call_function" or user.target is not operator.getitem or user.args[1] in out:
+        if user.op != "call_function" or user.target is not operator.getitem:
             return None
-        out[user.args[1]] = user
+        out.setdefault(user.args[1], []).append(user)
     return out
 
 
@@ -46,8 +46,7 @@ def _refusal(norm: fx.Node, outs: dict | None) -> tuple[str | None, list[fx.Node
     x = fake(norm.args[0])
     if x is None or x.requires_grad:
         return "no example value, or the norm's input requires grad", []
-    y = outs.get(0)
-    readers = {u for i in (1, 2, 3, 4) if i in outs for u in outs[i].users}
+    readers = {u for i in (1, 2, 3, 4) for g in outs.get(i, ()) for u in g.users}
     if not readers:
         return "no GEMM reads the norm's operand", []
     linear = _ops().nvfp4_linear_quantized.default
@@ -56,8 +55,8 @@ def _refusal(norm: fx.Node, outs: dict | None) -> tuple[str | None, list[fx.Node
             return "the operand is read by another op than nvfp4_linear_quantized", []
         call = GemmCall.of(gemm)
         ops = call.x_operands
-        want = tuple(outs.get(i) for i in (1, 2, 3, 4))
-        if call.x is not y or tuple(ops) != want or call.x_amax is not None:
+        got = zip((call.x, *ops), (0, 1, 2, 3, 4))
+        if any(a not in outs.get(i, ()) for a, i in got) or call.x_amax is not None:
             return "a GEMM reads the operand with another x or another X^T", []
     return None, sorted(readers, key=list(norm.graph.nodes).index)
 
@@ -91,12 +90,11 @@ def _rewrite(graph: fx.Graph, norm: fx.Node, outs: dict, gemms: list[fx.Node]) -
         lin.meta.update(gemm.meta)  # (its weights' fakes may be of the store's own fake mode)
         gemm.replace_all_uses_with(lin)
         graph.erase_node(gemm)
-    for i, node in outs.items():  # y (0) and h (5) keep their other readers
-        if i == 0:
-            node.replace_all_uses_with(y)
-        elif i == 5:
-            node.replace_all_uses_with(h)
-    erase_dead(graph, [*outs.values(), norm])
+    for i, nodes in outs.items():  # y (0) and h (5) keep their other readers
+        for node in nodes:
+            if i in (0, 5):
+                node.replace_all_uses_with(y if i == 0 else h)
+    erase_dead(graph, [*(g for nodes in outs.values() for g in nodes), norm])
     erase_dead(graph, [got[i] for i in range(5)])
 
 
