@@ -1,14 +1,16 @@
 """Pass, defer decode codes: in an inference graph (the rollout engine's, after its group GEMMs are
-fused), an RMSNorm that emits its GEMM operand (`rms_norm_quantize`, `add_rms_norm_quantize`,
-no X^T) whose on-grid rows and global decodes only NVFP4 linears on its own output read
-(`nvfp4_linear_quantized`: q/k/v, gate/up) becomes `rms_norm_quantize_parts`, and those linears
-`nvfp4_linear_parts` reading the norm's row maxima too. At few rows (a decode GEMM,
-`codegen/nvfp4/norm_parts.codes_deferred`) the norm then runs its first launch alone and the
+fused), a producer that emits its GEMM operand (no X^T) - an RMSNorm (`rms_norm_quantize`,
+`add_rms_norm_quantize`) or a dense SwiGLU (`silu_mul_quantize`) - whose on-grid rows and global
+decodes only NVFP4 linears on its own output read (`nvfp4_linear_quantized`: q/k/v, gate/up,
+down) becomes `rms_norm_quantize_parts` / `silu_mul_quantize_parts`, and those linears
+`nvfp4_linear_parts` reading the producer's row (chunk) maxima too. At few rows (a decode GEMM,
+`codegen/nvfp4/norm_parts.codes_deferred`) the producer then runs its first launch alone and the
 decode GEMM quantizes y in its prologue: no `row_codes` launch; elsewhere the same launches as
-before. The same bits everywhere (`norm_parts.py`; tests/passes/test_defer_decode_codes.py,
-tests/rollout/test_defer_decode_codes_engine.py). The new ops have no backward: the caller runs
-this on graphs that track no gradient, and the pass refuses an operand read by anything else.
-Returns the number of norms rewritten; refusals are notes of `report`."""
+before. The same bits everywhere (`norm_parts.py`, `silu_mul_parts.py`;
+tests/passes/test_defer_decode_codes.py, tests/rollout/test_defer_decode_codes_engine.py). The
+new ops have no backward: the caller runs this on graphs that track no gradient, and the pass
+refuses an operand read by anything else. Returns the number of producers rewritten; refusals
+are notes of `report`."""
 
 from __future__ import annotations
 
@@ -40,15 +42,15 @@ def _outputs(node: fx.Node) -> dict[int, list[fx.Node]] | None:
 def _refusal(norm: fx.Node, outs: dict | None) -> tuple[str | None, list[fx.Node]]:
     """(why the norm stays as it is, or None; its consumer GEMM nodes)."""
     if outs is None:
-        return "the norm's outputs are read other than by index", []
+        return "the producer's outputs are read other than by index", []
     if norm.args[-1] is not False:
-        return "the norm emits X^T's operand (a graph with a backward)", []
+        return "the producer emits X^T's operand (a graph with a backward)", []
     x = fake(norm.args[0])
     if x is None or x.requires_grad:
-        return "no example value, or the norm's input requires grad", []
+        return "no example value, or the producer's input requires grad", []
     readers = {u for i in (1, 2, 3, 4) for g in outs.get(i, ()) for u in g.users}
     if not readers:
-        return "no GEMM reads the norm's operand", []
+        return "no GEMM reads the producer's operand", []
     linear = _ops().nvfp4_linear_quantized.default
     for gemm in readers:
         if gemm.op != "call_function" or gemm.target is not linear:
@@ -61,32 +63,35 @@ def _refusal(norm: fx.Node, outs: dict | None) -> tuple[str | None, list[fx.Node
     return None, sorted(readers, key=list(norm.graph.nodes).index)
 
 
-def _rewrite(graph: fx.Graph, norm: fx.Node, outs: dict, gemms: list[fx.Node]) -> None:
+def _producer(node: fx.Node):
+    """(the parts op, its arguments) replacing producer `node`."""
     ops = _ops()
-    if norm.target is ops.rms_norm_quantize.default:
-        x, weight, eps, recipe, _ = norm.args
-        residual = None
-    else:
-        x, residual, weight, eps, recipe, _ = norm.args
-    new = insert_call(
-        graph,
-        ops.rms_norm_quantize_parts.default,
-        (x, residual, weight, eps, recipe),
-        before=norm,
-        like=norm,
-    )
+    if node.target is ops.rms_norm_quantize.default:
+        x, weight, eps, recipe, _ = node.args
+        return ops.rms_norm_quantize_parts.default, (x, None, weight, eps, recipe)
+    if node.target is ops.add_rms_norm_quantize.default:
+        x, residual, weight, eps, recipe, _ = node.args
+        return ops.rms_norm_quantize_parts.default, (x, residual, weight, eps, recipe)
+    a, b, row_mask, recipe, _ = node.args  # silu_mul_quantize
+    return ops.silu_mul_quantize_parts.default, (a, b, row_mask, recipe)
+
+
+def _rewrite(graph: fx.Graph, norm: fx.Node, outs: dict, gemms: list[fx.Node]) -> None:
+    target, args = _producer(norm)
+    new = insert_call(graph, target, args, before=norm, like=norm)
     got = {}
-    for i in range(5):
+    for i in range(len(new.meta["val"])):
         with graph.inserting_after(new):
             got[i] = graph.call_function(operator.getitem, (new, i))
         got[i].meta["val"] = new.meta["val"][i]
-    y, a, gd, parts, h = (got[i] for i in range(5))
+    y, a, gd, parts = (got[i] for i in range(4))
+    h = got.get(4)
     for gemm in gemms:
         call = GemmCall.of(gemm)
         w = call.weight_operand()
         args = (y, a, gd, parts, w.codes, w.scales, w.global_decode, call.w_ongrid, call.bias)
         with graph.inserting_before(gemm):  # the same output as the GEMM's: its meta
-            lin = graph.call_function(ops.nvfp4_linear_parts.default, args)
+            lin = graph.call_function(_ops().nvfp4_linear_parts.default, args)
         lin.meta.update(gemm.meta)  # (its weights' fakes may be of the store's own fake mode)
         gemm.replace_all_uses_with(lin)
         graph.erase_node(gemm)
@@ -95,12 +100,16 @@ def _rewrite(graph: fx.Graph, norm: fx.Node, outs: dict, gemms: list[fx.Node]) -
             if i in (0, 5):
                 node.replace_all_uses_with(y if i == 0 else h)
     erase_dead(graph, [*(g for nodes in outs.values() for g in nodes), norm])
-    erase_dead(graph, [got[i] for i in range(5)])
+    erase_dead(graph, list(got.values()))
 
 
 def defer_decode_codes(graph: fx.Graph, report: LoweringReport | None = None) -> int:
     ops = _ops()
-    norms = (ops.rms_norm_quantize.default, ops.add_rms_norm_quantize.default)
+    norms = (
+        ops.rms_norm_quantize.default,
+        ops.add_rms_norm_quantize.default,
+        ops.silu_mul_quantize.default,
+    )
     refused: dict[str, int] = {}
     done = 0
     for norm in list(graph.nodes):
@@ -117,5 +126,5 @@ def defer_decode_codes(graph: fx.Graph, report: LoweringReport | None = None) ->
         if done:
             report.count("decode_codes_deferred", done)
         for why, n in refused.items():
-            report.notes.append(f"norm codes not deferred to the decode GEMM at {n} site(s): {why}")
+            report.notes.append(f"codes not deferred to the decode GEMM at {n} site(s): {why}")
     return done

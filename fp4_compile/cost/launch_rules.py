@@ -18,6 +18,7 @@ import torch.fx as fx
 from ..codegen.configs import DECODE, LAUNCH, pick
 from ..codegen.nvfp4.gemm import ONGRID_FORWARD_MIN_ROWS
 from ..codegen.nvfp4.norm_parts import codes_deferred
+from ..codegen.nvfp4.silu_mul_parts import PART_COLUMNS
 from ..codegen.runtime import row_blocks
 
 ARCH = "sm_90"
@@ -169,6 +170,13 @@ def op_launches(n: fx.Node) -> list[Launch]:
         if codes_deferred(ARCH, _rows(x)):
             return [Launch("rms_norm_amax", _cdiv(_rows(x), _norm_rows_per_program(hdim)))]
         return _fused_quantize("rms_norm_quantize", _rows(x), hdim, "rms_norm_quantize")
+    if name == "silu_mul_quantize_parts":  # nvfp4/silu_mul_parts: the split form's first launch
+        m, c = _rows(args[0]), int(args[0].shape[-1])
+        if codes_deferred(ARCH, m):
+            lc = LAUNCH[("cuda", "silu_mul_quantize")]
+            tiles = _cdiv(m, lc["split_block_r"]) * _cdiv(c, PART_COLUMNS)
+            return [Launch("silu_mul_parts", tiles)]
+        return _fused_quantize("silu_mul_quantize", m, c, "silu_mul_quantize")
     if name in ("rms_norm_quantize", "add_rms_norm_quantize"):  # x [.., H] (+ residual)
         x = args[0]
         return _fused_quantize(name, _rows(x), int(x.shape[-1]), "rms_norm_quantize")

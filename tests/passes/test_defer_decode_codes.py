@@ -123,3 +123,17 @@ def test_refuses_operand_read_by_another_op():
 
 def test_refuses_gemm_on_another_x():
     _refused(_other_x, "another x")
+
+
+def _swiglu(x, r, w, codes, scales, gd):
+    """A dense MLP's SwiGLU read by its down projection (K = C = 64 here)."""
+    out = ops.silu_mul_quantize.default(x, r, None, KEY, False)
+    return (_linear(out[0], out, codes, scales, gd),)
+
+
+def test_fires_on_dense_swiglu():
+    gm, done, _ = _run(_swiglu)
+    targets = _targets(gm)
+    assert done == 1 and ops.silu_mul_quantize_parts.default in targets
+    assert ops.silu_mul_quantize.default not in targets
+    assert targets.count(ops.nvfp4_linear_parts.default) == 1
