@@ -22,8 +22,9 @@ from fp4_compile.rollout import decode_program
 # norms in one launch (passes/pair_rms_norms.py); -1: the K and V cache writes in one launch
 # (fp4_compile::kv_cache_write), whose index is no longer built outside (-1 outside); strict -1:
 # the attention output projection's decode GEMM quantizes its operand in its prologue (no
-# row_codes launch: nvfp4/gemm_cuda.few_row_parts); strict -2 dense, -1 MoE: the norms' codes
-# left to the q/k/v (and dense gate/up) decode GEMM's prologue (passes/defer_decode_codes.py);
+# row_codes launch: nvfp4/gemm_cuda.few_row_parts); strict -3 dense, -1 MoE: the norms' and
+# the dense SwiGLU's codes left to the q/k/v (dense: gate/up, down) decode GEMM's prologue
+# (passes/defer_decode_codes.py);
 # MoE -1:
 # the routing and expert_order in one launch (passes/fold_routing_order.py). bf16:
 # -2 q/k/v as one linear, -1 gate/up as one (dense; passes/fuse_group_linears.py); MoE -2: no
@@ -32,7 +33,7 @@ from fp4_compile.rollout import decode_program
 # (passes/fuse_rotary_into_norm_pairs.py; the cos / sin tables' bf16 cast in it too). -1 outside:
 # the head reads a decode's hidden rows as they are (no gather at Tq = 1, rollout/step.py).
 PINNED = {
-    ("qwen3-8b", "strict"): (12, 11),
+    ("qwen3-8b", "strict"): (11, 11),
     ("qwen3-8b", "bf16"): (10, 11),
     ("qwen3-30b-a3b", "strict"): (16, 11),
     ("qwen3-30b-a3b", "bf16"): (13, 11),
