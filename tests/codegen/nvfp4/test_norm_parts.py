@@ -168,3 +168,14 @@ def test_fake_shapes_and_bad_parts():
         ops.nvfp4_linear_parts(
             outs[0], outs[1], outs[2], outs[3][:2], wq.codes, scales, wq.global_decode, None, None
         )
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_opcheck(residual):
+    x, r, w, wq, bias = _inputs(3, 64, 48, torch.float32)
+    r = r if residual else None
+    torch.library.opcheck(ops.rms_norm_quantize_parts.default, (x, r, w, 1e-6, KEY))
+    y, a, gd, parts, _ = ops.rms_norm_quantize_parts(x, r, w, 1e-6, KEY)
+    scales = wq.block_scales.view(torch.uint8)
+    args = (y, a, gd, parts, wq.codes, scales, wq.global_decode, None, bias)
+    torch.library.opcheck(ops.nvfp4_linear_parts.default, args)

@@ -74,3 +74,8 @@ def test_kernel_path_equals_split_form_then_decode_gemm_bitwise(monkeypatch, mas
     assert parts.shape == (m, -(-c // 128))
     assert_bitwise_equal(y2, y, "y")
     assert_bitwise_equal(_linear_parts(y2, og, gd, parts, wq, bias), want, "product")
+
+
+def test_opcheck():
+    a, b, mask, _, _ = _inputs(3, 208, 48, True)
+    torch.library.opcheck(ops.silu_mul_quantize_parts.default, (a, b, mask, KEY))
