@@ -19,6 +19,7 @@ from .bind_weight_inputs import (
     site_reads,
     weight_quantize_sites,
 )
+from .defer_decode_codes import defer_decode_codes
 from .drop_ongrid_weights import drop_ongrid_weights
 from .fold_expert_gathers import fold_expert_gathers
 from .fold_expert_order import fold_expert_order
@@ -113,10 +114,12 @@ def run_pipeline(
 
 # The entry points code outside passes/ may import (tests/repo/test_import_rules.py): the pipeline,
 # its report, and the graph reading and binding of an exported rollout program's weights (and
-# the fusion of a bound inference graph's group GEMMs, NVFP4 and BF16).
+# the fusion of a bound inference graph's group GEMMs, NVFP4 and BF16, and the deferral of its
+# norms' decode codes to the GEMM).
 __all__ = [
     "PIPELINE",
     "QUANTIZE_FUSIONS",
+    "defer_decode_codes",
     "drop_ongrid_weights",
     "GemmDecision",
     "LoweringError",

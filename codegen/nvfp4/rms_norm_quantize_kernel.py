@@ -165,7 +165,17 @@ def add_rms_norm_quantize(
     return _launch(x, residual, weight, eps, split)
 
 
-def _launch(x, residual, weight, eps: float, split: bool | None):
+def rms_norm_amax(x: torch.Tensor, residual: torch.Tensor | None, weight, eps: float):
+    """The split form's first launch alone, at any row count: (y [M, H], row maxima FP32 [M, 1]
+    (NaN where the row holds one), h [M, H] (x + residual; x itself without one)): y and h are
+    `add_rms_norm_quantize`'s / `rms_norm_quantize`'s bit for bit, and (y, maxima) are
+    `row_codes_from_parts`' arguments, which the decode GEMM's prologue reads instead of the
+    codes (`nvfp4/norm_parts.py`)."""
+    y, _, _, parts, h = _launch(x, residual, weight, eps, True, codes=False)
+    return y, parts, h
+
+
+def _launch(x, residual, weight, eps: float, split: bool | None, *, codes: bool = True):
     check_kernel_device(x, "x")
     hdim = x.shape[-1]
     if hdim % 16:
@@ -198,6 +208,8 @@ def _launch(x, residual, weight, eps: float, split: bool | None):
         if m:
             grid = (triton.cdiv(m, rows),)
             _rms_norm_amax_kernel[grid](x2, r2, w, y, h, parts, m, hdim, eps, **common)
+        if not codes:
+            return y, None, None, parts, h
         ongrid, gd, amax = row_codes_from_parts(y, parts, target=target)
         return y, ongrid, gd.reshape(m, 1), amax, h
     ongrid = torch.empty((m, hdim), dtype=torch.bfloat16, device=dev)

@@ -147,12 +147,17 @@ def silu_mul_quantize(
     row_mask: torch.Tensor | None = None,
     *,
     split: bool | None = None,
+    codes: bool = True,
+    parts_block_c: int | None = None,
 ):
     """a, b [R, C] (unit inner stride, any row stride; bf16 or FP32) -> (silu(a) * b [R, C] in
     a's dtype, its on-grid BF16 operand [R, C], per-row global decode FP32 [R, 1], row maxima
     FP32 [R] (NaN where the row holds one, as `abs_max_kernel.row_abs_max`)) in one launch, or
     for few rows in the split form's two (module docstring; the same bits). split: force the
-    form (tests); None = `configs.LAUNCH`'s split_rows_below."""
+    form (tests); None = `configs.LAUNCH`'s split_rows_below. codes=False (with split): the
+    split form's first launch alone, -> (y, None, None, the chunk maxima FP32 [R, P]) with P =
+    cdiv(C, parts_block_c or the launch table's split_block_c): `row_codes_from_parts`'
+    arguments, which the decode GEMM's prologue reads instead (`nvfp4/silu_mul_parts.py`)."""
     check_kernel_device(a, "a")
     if a.dim() != 2 or a.shape != b.shape or a.dtype != b.dtype:
         raise ValueError(f"a and b must be [R, C] of one dtype, got {a.shape} and {b.shape}")
@@ -171,7 +176,7 @@ def silu_mul_quantize(
     if split is None:
         split = r < lc["split_rows_below"]
     if split:
-        tile_r, tile_c = lc["split_block_r"], lc["split_block_c"]
+        tile_r, tile_c = lc["split_block_r"], parts_block_c or lc["split_block_c"]
         parts = torch.empty((r, triton.cdiv(c, tile_c)), dtype=torch.float32, device=a.device)
         if r and c:
             _silu_mul_parts_kernel[(triton.cdiv(r, tile_r), parts.shape[1])](
@@ -193,6 +198,8 @@ def silu_mul_quantize(
                 **warps_kwargs(lc),
                 **target.options,
             )
+        if not codes:
+            return out, None, None, parts
         ongrid, gd, amax = row_codes_from_parts(out, parts, target=target)
         return out, ongrid, gd.reshape(r, 1), amax
     ongrid = torch.empty((r, c), dtype=torch.bfloat16, device=a.device)

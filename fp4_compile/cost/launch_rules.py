@@ -17,6 +17,8 @@ import torch.fx as fx
 
 from ..codegen.configs import DECODE, LAUNCH, pick
 from ..codegen.nvfp4.gemm import ONGRID_FORWARD_MIN_ROWS
+from ..codegen.nvfp4.norm_parts import codes_deferred
+from ..codegen.nvfp4.silu_mul_parts import PART_COLUMNS
 from ..codegen.runtime import row_blocks
 
 ARCH = "sm_90"
@@ -156,6 +158,25 @@ def op_launches(n: fx.Node) -> list[Launch]:
         m, k = int(out.shape[0]), int(x.shape[-1])
         quant = act_quantize(_rows(x), k) if name == "nvfp4_grouped_mm" else []
         return _quantizing_decode(quant, nvfp4_gemm(m, int(w.shape[1]), k, experts=int(w.shape[0])))
+    if name == "nvfp4_linear_parts":  # nvfp4/norm_parts._kernel_linear: x [.., K], codes [N, K/2]
+        x, codes, w_ongrid = args[0], args[4], args[7]
+        m, k = _rows(x), int(x.shape[-1])
+        gemm = nvfp4_gemm(m, int(codes.shape[-2]), k)
+        if not codes_deferred(ARCH, m) or (w_ongrid is None and m < ONGRID_FORWARD_MIN_ROWS):
+            return gemm  # the codes' GEMM, or the decode GEMM quantizing in its prologue
+        return [_row_codes(m, k), *gemm]
+    if name == "rms_norm_quantize_parts":  # nvfp4/norm_parts: the norm's first launch alone
+        x, hdim = args[0], int(args[0].shape[-1])
+        if codes_deferred(ARCH, _rows(x)):
+            return [Launch("rms_norm_amax", _cdiv(_rows(x), _norm_rows_per_program(hdim)))]
+        return _fused_quantize("rms_norm_quantize", _rows(x), hdim, "rms_norm_quantize")
+    if name == "silu_mul_quantize_parts":  # nvfp4/silu_mul_parts: the split form's first launch
+        m, c = _rows(args[0]), int(args[0].shape[-1])
+        if codes_deferred(ARCH, m):
+            lc = LAUNCH[("cuda", "silu_mul_quantize")]
+            tiles = _cdiv(m, lc["split_block_r"]) * _cdiv(c, PART_COLUMNS)
+            return [Launch("silu_mul_parts", tiles)]
+        return _fused_quantize("silu_mul_quantize", m, c, "silu_mul_quantize")
     if name in ("rms_norm_quantize", "add_rms_norm_quantize"):  # x [.., H] (+ residual)
         x = args[0]
         return _fused_quantize(name, _rows(x), int(x.shape[-1]), "rms_norm_quantize")

@@ -8,6 +8,8 @@ then runs each shared-scale group's GEMMs as one GEMM over the group's buffer
 (`passes/fuse_group_gemms.py`); the member placeholders no GEMM reads any more are dropped.
 Its group linears that stay BF16 run as one linear over the group's BF16 buffer, which the
 members' parameters are views of (`passes/fuse_group_linears.py`, `bf16_groups.py`).
+Any graph that tracks no gradient then leaves its norms' decode-GEMM codes to the GEMM's
+prologue (`passes/defer_decode_codes.py`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..passes import (
     LoweringReport,
     QuantizeSpec,
     bind_weight_inputs,
+    defer_decode_codes,
     fuse_group_gemms,
     fuse_group_linears,
     site_reads,
@@ -87,6 +90,8 @@ def bind_dynamo_graph(
 
         layout = _linear_layout(store, new_names)
         store.groups_fused += fuse_group_linears(graph, layout, buffer, report)
+    if not torch.is_grad_enabled():  # after the group fusion: its one GEMM reads the parts
+        defer_decode_codes(graph, report)
     graph.lint()
     new_gm = fx.GraphModule(gm, graph)
     new_gm.meta.update(gm.meta)

@@ -22,7 +22,9 @@ from fp4_compile.rollout import decode_program
 # norms in one launch (passes/pair_rms_norms.py); -1: the K and V cache writes in one launch
 # (fp4_compile::kv_cache_write), whose index is no longer built outside (-1 outside); strict -1:
 # the attention output projection's decode GEMM quantizes its operand in its prologue (no
-# row_codes launch: nvfp4/gemm_cuda.few_row_parts);
+# row_codes launch: nvfp4/gemm_cuda.few_row_parts); strict -3 dense, -1 MoE: the norms' and
+# the dense SwiGLU's codes left to the q/k/v (dense: gate/up, down) decode GEMM's prologue
+# (passes/defer_decode_codes.py);
 # MoE -1:
 # the routing and expert_order in one launch (passes/fold_routing_order.py). bf16:
 # -2 q/k/v as one linear, -1 gate/up as one (dense; passes/fuse_group_linears.py); MoE -2: no
@@ -31,11 +33,11 @@ from fp4_compile.rollout import decode_program
 # (passes/fuse_rotary_into_norm_pairs.py; the cos / sin tables' bf16 cast in it too). -1 outside:
 # the head reads a decode's hidden rows as they are (no gather at Tq = 1, rollout/step.py).
 # MoE -1: the top-k combine in the next norm's launch (passes/fuse_combine_into_norms.py): bf16
-# in every layer; strict only in the LAST layer (the count's layer), whose combine meets the
-# final norm (a bf16 invariant_add_rms_norm) -- layers 0..L-2 stay at 17 there, their combine
-# read by add_rms_norm_quantize, which the pass does not take.
+# in every layer; strict only in the last layer, whose combine meets the final norm (a bf16
+# invariant_add_rms_norm); the other layers' combine is read by add_rms_norm_quantize, which the
+# pass does not take.
 PINNED = {
-    ("qwen3-8b", "strict"): (14, 11),
+    ("qwen3-8b", "strict"): (11, 11),
     ("qwen3-8b", "bf16"): (10, 11),
     ("qwen3-30b-a3b", "strict"): (17, 11),
     ("qwen3-30b-a3b", "bf16"): (12, 11),
