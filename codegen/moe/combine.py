@@ -53,7 +53,9 @@ def _check_inverse(idx: torch.Tensor, idx_inverse) -> None:
             )
 
 
-def _check(x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int, row_mask=None) -> None:
+def check_combine_args(
+    x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, k: int, row_mask=None
+) -> None:
     if row_mask is not None and (
         row_mask.dtype != torch.bool
         or tuple(row_mask.shape) not in ((x.shape[0],), (x.shape[0], 1))
@@ -88,7 +90,7 @@ def moe_combine(
     `idx_inverse` (int [S], idx[idx_inverse[r]] == r): idx is a permutation and this is its
     inverse; the forward does not read it, the backward reads each slot's gradient through it
     (one pass, no sort: `passes/attach_combine_inverse.py`), the same bits."""
-    _check(x, w, idx, k, row_mask)
+    check_combine_args(x, w, idx, k, row_mask)
     _check_inverse(idx, idx_inverse)
     out_dtype = torch.promote_types(x.dtype, w.dtype)
     on_kernel = x.dtype in KERNEL_DTYPES and w.dtype in KERNEL_DTYPES
@@ -101,7 +103,7 @@ def moe_combine(
 
 @moe_combine.register_fake
 def _(x, w, idx, k, row_mask=None, idx_inverse=None):
-    _check(x, w, idx, k, row_mask)
+    check_combine_args(x, w, idx, k, row_mask)
     out_dtype = torch.promote_types(x.dtype, w.dtype)
     return x.new_empty((x.shape[0] // k, x.shape[1]), dtype=out_dtype)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .combine import _check
+from .combine import check_combine_args
 
 KERNEL_DTYPES = (torch.bfloat16,)
 
@@ -49,7 +49,7 @@ def moe_combine_add_rms_norm(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, h) of `invariant_add_rms_norm(residual, moe_combine(x, w, idx, k), weight, eps)`."""
-    _check(x, w, idx, k)
+    check_combine_args(x, w, idx, k)
     _check_residual(residual, x, w, k)
     if _on_kernel(residual, x, w, weight):
         from .combine_add_rms_norm_kernel import moe_combine_add_rms_norm_triton  # lazy: triton
@@ -63,6 +63,6 @@ def moe_combine_add_rms_norm(
 
 @moe_combine_add_rms_norm.register_fake
 def _(residual, x, w, idx, k, weight, eps):
-    _check(x, w, idx, k)
+    check_combine_args(x, w, idx, k)
     _check_residual(residual, x, w, k)
     return residual.new_empty(residual.shape), residual.new_empty(residual.shape)
