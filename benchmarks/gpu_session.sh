@@ -31,7 +31,8 @@
 # Issue 52 (real shapes): PARTS=real_shapes (learner 8 x 2048 / 4 x 8192 and MoE 8 x 2048 at full
 # vocabulary, engine 64 x 2048 prompts + 256 new and 8 x 8192 new, learner == rollout; peak memory
 # in the part's json).
-# Issue 54 (continuous batching): PARTS=cbatch.
+# Issue 54 (continuous batching): PARTS=cbatch; PARTS=long_tail (continuous vs static batching
+# of 256 long-tailed requests, Qwen3-8B-shaped at 4 layers; LT_MODEL=qwen3-30b-a3b for the MoE).
 # Issue 56 (multi-GPU, a multi-GPU kind only, e.g. nvidia-h100-x8): PARTS=multi_gpu (FSDP2 strict
 # learner on N-1 GPUs, the packed-only engine on the last, NVFP4 bytes over NCCL vs a BF16 refit,
 # learner == rollout after every sync, N vs 1 gradients); --prompts a multiple of N - 1.
@@ -94,6 +95,7 @@ for part in $PARTS; do
     learner_kc) run "${LEARNER_S:-540}" learner_k_chunk python3 -m benchmarks.learner --only-cuda-graphs --skip-ongrid-ab --skip-fusion-ab --skip-on-change-ab --k-chunk "${KC:-1024}" --rounds "${ROUNDS:-10}" --round-iters "${ROUND_ITERS:-10}" ;;
     learner_on_change) run "${LEARNER_S:-540}" learner_on_change python3 -m benchmarks.learner --only-cuda-graphs --skip-ongrid-ab --skip-fusion-ab --micro-batches "${MICRO_BATCHES:-4}" --rounds "${ROUNDS:-10}" --round-iters "${ROUND_ITERS:-10}" ;;
     rollout) run "${ROLLOUT_S:-420}" rollout python3 -m benchmarks.rollout --roofline benchmarks/results/2026-12-06_rollout_roofline_4193161.json ${ROLLOUT_ARGS:-} ;;
+    long_tail) run "${LT_S:-560}" rollout_long_tail python3 -m benchmarks.rollout_long_tail --device cuda --model "${LT_MODEL:-qwen3-8b}" --layers "${LT_LAYERS:-4}" --requests "${LT_REQUESTS:-256}" --max-batch "${LT_MAX_BATCH:-64}" --budget "${LT_BUDGET:-1024}" --configs "${LT_CONFIGS:-strict,bf16,stock}" ;;
     decode_8b) run "${DEC8_S:-560}" decode_qwen3_8b python3 -m benchmarks.decode_real_shapes --model qwen3-8b --batches "${DEC_BATCHES:-1,16}" --hf-batches "${HF_BATCHES:-1}" --configs "${DEC_CONFIGS:-all}" --roofline benchmarks/rooflines/qwen3_8b_L2.json ${DEC_ARGS:-} ;;
     decode_moe) run "${DECMOE_S:-560}" decode_qwen3_30b_a3b python3 -m benchmarks.decode_real_shapes --model qwen3-30b-a3b --batches "${DEC_BATCHES:-1,64}" --configs "${DEC_CONFIGS:-$TWO_RECIPES}" --roofline benchmarks/rooflines/qwen3_30b_a3b_L2.json ${DEC_ARGS:-} ;;
     rl_step) run "${RLSTEP_S:-560}" rl_step python3 -m benchmarks.rl_step --model "${RL_MODEL:-qwen3-8b}" --layers "${RL_LAYERS:-4}" --prompts "${RL_PROMPTS:-16}" --group 8 --prompt 256 --budget "${RL_BUDGET:-1024}" --max-batch 64 --steps 2 ${RL_ARGS:-} ;;

@@ -20,10 +20,13 @@ max_batch (every slot busy every step). The ideal ratio static / continuous is t
 prefills free. Wall time also pays the prefills (continuous: one
 batch-1 prefill per admitted request; static: one batched prefill per chunk) and host syncs.
 
-CPU, tiny Qwen3 (hidden 64), every figure after one warm-up run of each mode (compiles):
+Every figure after one warm-up run of each mode (compiles). CPU, tiny Qwen3 (hidden 64); GPU,
+a real shape from `fp4_compile.models.REAL_SHAPES` at --layers, full vocabulary
+(`PARTS=long_tail` of benchmarks/gpu_session.sh):
 
     python -m benchmarks.rollout_long_tail [--requests 64] [--max-batch 8] [--budget 64]
         [--median-frac 0.125] [--sigma 1.0] [--configs strict,bf16,stock] [--layers 2]
+        [--model tiny-qwen3 | qwen3-8b | qwen3-30b-a3b] [--device cpu | cuda]
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import time
 import torch
 
 from fp4_compile import NVFP4Recipe
-from fp4_compile.models import tiny_qwen3
+from fp4_compile.models import REAL_SHAPES, TINY, build_causal_lm
 from fp4_compile.rollout import RolloutEngine
 
 CONFIGS = {
@@ -113,6 +116,8 @@ def main() -> None:
     parser.add_argument("--sigma", type=float, default=1.0)
     parser.add_argument("--configs", default="strict", help="comma-separated: " + ",".join(CONFIGS))
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--model", default="tiny-qwen3", choices=sorted(TINY) + sorted(REAL_SHAPES))
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda")
     parser.add_argument("--reps", type=int, default=2, help="timed runs per mode (min taken)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-write", action="store_true", help="print only")
@@ -120,7 +125,9 @@ def main() -> None:
     from benchmarks.common import environment, write_results
 
     torch.manual_seed(args.seed)
-    model = tiny_qwen3(layers=args.layers).eval()
+    device = torch.device(args.device)
+    dtype = torch.float32 if args.model in TINY else torch.bfloat16  # tiny: as the CPU tests
+    model = build_causal_lm(args.model, layers=args.layers, dtype=dtype, device=device).eval()
     vocab = model.config.vocab_size
     lengths = long_tail_lengths(
         args.requests, args.budget, median_frac=args.median_frac, sigma=args.sigma, seed=args.seed
@@ -146,14 +153,16 @@ def main() -> None:
     for name in args.configs.split(","):
         label, kw = CONFIGS[name]
         torch._dynamo.reset()
-        engine = RolloutEngine(model, max_batch=args.max_batch, max_seq_len=max_seq_len, **kw)
+        engine = RolloutEngine(
+            model, max_batch=args.max_batch, max_seq_len=max_seq_len, device=device, **kw
+        )
         rows[label] = measure(engine, prompts, lengths, seeds, args.reps)
         print(label, rows[label], flush=True)
     env = environment()
     lines = [
         f"# Long-tail rollout, continuous vs static batching ({env['gpu']})",
         "",
-        f"Tiny Qwen3 (hidden 64, {args.layers} layers, vocabulary {vocab}), {args.requests} "
+        f"{args.model} ({args.layers} layers, vocabulary {vocab}), {args.requests} "
         f"requests, max_batch {args.max_batch}, budget {args.budget} new tokens; torch "
         f"{env['torch']}, commit {env['commit']}, {env['date']}.",
         "",
@@ -193,7 +202,8 @@ def main() -> None:
         "rows": rows,
     }
     if not args.no_write:
-        for path in write_results("rollout_long_tail_cpu", payload, "\n".join(lines) + "\n"):
+        topic = f"rollout_long_tail_{args.device.split(':')[0]}"
+        for path in write_results(topic, payload, "\n".join(lines) + "\n"):
             print("wrote", path)
 
 
