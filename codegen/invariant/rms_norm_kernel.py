@@ -20,6 +20,15 @@ from ..runtime import check_kernel_device, interpreting, row_blocks
 
 
 @triton.jit
+def rms_scale(h32, H, eps):
+    """1 / sqrt(mean(h32^2) + eps) of one FP32 row [BLOCK_H] (zeros past H): one `tl.sum` whose
+    order depends on BLOCK_H only (one row at a time: the order never follows M). Every RMSNorm
+    kernel's scale (`rms_norm_values`, `rms_norm_rotary_kernel`)."""
+    var = tl.sum(h32 * h32, axis=0) / H
+    return 1.0 / tl.sqrt_rn(var + eps)
+
+
+@triton.jit
 def rms_norm_row(
     x_ptr,
     r_ptr,
@@ -65,8 +74,7 @@ def rms_norm_values(
         ).to(h.dtype)
         tl.store(h_ptr + row * H + cols, h, mask=live)
     h32 = h.to(tl.float32)
-    var = tl.sum(h32 * h32, axis=0) / H  # one row at a time: the order never follows M
-    y = h32 * (1.0 / tl.sqrt_rn(var + eps))
+    y = h32 * rms_scale(h32, H, eps)
     if FINISH:
         y = y.to(y_ptr.dtype.element_ty)
         if HAS_W:

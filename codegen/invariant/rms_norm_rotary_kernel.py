@@ -22,7 +22,7 @@ import triton.language as tl
 
 from ..runtime import check_kernel_device, row_blocks
 from ..triton_helpers import round_bf16_keep_nan
-from .rms_norm_kernel import rms_norm_launch
+from .rms_norm_kernel import rms_norm_launch, rms_scale
 
 
 @triton.jit
@@ -33,8 +33,7 @@ def _norm_rotary_row(
     live = (cols < H) & ((cols * 0 + row) < R)  # (row < R as a vector: the interpreter's masks)
     h = tl.load(x_ptr + row * H + cols, mask=live, other=0.0)
     h32 = h.to(tl.float32)
-    var = tl.sum(h32 * h32, axis=0) / H  # rms_norm_row's reduction, instruction for instruction
-    scale = 1.0 / tl.sqrt_rn(var + eps)
+    scale = rms_scale(h32, H, eps)  # rms_norm_row's own reduction and scale
     y = round_bf16_keep_nan(h32 * scale)
     half = H // 2
     first = cols < half
