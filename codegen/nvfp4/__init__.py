@@ -2,13 +2,15 @@
 Layout: api.py, <op>.py (quantize, group_amax, linear, grouped_linear, quantized_linear: a linear
 on a shared pre-quantized X, grouped_quantized: the experts' GEMM on one, rms_norm_quantize and
 silu_mul_quantize: producers emitting that operand, norm_parts, silu_mul_parts: producers
-leaving it to the decode GEMM's prologue), *_kernel.py, gemm.py (shared math).
+leaving it to the decode GEMM's prologue, grouped_parts: the experts' GEMM on them), *_kernel.py,
+gemm.py (shared math).
 May import the core, ..runtime, ..configs, ..triton_helpers and ..invariant; never ..moe.
 """
 
 from . import (  # noqa: F401  (register the ops)
     group_amax,
     grouped_linear,
+    grouped_parts,
     grouped_quantized,
     linear,
     norm_parts,

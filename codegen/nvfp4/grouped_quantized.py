@@ -24,6 +24,18 @@ from .grouped_linear import grouped_backward, grouped_setup_context
 
 
 def _check(x, rec, x_ongrid, x_gd, offsets, num_experts, x_index):
+    if rec.activation.global_scale != "per_row":
+        raise ValueError(
+            "nvfp4_grouped_mm_quantized needs per-row activation scales (recipe.activation."
+            f"global_scale='per_row'), got {rec.activation.global_scale!r}"
+        )
+    check_operands(x, x_ongrid, x_gd, offsets, num_experts, x_index)
+    return rec
+
+
+def check_operands(x, x_ongrid, x_gd, offsets, num_experts, x_index):
+    """x [M, K]'s per-row operand (x_ongrid BF16 [M, K], x_gd FP32 [M, 1]), offsets int32 [E],
+    x_index int32/int64 [T] or None (`grouped_parts.py` checks its operands with it too)."""
     if x.dim() != 2:
         raise ValueError(f"x must be [M, K], got {tuple(x.shape)}")
     if not isinstance(offsets, torch.Tensor) or offsets.dtype != torch.int32:
@@ -36,11 +48,6 @@ def _check(x, rec, x_ongrid, x_gd, offsets, num_experts, x_index):
         raise ValueError(
             f"x_index must be int32/int64 [T], got {x_index.dtype}{list(x_index.shape)}"
         )
-    if rec.activation.global_scale != "per_row":
-        raise ValueError(
-            "nvfp4_grouped_mm_quantized needs per-row activation scales (recipe.activation."
-            f"global_scale='per_row'), got {rec.activation.global_scale!r}"
-        )
     if x_ongrid.dtype != torch.bfloat16 or tuple(x_ongrid.shape) != tuple(x.shape):
         raise ValueError(
             f"x_ongrid must be bfloat16 {list(x.shape)} (x's on-grid operand), got "
@@ -51,7 +58,6 @@ def _check(x, rec, x_ongrid, x_gd, offsets, num_experts, x_index):
             f"x_gd must be float32 [{x.shape[0]}, 1] (per-row global decodes), got "
             f"{x_gd.dtype}{list(x_gd.shape)}"
         )
-    return rec
 
 
 def _forward(call: GemmCall) -> torch.Tensor:

@@ -165,6 +165,16 @@ def op_launches(n: fx.Node) -> list[Launch]:
         if not codes_deferred(ARCH, m) or (w_ongrid is None and m < ONGRID_FORWARD_MIN_ROWS):
             return gemm  # the codes' GEMM, or the decode GEMM quantizing in its prologue
         return [_row_codes(m, k), *gemm]
+    if name == "nvfp4_grouped_mm_parts":  # nvfp4/grouped_parts._kernel_grouped: w [E, N, K/2]
+        x, codes, w_ongrid = args[0], args[4], args[7]
+        m_x, k, e = _rows(x), int(x.shape[-1]), int(codes.shape[0])
+        gemm = nvfp4_gemm(int(out.shape[0]), int(codes.shape[1]), k, experts=e)
+        rows = max(1, _cdiv(int(out.shape[0]), e))
+        if not codes_deferred(ARCH, m_x):
+            return gemm  # the codes' GEMM
+        if w_ongrid is None and rows < ONGRID_FORWARD_MIN_ROWS and codes_deferred(ARCH, rows):
+            return gemm  # the decode GEMM quantizing its gathered rows in its prologue
+        return [_row_codes(m_x, k), *gemm]
     if name == "rms_norm_quantize_parts":  # nvfp4/norm_parts: the norm's first launch alone
         x, hdim = args[0], int(args[0].shape[-1])
         if codes_deferred(ARCH, _rows(x)):

@@ -16,7 +16,8 @@ from fp4_compile.cost import build_model
 from fp4_compile.cost.launches import LaunchCounter, eager_ops, launch_budget
 from fp4_compile.rollout import decode_program
 
-# (model, recipe): (per layer, outside the layers in the compiled step); the same at batch 1, 64.
+# (model, recipe): (per layer, outside the layers in the compiled step); the same at batch 1, 64
+# unless PER_LAYER_AT_BATCH says otherwise.
 # Per layer -2: the two residual adds run in the norms after them (passes/fuse_residual_adds.py;
 # the last layer's MLP add in the final norm, outside, which stays one launch); -1: the q and k
 # norms in one launch (passes/pair_rms_norms.py); -1: the K and V cache writes in one launch
@@ -24,7 +25,10 @@ from fp4_compile.rollout import decode_program
 # the attention output projection's decode GEMM quantizes its operand in its prologue (no
 # row_codes launch: nvfp4/gemm_cuda.few_row_parts); strict -3 dense, -1 MoE: the norms' and
 # the dense SwiGLU's codes left to the q/k/v (dense: gate/up, down) decode GEMM's prologue
-# (passes/defer_decode_codes.py);
+# (passes/defer_decode_codes.py); strict MoE -2 more: the post-attention norm's and the experts'
+# SwiGLU's codes left to the experts' gate/up (rows gathered by expert order) and down decode
+# GEMMs' prologue (the same pass, nvfp4/grouped_parts.py; at batch 64 only the norm's: the
+# SwiGLU's 512 rows are past the decode buckets, `norm_parts.codes_deferred`);
 # MoE -1:
 # the routing and expert_order in one launch (passes/fold_routing_order.py). bf16:
 # -2 q/k/v as one linear, -1 gate/up as one (dense; passes/fuse_group_linears.py); MoE -2: no
@@ -39,9 +43,11 @@ from fp4_compile.rollout import decode_program
 PINNED = {
     ("qwen3-8b", "strict"): (11, 11),
     ("qwen3-8b", "bf16"): (10, 11),
-    ("qwen3-30b-a3b", "strict"): (16, 11),
+    ("qwen3-30b-a3b", "strict"): (14, 11),
     ("qwen3-30b-a3b", "bf16"): (12, 11),
 }
+# (model, recipe, batch): per layer where it differs from PINNED's
+PER_LAYER_AT_BATCH = {("qwen3-30b-a3b", "strict", 64): 15}
 # layers with fewer launches than the most (strict Qwen3-30B-A3B's last layer: its MoE combine
 # runs in the final norm, the other layers' in add_rms_norm_quantize does not)
 FEWER_IN_LAST_LAYER = {("qwen3-30b-a3b", "strict"): 1}
@@ -63,6 +69,7 @@ def test_launch_counts_pinned(model, recipe, batch):
     spec, m, note = model
     res = launch_budget(m, note, recipe=recipe, batch=batch, context=64)
     per_layer, outside = PINNED[spec, recipe]
+    per_layer = PER_LAYER_AT_BATCH.get((spec, recipe, batch), per_layer)
     got = (res["launches_per_layer"], res["launches_outside_compiled"], res["launches_eager"])
     assert got == (per_layer, outside, EAGER_SAMPLED), (
         res["per_layer_kernels"],

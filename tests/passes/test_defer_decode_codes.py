@@ -137,3 +137,76 @@ def test_fires_on_dense_swiglu():
     assert done == 1 and ops.silu_mul_quantize_parts.default in targets
     assert ops.silu_mul_quantize.default not in targets
     assert targets.count(ops.nvfp4_linear_parts.default) == 1
+
+
+# The MoE block: the experts' GEMMs (nvfp4_grouped_mm_quantized) read the post-attention norm's
+# operand gathered by expert order (x_index), and the experts' SwiGLU's (silu_mul_halves_quantize
+# on the gate/up output, rows already in expert order); the router reads the normed values.
+
+
+def _moe_inputs():
+    x, r, w, *_ = _inputs()
+    g = torch.Generator().manual_seed(1)
+    up = ref.quantize_experts(torch.randn(2, 64, 64, generator=g))
+    down = ref.quantize_experts(torch.randn(2, 48, 32, generator=g))
+    offsets = torch.tensor([3, 6], dtype=torch.int32)
+    index = torch.tensor([0, 2, 1, 2, 0, 1], dtype=torch.int32)  # 3 tokens, top-2 of 2 experts
+    weights = [(q.codes, q.block_scales.view(torch.uint8), q.global_decode) for q in (up, down)]
+    return x, r, w, *weights[0], *weights[1], offsets, index
+
+
+def _experts(x, out, weight, offsets, index):
+    return ops.nvfp4_grouped_mm_quantized.default(
+        x, x, *weight, offsets, None, KEY, None, 0, index, None, out[1], out[2]
+    )
+
+
+def _moe(x, r, w, c1, s1, g1, c2, s2, g2, offsets, index):
+    """The MoE block: norm -> router + gate/up (gathered) -> SwiGLU -> down; h read after."""
+    out = ops.add_rms_norm_quantize.default(x, r, w, 1e-6, KEY, False)
+    flat = out[0].view(-1, 64)
+    router = flat.reshape(-1, 64).sum(dim=1)
+    gate_up = _experts(flat, out, (c1, s1, g1), offsets, index)
+    act = ops.silu_mul_halves_quantize.default(gate_up, None, KEY)
+    down = _experts(act[0].to(torch.float32), act, (c2, s2, g2), offsets, None)
+    return down, router, out[5] * 2
+
+
+def _moe_other_x(x, r, w, c1, s1, g1, c2, s2, g2, offsets, index):
+    out = ops.add_rms_norm_quantize.default(x, r, w, 1e-6, KEY, False)
+    return (_experts(out[0] * 1, out, (c1, s1, g1), offsets, index),)
+
+
+def _run_moe(fn):
+    inputs = _moe_inputs()
+    gm = _graph(fn, inputs)
+    want = gm(*inputs)
+    report = LoweringReport(recipe_fingerprint="t")
+    done = defer_decode_codes(gm.graph, report)
+    gm.graph.lint()
+    gm.recompile()
+    for i, (a, b) in enumerate(zip(gm(*inputs), want)):
+        assert_bitwise_equal(a, b, f"output {i}")
+    return gm, done, report
+
+
+def test_fires_on_moe_norm_and_swiglu():
+    """The norm (its values still read by the router) and the experts' SwiGLU (on slices of
+    the gate/up output) both rewritten; the experts' GEMMs read the parts; no view of y left
+    unread."""
+    gm, done, report = _run_moe(_moe)
+    targets = _targets(gm)
+    assert done == 2 and report.counts["decode_codes_deferred"] == 2, report.notes
+    assert targets.count(ops.nvfp4_grouped_mm_parts.default) == 2
+    assert ops.rms_norm_quantize_parts.default in targets
+    assert ops.silu_mul_quantize_parts.default in targets
+    for old in (ops.add_rms_norm_quantize, ops.silu_mul_halves_quantize):
+        assert old.default not in targets
+    assert ops.nvfp4_grouped_mm_quantized.default not in targets
+    assert all(n.users for n in gm.graph.nodes if n.op == "call_method"), "a dead view"
+
+
+def test_refuses_experts_on_another_x():
+    gm, done, report = _run_moe(_moe_other_x)
+    assert done == 0 and ops.nvfp4_grouped_mm_parts.default not in _targets(gm)
+    assert any("another x" in note for note in report.notes), report.notes
