@@ -27,7 +27,7 @@ from .fold_moe_combine import fold_moe_combine
 from .fold_routing_order import fold_routing_order
 from .fold_row_masks import fold_row_masks
 from .fold_swiglu_halves import fold_swiglu_halves
-from .fuse_combine_into_norms import fuse_combine_into_norms
+from .fuse_combine_into_norms import fuse_combine_into_norm_parts, fuse_combine_into_norms
 from .fuse_group_gemms import fuse_group_gemms
 from .fuse_group_linears import fuse_group_linears
 from .fuse_quantize_into_producers import fuse_quantize_into_producers
@@ -115,11 +115,12 @@ def run_pipeline(
 # The entry points code outside passes/ may import (tests/repo/test_import_rules.py): the pipeline,
 # its report, and the graph reading and binding of an exported rollout program's weights (and
 # the fusion of a bound inference graph's group GEMMs, NVFP4 and BF16, and the deferral of its
-# norms' decode codes to the GEMM).
+# norms' decode codes to the GEMM, then of the MoE combine into such a norm).
 __all__ = [
     "PIPELINE",
     "QUANTIZE_FUSIONS",
     "defer_decode_codes",
+    "fuse_combine_into_norm_parts",
     "drop_ongrid_weights",
     "GemmDecision",
     "LoweringError",

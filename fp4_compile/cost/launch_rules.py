@@ -199,6 +199,14 @@ def op_launches(n: fx.Node) -> list[Launch]:
     if name == "moe_combine_add_rms_norm":  # moe/combine_add_rms_norm_kernel: the norm's grid
         r = args[0]
         return [Launch(name, _cdiv(_rows(r), _norm_rows_per_program(int(r.shape[-1]))))]
+    if name == "moe_combine_add_rms_norm_parts":  # moe/combine_add_rms_norm_parts: at a decode
+        # one launch (the norm's grid), else moe_combine then rms_norm_quantize_parts
+        r, hdim = args[0], int(args[0].shape[-1])
+        if codes_deferred(ARCH, _rows(r)):
+            return [Launch(name, _cdiv(_rows(r), _norm_rows_per_program(hdim)))]
+        lc = LAUNCH[("cuda", "moe_combine")]
+        combine = Launch("moe_combine", _cdiv(_rows(r), lc["block_t"]) * _cdiv(hdim, lc["block_h"]))
+        return [combine, *_fused_quantize("rms_norm_quantize", _rows(r), hdim, "rms_norm_quantize")]
     if name in ("invariant_rms_norm_pair", "invariant_rms_norm_pair_rotary"):
         # rms_norm_kernel.rms_norm_pair / rms_norm_rotary_kernel.rms_norm_pair_rotary: a's
         # programs, then b's
