@@ -21,6 +21,7 @@ from .bind_weight_inputs import (
 )
 from .defer_decode_codes import defer_decode_codes
 from .drop_ongrid_weights import drop_ongrid_weights
+from .emit_attention_parts import emit_attention_parts
 from .fold_expert_gathers import fold_expert_gathers
 from .fold_expert_order import fold_expert_order
 from .fold_moe_combine import fold_moe_combine
@@ -115,13 +116,15 @@ def run_pipeline(
 # The entry points code outside passes/ may import (tests/repo/test_import_rules.py): the pipeline,
 # its report, and the graph reading and binding of an exported rollout program's weights (and
 # the fusion of a bound inference graph's group GEMMs, NVFP4 and BF16, and the deferral of its
-# norms' decode codes to the GEMM, then of the MoE combine into such a norm).
+# norms' decode codes to the GEMM, then of the MoE combine into such a norm, and the decode
+# attention's per-head maxima for the output projection's prologue).
 __all__ = [
     "PIPELINE",
     "QUANTIZE_FUSIONS",
     "defer_decode_codes",
     "fuse_combine_into_norm_parts",
     "drop_ongrid_weights",
+    "emit_attention_parts",
     "GemmDecision",
     "LoweringError",
     "LoweringReport",
