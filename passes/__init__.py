@@ -21,13 +21,14 @@ from .bind_weight_inputs import (
 )
 from .defer_decode_codes import defer_decode_codes
 from .drop_ongrid_weights import drop_ongrid_weights
+from .emit_attention_parts import emit_attention_parts
 from .fold_expert_gathers import fold_expert_gathers
 from .fold_expert_order import fold_expert_order
 from .fold_moe_combine import fold_moe_combine
 from .fold_routing_order import fold_routing_order
 from .fold_row_masks import fold_row_masks
 from .fold_swiglu_halves import fold_swiglu_halves
-from .fuse_combine_into_norms import fuse_combine_into_norms
+from .fuse_combine_into_norms import fuse_combine_into_norm_parts, fuse_combine_into_norms
 from .fuse_group_gemms import fuse_group_gemms
 from .fuse_group_linears import fuse_group_linears
 from .fuse_quantize_into_producers import fuse_quantize_into_producers
@@ -115,12 +116,15 @@ def run_pipeline(
 # The entry points code outside passes/ may import (tests/repo/test_import_rules.py): the pipeline,
 # its report, and the graph reading and binding of an exported rollout program's weights (and
 # the fusion of a bound inference graph's group GEMMs, NVFP4 and BF16, and the deferral of its
-# norms' decode codes to the GEMM).
+# norms' decode codes to the GEMM, then of the MoE combine into such a norm, and the decode
+# attention's per-head maxima for the output projection's prologue).
 __all__ = [
     "PIPELINE",
     "QUANTIZE_FUSIONS",
     "defer_decode_codes",
+    "fuse_combine_into_norm_parts",
     "drop_ongrid_weights",
+    "emit_attention_parts",
     "GemmDecision",
     "LoweringError",
     "LoweringReport",

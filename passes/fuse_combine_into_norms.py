@@ -19,6 +19,12 @@ Left as it is, with the reason in the report's notes:
   BF16's (an FP32 sum could be contracted into an FMA by the compiler);
 - a combine (or a cast / view of it) read by anything but the next one in that chain.
 Runs after `fuse_residual_adds`; `explain` counts `combine_fused_into_norm`.
+
+The strict recipe's next norm quantizes (`add_rms_norm_quantize`), which this PIPELINE pass
+leaves; `fuse_combine_into_norm_parts` takes it after the weight store binding has made it
+`rms_norm_quantize_parts` (`defer_decode_codes`): the combine, the residual add, the norm and
+its row maxima in one launch, `moe_combine_add_rms_norm_parts` (tests/passes/
+test_fuse_combine_into_norm_parts.py, tests/rollout/test_combine_norm_parts_engine.py).
 """
 
 from __future__ import annotations
@@ -62,16 +68,16 @@ def _same_dtype_cast(node: fx.Node) -> bool:
     return all(isinstance(a, torch.dtype) for a in rest)
 
 
-def _chain(combine: fx.Node) -> tuple[list[fx.Node], fx.Node | None]:
-    """(the casts / views from `combine` to the norm, the invariant_add_rms_norm reading the
-    last of them, or None)."""
+def _chain(combine: fx.Node, norm_op) -> tuple[list[fx.Node], fx.Node | None]:
+    """(the casts / views from `combine` to the norm, the `norm_op` node reading the last of
+    them, or None)."""
     chain, node = [], combine
     while True:
         readers = _readers(node)
         if len(readers) != 1:
             return chain, None
         nxt = readers[0]
-        if _is_op(nxt, torch.ops.fp4_compile.invariant_add_rms_norm):
+        if _is_op(nxt, norm_op):
             return chain, nxt
         if not (_same_dtype_cast(nxt) or is_op(nxt, **_VIEWS)) or nxt.args[0] is not node:
             return chain, None
@@ -87,7 +93,9 @@ def _tracks_gradients(graph: fx.Graph) -> bool:
     return any(v is not None and v.requires_grad for v in inputs)
 
 
-def _refusal(combine: fx.Node, last: fx.Node, norm: fx.Node | None, training: bool):
+def _refusal(
+    combine: fx.Node, last: fx.Node, norm: fx.Node | None, training: bool, num_args: int = 4
+):
     if norm is None:
         return "its output is read by other ops than one add + RMSNorm (through casts, views)"
     if training:
@@ -95,7 +103,7 @@ def _refusal(combine: fx.Node, last: fx.Node, norm: fx.Node | None, training: bo
     row_mask = combine.args[4] if len(combine.args) > 4 else combine.kwargs.get("row_mask")
     if row_mask is not None:
         return "a combine with a row_mask"
-    if norm.kwargs or len(norm.args) != 4 or last not in norm.args[:2] or norm.args[0] is norm.args[1]:  # fmt: skip
+    if norm.kwargs or len(norm.args) != num_args or last not in norm.args[:2] or norm.args[0] is norm.args[1]:  # fmt: skip
         return "the norm's residual add does not read the combine once, as an addend"
     values = [fake(a) for a in (*combine.args[:2], *norm.args[:3]) if a is not None]
     if any(v is None or v.dtype != torch.bfloat16 for v in values):
@@ -113,7 +121,7 @@ def fuse_combine_into_norms(
     for combine in list(graph.nodes):
         if not _is_op(combine, torch.ops.fp4_compile.moe_combine):
             continue
-        chain, norm = _chain(combine)
+        chain, norm = _chain(combine, torch.ops.fp4_compile.invariant_add_rms_norm)
         last = chain[-1] if chain else combine
         why = _refusal(combine, last, norm, training)
         if why is not None:
@@ -129,3 +137,43 @@ def fuse_combine_into_norms(
     for why, n in refused.items():
         report.notes.append(f"moe_combine not fused into the next norm at {n} site(s): {why}")
     gm.recompile()
+
+
+def fuse_combine_into_norm_parts(graph: fx.Graph, report: LoweringReport | None = None) -> int:
+    """The strict recipe's form, on a bound inference graph after `defer_decode_codes` (the
+    caller runs it on graphs that track no gradient): `moe_combine` whose output reaches only
+    the residual add of `rms_norm_quantize_parts` (the next layer's input norm leaving its codes
+    to the q/k/v decode GEMM), through no-op casts and views, becomes with that norm ONE
+    `fp4_compile::moe_combine_add_rms_norm_parts` (`codegen/moe/combine_add_rms_norm_parts.py`):
+    the same five outputs, bit for bit, one launch at decode instead of two. The refusals are
+    PIPELINE's (a row_mask, not BF16, other readers) and an input that requires grad. Returns
+    the number of combines fused; `report` counts `combine_fused_into_norm` and notes refusals."""
+    norm_op = torch.ops.fp4_compile.rms_norm_quantize_parts
+    fused_op = torch.ops.fp4_compile.moe_combine_add_rms_norm_parts.default
+    refused: dict[str, int] = {}
+    done = 0
+    for combine in list(graph.nodes):
+        if not _is_op(combine, torch.ops.fp4_compile.moe_combine):
+            continue
+        chain, norm = _chain(combine, norm_op)
+        last = chain[-1] if chain else combine
+        grad = any(getattr(fake(a), "requires_grad", False) for a in combine.args[:2])
+        why = _refusal(combine, last, norm, grad, num_args=5)
+        if why is None and norm.args[1] is None:
+            why = "the norm has no residual add"
+        if why is not None:
+            refused[why] = refused.get(why, 0) + 1
+            continue
+        residual = norm.args[1] if norm.args[0] is last else norm.args[0]
+        x, w, idx, k = combine.args[:4]
+        args = (residual, x, w, idx, k, *norm.args[2:])
+        fused = insert_call(graph, fused_op, args, before=norm, like=norm)
+        norm.replace_all_uses_with(fused)  # the same five outputs, read by the same getitems
+        erase_dead(graph, [norm, *reversed(chain), combine])
+        done += 1
+    if report is not None:
+        if done:
+            report.count("combine_fused_into_norm", done)
+        for why, n in refused.items():
+            report.notes.append(f"moe_combine not fused into the next norm at {n} site(s): {why}")
+    return done

@@ -532,6 +532,7 @@ def _attention_cases() -> list[KernelCase]:
         "iv_ptr": ("*i32", 0),
         "ivf_ptr": ("*i32", 0),
         "lse_ptr": ("*fp32", 0),
+        "part_ptr": ("*fp32", 0),  # the forward's decode parts (lse's, unread, without them)
         "Tq": (i32, t),
         "G": (i32, hq // hkv),
         "scale": ("fp32", 0.0),

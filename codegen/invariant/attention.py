@@ -6,6 +6,8 @@ Shape legend: B sequences, Hq / Hkv heads, G = Hq / Hkv, Tq queries, Tk keys, D 
 - invariant_attention(q, k, v, q_start, kv_len, mask, causal, scale, mask_words=None,
   mask_intervals=None, mask_flag=None, block_table=None) -> (out, lse);
   invariant_attention_backward(...) -> (dq, dk, dv)
+- invariant_attention_parts(same arguments) -> (out, lse, parts): decode inference's form,
+  parts FP32 [B * Tq, Hq] each head's max |out| (o_proj's partial row maxima; no backward).
 The trailing three: `fp4_compile::invariant_attention_mask_args(mask, Tq, Tk)`'s outputs, made
 once per graph for every attention of that mask (`passes/targets.py`); given, the CUDA path
 reads them instead of preparing the mask in every call (the same tensors: the same bits), and
@@ -69,6 +71,49 @@ def invariant_attention(
 @invariant_attention.register_fake
 def _(q, k, v, q_start, kv_len, mask, causal, scale, *prepared_and_table):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_LIB}::invariant_attention_parts", mutates_args=())
+def invariant_attention_parts(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_start: torch.Tensor,
+    kv_len: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+    mask_words: torch.Tensor | None = None,
+    mask_intervals: torch.Tensor | None = None,
+    mask_flag: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse) of `invariant_attention` and each head's max |out| per token, FP32
+    [B * Tq, Hq] (NaN where the head's row holds one): partial maxima of the rows of
+    out.transpose(1, 2).reshape(B * Tq, Hq * D), the attention output projection's operand,
+    which its decode GEMM's prologue folds (`nvfp4_linear_with_parts`). Inference only (no
+    backward). CUDA: the kernel's epilogue (decode only: Tq = 1, BF16); CPU: the reference's
+    out, then the maxima in torch."""
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    prepared = _prepared(mask, mask_words, mask_intervals, mask_flag)
+    if q.is_cuda:
+        from . import attention_kernel  # lazy: imports triton
+
+        out, lse, parts = attention_kernel.attention(
+            q, k, v, q_start, kv_len, mask, causal, scale, prepared, block_table, row_parts=True
+        )
+        return out.contiguous(), lse.contiguous(), parts
+    out, lse = invariant_attention(q, k, v, q_start, kv_len, mask, causal, scale, *prepared or (None,) * 3, block_table)  # fmt: skip
+    heads = out.transpose(1, 2).reshape(-1, q.shape[1], q.shape[3]).to(torch.float32)
+    parts = heads.abs().amax(dim=2).masked_fill(heads.isnan().any(dim=2), float("nan"))
+    return out, lse, parts
+
+
+@invariant_attention_parts.register_fake
+def _(q, k, v, q_start, kv_len, mask, causal, scale, *prepared_and_table):
+    b, hq, tq, _ = q.shape
+    parts = q.new_empty((b * tq, hq), dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32), parts
 
 
 @torch.library.custom_op(f"{_LIB}::invariant_attention_backward", mutates_args=())

@@ -1,7 +1,8 @@
 """The invariant attention forward's per-key-block steps (`attention_kernel._attention_kernel`
 calls them; Triton inlines them): `attend_block`, one BLOCK_N block of keys folded into a row
 tile's online-softmax state, and `key_block_base`, where that block's keys lie (the sequence's own
-cache, or a page of the rollout's paged cache through its block table).
+cache, or a page of the rollout's paged cache through its block table); `out_abs_max`, the
+decode epilogue's partial row maxima of the output (`invariant_attention_parts`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..triton_helpers import round_bf16
+from ..triton_helpers import round_bf16, round_bf16_keep_nan
 
 
 @triton.jit
@@ -70,3 +71,17 @@ def key_block_base(
         page = tl.load(bt_ptr + b64 * sbt + n0 // PAGE).to(tl.int64)  # int64: pool offsets
         base = page * spage + kv_base + (n0 % PAGE - n0) * skt
     return base
+
+
+@triton.jit
+def out_abs_max(out, OUT_DTYPE: tl.constexpr, ROUND: tl.constexpr):
+    """Each row's max |out| of one program's output tile [BLOCK_M, D] as it is stored (cast to
+    OUT_DTYPE; ROUND: the interpreter's FP32 store, rounded to BF16 with integer ops as the
+    launcher's torch cast rounds it), FP32 [BLOCK_M], NaN where the row holds one: the
+    attention output's partial row maxima (a max: exact in any order or grouping)."""
+    v = out.to(OUT_DTYPE).to(tl.float32)
+    if ROUND:
+        v = round_bf16_keep_nan(v)
+    amax = tl.max(tl.abs(v), axis=1)
+    nan = tl.max((v != v).to(tl.int32), axis=1)
+    return tl.where(nan > 0, float("nan"), amax)

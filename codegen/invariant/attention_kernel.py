@@ -18,7 +18,7 @@ import triton.language as tl
 from .. import configs as cfgs
 from ..runtime import arch_of, check_kernel_device, interpreting
 from ..triton_helpers import dot_dtype
-from .attention_blocks import attend_block, key_block_base
+from .attention_blocks import attend_block, key_block_base, out_abs_max
 from .attention_masks import mask_args, mask_key_end, visible
 
 
@@ -60,6 +60,9 @@ def _attention_kernel(
     BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr,
     PAGE: tl.constexpr,
+    part_ptr,
+    PARTS: tl.constexpr = False,
+    PARTS_ROUND: tl.constexpr = False,
 ):
     # int64 offsets (codegen/runtime.py) only where a tensor can pass 2**31 elements: each
     # sequence's base (a batch-256 x 8k-slot cache layer is 2.1e9); offsets inside one
@@ -227,6 +230,9 @@ def _attention_kernel(
         mask=row_live[:, None],
     )
     tl.store(lse_ptr + hq * Tq + qi, lse, mask=row_live)
+    if PARTS:  # Tq = 1: row r is head hq of token b, a piece of o_proj's row b: parts[b, hq]
+        part = out_abs_max(out, o_ptr.dtype.element_ty, PARTS_ROUND)
+        tl.store(part_ptr + b64 * G * tl.num_programs(2) + hq, part, mask=row_live)
 
 
 def positions_arg(t: torch.Tensor, name: str) -> torch.Tensor:
@@ -238,7 +244,18 @@ def positions_arg(t: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def attention(
-    q, k, v, q_start_B, kv_len_B, mask, causal: bool, scale: float, prepared=None, block_table=None
+    q,
+    k,
+    v,
+    q_start_B,
+    kv_len_B,
+    mask,
+    causal: bool,
+    scale: float,
+    prepared=None,
+    block_table=None,
+    *,
+    row_parts: bool = False,
 ):
     """(out, lse) of `reference.attention`. One program per (row block, sequence, KV head): its
     rows are the G query heads of the group (row = query * G + head), so each KV head is read
@@ -251,7 +268,11 @@ def attention(
     [num_pages, Hkv, PAGE, D] and sequence b's key j lives in page block_table[b, j // PAGE],
     slot j % PAGE; the kernel reads the pages where they are (no gathered copy), in the same
     BLOCK_N blocks from key 0 (PAGE must be a multiple of BLOCK_N), so the same bits as the
-    contiguous [B, Hkv, P * PAGE, D] cache."""
+    contiguous [B, Hkv, P * PAGE, D] cache.
+    row_parts (decode, Tq = 1, BF16): also each head's max |out| (out as stored, BF16; NaN
+    where the head's row holds one), FP32 [B, Hq]: the partial maxima of the rows of
+    out.transpose(1, 2).reshape(B, Hq * D) (o_proj's operand) that its decode GEMM's prologue
+    folds (`invariant_attention_parts`); returned third."""
     check_kernel_device(q, "q")
     b, hq, tq, d = q.shape
     hkv = k.shape[1]
@@ -288,6 +309,10 @@ def attention(
     else:
         sm, mask_arg, iv, iv_ok = (0, 0, 0), q, lse, lse
     grid = (triton.cdiv(tq * g, cfg.block_m), b, hkv)
+    if row_parts and (tq != 1 or q.dtype != torch.bfloat16):
+        raise ValueError(f"row_parts needs a BF16 decode (Tq = 1), got {q.dtype} Tq = {tq}")
+    parts = torch.empty((b, hq) if row_parts else (0,), dtype=torch.float32, device=q.device)
+    extra = dict(PARTS=True, PARTS_ROUND=interp) if row_parts else {}
     positions = (positions_arg(q_start_B, "q_start"), positions_arg(kv_len_B, "kv_len"))
     # the (batch, head, token) strides of q, of k and v, of out, then the mask rows', then the
     # block table's row and the pool's page strides
@@ -303,6 +328,8 @@ def attention(
         **flags,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
+        part_ptr=parts if row_parts else lse,  # unread without row_parts
+        **extra,
         **cfg.launch_kwargs(),
     )
-    return out.to(q.dtype), lse
+    return (out.to(q.dtype), lse, parts) if row_parts else (out.to(q.dtype), lse)

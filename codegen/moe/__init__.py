@@ -7,6 +7,7 @@ May import the core, ..runtime, ..configs, ..triton_helpers, ..invariant and ..n
 from . import (  # noqa: F401  (register the ops)
     combine,
     combine_add_rms_norm,
+    combine_add_rms_norm_parts,
     expert_order,
     grouped_mm,
     routing_order,

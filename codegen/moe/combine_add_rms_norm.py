@@ -21,7 +21,9 @@ from .combine import check_combine_args
 KERNEL_DTYPES = (torch.bfloat16,)
 
 
-def _check_residual(residual: torch.Tensor, x: torch.Tensor, w: torch.Tensor, k: int) -> None:
+def check_combine_residual(
+    residual: torch.Tensor, x: torch.Tensor, w: torch.Tensor, k: int
+) -> None:
     t, hdim = x.shape[0] // k, x.shape[1]
     dtype = torch.promote_types(x.dtype, w.dtype)
     if residual.dtype != dtype or residual.shape[-1:] != (hdim,) or residual.numel() != t * hdim:
@@ -50,7 +52,7 @@ def moe_combine_add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, h) of `invariant_add_rms_norm(residual, moe_combine(x, w, idx, k), weight, eps)`."""
     check_combine_args(x, w, idx, k)
-    _check_residual(residual, x, w, k)
+    check_combine_residual(residual, x, w, k)
     if _on_kernel(residual, x, w, weight):
         from .combine_add_rms_norm_kernel import moe_combine_add_rms_norm_triton  # lazy: triton
 
@@ -64,5 +66,5 @@ def moe_combine_add_rms_norm(
 @moe_combine_add_rms_norm.register_fake
 def _(residual, x, w, idx, k, weight, eps):
     check_combine_args(x, w, idx, k)
-    _check_residual(residual, x, w, k)
+    check_combine_residual(residual, x, w, k)
     return residual.new_empty(residual.shape), residual.new_empty(residual.shape)

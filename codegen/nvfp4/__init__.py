@@ -2,8 +2,8 @@
 Layout: api.py, <op>.py (quantize, group_amax, linear, grouped_linear, quantized_linear: a linear
 on a shared pre-quantized X, grouped_quantized: the experts' GEMM on one, rms_norm_quantize and
 silu_mul_quantize: producers emitting that operand, norm_parts, silu_mul_parts: producers
-leaving it to the decode GEMM's prologue, grouped_parts: the experts' GEMM on them), *_kernel.py,
-gemm.py (shared math).
+leaving it to the decode GEMM's prologue, grouped_parts: the experts' GEMM on them,
+linear_parts: a linear reading its producer's row maxima), *_kernel.py, gemm.py (shared math).
 May import the core, ..runtime, ..configs, ..triton_helpers and ..invariant; never ..moe.
 """
 
@@ -13,6 +13,7 @@ from . import (  # noqa: F401  (register the ops)
     grouped_parts,
     grouped_quantized,
     linear,
+    linear_parts,
     norm_parts,
     quantize,
     quantized_linear,

@@ -55,13 +55,15 @@ def gathered_global_scale(x2, x_index, recipe, x_amax):
     return gs
 
 
-def few_row_parts(x2, gs, b, rows):
+def few_row_parts(x2, gs, b, rows, given=None):
     """The chunk maxima of x2 [M_a, K] (`abs_max_kernel.chunk_abs_max`) where the forward of
     rows `rows` per weight quantizes x2 per row in `quantize_triton`'s split form (chunk maxima,
     then `row_codes`) and `launch_gemm` sends the packed GEMM to the decode kernel; else None.
     The decode kernel then quantizes x2 in its prologue with row_codes' own code
     (`decode_gemm_prologue.py`): the same on-grid operand and global decodes, bitwise, and no
-    row_codes launch."""
+    row_codes launch. `given`: x2's partial row maxima FP32 [M_a, P] from its producer (any
+    split of each row: the prologue folds them with a max, exact in any grouping), returned
+    instead of launching chunk_abs_max."""
     from .abs_max_kernel import chunk_abs_max  # lazy: imports triton
 
     target = kernel_target(x2)
@@ -71,18 +73,29 @@ def few_row_parts(x2, gs, b, rows):
     few = x2.shape[0] < pick_launch(target.arch, "row_quantize")["split_rows_below"]
     if not few or decode_dispatch(target.arch, rows) is None:
         return None
-    return chunk_abs_max(x2, target=target)
+    return given if given is not None else chunk_abs_max(x2, target=target)
 
 
 def cuda_linear(
-    x2, w_codes, w_scales, w_gd, w_ongrid, bias, recipe, x_amax, offsets=None, x_index=None
+    x2,
+    w_codes,
+    w_scales,
+    w_gd,
+    w_ongrid,
+    bias,
+    recipe,
+    x_amax,
+    offsets=None,
+    x_index=None,
+    x_parts=None,
 ):
     """The forward GEMM. `x_index` (MoE): the product's rows are x2[x_index] (a zero row where
     x_index < 0: `gather_zero_rows`); x2 is quantized
     once per row (1x16 blocks are row-local, so a gathered row's quantization is its source
     row's) and the GEMM gathers the on-grid rows in its operand load: bitwise
     `cuda_linear(x2[x_index], ...)` without the gathered copy or quantizing each token top-k
-    times."""
+    times. `x_parts` (dense): x2's partial row maxima from its producer (`few_row_parts`' given).
+    """
     from .gemm_kernel import launch_gemm  # lazy: imports triton
     from .ongrid_weight_kernel import ongrid_weight  # lazy: imports triton
     from .quantize_kernel import quantize_triton  # lazy: imports triton
@@ -97,7 +110,7 @@ def cuda_linear(
     if w_ongrid is None and forward_uses_ongrid(x2.device.type, rows):
         w_ongrid = ongrid_weight(w_codes, w_scales)
     b = w_ongrid if w_ongrid is not None else (w_codes, w_scales)
-    parts = few_row_parts(x2, gs, b, rows)
+    parts = few_row_parts(x2, gs, b, rows, x_parts)
     if parts is not None:  # one launch fewer, the same bits (`few_row_parts`)
         from .decode_gemm_kernel import launch_decode_gemm  # lazy: imports triton
 

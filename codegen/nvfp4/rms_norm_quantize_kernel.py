@@ -102,6 +102,20 @@ def _rms_norm_quantize_kernel(
 
 
 @triton.jit
+def row_abs_max_part(y_ptr, part_ptr, row, R, H, BLOCK_H: tl.constexpr):
+    """Row `row` of y [R, H] (stored by this program, behind a barrier) -> its max |y| into
+    part_ptr[row] (FP32, NaN where the row holds one): the split form's row maxima, also
+    written by `moe/combine_add_rms_norm_kernel`'s parts form."""
+    cols = tl.arange(0, BLOCK_H)[None, :]  # [1, BLOCK_H]
+    live = (cols < H) & ((cols * 0 + row) < R)
+    y = tl.load(y_ptr + row * H + cols, mask=live, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(y), axis=1)  # [1]
+    nan = tl.max((y != y).to(tl.int32), axis=1)
+    one = tl.arange(0, 1)
+    tl.store(part_ptr + row + one, tl.where(nan > 0, float("nan"), amax), mask=(one + row) < R)
+
+
+@triton.jit
 def _rms_norm_amax_kernel(
     x_ptr,
     r_ptr,
@@ -126,13 +140,7 @@ def _rms_norm_amax_kernel(
     tl.debug_barrier()  # this program's rows of y, stored by all its threads, are read back
     for r in tl.static_range(ROWS):
         row = tl.program_id(0).to(tl.int64) * ROWS + r
-        cols = tl.arange(0, BLOCK_H)[None, :]  # [1, BLOCK_H]
-        live = (cols < H) & ((cols * 0 + row) < R)
-        y = tl.load(y_ptr + row * H + cols, mask=live, other=0.0).to(tl.float32)
-        amax = tl.max(tl.abs(y), axis=1)  # [1]
-        nan = tl.max((y != y).to(tl.int32), axis=1)
-        one = tl.arange(0, 1)
-        tl.store(part_ptr + row + one, tl.where(nan > 0, float("nan"), amax), mask=(one + row) < R)
+        row_abs_max_part(y_ptr, part_ptr, row, R, H, BLOCK_H)
 
 
 def rms_norm_quantize(

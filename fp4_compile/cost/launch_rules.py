@@ -209,6 +209,14 @@ def op_launches(n: fx.Node) -> list[Launch]:
     if name == "moe_combine_add_rms_norm":  # moe/combine_add_rms_norm_kernel: the norm's grid
         r = args[0]
         return [Launch(name, _cdiv(_rows(r), _norm_rows_per_program(int(r.shape[-1]))))]
+    if name == "moe_combine_add_rms_norm_parts":  # moe/combine_add_rms_norm_parts: at a decode
+        # one launch (the norm's grid), else moe_combine then rms_norm_quantize_parts
+        r, hdim = args[0], int(args[0].shape[-1])
+        if codes_deferred(ARCH, _rows(r)):
+            return [Launch(name, _cdiv(_rows(r), _norm_rows_per_program(hdim)))]
+        lc = LAUNCH[("cuda", "moe_combine")]
+        combine = Launch("moe_combine", _cdiv(_rows(r), lc["block_t"]) * _cdiv(hdim, lc["block_h"]))
+        return [combine, *_fused_quantize("rms_norm_quantize", _rows(r), hdim, "rms_norm_quantize")]
     if name in ("invariant_rms_norm_pair", "invariant_rms_norm_pair_rotary"):
         # rms_norm_kernel.rms_norm_pair / rms_norm_rotary_kernel.rms_norm_pair_rotary: a's
         # programs, then b's
@@ -240,6 +248,18 @@ def op_launches(n: fx.Node) -> list[Launch]:
         if mask is None or prepared:
             return [main]
         return _mask_args(mask, tq) + [main]  # attention_masks.mask_args inside the call
+    if name == "invariant_attention_parts":  # the same launch, the maxima in its epilogue
+        q, k = args[0], args[1]
+        b, hq, tq, _ = (int(s) for s in q.shape)
+        cfg = pick(ARCH, "any", "invariant_attention", 0)
+        main = Launch(name, _cdiv(tq * (hq // int(k.shape[1])), cfg.block_m) * b * int(k.shape[1]))
+        prepared = len(args) > 8 and args[8] is not None
+        return [main] if args[5] is None or prepared else _mask_args(args[5], tq) + [main]
+    if name == "nvfp4_linear_with_parts":  # gemm_cuda.cuda_linear with the given maxima
+        x, codes = args[0], args[2]
+        m, k = _rows(x), int(x.shape[-1])
+        quant = _quantizing_decode(act_quantize(m, k), nvfp4_gemm(m, int(codes.shape[-2]), k))
+        return quant[1:] if quant[0].kernel == "chunk_abs_max" else quant
     if name == "invariant_attention_mask_args":  # invariant/attention_masks.prepare_mask
         return _mask_args(args[0], int(n.args[1]))
     if name in ("invariant_routing", "invariant_logprobs"):  # one program per row

@@ -9,7 +9,10 @@ then runs each shared-scale group's GEMMs as one GEMM over the group's buffer
 Its group linears that stay BF16 run as one linear over the group's BF16 buffer, which the
 members' parameters are views of (`passes/fuse_group_linears.py`, `bf16_groups.py`).
 Any graph that tracks no gradient then leaves its norms' decode-GEMM codes to the GEMM's
-prologue (`passes/defer_decode_codes.py`).
+prologue (`passes/defer_decode_codes.py`), and a MoE combine read by such a norm's residual
+add runs in its launch (`passes/fuse_combine_into_norms.fuse_combine_into_norm_parts`), and a
+decode attention hands its output projection the per-head maxima its prologue folds
+(`passes/emit_attention_parts.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from ..passes import (
     QuantizeSpec,
     bind_weight_inputs,
     defer_decode_codes,
+    emit_attention_parts,
+    fuse_combine_into_norm_parts,
     fuse_group_gemms,
     fuse_group_linears,
     site_reads,
@@ -92,6 +97,8 @@ def bind_dynamo_graph(
         store.groups_fused += fuse_group_linears(graph, layout, buffer, report)
     if not torch.is_grad_enabled():  # after the group fusion: its one GEMM reads the parts
         defer_decode_codes(graph, report)
+        fuse_combine_into_norm_parts(graph, report)  # the MoE combine into such a norm
+        emit_attention_parts(graph, report)  # o_proj's row maxima from the decode attention
     graph.lint()
     new_gm = fx.GraphModule(gm, graph)
     new_gm.meta.update(gm.meta)

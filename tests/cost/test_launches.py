@@ -28,7 +28,9 @@ from fp4_compile.rollout import decode_program
 # (passes/defer_decode_codes.py); strict MoE -2 more: the post-attention norm's and the experts'
 # SwiGLU's codes left to the experts' gate/up (rows gathered by expert order) and down decode
 # GEMMs' prologue (the same pass, nvfp4/grouped_parts.py; at batch 64 only the norm's: the
-# SwiGLU's 512 rows are past the decode buckets, `norm_parts.codes_deferred`);
+# SwiGLU's 512 rows are past the decode buckets, `norm_parts.codes_deferred`); strict -1: o_proj's row maxima from the decode attention's
+# epilogue, not a chunk_abs_max launch (invariant_attention_parts + nvfp4_linear_with_parts,
+# passes/emit_attention_parts.py);
 # MoE -1:
 # the routing and expert_order in one launch (passes/fold_routing_order.py). bf16:
 # -2 q/k/v as one linear, -1 gate/up as one (dense; passes/fuse_group_linears.py); MoE -2: no
@@ -37,20 +39,20 @@ from fp4_compile.rollout import decode_program
 # (passes/fuse_rotary_into_norm_pairs.py; the cos / sin tables' bf16 cast in it too). -1 outside:
 # the head reads a decode's hidden rows as they are (no gather at Tq = 1, rollout/step.py).
 # MoE -1: the top-k combine in the next norm's launch (passes/fuse_combine_into_norms.py): bf16
-# in every layer; strict only in the last layer, whose combine meets the final norm (a bf16
-# invariant_add_rms_norm); the other layers' combine is read by add_rms_norm_quantize, which the
-# pass does not take.
+# in every layer; strict too: the last layer's combine meets the final norm (a bf16
+# invariant_add_rms_norm), the others' the next input norm once the weight store binding has
+# left its codes to the q/k/v decode GEMM (rms_norm_quantize_parts:
+# fuse_combine_into_norm_parts -> moe_combine_add_rms_norm_parts, its row maxima in the launch).
 PINNED = {
-    ("qwen3-8b", "strict"): (11, 11),
+    ("qwen3-8b", "strict"): (10, 11),
     ("qwen3-8b", "bf16"): (10, 11),
-    ("qwen3-30b-a3b", "strict"): (14, 11),
+    ("qwen3-30b-a3b", "strict"): (12, 11),
     ("qwen3-30b-a3b", "bf16"): (12, 11),
 }
 # (model, recipe, batch): per layer where it differs from PINNED's
-PER_LAYER_AT_BATCH = {("qwen3-30b-a3b", "strict", 64): 15}
-# layers with fewer launches than the most (strict Qwen3-30B-A3B's last layer: its MoE combine
-# runs in the final norm, the other layers' in add_rms_norm_quantize does not)
-FEWER_IN_LAST_LAYER = {("qwen3-30b-a3b", "strict"): 1}
+PER_LAYER_AT_BATCH = {("qwen3-30b-a3b", "strict", 64): 13}
+# layers with fewer launches than the most (none: every layer's MoE combine runs in a norm)
+FEWER_IN_LAST_LAYER: dict[tuple[str, str], int] = {}
 # one token's sampling and bookkeeping, temperature 1: sample_argmax (the seeded noise made in
 # it), the shared log-prob op, decode_advance
 EAGER_SAMPLED = 3
