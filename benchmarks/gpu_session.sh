@@ -79,7 +79,7 @@ for part in $PARTS; do
     decode_fill) run "${FILL_TESTS_S:-200}" pytest_decode_fill python3 -m pytest -q tests/gpu/test_gpu_decode_fill.py tests/gpu/test_gpu_decode_ops.py
       run "${FILL_S:-200}" decode_quantize python3 -m benchmarks.decode_quantize ;;
     # the decode fusions of 2026-12-07 (4): prologue quantize, bf16 groups, routing_order, rotary in the norm pair, noise in sample_argmax
-    decode_fusions) run "${DEC_FUSIONS_S:-300}" pytest_decode_fusions python3 -m pytest -q -m gpu tests/gpu/test_gpu_decode_gemm_prologue.py tests/gpu/test_gpu_bf16_decode_fusions.py tests/gpu/test_gpu_routing_order.py tests/gpu/test_gpu_rotary_fusion.py tests/gpu/test_gpu_decode_ops.py tests/gpu/test_gpu_invariant_ops.py tests/codegen/invariant/test_fused_group_linear.py tests/codegen/moe/test_grouped_mm_gathered.py ;;
+    decode_fusions) run "${DEC_FUSIONS_S:-300}" pytest_decode_fusions python3 -m pytest -q -m gpu tests/gpu/test_gpu_decode_gemm_prologue.py tests/gpu/test_gpu_bf16_decode_fusions.py tests/gpu/test_gpu_routing_order.py tests/gpu/test_gpu_rotary_fusion.py tests/gpu/test_gpu_decode_ops.py tests/gpu/test_gpu_position_mask.py tests/gpu/test_gpu_invariant_ops.py tests/codegen/invariant/test_fused_group_linear.py tests/codegen/moe/test_grouped_mm_gathered.py ;;
     decode_tests) run "${DECODE_TESTS_S:-200}" pytest_gpu_decode python3 -m pytest -q -m "gpu and not slow" tests/gpu/test_gpu_decode_gemm.py tests/codegen/nvfp4/test_decode_gemm.py tests/codegen/nvfp4/test_k_chunks.py tests/gpu/test_gpu_alignment.py ;;
     # benchmarks
     gemm) run "${GEMM_S:-240}" gemm python3 -m benchmarks.gemm ;;

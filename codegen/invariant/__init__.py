@@ -14,6 +14,7 @@ from . import (  # noqa: F401  (register the ops)
     linear,
     logprobs,
     ordered_sum,
+    position_mask,
     rms_norm,
     rms_norm_rotary,
     routing,
