@@ -101,6 +101,9 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     # (integers: speed only)
     ("cuda", "position_mask"): dict(block_w=32, num_warps=4),
     ("interpreter", "position_mask"): dict(block_w=2),
+    # invariant/rotary_tables_kernel: one row of positions per program (elementwise: speed only)
+    ("cuda", "rotary_tables"): dict(num_warps=1),
+    ("interpreter", "rotary_tables"): dict(),
     # invariant/logprobs_kernel: vocabulary entries per block (part of the bits: the sums walk
     # fixed BLOCK_V blocks from entry 0); no row for other architectures (not guessed)
     ("sm_90", "logprobs"): dict(block_v=4096, num_warps=8),

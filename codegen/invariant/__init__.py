@@ -17,6 +17,7 @@ from . import (  # noqa: F401  (register the ops)
     position_mask,
     rms_norm,
     rms_norm_rotary,
+    rotary_tables,
     routing,
     sample_argmax,
     silu_mul,

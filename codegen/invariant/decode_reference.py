@@ -4,7 +4,8 @@ fused, so the fused forms are checked against what they replace (the seeded Gumb
 included: `gumbel_uniforms`, `gumbel_loglog`, which `fp4_compile/rollout/sampling.py` draws
 with); of the step's KV-cache write (`kv_cache_write.py`: the two `index_put_` that
 `fp4_compile/rollout/kv_cache.py` ran); and of the step's position mask (`position_mask.py`:
-the mask `fp4_compile/rollout/kv_cache.py` built, with what the attentions read of it).
+the mask `fp4_compile/rollout/kv_cache.py` built, with what the attentions read of it); and of
+the rotary tables of positions (`rotary_tables.py`: transformers' angles, cos and sin).
 
 Shape legend: B rows (slots), V vocabulary, T token columns of a row's record (max_tokens).
 """
@@ -146,3 +147,12 @@ def position_mask_args(positions_BT: torch.Tensor, kv_len_B: torch.Tensor, max_s
     q_start = torch.zeros(b, dtype=torch.int64, device=dev)
     kv_keys = torch.full((b,), max_seq_len, dtype=torch.int64, device=dev)
     return mask, words, intervals, flag, q_start, kv_keys
+
+
+def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor):
+    """(cos, sin) FP32 [*positions.shape, 2F] of transformers' rotary embedding before its
+    scaling and cast: angles = positions.float()[..., None] * inv_freq.float() (FP32), the tables of
+    cat((angles, angles), -1) by ATen's cos / sin (`fp4_compile::cos` / `sin`'s kernels)."""
+    angles = positions.float()[..., None] * inv_freq.float()
+    emb = torch.cat((angles, angles), dim=-1)
+    return torch.cos(emb), torch.sin(emb)

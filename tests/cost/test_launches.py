@@ -38,12 +38,13 @@ from fp4_compile.rollout import decode_program
 # pass does not take. -4 outside: the mask, its attention kernel arguments and the attentions'
 # 2 lengths in one launch (fp4_compile::invariant_position_mask, from
 # rollout/kv_cache.attention_mask_4d; were the select_scatter mask, a ones flag,
-# attention_mask_args and 2 fulls).
+# attention_mask_args and 2 fulls). -2 outside: the rotary tables' angles, cos and sin in one
+# launch (fp4_compile::rotary_tables, passes/fuse_rotary_tables.py; were `fused: clone`, cos, sin).
 PINNED = {
-    ("qwen3-8b", "strict"): (11, 7),
-    ("qwen3-8b", "bf16"): (10, 7),
-    ("qwen3-30b-a3b", "strict"): (16, 7),
-    ("qwen3-30b-a3b", "bf16"): (12, 7),
+    ("qwen3-8b", "strict"): (11, 5),
+    ("qwen3-8b", "bf16"): (10, 5),
+    ("qwen3-30b-a3b", "strict"): (16, 5),
+    ("qwen3-30b-a3b", "bf16"): (12, 5),
 }
 # layers with fewer launches than the most (strict Qwen3-30B-A3B's last layer: its MoE combine
 # runs in the final norm, the other layers' in add_rms_norm_quantize does not)
@@ -62,7 +63,8 @@ def model(request):
 @pytest.mark.parametrize("batch", [1, 64])
 def test_launch_counts_pinned(model, recipe, batch):
     """Contract: the exact launch counts per layer and outside, no KV-cache copy, and the budget
-    verdict (<= 12 per layer, <= 8 outside: not met today)."""
+    verdict (<= 12 per layer, <= 8 outside: outside met, per layer not for strict Qwen3-30B-A3B
+    only)."""
     spec, m, note = model
     res = launch_budget(m, note, recipe=recipe, batch=batch, context=64)
     per_layer, outside = PINNED[spec, recipe]
@@ -80,7 +82,8 @@ def test_launch_counts_pinned(model, recipe, batch):
     # program, is gone); MoE batch 64: the one-program routing_order
     assert res["min_programs"] == (64 if batch == 64 and spec == "qwen3-8b" else 1)
     assert res["under_one_program_per_sm"]
-    assert res["budget_met"] is False
+    assert res["launches_outside_layers"] <= res["budget"]["outside_layers"]
+    assert res["budget_met"] is (per_layer <= res["budget"]["per_layer"])
 
 
 def test_counter_counts_ops_not_views():
