@@ -44,8 +44,9 @@
 # benchmarks/rooflines/ (`--roofline-only`, computed on a CPU). PARTS=decode_fill: the split
 # quantize forms == the one-launch forms bitwise at Qwen3-8B widths, the Gumbel kernel == torch;
 # then benchmarks.decode_quantize. PARTS=decode_fusions: the decode GEMM's quantizing prologue,
-# the bf16 q/k/v and gate/up groups, routing_order, the rotary in the norm pair and the noise in
-# sample_argmax == the ops they replace on CUDA (and engine == learner); run it before trusting
+# the bf16 q/k/v and gate/up groups, routing_order, the rotary in the norm pair, the noise in
+# sample_argmax, the position mask and the rotary tables (libdevice cos / sin == ATen's at every
+# position to 128k) == the ops they replace on CUDA (and engine == learner); run it before trusting
 # the decode figures of a commit that has them.
 # Waiting runs, one device call each: issue 43, PARTS=learner_on_change MICRO_BATCHES=1 (one pass
 # per step with the captured refresh); issue 42, PARTS=kc_checks, PARTS=learner_kc, then
@@ -79,7 +80,7 @@ for part in $PARTS; do
     decode_fill) run "${FILL_TESTS_S:-200}" pytest_decode_fill python3 -m pytest -q tests/gpu/test_gpu_decode_fill.py tests/gpu/test_gpu_decode_ops.py
       run "${FILL_S:-200}" decode_quantize python3 -m benchmarks.decode_quantize ;;
     # the decode fusions of 2026-12-07 (4): prologue quantize, bf16 groups, routing_order, rotary in the norm pair, noise in sample_argmax
-    decode_fusions) run "${DEC_FUSIONS_S:-300}" pytest_decode_fusions python3 -m pytest -q -m gpu tests/gpu/test_gpu_decode_gemm_prologue.py tests/gpu/test_gpu_combine_norm_parts.py tests/gpu/test_gpu_attention_parts.py tests/gpu/test_gpu_bf16_decode_fusions.py tests/gpu/test_gpu_routing_order.py tests/gpu/test_gpu_rotary_fusion.py tests/gpu/test_gpu_decode_ops.py tests/gpu/test_gpu_invariant_ops.py tests/codegen/invariant/test_fused_group_linear.py tests/codegen/moe/test_grouped_mm_gathered.py tests/gpu/test_gpu_grouped_parts.py ;;
+    decode_fusions) run "${DEC_FUSIONS_S:-300}" pytest_decode_fusions python3 -m pytest -q -m gpu tests/gpu/test_gpu_decode_gemm_prologue.py tests/gpu/test_gpu_combine_norm_parts.py tests/gpu/test_gpu_attention_parts.py tests/gpu/test_gpu_bf16_decode_fusions.py tests/gpu/test_gpu_routing_order.py tests/gpu/test_gpu_rotary_fusion.py tests/gpu/test_gpu_decode_ops.py tests/gpu/test_gpu_position_mask.py tests/gpu/test_gpu_rotary_tables.py tests/gpu/test_gpu_invariant_ops.py tests/codegen/invariant/test_fused_group_linear.py tests/codegen/moe/test_grouped_mm_gathered.py tests/gpu/test_gpu_grouped_parts.py ;;
     decode_tests) run "${DECODE_TESTS_S:-200}" pytest_gpu_decode python3 -m pytest -q -m "gpu and not slow" tests/gpu/test_gpu_decode_gemm.py tests/codegen/nvfp4/test_decode_gemm.py tests/codegen/nvfp4/test_k_chunks.py tests/gpu/test_gpu_alignment.py ;;
     # benchmarks
     gemm) run "${GEMM_S:-240}" gemm python3 -m benchmarks.gemm ;;

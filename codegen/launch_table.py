@@ -97,6 +97,13 @@ LAUNCH: dict[tuple[str, str], dict[str, int]] = {
     # invariant/attention_masks.mask_args: int32 words (32 keys each) per step of a mask row
     ("cuda", "attention_mask_args"): dict(block_w=32),
     ("interpreter", "attention_mask_args"): dict(block_w=1),
+    # invariant/position_mask_kernel: int32 words (32 keys each) per step of a mask row
+    # (integers: speed only)
+    ("cuda", "position_mask"): dict(block_w=32, num_warps=4),
+    ("interpreter", "position_mask"): dict(block_w=2),
+    # invariant/rotary_tables_kernel: one row of positions per program (elementwise: speed only)
+    ("cuda", "rotary_tables"): dict(num_warps=1),
+    ("interpreter", "rotary_tables"): dict(),
     # invariant/logprobs_kernel: vocabulary entries per block (part of the bits: the sums walk
     # fixed BLOCK_V blocks from entry 0); no row for other architectures (not guessed)
     ("sm_90", "logprobs"): dict(block_v=4096, num_warps=8),

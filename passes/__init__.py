@@ -34,6 +34,7 @@ from .fuse_group_linears import fuse_group_linears
 from .fuse_quantize_into_producers import fuse_quantize_into_producers
 from .fuse_residual_adds import fuse_residual_adds
 from .fuse_rotary_into_norm_pairs import fuse_rotary_into_norm_pairs
+from .fuse_rotary_tables import fuse_rotary_tables
 from .lower_attention import lower_attention
 from .lower_embeddings import lower_embeddings
 from .lower_gathers import lower_gathers
@@ -77,6 +78,7 @@ PIPELINE = (
     fold_swiglu_halves,  # silu_mul of x's two last-dim halves -> silu_mul_halves(x): one gradient
     lower_outer_products,  # K = 1 matmuls (rotary embedding) -> broadcast multiply, same bits
     lower_trig,  # cos / sin (rotary embedding) -> ATen's kernels as ops: one implementation
+    fuse_rotary_tables,  # inference: rotary angles + cos + sin of positions -> one launch
     lower_embeddings,  # token embedding -> embedding op with one opaque (same-kernel) backward
     share_activation_quantize,  # linears reading one X: X (and wgrad's X^T) quantized once
     fuse_quantize_into_producers,  # per-row operands emitted by their producers (norm, SwiGLU)

@@ -282,6 +282,31 @@ def _attention_mask_args(graph, node, mask, q, k, tk=None) -> tuple[fx.Node, fx.
     return made[key]
 
 
+def _position_mask_outputs(mask, q, k, tk=None) -> list[fx.Node] | None:
+    """The six outputs (getitem nodes) of the `fp4_compile::invariant_position_mask` whose
+    mask (output 0) `mask` is, when its rows and key slots are the attention's (B, Tq, Tk);
+    else None. Missing getitems are inserted right after the op, which precedes the mask and so
+    every attention over it."""
+    if not (isinstance(mask, fx.Node) and mask.target is operator.getitem and mask.args[1] == 0):
+        return None
+    op = mask.args[0]
+    made_by = _ops().invariant_position_mask
+    if getattr(op, "target", None) not in (made_by, made_by.default):  # Dynamo's, ATen's
+        return None
+    qv, mv = fake(q), fake(mask)
+    tk = fake(k).shape[2] if tk is None else _val(tk)
+    want = (qv.shape[0], qv.shape[2], tk)
+    if tuple(map(_size_key, want)) != tuple(
+        map(_size_key, (mv.shape[0], mv.shape[2], mv.shape[3]))
+    ):
+        return None
+    outs = {u.args[1]: u for u in op.users if u.target is operator.getitem}
+    for i in range(6):
+        if i not in outs:
+            outs[i] = insert_call(op.graph, operator.getitem, (op, i), after=op, like=op)
+    return [outs[i] for i in range(6)]
+
+
 def emit_attention(
     graph, node, q, k, v, mask, is_causal: bool, scale, *, block_table=None, tk=None
 ):
@@ -309,11 +334,15 @@ def emit_attention(
         like=node,
         kwargs={"memory_format": torch.contiguous_format},
     )
-    q_start, kv_len = _attention_lengths(graph, node, q, k, tk)
     causal = bool(is_causal and mask is None)
-    args = (qb, kb, vb, q_start, kv_len, mask, causal, float(scale))
-    if mask is not None:  # the mask's kernel arguments, made once per graph
-        args += _attention_mask_args(graph, node, mask, q, k, tk)
+    made = _position_mask_outputs(mask, q, k, tk)
+    if made is not None:  # a position mask: its op made the lengths and kernel arguments
+        args = (qb, kb, vb, made[4], made[5], mask, causal, float(scale), *made[1:4])
+    else:
+        q_start, kv_len = _attention_lengths(graph, node, q, k, tk)
+        args = (qb, kb, vb, q_start, kv_len, mask, causal, float(scale))
+        if mask is not None:  # the mask's kernel arguments, made once per graph
+            args += _attention_mask_args(graph, node, mask, q, k, tk)
     if block_table is not None:
         args += (None,) * (11 - len(args)) + (block_table,)
     both = insert_call(graph, _ops().invariant_attention.default, args, before=node, like=node)

@@ -244,16 +244,25 @@ _INFERENCE_FORMS = {
 }
 
 
+_BOOKKEEPING = (
+    "fp4_compile::kv_cache_write",
+    "fp4_compile::invariant_attention_mask_args",
+    "fp4_compile::invariant_position_mask",
+)
+
+
 def normalized_census(census: list[str]) -> list[str]:
     """Census names without the IR spelling, so a Dynamo graph's and an exported graph's compute
     ops compare: 'Tensor.sum' / 'torch.sum' / 'aten::sum.dim_IntList' -> 'sum'; fp4_compile ops
     keep their names. Integer bookkeeping (cumsum of routing counts) and the rollout's KV-cache
     write (no learner graph has a cache) are dropped; the norm pair with the rotary in it (an
     inference graph's, `fuse_rotary_into_norm_pairs`) counts as the norm pair (the rotary's
-    pointwise ops are no compute op here)."""
+    pointwise ops are no compute op here). A mask's kernel arguments are integer bookkeeping
+    too, made where the mask is (the rollout's position mask before the decoder, the learner's
+    before its first attention): dropped."""
     out = []
     for name in census:
-        if name.startswith("fp4_compile::kv_cache_write"):
+        if name.startswith(_BOOKKEEPING):
             continue
         if name.startswith("fp4_compile::"):
             op = name.split(".")[0]

@@ -2,8 +2,10 @@
 plain PyTorch, the very ops `fp4_compile/rollout/decode_program.py` ran eagerly before they were
 fused, so the fused forms are checked against what they replace (the seeded Gumbel noise
 included: `gumbel_uniforms`, `gumbel_loglog`, which `fp4_compile/rollout/sampling.py` draws
-with); and of the step's KV-cache write (`kv_cache_write.py`: the two `index_put_` that
-`fp4_compile/rollout/kv_cache.py` ran).
+with); of the step's KV-cache write (`kv_cache_write.py`: the two `index_put_` that
+`fp4_compile/rollout/kv_cache.py` ran); and of the step's position mask (`position_mask.py`:
+the mask `fp4_compile/rollout/kv_cache.py` built, with what the attentions read of it); and of
+the rotary tables of positions (`rotary_tables.py`: transformers' angles, cos and sin).
 
 Shape legend: B rows (slots), V vocabulary, T token columns of a row's record (max_tokens).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ...sr_stream import M32, mix32, mix32_int
+from .reference import attention_mask_args
 
 
 def scale_logits(logits_BV: torch.Tensor, temperature: float, *, reciprocal: bool) -> torch.Tensor:
@@ -122,3 +125,34 @@ def kv_cache_write(k_cache, v_cache, positions_BT, k, v, block_table=None) -> No
     index = (rows, heads, slots[:, None, :])
     k_cache.index_put_(index, k)
     v_cache.index_put_(index, v)
+
+
+def position_mask(positions_BT: torch.Tensor, kv_len_B: torch.Tensor, max_seq_len: int):
+    """Boolean [B, 1, Tq, S_max] (the torch ops the step ran): key j is visible to the query at
+    position p iff j <= p and j < kv_len; every row sees key 0."""
+    keys = torch.arange(max_seq_len, device=positions_BT.device)
+    visible = keys[None, None, :] <= positions_BT[:, :, None]
+    visible &= keys[None, None, :] < kv_len_B[:, None, None]
+    visible[..., 0] = True
+    return visible[:, None]
+
+
+def position_mask_args(positions_BT: torch.Tensor, kv_len_B: torch.Tensor, max_seq_len: int):
+    """(mask, words, intervals, flag, q_start, kv_keys): `position_mask`, its kernel arguments
+    (`reference.attention_mask_args` at Tq = positions' width, Tk = max_seq_len) and the
+    lengths an attention over the mask takes: int64 [B] zeros and [B] max_seq_len."""
+    mask = position_mask(positions_BT, kv_len_B, max_seq_len)
+    words, intervals, flag = attention_mask_args(mask, positions_BT.shape[1], max_seq_len)
+    b, dev = positions_BT.shape[0], positions_BT.device
+    q_start = torch.zeros(b, dtype=torch.int64, device=dev)
+    kv_keys = torch.full((b,), max_seq_len, dtype=torch.int64, device=dev)
+    return mask, words, intervals, flag, q_start, kv_keys
+
+
+def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor):
+    """(cos, sin) FP32 [*positions.shape, 2F] of transformers' rotary embedding before its
+    scaling and cast: angles = positions.float()[..., None] * inv_freq.float() (FP32), the tables of
+    cat((angles, angles), -1) by ATen's cos / sin (`fp4_compile::cos` / `sin`'s kernels)."""
+    angles = positions.float()[..., None] * inv_freq.float()
+    emb = torch.cat((angles, angles), dim=-1)
+    return torch.cos(emb), torch.sin(emb)

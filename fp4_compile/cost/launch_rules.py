@@ -262,6 +262,10 @@ def op_launches(n: fx.Node) -> list[Launch]:
         return quant[1:] if quant[0].kernel == "chunk_abs_max" else quant
     if name == "invariant_attention_mask_args":  # invariant/attention_masks.prepare_mask
         return _mask_args(args[0], int(n.args[1]))
+    if name == "rotary_tables":  # invariant/rotary_tables_kernel: a program per position
+        return [Launch(name, int(args[0].numel()))]
+    if name == "invariant_position_mask":  # invariant/position_mask_kernel: a program per row
+        return [Launch(name, _rows(args[0]) * int(args[0].shape[-1]))]
     if name in ("invariant_routing", "invariant_logprobs"):  # one program per row
         return [Launch(name, _rows(args[0]))]
     if name == "sample_argmax":  # invariant/sample_argmax_kernel: (rows, cdiv(V, chunk_v))

@@ -96,9 +96,10 @@ def attention_mask_4d(
 ) -> torch.Tensor:
     """Boolean [B, 1, Tq, S_max]: key j is visible to the query at position p iff j <= p and
     j < kv_len (its sequence's length after this step). Query rows past a sequence's end (padding)
-    see key 0 only, so they stay finite and never touch real rows."""
-    keys = torch.arange(max_seq_len, device=query_positions_BT.device)
-    visible = keys[None, None, :] <= query_positions_BT[:, :, None]
-    visible &= keys[None, None, :] < kv_len_B[:, None, None]
-    visible[..., 0] = True
-    return visible[:, None]
+    see key 0 only, so they stay finite and never touch real rows. Made by
+    `fp4_compile::invariant_position_mask` (the same torch ops on CPU), whose other outputs, what
+    the attentions read of the mask, the lowering hands to every attention over it (one launch
+    for the mask, its kernel arguments and the attentions' lengths)."""
+    return torch.ops.fp4_compile.invariant_position_mask(query_positions_BT, kv_len_B, max_seq_len)[
+        0
+    ]

@@ -62,18 +62,22 @@ def test_decode_graph_reads_the_cache_in_place(rollout_graph):
 
 
 def test_mask_prepared_once_per_graph(rollout_graph):
-    """The rollout step's mask (exported: symbolic batch and length) is prepared by ONE
-    `invariant_attention_mask_args` node, whose three outputs every layer's attention reads as
-    its trailing arguments (the mask stays its argument for the CPU path)."""
+    """The rollout step's mask (exported: symbolic batch and length) comes from ONE
+    `invariant_position_mask` node, whose outputs every layer's attention reads: the mask (its
+    argument for the CPU path), the lengths and the three trailing kernel arguments; no
+    `invariant_attention_mask_args` node and no `full` of lengths is left."""
     graph, census = rollout_graph
     ops = torch.ops.fp4_compile
-    (made,) = [n for n in graph.nodes if n.target is ops.invariant_attention_mask_args.default]
-    outputs = sorted(made.users, key=lambda n: n.args[1])
+    (made,) = [n for n in graph.nodes if n.target is ops.invariant_position_mask.default]
+    outputs = {n.args[1]: n for n in made.users}
     attention = [n for n in graph.nodes if n.target is ops.invariant_attention.default]
-    assert len(attention) == 2 and census.count("fp4_compile::invariant_attention_mask_args") == 1
+    assert len(attention) == 2 and census.count("fp4_compile::invariant_position_mask") == 1
+    assert census.count("fp4_compile::invariant_attention_mask_args") == 0
+    assert not [n for n in graph.nodes if n.target is aten.full.default]
     for node in attention:
-        assert node.args[5] is made.args[0]
-        assert list(node.args[8:11]) == outputs
+        assert node.args[5] is outputs[0]
+        assert list(node.args[3:5]) == [outputs[4], outputs[5]]
+        assert list(node.args[8:11]) == [outputs[1], outputs[2], outputs[3]]
 
 
 def test_learner_graph_drops_the_repeat():

@@ -30,6 +30,7 @@ def test_qwen3_counts():
         "silu_mul": 2,  # the MLP's SwiGLU per layer
         "cos": 1,  # the rotary embedding, once per forward
         "sin": 1,
+        "rotary_tables": 1,  # ... its angles, cos and sin as one op (explain: grad mode off)
         "shared weight scale groups": 4,  # q/k/v and gate/up per layer
         "activation_quantize_shared": 4,  # per layer: q/k/v's X, gate/up's X
         "activation_quantize_saved": 6,  # per layer: 2 of q/k/v, 1 of gate/up
@@ -108,6 +109,7 @@ def test_llama_counts():
         "silu_mul": 1,
         "cos": 1,
         "sin": 1,
+        "rotary_tables": 1,
         "shared weight scale groups": 2,
         "activation_quantize_shared": 2,
         "activation_quantize_saved": 3,
