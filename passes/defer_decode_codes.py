@@ -9,7 +9,9 @@ by expert order, the experts' down) becomes `rms_norm_quantize_parts` /
 reading the producer's values and row (chunk) maxima too. At few rows (a decode GEMM,
 `codegen/nvfp4/norm_parts.codes_deferred`) the producer then runs its first launch alone and the
 decode GEMM quantizes y in its prologue (the experts' GEMM: each gathered row from its source
-row): no `row_codes` launch; elsewhere the same launches as before. The producer's values keep
+row): no `row_codes` launch; elsewhere the same launches as before. The experts' SwiGLU
+and its down GEMM decide on the rows per expert that GEMM's decode kernel sees (both ops'
+`groups` = E), not on the SwiGLU's M = tokens x top-k rows. The producer's values keep
 their other readers (the router reads the normed rows). The same bits everywhere
 (`norm_parts.py`, `silu_mul_parts.py`, `grouped_parts.py`; tests/passes/test_defer_decode_codes.py,
 tests/rollout/test_defer_decode_codes_engine.py, tests/rollout/test_defer_moe_codes_engine.py).
@@ -107,7 +109,7 @@ def _refusal(norm: fx.Node, outs: dict | None) -> tuple[str | None, list[fx.Node
     return None, sorted(readers, key=list(norm.graph.nodes).index)
 
 
-def _producer(graph: fx.Graph, node: fx.Node):
+def _producer(graph: fx.Graph, node: fx.Node, groups: int):
     """(the parts op, its arguments) replacing producer `node`."""
     ops = _ops()
     if node.target is ops.rms_norm_quantize.default:
@@ -123,24 +125,39 @@ def _producer(graph: fx.Graph, node: fx.Node):
             insert_call(graph, torch.ops.aten.slice.Tensor, (x, -1, lo, hi), before=node, like=node)
             for lo, hi in ((0, c), (c, 2 * c))
         )
-        return ops.silu_mul_quantize_parts.default, (a, b, row_mask, recipe)
+        return ops.silu_mul_quantize_parts.default, (a, b, row_mask, recipe, groups)
     a, b, row_mask, recipe, _ = node.args  # silu_mul_quantize
-    return ops.silu_mul_quantize_parts.default, (a, b, row_mask, recipe)
+    return ops.silu_mul_quantize_parts.default, (a, b, row_mask, recipe, groups)
 
 
-def _consumer(gemm: fx.Node, y, a, gd, parts):
+def _groups(norm: fx.Node, gemms: list[fx.Node]) -> int:
+    """The weights the producer's rows split over, for both sides' `codes_deferred`: a SwiGLU
+    read only by grouped GEMMs over E experts each on its rows as they are (no x_index: the
+    experts' down GEMM, whose decode kernel sees cdiv(M, E) rows per expert): E; else 1."""
+    if norm.target in (_ops().rms_norm_quantize.default, _ops().add_rms_norm_quantize.default):
+        return 1
+    calls = [GemmCall.of(g) for g in gemms]
+    if not all(c.is_grouped() and c.x_index is None for c in calls):
+        return 1
+    codes = [fake(c.weight_operand().codes) for c in calls]
+    experts = {int(w.shape[0]) if w is not None else 0 for w in codes}
+    return experts.pop() if len(experts) == 1 and 0 not in experts else 1
+
+
+def _consumer(gemm: fx.Node, y, a, gd, parts, groups: int):
     """(the parts GEMM op, its arguments) replacing GEMM `gemm`."""
     call = GemmCall.of(gemm)
     w = call.weight_operand()
     if call.is_grouped():
-        args = (y, a, gd, parts, *w, call.w_ongrid, call.offsets, call.x_index)
+        args = (y, a, gd, parts, *w, call.w_ongrid, call.offsets, call.x_index, groups)
         return _ops().nvfp4_grouped_mm_parts.default, args
     args = (y, a, gd, parts, w.codes, w.scales, w.global_decode, call.w_ongrid, call.bias)
     return _ops().nvfp4_linear_parts.default, args
 
 
 def _rewrite(graph: fx.Graph, norm: fx.Node, outs: dict, gemms: list[fx.Node]) -> None:
-    target, args = _producer(graph, norm)
+    groups = _groups(norm, gemms)
+    target, args = _producer(graph, norm, groups)
     new = insert_call(graph, target, args, before=norm, like=norm)
     got = {}
     for i in range(len(new.meta["val"])):
@@ -156,7 +173,7 @@ def _rewrite(graph: fx.Graph, norm: fx.Node, outs: dict, gemms: list[fx.Node]) -
             views.append(x)
             x = x.args[0]
     for gemm in gemms:
-        target, args = _consumer(gemm, y, a, gd, parts)
+        target, args = _consumer(gemm, y, a, gd, parts, groups)
         with graph.inserting_before(gemm):  # the same output as the GEMM's: its meta
             lin = graph.call_function(target, args)
         lin.meta.update(gemm.meta)  # (its weights' fakes may be of the store's own fake mode)

@@ -7,10 +7,12 @@ Shape legend: M rows of x (tokens, or rows sorted by expert), T rows of the prod
 gathered rows of x), K in-features, N out-features, E experts, P partial maxima per row of x.
 
 nvfp4_grouped_mm_parts(x, x_ongrid, x_gd, x_parts, w_codes, w_scales, w_global_decode, w_ongrid,
-offsets, x_index) -> y [T, N] in x.dtype: `nvfp4_grouped_mm_quantized(x, .., offsets, ..,
-x_index, .., x_ongrid, x_gd)`'s forward, bit for bit. x [.., K] holds the producer's values
-(its leading dims flattened to M rows), x_parts FP32 [M, P] their partial maxima. Where
-`norm_parts.codes_deferred(arch, M)` holds - the producer then wrote no codes - the product's
+offsets, x_index, groups=1) -> y [T, N] in x.dtype: `nvfp4_grouped_mm_quantized(x, .., offsets,
+.., x_index, .., x_ongrid, x_gd)`'s forward, bit for bit. x [.., K] holds the producer's values
+(its leading dims flattened to M rows), x_parts FP32 [M, P] their partial maxima; groups the
+producer's (the down GEMM after `silu_mul_quantize_parts`: E, so that both decide on the rows
+per expert the decode kernel sees, cdiv(M, E); the normed tokens: 1, the norm's M). Where
+`norm_parts.codes_deferred(arch, M, groups)` holds - the producer then wrote no codes - the product's
 per-expert rows run the decode kernel quantizing the gathered rows of x in its prologue
 (`decode_gemm_prologue.py`: row_codes' own jit helpers on the row's values and maxima; a
 gathered row's codes are its source row's, the blocks and the scale being row-local), or where
@@ -60,23 +62,25 @@ def nvfp4_grouped_mm_parts(
     w_ongrid: torch.Tensor | None,
     offsets: torch.Tensor,
     x_index: torch.Tensor | None,
+    groups: int = 1,
 ) -> torch.Tensor:
     n, k, m = _check(x, x_parts, w_codes, w_scales, w_global_decode, w_ongrid, offsets, x_index)
+    norm_parts.check_groups(groups)
     x2 = x.reshape(m, k)
     grouped_quantized.check_operands(x2, x_ongrid, x_gd, offsets, w_codes.shape[0], x_index)
     if not _kernels(x):
         w = impl.weight_tensor(w_codes, w_scales, w_global_decode, n, k)
         return impl.cpu_grouped_quantized(x_ongrid, x_gd, w, offsets, x_index).to(x.dtype)
-    return _kernel_grouped(
-        x2, x_ongrid, x_gd, x_parts, w_codes, w_scales, w_global_decode, w_ongrid, offsets, x_index
-    )
+    weight = (w_codes, w_scales, w_global_decode, w_ongrid)
+    return _kernel_grouped(x2, x_ongrid, x_gd, x_parts, weight, offsets, x_index, groups)
 
 
-def _kernel_grouped(x2, x_ongrid, x_gd, parts, w_codes, w_scales, w_gd, w_ongrid, offsets, x_index):
+def _kernel_grouped(x2, x_ongrid, x_gd, parts, weight, offsets, x_index, groups):
     """The GEMM launch(es) of `nvfp4_grouped_mm_parts` (module docstring)."""
+    w_codes, w_scales, w_gd, w_ongrid = weight
     target = kernel_target(x2)
     m = x2.shape[0]
-    if not norm_parts.codes_deferred(target.arch, m):
+    if not norm_parts.codes_deferred(target.arch, m, groups):
         return impl.cuda_grouped_quantized(
             x_ongrid, x_gd, w_codes, w_scales, w_gd, w_ongrid, offsets, x2.dtype, x_index
         )
@@ -107,6 +111,19 @@ def _kernel_grouped(x2, x_ongrid, x_gd, parts, w_codes, w_scales, w_gd, w_ongrid
 
 
 @nvfp4_grouped_mm_parts.register_fake
-def _(x, x_ongrid, x_gd, x_parts, w_codes, w_scales, w_global_decode, w_ongrid, offsets, x_index):
+def _(
+    x,
+    x_ongrid,
+    x_gd,
+    x_parts,
+    w_codes,
+    w_scales,
+    w_global_decode,
+    w_ongrid,
+    offsets,
+    x_index,
+    groups=1,
+):
     n, _, m = _check(x, x_parts, w_codes, w_scales, w_global_decode, w_ongrid, offsets, x_index)
+    norm_parts.check_groups(groups)
     return x.new_empty((m if x_index is None else x_index.shape[0], n))

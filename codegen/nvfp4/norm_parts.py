@@ -37,10 +37,18 @@ from . import rms_norm_quantize as norm_quantize
 _LIB = "fp4_compile"
 
 
-def codes_deferred(arch: str, m: int) -> bool:
+def check_groups(groups: int) -> None:
+    if groups < 1:
+        raise ValueError(f"groups must be >= 1, got {groups}")
+
+
+def codes_deferred(arch: str, m: int, groups: int = 1) -> bool:
     """Whether the producer leaves the codes of M rows to the consumer's decode GEMM: the GEMM
-    of M rows runs the decode kernel (`configs.decode_dispatch`; the prologue reads parts)."""
-    return m > 0 and decode_dispatch(arch, m) is not None
+    of M rows split over `groups` weights (the experts' down GEMM: its E experts) runs the
+    decode kernel at cdiv(M, groups) rows per weight (`configs.decode_dispatch`; the prologue
+    reads parts). Producer and consumer pass the same M and groups."""
+    check_groups(groups)
+    return m > 0 and decode_dispatch(arch, -(-m // groups)) is not None
 
 
 def _kernels(t: torch.Tensor) -> bool:

@@ -4,10 +4,13 @@ codes to the decode GEMM's prologue (`norm_parts.py` is the norm's form and the 
 
 Shape legend: M rows, C columns (a multiple of 16), P = cdiv(C, PART_COLUMNS) partial maxima.
 
-silu_mul_quantize_parts(a, b, row_mask, recipe) -> (y, x_ongrid, x_gd, x_parts): y, x_ongrid,
-x_gd are `silu_mul_quantize(a, b, row_mask, recipe, False)`'s, bit for bit; x_parts FP32 [M, P]
-holds max |y| over each PART_COLUMNS-column chunk of a row (NaN where the chunk holds one).
-Where `norm_parts.codes_deferred` holds, the kernel path runs the SwiGLU's split form's first
+silu_mul_quantize_parts(a, b, row_mask, recipe, groups=1) -> (y, x_ongrid, x_gd, x_parts): y,
+x_ongrid, x_gd are `silu_mul_quantize(a, b, row_mask, recipe, False)`'s, bit for bit; x_parts
+FP32 [M, P] holds max |y| over each PART_COLUMNS-column chunk of a row (NaN where the chunk
+holds one). groups: the weights the consumer splits the M rows over (the experts' down GEMM,
+`nvfp4_grouped_mm_parts` with the same groups: its E experts, whose decode kernel sees
+cdiv(M, E) rows per expert; 1 for a dense GEMM). Where `norm_parts.codes_deferred(arch, M,
+groups)` holds, the kernel path runs the SwiGLU's split form's first
 launch alone (its column tile PART_COLUMNS on every architecture, so that P is one function of C
 for the fake too; y is elementwise: no tile changes a bit): x_ongrid and x_gd are NOT written,
 `nvfp4_linear_parts` reads y and x_parts instead; elsewhere x_parts is not written (the
@@ -57,13 +60,15 @@ def _kernel_rows(a, b):
 
 @torch.library.custom_op(f"{_LIB}::silu_mul_quantize_parts", mutates_args=())
 def silu_mul_quantize_parts(
-    a: torch.Tensor, b: torch.Tensor, row_mask: torch.Tensor | None, recipe: str
+    a: torch.Tensor, b: torch.Tensor, row_mask: torch.Tensor | None, recipe: str, groups: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     silu_quantize._check_pair(a, b, recipe)
+    norm_parts.check_groups(groups)
     c = a.shape[-1]
     m = a.numel() // c
     rows = _kernel_rows(a, b) if _kernels(a) else None
-    if rows is not None and norm_parts.codes_deferred(kernel_target(a).arch, m):
+    deferred = _kernels(a) and norm_parts.codes_deferred(kernel_target(a).arch, m, groups)
+    if rows is not None and deferred:
         from .silu_mul_quantize_kernel import silu_mul_quantize as kernel  # lazy: imports triton
 
         y2, _, _, parts = kernel(
@@ -73,7 +78,7 @@ def silu_mul_quantize_parts(
         x_gd = torch.empty((m, 1), dtype=torch.float32, device=a.device)  # not written
         return y2.reshape(a.shape), x_ongrid, x_gd, parts
     y, x_ongrid, x_gd, _, _ = torch.ops.fp4_compile.silu_mul_quantize(a, b, row_mask, recipe, False)
-    if _kernels(a) and not norm_parts.codes_deferred(kernel_target(a).arch, m):
+    if _kernels(a) and not deferred:
         parts = torch.empty((m, _p(c)), dtype=torch.float32, device=a.device)  # not read
     else:
         parts = _parts_of(y.reshape(m, c))
@@ -81,8 +86,9 @@ def silu_mul_quantize_parts(
 
 
 @silu_mul_quantize_parts.register_fake
-def _(a, b, row_mask, recipe):
+def _(a, b, row_mask, recipe, groups=1):
     silu_quantize._check_pair(a, b, recipe)
+    norm_parts.check_groups(groups)
     c = a.shape[-1]
     m = a.numel() // c
     return (

@@ -40,6 +40,11 @@ def _val(x) -> torch.Tensor | None:
     return v if isinstance(v, torch.Tensor) else None
 
 
+def _arg(n: fx.Node, i: int, name: str, default):
+    """Op node `n`'s argument `name` (position i, else a keyword, else its default)."""
+    return n.args[i] if len(n.args) > i else n.kwargs.get(name, default)
+
+
 def _rows(t: torch.Tensor) -> int:
     return int(t.numel()) // int(t.shape[-1]) if t.dim() else 1
 
@@ -170,7 +175,7 @@ def op_launches(n: fx.Node) -> list[Launch]:
         m_x, k, e = _rows(x), int(x.shape[-1]), int(codes.shape[0])
         gemm = nvfp4_gemm(int(out.shape[0]), int(codes.shape[1]), k, experts=e)
         rows = max(1, _cdiv(int(out.shape[0]), e))
-        if not codes_deferred(ARCH, m_x):
+        if not codes_deferred(ARCH, m_x, _arg(n, 10, "groups", 1)):
             return gemm  # the codes' GEMM
         if w_ongrid is None and rows < ONGRID_FORWARD_MIN_ROWS and codes_deferred(ARCH, rows):
             return gemm  # the decode GEMM quantizing its gathered rows in its prologue
@@ -182,7 +187,7 @@ def op_launches(n: fx.Node) -> list[Launch]:
         return _fused_quantize("rms_norm_quantize", _rows(x), hdim, "rms_norm_quantize")
     if name == "silu_mul_quantize_parts":  # nvfp4/silu_mul_parts: the split form's first launch
         m, c = _rows(args[0]), int(args[0].shape[-1])
-        if codes_deferred(ARCH, m):
+        if codes_deferred(ARCH, m, _arg(n, 4, "groups", 1)):
             lc = LAUNCH[("cuda", "silu_mul_quantize")]
             tiles = _cdiv(m, lc["split_block_r"]) * _cdiv(c, PART_COLUMNS)
             return [Launch("silu_mul_parts", tiles)]

@@ -204,6 +204,12 @@ def test_fires_on_moe_norm_and_swiglu():
         assert old.default not in targets
     assert ops.nvfp4_grouped_mm_quantized.default not in targets
     assert all(n.users for n in gm.graph.nodes if n.op == "call_method"), "a dead view"
+    # both sides of the SwiGLU -> down pair decide on the rows per expert (groups = E = 2); the
+    # norm -> gathered gate/up pair on the norm's rows (groups 1)
+    nodes = {n.target: n for n in gm.graph.nodes if n.op == "call_function"}
+    assert nodes[ops.silu_mul_quantize_parts.default].args[4] == 2
+    grouped = [n for n in gm.graph.nodes if n.target is ops.nvfp4_grouped_mm_parts.default]
+    assert [(n.args[9] is None, n.args[10]) for n in grouped] == [(False, 1), (True, 2)]
 
 
 def test_refuses_experts_on_another_x():

@@ -71,11 +71,12 @@ def _old_silu(x, weight):
     )
 
 
-def _new_silu(x, weight):
+def _new_silu(x, weight, offsets=None, groups=1):
     c = x.shape[1] // 2
-    y, a, gd, parts = ops.silu_mul_quantize_parts(x[:, :c], x[:, c:], None, KEY)
-    offsets = torch.tensor([3, 3, x.shape[0]], dtype=torch.int32)
-    return y, ops.nvfp4_grouped_mm_parts(y, a, gd, parts, *weight, None, offsets, None)
+    y, a, gd, parts = ops.silu_mul_quantize_parts(x[:, :c], x[:, c:], None, KEY, groups)
+    if offsets is None:
+        offsets = torch.tensor([3, 3, x.shape[0]], dtype=torch.int32)
+    return y, ops.nvfp4_grouped_mm_parts(y, a, gd, parts, *weight, None, offsets, None, groups)
 
 
 def _check(got, want, names):
@@ -160,6 +161,32 @@ def test_kernel_path_swiglu_then_down_bitwise(monkeypatch, decode):
     assert any(calls) is decode, calls
 
 
+@pytest.mark.skipif(not INTERP, reason="the kernel path in the interpreter (GPU: tests/gpu)")
+@pytest.mark.parametrize("groups", [3, 1])
+def test_kernel_path_swiglu_rows_past_buckets_per_expert_few(monkeypatch, groups):
+    """Batch 64 x top-8 over 128 experts, scaled to the interpreter's decode bucket (64 rows):
+    72 SwiGLU rows (past the bucket) over 3 experts (24 rows per expert, within it). groups = E:
+    both sides decide on the rows per expert, the prologue quantizes; groups = 1: both on the 72
+    rows, the codes' path (on CPU tensors silu_mul_quantize's reference). Bitwise the producer's
+    codes (the split form's, row_codes included, or the reference's) then the experts' GEMM."""
+    from fp4_compile.codegen.nvfp4 import gemm
+    from fp4_compile.codegen.nvfp4.silu_mul_quantize_kernel import silu_mul_quantize as kernel
+
+    codes, scales, gdw, _ = _experts(3, 32, 208, 10)
+    x = _gate_up(72, 208, 11)
+    x[5] = 0.0  # a zero row
+    offsets = torch.tensor([20, 20, 72], dtype=torch.int32)  # expert 1 empty, expert 2: 52 rows
+    _kernel_path(monkeypatch, True)
+    if groups > 1:  # the split form, row_codes included
+        y, og, gd, _ = kernel(x[:, :208], x[:, 208:], None, split=True)
+    else:  # the codes' path: silu_mul_quantize's own (on CPU tensors its reference)
+        y, og, gd, _, _ = ops.silu_mul_quantize(x[:, :208], x[:, 208:], None, KEY, False)
+    want = gemm.cuda_grouped_quantized(og, gd, codes, scales, gdw, None, offsets, y.dtype)
+    calls = _spy_prologue(monkeypatch)
+    _check(_new_silu(x, (codes, scales, gdw), offsets, groups), (y, want), ("y", "down"))
+    assert any(calls) is (groups == 3), calls
+
+
 def test_fake_shapes_bad_parts_and_opcheck():
     x, r, w = _norm_inputs(6, 64, torch.float32, 8)
     codes, scales, gdw, _ = _experts(3, 48, 64, 9)
@@ -170,3 +197,6 @@ def test_fake_shapes_bad_parts_and_opcheck():
     with pytest.raises(ValueError, match="x_parts"):
         ops.nvfp4_grouped_mm_parts(y, a, gd, parts[:2], *args[4:])
     torch.library.opcheck(ops.nvfp4_grouped_mm_parts.default, args)
+    torch.library.opcheck(ops.nvfp4_grouped_mm_parts.default, (*args, 3))
+    with pytest.raises(ValueError, match="groups"):
+        ops.nvfp4_grouped_mm_parts(*args, 0)
