@@ -36,8 +36,11 @@ def _old_sample(logits, keys, step, temperature):
     return torch.argmax(logits.float() / temperature + noise, dim=-1)
 
 
-@pytest.mark.parametrize("temperature", TEMPERATURES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    ("dtype", "temperature"),
+    # every temperature on bf16 logits (the models'); FP32 logits (the load, no cast) at 1 and 0.7
+    [(torch.bfloat16, t) for t in TEMPERATURES] + [(torch.float32, 1.0), (torch.float32, 0.7)],
+)
 def test_sample_argmax_kernel_equals_the_cuda_form_bitwise(temperature, dtype):
     """Contract: the kernel's picks (the noise made in the kernel from the keys and per-row or
     shared draw numbers) == the CUDA form's reference (bytes), with and without the noise

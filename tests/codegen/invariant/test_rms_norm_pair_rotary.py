@@ -84,8 +84,13 @@ def test_one_rounding_differs():
 @pytest.mark.skipif(
     torch.cuda.is_available() or not interpreting(), reason="interpreter test (CPU only)"
 )
-@pytest.mark.parametrize(("tables", "scaling", "weighted", "one_batch"), CASES)
-@pytest.mark.parametrize(("d", "b", "t"), [(128, 3, 2), (96, 2, 3), (6, 1, 1)])
+@pytest.mark.parametrize(
+    ("tables", "scaling", "weighted", "one_batch", "d", "b", "t"),
+    # every case at the real head size and at the tiny odd one; head size 96 (a masked block
+    # of 128) with the plain case and the batch-1 tables
+    [(*c, *s) for s in [(128, 3, 2), (6, 1, 1)] for c in CASES]
+    + [(*CASES[0], 96, 2, 3), (*CASES[4], 96, 2, 3)],
+)
 def test_kernel_equals_norm_pair_kernel_then_rotary_interpreter(
     tables, scaling, weighted, one_batch, d, b, t
 ):
