@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -83,13 +84,16 @@ def roofline_table(model_name: str, *, layers: int, prompt: int, new_tokens: int
 def measure(label: str, model_name: str, depth: int, args, batches) -> dict:
     """Decode timings of one config at `depth` layers, per batch (errors recorded as strings)."""
     torch._dynamo.reset()
+    start = time.perf_counter()
     model = build_causal_lm(model_name, layers=depth, device="cuda")
+    print(f"{label} {depth}: model built in {time.perf_counter() - start:.0f} s", flush=True)
     max_len = args.prompt + args.new_tokens
     engine = None
     if label != HF_LABEL:
         engine = RolloutEngine(
             model, max_batch=max(batches), max_seq_len=max_len, **ENGINE_CONFIGS[label]
         )
+        print(f"{label} {depth}: engine ready at {time.perf_counter() - start:.0f} s", flush=True)
     out = {}
     for b in batches:
         gen = (
