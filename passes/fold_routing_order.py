@@ -23,7 +23,7 @@ import torch.fx as fx
 
 from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
 from ..recipe import NVFP4Recipe
-from .graph_utils import erase_dead, fake, insert_call
+from .graph_utils import erase_dead, fake, insert_call, tracks_gradients
 from .patterns import is_op
 from .report import LoweringReport
 
@@ -69,16 +69,6 @@ def _routing_of(order: fx.Node):
     return (routing, *parts, clones) if parts[1].args[0] is routing else None
 
 
-def _tracks_gradients(graph: fx.Graph) -> bool:
-    """Grad mode on and an input (a parameter: the router's weight) that requires grad: the
-    training forward. Read on the inputs, not the logits: a lowered op's example value (the
-    router's invariant_linear) is made without autograd."""
-    if not torch.is_grad_enabled():
-        return False
-    inputs = (fake(n) for n in graph.nodes if n.op in ("placeholder", "get_attr"))
-    return any(v is not None and v.requires_grad for v in inputs)
-
-
 def _refusal(
     order: fx.Node,
     routing: fx.Node,
@@ -106,7 +96,7 @@ def fold_routing_order(gm: fx.GraphModule, recipe: NVFP4Recipe, report: Lowering
     graph = gm.graph
     fused = torch.ops.fp4_compile.routing_order.default
     refused: dict[str, int] = {}
-    training = _tracks_gradients(graph)
+    training = tracks_gradients(graph)
     for order in list(graph.nodes):
         if not _is_op(order, torch.ops.fp4_compile.expert_order):
             continue

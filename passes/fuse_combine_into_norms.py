@@ -34,7 +34,7 @@ import torch.fx as fx
 
 from .. import codegen  # noqa: F401  (registers the fp4_compile ops)
 from ..recipe import NVFP4Recipe
-from .graph_utils import erase_dead, fake, insert_call
+from .graph_utils import erase_dead, fake, insert_call, tracks_gradients
 from .patterns import is_op
 from .report import LoweringReport
 
@@ -85,14 +85,6 @@ def _chain(combine: fx.Node, norm_op) -> tuple[list[fx.Node], fx.Node | None]:
         node = nxt
 
 
-def _tracks_gradients(graph: fx.Graph) -> bool:
-    """Grad mode on and an input (a parameter) that requires grad: the training forward."""
-    if not torch.is_grad_enabled():
-        return False
-    inputs = (fake(n) for n in graph.nodes if n.op in ("placeholder", "get_attr"))
-    return any(v is not None and v.requires_grad for v in inputs)
-
-
 def _refusal(
     combine: fx.Node, last: fx.Node, norm: fx.Node | None, training: bool, num_args: int = 4
 ):
@@ -115,7 +107,7 @@ def fuse_combine_into_norms(
     gm: fx.GraphModule, recipe: NVFP4Recipe, report: LoweringReport
 ) -> None:
     graph = gm.graph
-    training = _tracks_gradients(graph)
+    training = tracks_gradients(graph)
     fused_op = torch.ops.fp4_compile.moe_combine_add_rms_norm.default
     refused: dict[str, int] = {}
     for combine in list(graph.nodes):

@@ -50,15 +50,17 @@ def _is_convert(n: fx.Node) -> bool:
 
 def _root(n, unsqueezed: bool):
     """(root, unsqueezed seen) of a chain of casts (and, if `unsqueezed`, one last-dim
-    unsqueeze) ending at n: every value below the root integer or FP32, so the only rounding
-    on it is an integer's conversion to FP32 (a BF16 / FP16 root's upcast is exact); None where
-    it is not such a chain."""
+    unsqueeze) ending at n: every value below the root integer or FP32 (positions), or FP32
+    only (the inverse frequencies: an integer step would truncate them, which the op does not),
+    so the only rounding on it is an integer's conversion to FP32 (a BF16 / FP16 root's upcast
+    is exact); None where it is not such a chain."""
     seen = False
+    kept = (*_INTS, torch.float32) if unsqueezed else (torch.float32,)
     while isinstance(n, fx.Node):
         v = fake(n)
         if v is None:
             return None
-        if n.op in ("call_function", "call_method") and v.dtype in (*_INTS, torch.float32):
+        if n.op in ("call_function", "call_method") and v.dtype in kept:
             if unsqueezed and not seen and _is_unsqueeze_last(n):
                 seen, n = True, n.args[0]
                 continue

@@ -240,3 +240,13 @@ def traced_float(value):
         if isinstance(hint, (float, int)):
             return float(hint)
     return None
+
+
+def tracks_gradients(graph: fx.Graph) -> bool:
+    """Grad mode on and an input (a parameter) that requires grad: the training forward, whose
+    graphs the inference-only fusions leave alone. Read on the inputs, not on a node: a lowered
+    op's example value is made without autograd."""
+    if not torch.is_grad_enabled():
+        return False
+    inputs = (fake(n) for n in graph.nodes if n.op in ("placeholder", "get_attr"))
+    return any(v is not None and v.requires_grad for v in inputs)

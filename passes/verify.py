@@ -240,7 +240,8 @@ class LoweringError(RuntimeError):
 
 # an inference graph's fused form -> the op the learner's graph has in its place
 _INFERENCE_FORMS = {
-    "fp4_compile::invariant_rms_norm_pair_rotary": "fp4_compile::invariant_rms_norm_pair",
+    "fp4_compile::invariant_rms_norm_pair_rotary": ("fp4_compile::invariant_rms_norm_pair",),
+    "fp4_compile::rotary_tables": ("fp4_compile::cos", "fp4_compile::sin"),
 }
 
 
@@ -257,7 +258,8 @@ def normalized_census(census: list[str]) -> list[str]:
     keep their names. Integer bookkeeping (cumsum of routing counts) and the rollout's KV-cache
     write (no learner graph has a cache) are dropped; the norm pair with the rotary in it (an
     inference graph's, `fuse_rotary_into_norm_pairs`) counts as the norm pair (the rotary's
-    pointwise ops are no compute op here). A mask's kernel arguments are integer bookkeeping
+    pointwise ops are no compute op here), and the rotary tables in one op (`fuse_rotary_tables`,
+    no-grad graphs) as the cos and sin the training graph has. A mask's kernel arguments are integer bookkeeping
     too, made where the mask is (the rollout's position mask before the decoder, the learner's
     before its first attention): dropped."""
     out = []
@@ -266,7 +268,7 @@ def normalized_census(census: list[str]) -> list[str]:
             continue
         if name.startswith("fp4_compile::"):
             op = name.split(".")[0]
-            out.append(_INFERENCE_FORMS.get(op, op))
+            out.extend(_INFERENCE_FORMS.get(op, (op,)))
             continue
         base = name.split("::")[-1].split(".")[0] if "::" in name else name.split(".")[-1]
         if base in ("cumsum",):

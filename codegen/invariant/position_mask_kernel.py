@@ -99,6 +99,8 @@ def position_mask(positions: torch.Tensor, kv_len: torch.Tensor, max_seq_len: in
             **warps_kwargs(lc),
             **target.options,
         )
-    else:  # no row: nothing launches (the reference's flag of no row is 1, its lengths b = 0)
+    else:  # no row (Tq = 0): nothing launches; the reference's flag of no row is 1
         flag.fill_(1)
+        q_start.zero_()
+        kv_keys.fill_(max_seq_len)
     return mask, packed, iv, flag, q_start, kv_keys

@@ -60,3 +60,41 @@ def test_training_graph_keeps_its_ops():
     _, report = _run(model, ids, grad=True)
     assert "rotary_tables" not in report.counts
     assert _count(report, "fp4_compile::cos") == _count(report, "fp4_compile::sin") == 1
+
+
+class _Tables(torch.nn.Module):
+    """A rotary table of positions whose inverse frequencies pass through `inv_cast` first."""
+
+    def __init__(self, inv_cast):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (1e4 ** (torch.arange(0, 8, 2) / 8.0)) * 7.3)
+        self.inv_cast = inv_cast
+
+    def forward(self, positions):
+        angles = positions[..., None].float() * self.inv_cast(self.inv_freq).float()
+        emb = torch.cat((angles, angles), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+@pytest.mark.parametrize(
+    "inv_cast, fused",
+    [(lambda t: t, True), (lambda t: t.bfloat16(), True), (lambda t: t.to(torch.int64), False)],
+    ids=["fp32", "through-bf16", "through-int64"],
+)
+def test_only_exact_cast_chains_are_fused(inv_cast, fused):
+    """Contract: the op computes float(position) * inv_freq and nothing else, so an inverse
+    frequency that passes through an integer (a truncation the op would skip) is left as it is;
+    the fused tables equal the unfused ones bitwise."""
+    module, positions = _Tables(inv_cast), torch.arange(40).reshape(2, 20)
+    sink: list = []
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        module, backend=lowering_only_backend(NVFP4Recipe.strict(), sink), fullgraph=True
+    )
+    with torch.no_grad():
+        got = compiled(positions)
+    torch._dynamo.reset()
+    (report,) = sink
+    assert _count(report, "fp4_compile::rotary_tables") == int(fused), report.notes
+    for a, b in zip(got, module(positions)):
+        assert_bitwise_equal(a, b, "tables")

@@ -48,7 +48,9 @@ def _generate(learner, monkeypatch, defer: bool):
     launch = decode_gemm_kernel.launch_decode_gemm
 
     def spy(*args, **kwargs):
-        grouped_prologue.append(kwargs.get("a_parts") is not None and "offsets" in kwargs)
+        grouped_prologue.append(
+            kwargs.get("a_parts") is not None and kwargs.get("offsets") is not None
+        )
         return launch(*args, **kwargs)
 
     def forward(x, residual, weight, eps, recipe, transposed):  # the old norm op's kernels

@@ -9,6 +9,7 @@ import torch
 
 import fp4_compile
 from fp4_compile import NVFP4Recipe
+from fp4_compile.backend import lowering_only_backend
 from fp4_compile.models import tiny_qwen3
 from fp4_compile.passes.verify import normalized_census
 from fp4_compile.rl import RolloutEngine
@@ -33,6 +34,27 @@ def test_census_equals_learner_forward(exported):
     )
     assert normalized_census(artifact.census) == normalized_census(report.census)
     assert "fp4_compile::nvfp4_linear" in artifact.census
+
+
+def test_census_equals_learner_training_forward(exported):
+    """Contract: the exported step computes what the learner's TRAINING forward (grad on, whose
+    graphs keep cos and sin: `fuse_rotary_tables` takes no-grad graphs only) computes, its
+    inference-only fused forms counted as the ops they replace."""
+    model, artifact, _ = exported
+    reports: list = []
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(
+            model, backend=lowering_only_backend(NVFP4Recipe.strict(), reports), fullgraph=True
+        )
+        with torch.enable_grad():
+            compiled(torch.randint(0, 128, (2, 8)), use_cache=False)
+    finally:
+        torch._dynamo.reset()
+    (report,) = reports
+    assert not any(n.startswith("fp4_compile::rotary_tables") for n in report.census)
+    assert any(n.startswith("fp4_compile::rotary_tables") for n in artifact.census)
+    assert normalized_census(artifact.census) == normalized_census(report.census)
 
 
 def test_manifest_contents(exported):

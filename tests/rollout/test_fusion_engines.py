@@ -115,8 +115,6 @@ def _generate(engine, monkeypatch, off, counts):
     pipeline = passes.PIPELINE
     with monkeypatch.context() as m:
         m.setattr(passes, "PIPELINE", _recording(pipeline, off, counts))
-        if "gather" in off:  # the bf16 fold alone (the NVFP4 one is another case's)
-            m.setattr(gathers, "_fold_bf16", lambda graph, node, report: None)
         return engine.generate(PROMPTS, max_new_tokens=BUDGETS, seed=3, temperature=TEMPERATURE)
 
 
@@ -137,9 +135,9 @@ def _assert_learner_equal(model, recipe, out, forward, monkeypatch, what):
             ref = sequence_logprobs(
                 learner, seqs, [len(p) for p in PROMPTS], temperature=TEMPERATURE
             )
-    if forward == "grad":  # its graphs keep the unfused ops
+    if forward == "grad":  # its graphs ran the passes, which kept the unfused ops
         for fusion in ("combine", "routing", "rotary"):
-            assert set(counts.get(fusion, [0])) == {0}, (what, fusion, counts)
+            assert counts.get(fusion) and set(counts[fusion]) == {0}, (what, fusion, counts)
     for i, (a, b) in enumerate(zip(out.logprobs, ref)):
         assert_bitwise_equal(a, b.detach().cpu(), f"{what}: request {i}, rollout vs learner")
 
@@ -186,7 +184,6 @@ def test_fused_engine_is_bitwise_the_unfused_one_and_the_learner(case, monkeypat
         else:  # prefill and decode graphs
             assert len(counts[fusion]) >= 2 and set(counts[fusion]) == {n}, (case, fusion, counts)
     assert len(plain_counts["graphs"]) >= 2, "the engine without compiles its own graphs"
-    assert not any(plain_counts.get(f) for f in off), (case, plain_counts)
     _assert_learner_equal(learner, rec, before, forwards[0], monkeypatch, f"{case}: before")
     if len(forwards) == 1:
         return
