@@ -76,6 +76,8 @@ def _rows_are_tokens(q: torch.Tensor, chain: list[fx.Node]) -> bool:
 
 def _refusal(attn: fx.Node) -> tuple[str | None, tuple]:
     q = fake(attn.args[0])
+    if q is not None and not all(isinstance(s, int) for s in q.shape):
+        return "a symbolic shape (its rows cannot be replayed)", ()
     if q is None or q.dtype != torch.bfloat16 or q.dim() != 4 or q.shape[2] != 1:
         return "not a BF16 decode (Tq = 1)", ()
     if q.requires_grad:
