@@ -24,7 +24,7 @@ The strict recipe's next norm quantizes (`add_rms_norm_quantize`), which this PI
 leaves; `fuse_combine_into_norm_parts` takes it after the weight store binding has made it
 `rms_norm_quantize_parts` (`defer_decode_codes`): the combine, the residual add, the norm and
 its row maxima in one launch, `moe_combine_add_rms_norm_parts` (tests/passes/
-test_fuse_combine_into_norm_parts.py, tests/rollout/test_combine_norm_parts_engine.py).
+test_fuse_combine_into_norm_parts.py, tests/rollout/test_store_binding_fusions_engine.py).
 """
 
 from __future__ import annotations
